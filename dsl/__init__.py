@@ -1,0 +1,1 @@
+"""The ``.clock`` language: parse, check, dependency graph, render, and the ``dsl`` CLI."""

@@ -1,0 +1,1 @@
+"""Released model tails under DuplexCadence: one subpackage per model."""

@@ -1,0 +1,426 @@
+"""The `.clock` abstract syntax tree: frozen attrs records, one class per construct.
+
+Each class's docstring shows the surface syntax it stands for. Source positions (`span`) are kept out
+of equality and repr, so two parses of equivalent text compare equal whatever their layout.
+No Lark type ever appears here: the parser converts everything.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Union
+
+import attrs
+
+from .source import Span
+
+
+def _span_field():
+    return attrs.field(default=None, eq=False, repr=False, kw_only=True)
+
+
+# --- expressions -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Number:
+    """An exact rational literal with an optional unit: `250`, `12.5`, `24000 Hz`, `1 s`, `80 ms`.
+
+    `value` is exact (`12.5` is Fraction(25, 2)); `unit` is one of Hz, kHz, s, ms or None.
+    """
+
+    value: Fraction
+    unit: str | None = None
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class Name:
+    """A reference to a param, a clock or a family index: `B`, `sample`, `layer`."""
+
+    id: str
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class BinOp:
+    """An arithmetic operation: `a + b`, `a - b`, `a * b`, `a / b` (division is exact)."""
+
+    op: str
+    left: Expr
+    right: Expr
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class Neg:
+    """A negation: `-x`."""
+
+    operand: Expr
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class ListExpr:
+    """A list literal: `[8, 6, 5, 4]`."""
+
+    items: tuple[Expr, ...]
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class Index:
+    """An element of a list: `ratios[0]`."""
+
+    target: Expr
+    index: Expr
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class Call:
+    """A built-in function call: `prod(ratios)`, `min(a, b)`, `max(a, b)`, `sum(xs)`, `len(xs)`."""
+
+    func: str
+    args: tuple[Expr, ...]
+    span: Span | None = _span_field()
+
+
+Expr = Union[Number, Name, BinOp, Neg, ListExpr, Index, Call]
+
+
+# --- statements --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Use:
+    """An import: `use std.audio` (every name) or `use std.audio (sample, mel)` (these names)."""
+
+    module: tuple[str, ...]
+    names: tuple[str, ...] | None = None
+    span: Span | None = _span_field()
+
+    @property
+    def dotted(self) -> str:
+        return ".".join(self.module)
+
+
+@attrs.frozen
+class Cadence:
+    """The conversation period: `cadence 1 s`."""
+
+    period: Expr
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class Param:
+    """A static value, overridable at load: `param P = 150`, `param ratios = [8, 6, 5, 4]`."""
+
+    name: str
+    default: Expr
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class Clock:
+    """A counter with an exact rate: `clock mel = 50 Hz` or derived, `clock frame = sample / 1920`."""
+
+    name: str
+    rate: Expr
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class Family:
+    """The index of a family of regions: the `[layer < 8]` in `region kv[layer < 8] : ...`."""
+
+    index: str
+    count: Expr
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class TimeAxis:
+    """The marked time axis inside a shape: the `time` in `f32[B, 512, time]`."""
+
+    span: Span | None = _span_field()
+
+
+Dim = Union[TimeAxis, Expr]
+
+
+@attrs.frozen
+class KeepLast:
+    """A sliding window of the newest units, laid out oldest first: `retain last 6`, `retain last 10 s`."""
+
+    count: Expr
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class KeepRing:
+    """A ring of fixed capacity that the module indexes modulo its size: `retain ring 250`.
+
+    The view handed to the module is always the whole ring (constant shape); the fill still grows.
+    """
+
+    count: Expr
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class KeepFirstLast:
+    """A pinned head plus a window of the tail: `retain first P + last 100`."""
+
+    first: Expr
+    last: Expr
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class KeepAll:
+    """Everything, bounded by a session horizon: `retain all horizon 600 s`."""
+
+    horizon: Expr | None
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class KeepScratch:
+    """Per-firing scratch, dead after the instant that wrote it: `retain scratch`."""
+
+    span: Span | None = _span_field()
+
+
+Retention = Union[KeepLast, KeepRing, KeepFirstLast, KeepAll, KeepScratch]
+
+
+@attrs.frozen
+class StartZeros:
+    """The region starts full, zero-filled (a causal conv's carry): `start zeros`."""
+
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class StartEmpty:
+    """The region starts with no units and fills as the stages write: `start empty`."""
+
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class StartGiven:
+    """The region starts with `count` units given at session start (a prompt): `start given P`;
+    a fixed region given whole at session start: `start given`."""
+
+    count: Expr | None = None
+    span: Span | None = _span_field()
+
+
+StartPolicy = Union[StartZeros, StartEmpty, StartGiven]
+
+
+@attrs.frozen
+class OnClause:
+    """The clock a region's time axis advances on: `on latent`."""
+
+    clock: str
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class RetainClause:
+    """How much of a region is kept: `retain last 250` (see the retention classes)."""
+
+    retention: Retention
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class StartClause:
+    """How a region starts a session: `start zeros`, `start empty`, `start given P`."""
+
+    policy: StartPolicy
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class StockClause:
+    """The stock runtime's allocation for the memory report: `stock 1000` (time axis) or a whole shape
+    `stock [16, 16, 2, 8, 1000, 128]`."""
+
+    capacity: Expr
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class BindClause:
+    """The module attribute the region binds to, from the model root; `{index}` names a family index:
+    `bind "decoder.model.0._streaming_state.previous"`."""
+
+    path: str
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class RoleClause:
+    """Marks a region as a tick's input (fed by `step`) or output (returned by `step`): `input`, `output`."""
+
+    role: str
+    span: Span | None = _span_field()
+
+
+RegionClause = Union[OnClause, RetainClause, StartClause, StockClause, BindClause, RoleClause]
+
+
+@attrs.frozen
+class Region:
+    """A tensor of streaming state or I/O::
+
+        region NAME[INDEX < COUNT]? : DTYPE[DIM, ..., time, ...] CLAUSE*
+
+    A shape without `time` declares a fixed region: per-session state of constant shape (a position
+    counter, a packed carry) that is updated in place and needs no clock or retention. For example `region prev0 : f32[B, 512, time] on latent retain last 6 start zeros bind "decoder.model.0..."`.
+    Clauses keep their written order (so the canonical printer can round-trip them).
+    """
+
+    name: str
+    family: Family | None
+    dtype: str
+    shape: tuple[Dim, ...]
+    clauses: tuple[RegionClause, ...]
+    span: Span | None = _span_field()
+    dtype_span: Span | None = _span_field()
+
+    def clauses_of(self, kind: type) -> list:
+        return [c for c in self.clauses if isinstance(c, kind)]
+
+    def clause(self, kind: type):
+        found = self.clauses_of(kind)
+        return found[0] if found else None
+
+
+@attrs.frozen
+class RegionRef:
+    """A region named inside a stage: a region or a whole family `kv`, or one member `kv[3]`."""
+
+    name: str
+    index: Expr | None = None
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class SpanLast:
+    """A read of the newest units only: the `last 3840` in `read pcm last 3840`."""
+
+    count: Expr
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class SpanNew:
+    """A read of the units written since the stage last fired, plus up to `context` older ones:
+    the `new + 25` in `read codes new + 25` (or just `new`)."""
+
+    context: Expr | None
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class ModuleItem:
+    """The callable of a stage, an attribute path from the model root (`""` is the root itself):
+    `module "decoder"`."""
+
+    path: str
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class HookItem:
+    """A Python callable registered under a name when the runtime is loaded: `hook decode_frame`."""
+
+    name: str
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class ReadItem:
+    """A read of a region by a stage::
+
+        read [prev] REGION [last N | new [+ C]] [lookahead L] [as ARG]
+
+    Without `prev` the read sees this instant's writes (dataflow order); with `prev`, the version
+    before them (it breaks a cycle). An unbound region is passed as a positional argument, or as
+    keyword `ARG` with `as`.
+    """
+
+    region: RegionRef
+    span_clause: SpanLast | SpanNew | None = None
+    lookahead: Expr | None = None
+    alias: str | None = None
+    prev: bool = False
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class UpdateItem:
+    """A read-modify-write of a state region that advances it by N units per firing: `update kv +2`;
+    a fixed region (no time axis, e.g. a counter) is updated without an advance: `update offsets`."""
+
+    region: RegionRef
+    advance: Expr | None = None
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class WriteItem:
+    """New units produced into a region per firing: `write pcm +1920`, `write pcm +24000 latency 3840`
+    (the first firing emits `advance - latency`), or `write pcm` (advance derived from the clocks)."""
+
+    region: RegionRef
+    advance: Expr | None = None
+    latency: Expr | None = None
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class RngItem:
+    """The stage draws random numbers: each session keeps its own generator state: `rng`."""
+
+    span: Span | None = _span_field()
+
+
+StageItem = Union[ModuleItem, HookItem, ReadItem, UpdateItem, WriteItem, RngItem]
+
+
+@attrs.frozen
+class Stage:
+    """A computation that fires on every tick of a clock::
+
+        stage NAME on CLOCK { ITEM* }
+    """
+
+    name: str
+    clock: str
+    items: tuple[StageItem, ...]
+    span: Span | None = _span_field()
+    clock_span: Span | None = _span_field()
+
+    def items_of(self, kind: type) -> list:
+        return [i for i in self.items if isinstance(i, kind)]
+
+
+Statement = Union[Use, Cadence, Param, Clock, Region, Stage]
+
+
+@attrs.frozen
+class Module:
+    """One parsed `.clock` file: its statements in written order."""
+
+    path: str
+    statements: tuple[Statement, ...]
+
+    def of(self, kind: type) -> list:
+        return [s for s in self.statements if isinstance(s, kind)]

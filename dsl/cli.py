@@ -1,0 +1,159 @@
+"""The `dsl` command: check, fmt, plan, render (and the benchmarks, once examples are installed).
+
+Exit codes: 0 clean, 1 problems found in the input, 2 usage or internal error. No Python traceback
+ever reaches the user for a bad file; an internal error prints one line and asks for a bug report
+(set DUPLEXCADENCE_DEBUG=1 to see the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from . import report
+from .compiler import check_file
+from .diagnostics import ClockError, Diagnostic
+from .parse import parse_module
+from .printer import module as print_module
+from .source import SourceFile
+
+EXIT_CLEAN, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+
+
+def _color_wanted(choice: str, stream) -> bool:
+    if choice == "always":
+        return True
+    if choice == "never" or os.environ.get("NO_COLOR"):
+        return False
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def parse_params(pairs: Sequence[str]) -> tuple[dict[str, str], list[Diagnostic]]:
+    """`NAME=VALUE` pairs from `--param`; malformed ones become diagnostics."""
+    from . import messages
+
+    overrides: dict[str, str] = {}
+    problems: list[Diagnostic] = []
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip().isidentifier() or not value.strip():
+            problems.append(messages.override_syntax(pair))
+            continue
+        overrides[name.strip()] = value.strip()
+    return overrides, problems
+
+
+def print_diagnostics(diagnostics: Sequence[Diagnostic], sources, fmt: str, color: bool, stream) -> None:
+    for diagnostic in diagnostics:
+        if fmt == "concise":
+            print(report.format_concise(diagnostic), file=stream)
+        else:
+            print(report.format_full(diagnostic, sources, color), file=stream)
+            print(file=stream)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    overrides, problems = parse_params(args.param)
+    color = _color_wanted(args.color, sys.stdout)
+    results = []
+    for path in args.files:
+        result = check_file(path, overrides)
+        diagnostics = list(result.diagnostics)
+        results.append((path, diagnostics, result.sources))
+    if problems:
+        results.insert(0, ("<command line>", problems, {}))
+    all_diagnostics = [d for _, ds, _ in results for d in ds]
+    if args.format == "json":
+        print(report.to_json((path, ds) for path, ds, _ in results))
+    else:
+        for _, diagnostics, sources in results:
+            print_diagnostics(diagnostics, sources, args.format, color, sys.stdout)
+        print(report.summary(all_diagnostics, len(args.files)))
+    return EXIT_PROBLEMS if any(d.severity.value == "error" for d in all_diagnostics) else EXIT_CLEAN
+
+
+def cmd_fmt(args: argparse.Namespace) -> int:
+    status = EXIT_CLEAN
+    for path in args.files:
+        result = check_file(path)  # only syntax matters, but reading errors are reported the same way
+        source = result.sources.get(path)
+        try:
+            if source is None:
+                raise ClockError(result.diagnostics)
+            text = print_module(parse_module(source))
+        except ClockError as error:
+            print_diagnostics(error.diagnostics, result.sources, "full", False, sys.stderr)
+            status = EXIT_PROBLEMS
+            continue
+        if args.check:
+            if text != source.text:
+                print(f"would reformat {path}")
+                status = EXIT_PROBLEMS
+        elif args.write:
+            if text != source.text:
+                with open(path, "w", encoding="utf-8") as handle:
+                    handle.write(text)
+                print(f"reformatted {path}")
+        else:
+            sys.stdout.write(text)
+    return status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dsl", description="DuplexCadence: .clock files, plans and renders.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    check = commands.add_parser("check", help="check .clock files and report every problem")
+    check.add_argument("files", nargs="+", metavar="FILE")
+    check.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
+    check.add_argument("--format", choices=("full", "concise", "json"), default="full")
+    check.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    check.set_defaults(handler=cmd_check)
+
+    fmt = commands.add_parser("fmt", help="print .clock files in canonical form")
+    fmt.add_argument("files", nargs="+", metavar="FILE")
+    group = fmt.add_mutually_exclusive_group()
+    group.add_argument("--check", action="store_true", help="exit 1 if a file is not in canonical form")
+    group.add_argument("--write", action="store_true", help="rewrite files in place")
+    fmt.set_defaults(handler=cmd_fmt)
+
+    for register in _extra_commands():
+        register(commands)
+    return parser
+
+
+def _extra_commands():
+    """Subcommands defined beside the interpreter (plan, render, bench), registered if importable."""
+    registrars = []
+    try:
+        from ..interpreter import cli as interpreter_cli
+    except ImportError:  # an install without torch still checks and formats .clock files
+        return registrars
+    registrars.extend(interpreter_cli.REGISTRARS)
+    return registrars
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        print("dsl: interrupted", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        return EXIT_CLEAN
+    except Exception as error:  # the last line of defence: never a traceback for the user
+        if os.environ.get("DUPLEXCADENCE_DEBUG"):
+            traceback.print_exc()
+        print(f"dsl: internal error: {type(error).__name__}: {error}", file=sys.stderr)
+        print("dsl: this is a bug in DuplexCadence; rerun with DUPLEXCADENCE_DEBUG=1 and report the traceback",
+              file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Exact evaluation of `.clock` expressions, with units.
+
+A value is a `Quantity`: an exact `Fraction` (or a list of quantities) and a unit written as the
+exponent of seconds: 0 is a plain number, 1 a duration (s), -1 a rate (Hz). So `10 s * 25 Hz` is
+the plain number 250, `sample / 1920` is a rate, and `1 s + 3` is an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from fractions import Fraction
+
+import attrs
+
+from . import ast, messages
+from .diagnostics import ClockError, Diagnostic
+
+PLAIN, SECONDS, HERTZ = 0, 1, -1
+_UNIT_SCALE = {"Hz": (Fraction(1), HERTZ), "kHz": (Fraction(1000), HERTZ),
+               "s": (Fraction(1), SECONDS), "ms": (Fraction(1, 1000), SECONDS)}
+_UNIT_NAMES = {PLAIN: "a plain number", SECONDS: "a duration (s)", HERTZ: "a rate (Hz)"}
+MAX_MAGNITUDE = 10**15
+
+
+@attrs.frozen
+class Quantity:
+    """An exact value with a unit (exponent of seconds), or a list of values (`unit` is then PLAIN)."""
+
+    value: Fraction | tuple[Quantity, ...]
+    unit: int = PLAIN
+
+    @property
+    def is_list(self) -> bool:
+        return isinstance(self.value, tuple)
+
+    def describe(self) -> str:
+        if self.is_list:
+            return "[" + ", ".join(q.describe() for q in self.value) + "]"
+        text = _fraction_text(self.value)
+        return {PLAIN: text, SECONDS: f"{text} s", HERTZ: f"{text} Hz"}[self.unit]
+
+    @property
+    def kind(self) -> str:
+        if self.is_list:
+            return "a list"
+        if self.unit != PLAIN:
+            return _UNIT_NAMES[self.unit]
+        return "an integer" if self.value.denominator == 1 else "a fraction"
+
+
+def _fraction_text(value: Fraction) -> str:
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"{value.numerator}/{value.denominator}"
+
+
+def unit_name(unit: int) -> str:
+    return _UNIT_NAMES.get(unit, f"s^{unit}")
+
+
+class EvalError(ClockError):
+    """An expression that cannot be evaluated; carries one located diagnostic."""
+
+    def __init__(self, diagnostic: Diagnostic):
+        super().__init__([diagnostic])
+
+
+Lookup = Callable[[ast.Name], Quantity]
+
+
+def evaluate(expr: ast.Expr, lookup: Lookup) -> Quantity:
+    """Evaluate `expr`; `lookup` resolves names (and raises EvalError for unknown ones)."""
+    if isinstance(expr, ast.Number):
+        if expr.unit is None:
+            return _bounded(Quantity(expr.value), expr)
+        scale, unit = _UNIT_SCALE[expr.unit]
+        return _bounded(Quantity(expr.value * scale, unit), expr)
+    if isinstance(expr, ast.Name):
+        return lookup(expr)
+    if isinstance(expr, ast.Neg):
+        operand = _scalar(evaluate(expr.operand, lookup), expr.operand, "negate")
+        return Quantity(-operand.value, operand.unit)
+    if isinstance(expr, ast.BinOp):
+        return _binop(expr, lookup)
+    if isinstance(expr, ast.ListExpr):
+        return Quantity(tuple(evaluate(item, lookup) for item in expr.items))
+    if isinstance(expr, ast.Index):
+        return _index(expr, lookup)
+    if isinstance(expr, ast.Call):
+        return _call(expr, lookup)
+    raise AssertionError(f"unknown expression node {expr!r}")
+
+
+def _bounded(quantity: Quantity, expr: ast.Expr) -> Quantity:
+    if not quantity.is_list and abs(quantity.value) > MAX_MAGNITUDE:
+        raise EvalError(messages.bad_value(f"{quantity.describe()} is too large (the limit is 10^15)", expr.span,
+                                           "a region or rate this large cannot be allocated or scheduled"))
+    return quantity
+
+
+def _scalar(q: Quantity, expr: ast.Expr, what: str) -> Quantity:
+    if q.is_list:
+        raise EvalError(messages.bad_value(f"cannot {what} a list", expr.span,
+                                           "index the list (`ratios[0]`) or reduce it (`prod(ratios)`)"))
+    return q
+
+
+def _binop(expr: ast.BinOp, lookup: Lookup) -> Quantity:
+    verb = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide"}[expr.op]
+    left = _scalar(evaluate(expr.left, lookup), expr.left, verb)
+    right = _scalar(evaluate(expr.right, lookup), expr.right, verb)
+    if expr.op in "+-":
+        if left.unit != right.unit:
+            raise EvalError(messages.bad_value(
+                f"cannot {verb} {unit_name(left.unit)} and {unit_name(right.unit)}", expr.span,
+                "both sides of + and - need the same unit"))
+        value = left.value + right.value if expr.op == "+" else left.value - right.value
+        return _bounded(Quantity(value, left.unit), expr)
+    if expr.op == "*":
+        unit, value = left.unit + right.unit, left.value * right.value
+    else:
+        if right.value == 0:
+            raise EvalError(messages.bad_value("division by zero", expr.span,
+                                               "the divisor must not be zero"))
+        unit, value = left.unit - right.unit, left.value / right.value
+    if unit not in _UNIT_NAMES:
+        raise EvalError(messages.bad_value(
+            f"{unit_name(left.unit)} {expr.op} {unit_name(right.unit)} has no unit DuplexCadence uses",
+            expr.span, "values are plain numbers, durations (s) or rates (Hz)"))
+    return _bounded(Quantity(value, unit), expr)
+
+
+def _index(expr: ast.Index, lookup: Lookup) -> Quantity:
+    target = evaluate(expr.target, lookup)
+    if not target.is_list:
+        raise EvalError(messages.bad_value(f"{target.describe()} is not a list and cannot be indexed",
+                                           expr.span, "only list params can be indexed"))
+    position = require_int(evaluate(expr.index, lookup), expr.index, "a list index")
+    if not 0 <= position < len(target.value):
+        raise EvalError(messages.bad_value(
+            f"index {position} is out of range for a list of {len(target.value)}", expr.index.span,
+            f"use an index from 0 to {len(target.value) - 1}"))
+    return target.value[position]
+
+
+def _call(expr: ast.Call, lookup: Lookup) -> Quantity:
+    if expr.func not in messages.BUILTIN_FUNCTIONS:
+        raise EvalError(messages.unknown_function(expr.func, expr.span))
+    args = [evaluate(a, lookup) for a in expr.args]
+    if expr.func == "len":
+        if len(args) != 1 or not args[0].is_list:
+            raise EvalError(messages.bad_value("len() takes one list", expr.span, "write len(ratios)"))
+        return Quantity(Fraction(len(args[0].value)))
+    items = args[0].value if len(args) == 1 and args[0].is_list else tuple(args)
+    if not items:
+        raise EvalError(messages.bad_value(f"{expr.func}() of nothing", expr.span,
+                                           f"give {expr.func}() a non-empty list or several values"))
+    for item, node in zip(items, expr.args if len(args) > 1 else [expr] * len(items)):
+        _scalar(item, node, f"take {expr.func}() of")
+    units = {q.unit for q in items}
+    if len(units) > 1:
+        raise EvalError(messages.bad_value(f"{expr.func}() of values with different units", expr.span,
+                                           "give values of one unit"))
+    unit = units.pop()
+    if expr.func == "prod":
+        value = Fraction(1)
+        for q in items:
+            value *= q.value
+        if unit != PLAIN:
+            raise EvalError(messages.bad_value("prod() takes plain numbers", expr.span, "drop the units"))
+        return _bounded(Quantity(value), expr)
+    if expr.func == "sum":
+        return _bounded(Quantity(sum((q.value for q in items), Fraction(0)), unit), expr)
+    pick = max if expr.func == "max" else min
+    return Quantity(pick(q.value for q in items), unit)
+
+
+def require_int(q: Quantity, expr: ast.Expr | None, what: str, minimum: int | None = None) -> int:
+    """The integer value of a plain number, or a located bad-value error naming `what`."""
+    span = expr.span if expr is not None else None
+    if q.is_list or q.unit != PLAIN or q.value.denominator != 1:
+        raise EvalError(messages.bad_value(f"{what} must be an integer, not {q.describe()}", span,
+                                           "write a whole number of units"))
+    value = q.value.numerator
+    if minimum is not None and value < minimum:
+        raise EvalError(messages.bad_value(f"{what} must be at least {minimum}, not {value}", span,
+                                           f"write a number >= {minimum}"))
+    return value
+
+
+def count_of(q: Quantity, rate: Fraction, expr: ast.Expr, what: str, minimum: int = 0) -> int:
+    """A count of clock units from a plain integer or a duration converted with `rate` (Hz)."""
+    if not q.is_list and q.unit == SECONDS:
+        units = q.value * rate
+        if units.denominator != 1:
+            raise EvalError(messages.bad_value(
+                f"{what} of {q.describe()} is {_fraction_text(units)} units at {_fraction_text(rate)} Hz, "
+                "not a whole number", expr.span, "pick a duration that is a whole number of units"))
+        q = Quantity(units)
+    return require_int(q, expr, what, minimum)

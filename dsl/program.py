@@ -1,0 +1,230 @@
+"""The checked program: every name resolved, every value evaluated, families expanded.
+
+This is what the interpreter's passes consume. All numbers are exact (`int` or `Fraction`);
+all records are frozen; positions are kept for diagnostics but out of equality.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any
+
+import attrs
+import networkx as nx
+
+from .source import Span
+
+
+def _span_field():
+    return attrs.field(default=None, eq=False, repr=False, kw_only=True)
+
+
+@attrs.frozen
+class ClockInfo:
+    """A clock with its exact rate in Hz."""
+
+    name: str
+    rate: Fraction
+    uses: tuple[str, ...] = ()
+    span: Span | None = _span_field()
+
+    @property
+    def period(self) -> Fraction:
+        return 1 / self.rate
+
+
+@attrs.frozen
+class Retention:
+    """How much of a region is kept, in units of the region's clock.
+
+    kind is one of: `fixed` (a region without a time axis: the whole tensor, always), `last` (window of `last` newest units, oldest first), `ring` (a ring of `last`
+    slots, always handed whole to the module), `first_last` (a pinned head of `first` units plus the
+    `last` newest), `all` (everything up to `horizon` units), `scratch` (dead after the instant).
+    """
+
+    kind: str
+    first: int = 0
+    last: int = 0
+    horizon: int | None = None
+    span: Span | None = _span_field()
+
+    @property
+    def keeps(self) -> int | None:
+        """The most units kept between firings (None for scratch: nothing survives an instant)."""
+        if self.kind in ("last", "ring"):
+            return self.last
+        if self.kind == "first_last":
+            return self.first + self.last
+        if self.kind == "all":
+            return self.horizon
+        return None
+
+    def trim(self, length: int) -> int:
+        """The length kept after a write left `length` units (before the next firing)."""
+        if self.kind in ("last", "ring"):
+            return min(length, self.last)
+        if self.kind == "first_last":
+            return min(length, self.first + self.last)
+        if self.kind == "all":
+            return length
+        return 0
+
+    def relocates(self, length: int, advance: int) -> bool:
+        """Whether appending `advance` units to `length` kept units moves kept units to new offsets."""
+        if self.kind == "last":
+            return length > 0 and length + advance > self.last and advance < self.last
+        if self.kind == "first_last":
+            return length + advance > self.first + self.last and self.last > advance
+        return False
+
+    def describe(self) -> str:
+        if self.kind == "first_last":
+            return f"first {self.first} + last {self.last}"
+        if self.kind == "all":
+            return f"all horizon {self.horizon}"
+        if self.kind == "scratch":
+            return "scratch"
+        return f"{self.kind} {self.last}"
+
+
+@attrs.frozen
+class RegionInfo:
+    """One region (a family member counts as one region, named `kv[3]`).
+
+    `shape` holds ints with `None` at `time_axis`; a fixed region has no time axis (`time_axis` and
+    `clock` are None) and its shape is all ints; `start_length` is the number of units held at
+    session start (0 for `start empty`, the retention for `start zeros` on a window, `N` for
+    `start given N`). `stock_shape` is the stock runtime's whole allocation, or None if not declared.
+    """
+
+    name: str
+    family: str | None
+    index: int | None
+    dtype: str
+    itemsize: int
+    shape: tuple[int | None, ...]
+    time_axis: int | None
+    clock: str | None
+    retention: Retention
+    start: str
+    start_length: int
+    stock_shape: tuple[int, ...] | None
+    bind: str | None
+    role: str
+    uses: tuple[str, ...] = ()
+    span: Span | None = _span_field()
+    bind_span: Span | None = _span_field()
+
+    @property
+    def unit_elements(self) -> int:
+        """Elements per unit of the time axis (the product of the other dims)."""
+        count = 1
+        for i, dim in enumerate(self.shape):
+            if i != self.time_axis:
+                count *= dim
+        return count
+
+    @property
+    def fixed(self) -> bool:
+        return self.time_axis is None
+
+    def shape_at(self, length: int) -> tuple[int, ...]:
+        return tuple(length if i == self.time_axis else d for i, d in enumerate(self.shape))
+
+    @property
+    def stock_bytes(self) -> int | None:
+        if self.stock_shape is None:
+            return None
+        count = 1
+        for dim in self.stock_shape:
+            count *= dim
+        return count * self.itemsize
+
+
+@attrs.frozen
+class Access:
+    """One stage's use of one region per firing.
+
+    kind: `read`, `update` (read-modify-write) or `write`. For reads, `window` is `all` (the whole
+    retained content), `last` (the newest `count` units) or `new` (the units that arrived for this
+    firing, plus up to `context` older ones). `advance` is the units written per firing (None:
+    the module decides, for outputs only); `latency` is held back on the first firing.
+    """
+
+    kind: str
+    region: str
+    window: str = "all"
+    count: int = 0
+    context: int = 0
+    lookahead: int = 0
+    alias: str | None = None
+    prev: bool = False
+    advance: int | None = None
+    latency: int = 0
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class StageInfo:
+    """A stage: its clock, what it calls (`module` path or registered `hook`), and its accesses."""
+
+    name: str
+    clock: str
+    callable_kind: str
+    target: str
+    accesses: tuple[Access, ...]
+    rng: bool
+    span: Span | None = _span_field()
+    callable_span: Span | None = _span_field()
+
+    def reads(self) -> list[Access]:
+        return [a for a in self.accesses if a.kind in ("read", "update")]
+
+    def writes(self) -> list[Access]:
+        return [a for a in self.accesses if a.kind in ("update", "write")]
+
+
+@attrs.frozen
+class Program:
+    """A checked `.clock` program with its params applied."""
+
+    path: str
+    cadence: Fraction
+    params: dict[str, Any] = attrs.field(hash=False)
+    clocks: dict[str, ClockInfo] = attrs.field(hash=False)
+    regions: dict[str, RegionInfo] = attrs.field(hash=False)
+    families: dict[str, tuple[str, ...]] = attrs.field(hash=False)
+    stages: dict[str, StageInfo] = attrs.field(hash=False)
+    graph: nx.DiGraph = attrs.field(eq=False, hash=False, repr=False, default=None)
+    cadence_span: Span | None = attrs.field(default=None, eq=False, repr=False)
+
+    def region(self, name: str) -> RegionInfo:
+        return self.regions[name]
+
+    def rate_of_region(self, name: str) -> Fraction:
+        """The rate of a region's clock (a fixed region counts one unit per firing of its user)."""
+        clock = self.regions[name].clock
+        return self.clocks[clock].rate if clock is not None else Fraction(0)
+
+    def units_per_firing(self, stage: str, region: str) -> Fraction:
+        """How many units of `region`'s clock pass per firing of `stage` (may be a fraction)."""
+        return self.rate_of_region(region) / self.clocks[self.stages[stage].clock].rate
+
+
+def lcm_fractions(values) -> Fraction:
+    """The least positive rational that every value divides a whole number of times (a hyperperiod)."""
+    numerator, denominator = 0, 0
+    for value in map(Fraction, values):
+        numerator = value.numerator if numerator == 0 else math.lcm(numerator, value.numerator)
+        denominator = value.denominator if denominator == 0 else math.gcd(denominator, value.denominator)
+    return Fraction(numerator, denominator)
+
+
+def gcd_fractions(values) -> Fraction:
+    """The greatest rational that divides every value a whole number of times (a base tick)."""
+    numerator, denominator = 0, 0
+    for value in map(Fraction, values):
+        numerator = value.numerator if numerator == 0 else math.gcd(numerator, value.numerator)
+        denominator = value.denominator if denominator == 0 else math.lcm(denominator, value.denominator)
+    return Fraction(numerator, denominator)

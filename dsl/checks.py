@@ -47,27 +47,23 @@ def read_need(program: Program, stage: StageInfo, access: Access) -> tuple[int, 
 
 
 def size_io_regions(program: Program) -> Program:
-    """Inputs and outputs without `retain` keep what their stages need (a window of `last N`)."""
+    """Inputs and outputs without `retain`: an output keeps nothing between instants (scratch); an
+    input keeps the history its readers need beyond the units that arrive for their firing."""
     regions = dict(program.regions)
     for name, region in program.regions.items():
         if region.retention.kind != "io" or region.fixed:
             continue
-        need = 0
-        module_defined = False
-        for stage in program.stages.values():
-            for access in stage.accesses:
-                if access.region != name:
-                    continue
-                per_firing = max_new_units(units_per_firing(program, stage, name))
-                if access.kind == "read":
-                    found = read_need(program, stage, access)
-                    need = max(need, found[0] if found else per_firing)
-                elif access.advance is None and region.role == "output":
-                    module_defined = True
-                else:
-                    need = max(need, access.advance if access.advance is not None else per_firing)
-        retention = (Retention("scratch", span=region.span) if module_defined or need == 0
-                     else Retention("last", last=need, span=region.span))
+        history = 0
+        if region.role == "input":
+            for stage in program.stages.values():
+                for access in stage.accesses:
+                    if access.region == name and access.kind == "read":
+                        found = read_need(program, stage, access)
+                        arriving = math.floor(units_per_firing(program, stage, name))
+                        if found is not None:
+                            history = max(history, found[0] - arriving)
+        retention = (Retention("last", last=history, span=region.span) if history > 0
+                     else Retention("scratch", span=region.span))
         regions[name] = attrs.evolve(region, retention=retention)
     return attrs.evolve(program, regions=regions)
 
@@ -123,26 +119,48 @@ def check_rates(program: Program) -> Iterator[Diagnostic]:
                                                 _fmt(region_clock.rate), _fmt(per_firing), access.span)
 
 
+def available_to_read(program: Program, stage: StageInfo, access: Access) -> int | None:
+    """The most units a read can rely on: the history kept plus the units surely appended earlier in
+    the same instant (fed by `step()`, or written by a stage that fires with it and runs before it)."""
+    region = program.regions[access.region]
+    keeps = region.retention.keeps
+    if keeps is None and region.retention.kind != "scratch":
+        return None
+    available = keeps or 0
+    if region.role == "input":
+        return available + math.floor(units_per_firing(program, stage, access.region))
+    if access.prev:
+        return available
+    order = depgraph.stage_order(program)
+    for other in program.stages.values():
+        if other.name == stage.name or other.clock != stage.clock or order.index(other.name) > order.index(stage.name):
+            continue
+        available += sum(a.advance or 0 for a in other.writes() if a.region == access.region)
+    return available
+
+
 def check_retention(program: Program) -> Iterator[Diagnostic]:
     for stage in program.stages.values():
         for access in stage.accesses:
-            if access.kind != "read":
+            if access.kind != "read" or program.regions[access.region].fixed:
                 continue
             region = program.regions[access.region]
             found = read_need(program, stage, access)
-            keeps = region.retention.keeps
-            if region.retention.kind == "scratch":
-                keeps = max((a.advance or 0 for s in program.stages.values() for a in s.writes()
-                             if a.region == access.region), default=0)
-                if all(a.advance is None for s in program.stages.values() for a in s.writes()
-                       if a.region == access.region):
-                    continue
-            if found is not None and keeps is not None and found[0] > keeps:
-                yield messages.retention_too_short(stage.name, access.region, found[0], found[1], keeps, access.span,
-                                                   region.retention.span)
-            elif access.lookahead and keeps is not None and access.lookahead > keeps:
+            if found is None:
+                continue
+            if region.role == "output" or any(a.advance is None for s in program.stages.values()
+                                                for a in s.writes() if a.region == access.region):
+                continue
+            available = available_to_read(program, stage, access)
+            if access.window == "new":  # the new units always arrive; the context must be history
+                found = (access.context, f"{access.context} units of context before the new ones")
+                available = region.retention.keeps
+            if available is not None and found[0] > available:
+                yield messages.retention_too_short(stage.name, access.region, found[0], found[1], available,
+                                                   access.span, region.retention.span)
+            elif access.lookahead > found[0]:
                 yield messages.retention_too_short(stage.name, access.region, access.lookahead, "its lookahead",
-                                                   keeps, access.span, region.retention.span)
+                                                   found[0], access.span, region.retention.span)
 
 
 def check_roles(program: Program) -> Iterator[Diagnostic]:

@@ -1,0 +1,124 @@
+"""Pass 3, allocation schedule: how much each region must hold, in units and bytes, against stock.
+
+A region's capacity is the most units it ever holds over the traced session: every view handed to
+a stage, every append before the end-of-instant trim, the start and the retained lengths (a ring is
+its size; a fixed region its shape). Not the stock implementation's constant.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from ..dsl.program import Program, RegionInfo
+from .trace import Trace
+
+
+@attrs.frozen
+class RegionPlan:
+    """One region's allocation.
+
+    `persistent`: lives for the whole session (its own bytes per session); otherwise it is scratch,
+    live only within an instant and packed with other scratch by liveness. `double_buffer_units`:
+    size of the staging buffer its appends/trims need when they move kept units onto overlapping or
+    re-laid-out memory (0: none). `live`: for scratch, the first and last position in the instant's
+    stage order that touch it.
+    """
+
+    name: str
+    family: str | None
+    dtype: str
+    itemsize: int
+    capacity: int | None
+    shape: tuple[int, ...]
+    bytes: int
+    persistent: bool
+    double_buffer_units: int
+    double_buffer_bytes: int
+    kept: int | None
+    stock_shape: tuple[int, ...] | None
+    stock_bytes: int | None
+    live: tuple[int, int] | None
+
+    @property
+    def saving_bytes(self) -> int | None:
+        return None if self.stock_bytes is None else self.stock_bytes - self.bytes
+
+    @property
+    def saving_fraction(self) -> float | None:
+        if not self.stock_bytes:
+            return None
+        return 1 - self.bytes / self.stock_bytes
+
+
+@attrs.frozen
+class AllocationSchedule:
+    regions: dict[str, RegionPlan] = attrs.field(hash=False)
+
+    @property
+    def persistent_bytes(self) -> int:
+        return sum(r.bytes for r in self.regions.values() if r.persistent)
+
+    @property
+    def demand_bytes(self) -> int:
+        """Bytes one session demands: persistent regions, scratch and double buffers (unpacked)."""
+        return sum(r.bytes + r.double_buffer_bytes for r in self.regions.values())
+
+    @property
+    def stock_bytes(self) -> int:
+        """Bytes of the regions that declare a stock allocation, at stock size."""
+        return sum(r.stock_bytes for r in self.regions.values() if r.stock_bytes is not None)
+
+    @property
+    def compared_demand_bytes(self) -> int:
+        """Demand of the same regions that declare a stock allocation (for a like-for-like saving)."""
+        return sum(r.bytes for r in self.regions.values() if r.stock_bytes is not None)
+
+
+def _capacity(region: RegionInfo, trace: Trace) -> int | None:
+    if region.fixed:
+        return None
+    retention = region.retention
+    if retention.kind == "ring":
+        return retention.last
+    most = region.start_length
+    for firing in trace.firings:
+        for view in firing.views:
+            if view.region != region.name:
+                continue
+            if view.length is not None:
+                most = max(most, view.start + view.length if view.kind in ("feed", "write") else view.length)
+            if view.kind in ("feed", "write"):
+                most = max(most, view.transient)
+            if view.kept is not None:
+                most = max(most, view.kept)
+    if retention.kind == "all" and retention.horizon is not None and not trace.periodic:
+        most = max(most, retention.horizon)
+    return most
+
+
+def schedule(program: Program, trace: Trace, stage_order: tuple[str, ...]) -> AllocationSchedule:
+    position = {name: i for i, name in enumerate(stage_order)}
+    plans = {}
+    for name, region in program.regions.items():
+        capacity = _capacity(region, trace)
+        shape = region.shape if region.fixed else region.shape_at(capacity)
+        nbytes = math.prod(shape) * region.itemsize
+        persistent = region.fixed or region.retention.kind != "scratch"
+        staged = max((v.moved if v.kind != "update" else 0 for f in trace.firings for v in f.views
+                      if v.region == name and v.overlap), default=0)
+        if staged:
+            # the staging buffer holds a whole kept or appended version
+            staged = max(v.transient if v.kind in ("feed", "write") else (v.kept or 0)
+                         for f in trace.firings for v in f.views if v.region == name and v.overlap)
+        double_buffer_bytes = staged * region.unit_elements * region.itemsize if staged else 0
+        users = [position[f.stage] for f in trace.firings for v in f.views if v.region == name]
+        live = None
+        if not persistent:
+            live = (min(users), len(stage_order)) if region.role == "output" else (min(users), max(users))
+        kept = None if region.fixed else region.retention.keeps
+        plans[name] = RegionPlan(name, region.family, region.dtype, region.itemsize, capacity, tuple(shape), nbytes,
+                                 persistent, staged, double_buffer_bytes, kept, region.stock_shape, region.stock_bytes,
+                                 live)
+    return AllocationSchedule(plans)

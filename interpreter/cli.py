@@ -1,0 +1,56 @@
+"""`dsl plan` (and the other interpreter subcommands), registered into the `dsl` CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..dsl.cli import EXIT_CLEAN, EXIT_PROBLEMS, parse_params, print_diagnostics
+from ..dsl.compiler import check_file
+from ..dsl.diagnostics import ClockError
+from .plan import make_plan, to_json
+from .plan_report import format_plan
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    overrides, problems = parse_params(args.param)
+    result = check_file(args.file, overrides)
+    diagnostics = problems + list(result.errors)
+    if diagnostics or result.program is None:
+        print_diagnostics(diagnostics, result.sources, "full", False, sys.stderr)
+        return EXIT_PROBLEMS
+    try:
+        plan = make_plan(result.program, max_graphs=args.max_graphs, max_arena_bytes=args.max_arena_bytes,
+                         sessions=args.sessions)
+    except ClockError as error:
+        print_diagnostics(error.diagnostics, result.sources, "full", False, sys.stderr)
+        return EXIT_PROBLEMS
+    if args.json:
+        print(json.dumps(to_json(plan), indent=1, sort_keys=True))
+    else:
+        sys.stdout.write(format_plan(plan))
+    return EXIT_CLEAN
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+    return value
+
+
+def register_plan(commands) -> None:
+    plan = commands.add_parser("plan", help="print the plan: clocks, warm-up, memory per region, graphs")
+    plan.add_argument("file", metavar="FILE")
+    plan.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON (docs/plan-json.md)")
+    plan.add_argument("--max-graphs", type=_non_negative, default=None, metavar="N",
+                      help="capture at most N graphs (the rest of the firings run eagerly)")
+    plan.add_argument("--max-arena-bytes", type=_non_negative, default=None, metavar="BYTES",
+                      help="fail if the arena would exceed BYTES")
+    plan.add_argument("--sessions", type=int, default=1, metavar="N", help="sessions sharing the arena")
+    plan.set_defaults(handler=cmd_plan)
+
+
+REGISTRARS = [register_plan]

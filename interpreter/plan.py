@@ -1,0 +1,139 @@
+"""The plan driver: a checked program -> clocks -> shape trace -> allocation schedule -> arena ->
+capture plan, composed in that order. Each pass is a pure function of what came before; the
+result is one frozen `Plan`, printable (`dsl plan`) and JSON-serialisable (`dsl plan --json`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from fractions import Fraction
+from pathlib import Path
+
+import attrs
+
+from ..dsl import messages
+from ..dsl.compiler import load_program
+from ..dsl.diagnostics import ClockError
+from ..dsl.program import Program
+from .arena import ArenaPlan, plan_arena
+from .capacity import AllocationSchedule, schedule
+from .capture import CapturePlan, plan_capture
+from .clocks import ClockPlan, plan_clocks
+from .trace import Trace, trace
+
+PLAN_SCHEMA_VERSION = 1
+
+
+@attrs.frozen
+class Plan:
+    program: Program = attrs.field(repr=False)
+    clocks: ClockPlan
+    trace: Trace = attrs.field(repr=False)
+    schedule: AllocationSchedule
+    arena: ArenaPlan
+    capture: CapturePlan
+
+    @property
+    def path(self) -> str:
+        return self.program.path
+
+
+def make_plan(program: Program, max_graphs: int | None = None, max_arena_bytes: int | None = None,
+              sessions: int = 1) -> Plan:
+    """Run every pass; raises ClockError (over-budget) when the arena exceeds `max_arena_bytes`."""
+    clock_plan = plan_clocks(program)
+    shape_trace = trace(program, clock_plan)
+    allocation = schedule(program, shape_trace, clock_plan.stage_order)
+    arena = plan_arena(allocation)
+    if max_arena_bytes is not None and arena.total_bytes(sessions) > max_arena_bytes:
+        largest = max(allocation.regions.values(), key=lambda r: r.bytes)
+        span = program.regions[largest.name].span
+        raise ClockError([messages.over_arena_budget(arena.total_bytes(sessions), max_arena_bytes, span)])
+    capture = plan_capture(shape_trace, max_graphs)
+    return Plan(program, clock_plan, shape_trace, allocation, arena, capture)
+
+
+def plan_file(path: str | Path, params: Mapping[str, str] | None = None, **options) -> Plan:
+    return make_plan(load_program(path, params), **options)
+
+
+# --- JSON ---------------------------------------------------------------------------------------
+
+
+def _rational(value: Fraction) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+def _param_json(value):
+    if isinstance(value, list):
+        return [_param_json(v) for v in value]
+    if isinstance(value, Fraction):
+        return _rational(value)
+    return value
+
+
+def to_json(plan: Plan) -> dict:
+    """The plan as plain JSON data (schema: docs/plan-json.md). Deterministic: sorted, exact rationals
+    as "n/d" strings."""
+    program = plan.program
+    clocks = plan.clocks
+    return {
+        "schema": PLAN_SCHEMA_VERSION,
+        "file": str(program.path),
+        "params": {k: _param_json(v) for k, v in sorted(program.params.items())},
+        "clocks": {
+            "cadence_s": _rational(clocks.cadence),
+            "base_tick_s": _rational(clocks.base_tick),
+            "hyperperiod_s": _rational(clocks.hyperperiod),
+            "instants_per_hyperperiod": clocks.instants_per_hyperperiod,
+            "rates_hz": {name: _rational(rate) for name, rate in sorted(clocks.rates.items())},
+            "stage_order": list(clocks.stage_order),
+            "stages": {name: {"clock": t.clock, "rate_hz": _rational(t.rate), "per_cadence": _rational(t.per_cadence),
+                              "per_hyperperiod": t.per_hyperperiod}
+                       for name, t in clocks.stages.items()},
+        },
+        "trace": {
+            "periodic": plan.trace.periodic,
+            "reason": plan.trace.reason,
+            "warmup_instants": plan.trace.warmup_instants,
+            "shape_warmup_instants": plan.trace.shape_warmup_instants,
+            "period_instants": plan.trace.period_instants,
+            "firings": [
+                {"instant": f.instant, "time_s": _rational(f.time), "stage": f.stage, "count": f.count,
+                 "views": [{"region": v.region, "kind": v.kind, "start": v.start, "length": v.length,
+                            "shape": list(v.shape) if v.shape is not None else None, "transient": v.transient,
+                            "kept": v.kept, "moved": v.moved, "double_buffer": v.overlap} for v in f.views]}
+                for f in plan.trace.firings
+            ],
+        },
+        "regions": {
+            name: {"family": r.family, "dtype": r.dtype, "capacity": r.capacity, "shape": list(r.shape),
+                   "bytes": r.bytes, "persistent": r.persistent, "kept": r.kept,
+                   "double_buffer_bytes": r.double_buffer_bytes,
+                   "stock_shape": list(r.stock_shape) if r.stock_shape is not None else None,
+                   "stock_bytes": r.stock_bytes, "saving_bytes": r.saving_bytes,
+                   "live": list(r.live) if r.live is not None else None}
+            for name, r in sorted(plan.schedule.regions.items())
+        },
+        "arena": {
+            "alignment": plan.arena.alignment,
+            "session_bytes": plan.arena.session_bytes,
+            "scratch_bytes": plan.arena.scratch_bytes,
+            "allocations": [{"name": a.name, "offset": a.offset, "bytes": a.bytes, "persistent": a.persistent,
+                             "live": list(a.live) if a.live is not None else None} for a in plan.arena.allocations],
+        },
+        "memory": {
+            "demand_bytes": plan.schedule.demand_bytes,
+            "stock_bytes": plan.schedule.stock_bytes,
+            "compared_demand_bytes": plan.schedule.compared_demand_bytes,
+        },
+        "capture": {
+            "max_graphs": plan.capture.max_graphs,
+            "eager_rule": plan.capture.eager_rule,
+            "graphs": [{"key": g.key, "stage": g.stage, "firings": list(g.firings), "steady": g.steady,
+                        "captured": g.captured} for g in plan.capture.graphs],
+            "warmup": [[r.instant, r.stage, r.key] for r in plan.capture.warmup],
+            "steady": [[r.instant, r.stage, r.key] for r in plan.capture.steady],
+            "eager_firings": plan.capture.eager_firings,
+        },
+    }

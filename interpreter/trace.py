@@ -1,0 +1,310 @@
+"""Pass 2, shape trace: every firing from session start, with the exact view of every region it touches.
+
+The simulation follows the `.clock` semantics, in units of each region's clock:
+
+* at the start of every instant a region holds at most what it retains (its history);
+* an input region is fed by `step()` with the units that arrive for its reader's firing k:
+  `floor((k+1)q) - floor(kq)`, q = region rate / stage rate (12, 13, 12, ... for 12.5 codes per second);
+* `write R +a` appends a new units (reads later in the instant see them); `update R +a` yields a
+  new version of `L + a` units as a fresh tensor (returned, or assigned to the bound attribute),
+  which the runtime trims at once into the region;
+* a read sees `[start, end)` of the region: everything (`all`), the newest `last n`, or the `new`
+  units plus up to `context` older ones;
+* at the end of the instant each appended region is trimmed back to its retention (the last stage
+  that touched it does it);
+* every view is contiguous at its exact shape, as the stock code's tensors are; so an append or a
+  trim that moves kept units onto memory they overlap, or re-lays them out because the time axis is
+  not the outermost one, goes through a double buffer;
+* a ring (`retain ring N`) is managed by the module in place: always N units, only its fill grows;
+  scratch keeps nothing past its instant; a fixed region (no time axis) is always whole.
+
+The trace runs until the state (region lengths and ring fills, at the same phase of the
+hyperperiod) repeats one hyperperiod later: the instants before that are the warm-up, and one
+hyperperiod after it is the steady period that repeats forever.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import attrs
+
+from ..dsl.program import Program
+from .clocks import ClockPlan
+
+MAX_INSTANTS = 200_000
+
+
+@attrs.frozen
+class View:
+    """One access of one firing.
+
+    `start`/`length`: the units of the region handed to the stage (length None: an output whose
+    size the module decides, or a fixed region). For feeds, writes and updates, `offset` is where
+    the new units land and `transient` the region's length right after them. When this access is
+    the last one to touch the region in its instant, `kept` is the length after the trim (else
+    None), `moved` the units the trim relocates and `overlap` whether the relocation's source and
+    destination overlap (it then goes through a double buffer).
+    """
+
+    region: str
+    kind: str
+    start: int
+    length: int | None
+    shape: tuple[int, ...] | None
+    offset: int = 0
+    transient: int = 0
+    kept: int | None = None
+    moved: int = 0
+    overlap: bool = False
+
+    def key(self) -> tuple:
+        return (self.region, self.kind, self.start, self.length, self.offset, self.transient, self.kept)
+
+
+@attrs.frozen
+class Firing:
+    """One firing of one stage: `count` is the stage's own firing number (k), `instant` the
+    global instant index from session start."""
+
+    stage: str
+    count: int
+    instant: int
+    time: Fraction
+    views: tuple[View, ...]
+
+    @property
+    def signature(self) -> tuple:
+        """Everything that fixes the firing's shapes and arena offsets: one graph per distinct value."""
+        return (self.stage,) + tuple(view.key() for view in self.views)
+
+
+@attrs.frozen
+class Trace:
+    """Firings from session start through the warm-up and one steady period.
+
+    `warmup_instants`: instants before the state becomes periodic (e.g. Mimi's 125 frames of
+    KV-window fill). `shape_warmup_instants`: instants before the *shapes* become periodic (a ring
+    has constant shapes from the start). `period_instants`: instants in one hyperperiod.
+    When `periodic` is False (a region grows until its horizon), `reason` says why and the trace
+    stops at the horizon or at MAX_INSTANTS.
+    """
+
+    firings: tuple[Firing, ...]
+    warmup_instants: int
+    shape_warmup_instants: int
+    period_instants: int
+    periodic: bool
+    reason: str | None = None
+
+    @property
+    def end_instant(self) -> int:
+        return self.warmup_instants + self.period_instants
+
+    def warmup(self) -> list[Firing]:
+        return [f for f in self.firings if f.instant < self.warmup_instants]
+
+    def steady(self) -> list[Firing]:
+        return [f for f in self.firings if f.instant >= self.warmup_instants]
+
+    def steady_firing_for(self, instant: int, stage: str) -> Firing:
+        """The planned firing that a (possibly much later) instant repeats."""
+        if instant >= self.warmup_instants:
+            instant = self.warmup_instants + (instant - self.warmup_instants) % self.period_instants
+        for firing in self.firings:
+            if firing.instant == instant and firing.stage == stage:
+                return firing
+        raise KeyError((instant, stage))
+
+
+def arrivals(k: int, per_firing: Fraction) -> int:
+    """Units that arrive for firing k when a region advances `per_firing` units per firing on average."""
+    return math.floor((k + 1) * per_firing) - math.floor(k * per_firing)
+
+
+class _Simulator:
+    def __init__(self, program: Program, clocks: ClockPlan):
+        self.program = program
+        self.clocks = clocks
+        self.length: dict[str, int] = {}
+        self.fill: dict[str, int] = {}
+        self.counts = {name: 0 for name in program.stages}
+        for name, region in program.regions.items():
+            if region.fixed:
+                continue
+            if region.retention.kind == "ring":
+                self.fill[name] = 0
+            else:
+                self.length[name] = region.start_length
+
+    def state(self, phase: int) -> tuple:
+        return (phase, tuple(sorted(self.length.items())), tuple(sorted(self.fill.items())))
+
+    def per_firing(self, stage: str, region: str) -> Fraction:
+        return self.program.rate_of_region(region) / self.clocks.rates[self.program.stages[stage].clock]
+
+    def run_instant(self, index: int) -> list[Firing]:
+        phase = index % len(self.clocks.instants)
+        instant = self.clocks.instants[phase]
+        time = self.clocks.instant_time(index)
+        firings = [self.fire(name, index, time) for name in instant.stages]
+        for name in instant.stages:
+            self.counts[name] += 1
+        return self.trim(firings)
+
+    def fire(self, stage_name: str, instant: int, time: Fraction) -> Firing:
+        stage = self.program.stages[stage_name]
+        k = self.counts[stage_name]
+        views: list[View] = []
+        fed: set[str] = set()
+        for access in stage.accesses:
+            region = self.program.regions[access.region]
+            if region.role == "input" and access.kind == "read" and access.region not in fed:
+                fed.add(access.region)
+                units = arrivals(k, self.per_firing(stage_name, access.region))
+                views.append(self._append(access.region, units, "feed"))
+        for access in stage.accesses:
+            if access.kind == "read":
+                views.append(self.read(stage_name, k, access))
+        for access in stage.accesses:
+            if access.kind == "update":
+                views.append(self.update(access))
+            elif access.kind == "write":
+                views.append(self.write(access, k))
+        return Firing(stage_name, k, instant, time, tuple(views))
+
+    def trim(self, firings: list[Firing]) -> list[Firing]:
+        """End of the instant: each touched region is trimmed by the last access that touched it."""
+        last_touch: dict[str, tuple[int, int]] = {}
+        for f_index, firing in enumerate(firings):
+            for v_index, view in enumerate(firing.views):
+                if view.kind in ("feed", "write") and view.region in self.length:
+                    last_touch[view.region] = (f_index, v_index)
+        for name, (f_index, v_index) in last_touch.items():
+            region = self.program.regions[name]
+            retention = region.retention
+            transient = self.length[name]
+            kept = retention.trim(transient)
+            moved, overlap = _trim_relocation(retention, transient, kept)
+            if kept and kept != transient and not _time_outermost(region):
+                moved, overlap = kept, True
+            self.length[name] = kept
+            firing = firings[f_index]
+            views = list(firing.views)
+            view = views[v_index]
+            views[v_index] = attrs.evolve(view, kept=kept, moved=max(view.moved, moved), overlap=view.overlap or overlap)
+            firings[f_index] = attrs.evolve(firing, views=tuple(views))
+        return firings
+
+    # --- accesses ------------------------------------------------------------------------------
+
+    def _shape(self, name: str, length: int | None) -> tuple[int, ...] | None:
+        region = self.program.regions[name]
+        if region.fixed:
+            return tuple(region.shape)
+        return None if length is None else region.shape_at(length)
+
+    def _append(self, name: str, units: int, kind: str) -> View:
+        current = self.length[name]
+        self.length[name] = current + units
+        relayout = current > 0 and not _time_outermost(self.program.regions[name])
+        return View(name, kind, current, units, self._shape(name, units), offset=current, transient=current + units,
+                    moved=current if relayout else 0, overlap=relayout)
+
+    def read(self, stage: str, k: int, access) -> View:
+        name = access.region
+        region = self.program.regions[name]
+        if region.fixed:
+            return View(name, "read", 0, None, self._shape(name, None))
+        if region.retention.kind == "ring":
+            size = region.retention.last
+            return View(name, "read", 0, size, self._shape(name, size))
+        current = self.length[name]
+        if access.window == "last":
+            length = min(access.count, current)
+        elif access.window == "new":
+            new = min(arrivals(k, self.per_firing(stage, name)), current)
+            length = new + min(access.context, current - new)
+        else:
+            length = current
+        return View(name, "read", current - length, length, self._shape(name, length))
+
+    def update(self, access) -> View:
+        name = access.region
+        region = self.program.regions[name]
+        if region.fixed:
+            return View(name, "update", 0, None, self._shape(name, None))
+        if region.retention.kind == "ring":
+            size = region.retention.last
+            self.fill[name] = min(self.fill[name] + access.advance, size)
+            return View(name, "update", 0, size, self._shape(name, size), offset=0, transient=size, kept=size)
+        current = self.length[name]
+        transient = current + access.advance
+        kept = region.retention.trim(transient)
+        self.length[name] = kept
+        # the stage's new version is a fresh tensor: the kept part is copied from it, never overlapping
+        return View(name, "update", 0, current, self._shape(name, current), offset=current, transient=transient,
+                    kept=kept)
+
+    def write(self, access, k: int) -> View:
+        name = access.region
+        if access.advance is None:  # an output whose length the module decides
+            return View(name, "write", 0, None, None)
+        units = access.advance - (access.latency if k == 0 else 0)
+        return self._append(name, units, "write")
+
+
+def _time_outermost(region) -> bool:
+    """Whether a contiguous view's time positions are contiguous runs (all dims before time are 1)."""
+    return all(dim == 1 for dim in region.shape[: region.time_axis])
+
+
+def _trim_relocation(retention, transient: int, kept: int) -> tuple[int, bool]:
+    """Units the trim moves down, and whether source and destination overlap."""
+    if transient <= kept or kept == 0:
+        return 0, False
+    if retention.kind == "last":
+        source = transient - kept
+        return kept, source < kept
+    if retention.kind == "first_last":
+        destination, source = retention.first, transient - retention.last
+        return retention.last, source < destination + retention.last
+    return 0, False
+
+
+def trace(program: Program, clocks: ClockPlan) -> Trace:
+    period = clocks.instants_per_hyperperiod
+    simulator = _Simulator(program, clocks)
+    states: list[tuple] = []
+    by_instant: list[list[Firing]] = []
+    warmup = None
+    limit = MAX_INSTANTS
+    index = 0
+    while index < limit:
+        states.append(simulator.state(index % period))
+        by_instant.append(simulator.run_instant(index))
+        if index >= period and states[index - period] == states[index] and warmup is None:
+            # the state repeats: find the earliest instant from which it always does
+            warmup = index - period
+            while warmup > 0 and states[warmup - 1] == states[warmup - 1 + period]:
+                warmup -= 1
+            limit = max(index + 1, warmup + 2 * period)
+        index += 1
+    periodic = warmup is not None
+    reason = None
+    if not periodic:
+        growing = sorted(name for name, region in program.regions.items() if region.retention.kind == "all")
+        reason = ("regions that keep everything grow until their horizon: " + ", ".join(growing)
+                  if growing else f"the state did not repeat within {MAX_INSTANTS} instants")
+        warmup = len(by_instant)
+        shape_warmup = warmup
+        end = len(by_instant)
+    else:
+        end = warmup + period
+        signatures = [tuple(f.signature for f in firings) for firings in by_instant]
+        shape_warmup = warmup
+        while shape_warmup > 0 and signatures[shape_warmup - 1] == signatures[shape_warmup - 1 + period]:
+            shape_warmup -= 1
+    firings = tuple(f for firings in by_instant[:end] for f in firings)
+    return Trace(firings, warmup, shape_warmup, period if periodic else 0, periodic, reason)

@@ -374,6 +374,11 @@ def negative_length(region: str, value: str, span: Span | None) -> Diagnostic:
                       helps=("check the params that size this region",))
 
 
+def arena_does_not_fit(need: int, free: int, device: str) -> Diagnostic:
+    return Diagnostic(BUDGET, f"the arena needs {need} bytes but {device} has {free} bytes free", None,
+                      helps=("load fewer sessions, lower the params that size the largest regions, or free memory",))
+
+
 def binding_shape(region: str, attribute: str, declared: str, actual: str, span: Span | None) -> Diagnostic:
     return Diagnostic(BINDING_MISMATCH,
                       f"region '{region}' is declared {declared} but '{attribute}' is {actual}", span,

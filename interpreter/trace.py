@@ -123,7 +123,13 @@ def arrivals(k: int, per_firing: Fraction) -> int:
     return math.floor((k + 1) * per_firing) - math.floor(k * per_firing)
 
 
-class _Simulator:
+class Simulator:
+    """The `.clock` state machine: region lengths, ring fills and firing counts of one session.
+
+    The planner runs it from session start to find the trace; the runtime runs one per session to
+    know each tick's exact views (also for ticks outside the plan, e.g. a shorter flush input).
+    """
+
     def __init__(self, program: Program, clocks: ClockPlan):
         self.program = program
         self.clocks = clocks
@@ -144,7 +150,19 @@ class _Simulator:
     def per_firing(self, stage: str, region: str) -> Fraction:
         return self.program.rate_of_region(region) / self.clocks.rates[self.program.stages[stage].clock]
 
-    def run_instant(self, index: int) -> list[Firing]:
+    def copy(self) -> Simulator:
+        other = Simulator.__new__(Simulator)
+        other.program, other.clocks = self.program, self.clocks
+        other.length, other.fill, other.counts = dict(self.length), dict(self.fill), dict(self.counts)
+        return other
+
+    def stages_at(self, index: int) -> tuple[str, ...]:
+        return self.clocks.instants[index % len(self.clocks.instants)].stages
+
+    def run_instant(self, index: int, arrivals_override: dict[str, int] | None = None) -> list[Firing]:
+        """Advance one instant; `arrivals_override` gives the units fed into input regions when they
+        differ from the clocks' arrivals (a tick outside the plan)."""
+        self.override = arrivals_override or {}
         phase = index % len(self.clocks.instants)
         instant = self.clocks.instants[phase]
         time = self.clocks.instant_time(index)
@@ -162,7 +180,9 @@ class _Simulator:
             region = self.program.regions[access.region]
             if region.role == "input" and access.kind == "read" and access.region not in fed:
                 fed.add(access.region)
-                units = arrivals(k, self.per_firing(stage_name, access.region))
+                units = getattr(self, "override", {}).get(access.region)
+                if units is None:
+                    units = arrivals(k, self.per_firing(stage_name, access.region))
                 views.append(self._append(access.region, units, "feed"))
         for access in stage.accesses:
             if access.kind == "read":
@@ -224,7 +244,8 @@ class _Simulator:
         if access.window == "last":
             length = min(access.count, current)
         elif access.window == "new":
-            new = min(arrivals(k, self.per_firing(stage, name)), current)
+            planned = getattr(self, "override", {}).get(name)
+            new = min(planned if planned is not None else arrivals(k, self.per_firing(stage, name)), current)
             length = new + min(access.context, current - new)
         else:
             length = current
@@ -275,7 +296,7 @@ def _trim_relocation(retention, transient: int, kept: int) -> tuple[int, bool]:
 
 def trace(program: Program, clocks: ClockPlan) -> Trace:
     period = clocks.instants_per_hyperperiod
-    simulator = _Simulator(program, clocks)
+    simulator = Simulator(program, clocks)
     states: list[tuple] = []
     by_instant: list[list[Firing]] = []
     warmup = None

@@ -1,0 +1,190 @@
+"""Binding a checked program to a PyTorch model: module paths, hook callables, attribute paths.
+
+Paths are attribute paths from the model root: `decoder.model.0._streaming_state.previous`;
+`layers[3]` indexes a sequence, a plain number part (`model.0`) names a child module. Every
+failure is a located `binding-mismatch` diagnostic naming the region or stage, the `.clock` line,
+the declared and the real value.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import torch
+
+from ..dsl import messages
+from ..dsl.diagnostics import ClockError, Diagnostic
+from ..dsl.program import Program, RegionInfo, StageInfo
+from .storage import TORCH_DTYPES
+
+_PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*|[0-9]+)((?:\[[0-9]+\])*)$")
+
+
+class PathError(Exception):
+    pass
+
+
+def _step(obj: Any, name: str) -> Any:
+    if name.isdigit():
+        if isinstance(obj, torch.nn.Module) and name in obj._modules:
+            return obj._modules[name]
+        try:
+            return obj[int(name)]
+        except (TypeError, IndexError, KeyError) as error:
+            raise PathError(f"'{type(obj).__name__}' has no item {name}") from error
+    if isinstance(obj, Mapping) and name in obj:
+        return obj[name]
+    if not hasattr(obj, name):
+        children = sorted(getattr(obj, "_modules", {}) or [])
+        hint = f" (children: {', '.join(children[:12])})" if children else ""
+        raise PathError(f"'{type(obj).__name__}' has no attribute '{name}'{hint}")
+    return getattr(obj, name)
+
+
+def _parts(path: str) -> list[str]:
+    parts: list[str] = []
+    for piece in path.split("."):
+        match = _PART.match(piece)
+        if not match:
+            raise PathError(f"'{piece}' is not a path part")
+        parts.append(match.group(1))
+        parts.extend(re.findall(r"\[([0-9]+)\]", match.group(2)))
+    return parts
+
+
+def resolve(root: Any, path: str) -> Any:
+    """The object at `path` from `root` ('' is the root itself)."""
+    obj = root
+    for part in _parts(path) if path else []:
+        obj = _step(obj, part)
+    return obj
+
+
+@attrs.define
+class Attribute:
+    """A settable slot: `owner.name`, `owner[index]` or `owner[key]`."""
+
+    owner: Any
+    name: str
+
+    def get(self) -> Any:
+        if isinstance(self.owner, (list, tuple)) or (isinstance(self.owner, Mapping) and self.name in self.owner):
+            return self.owner[int(self.name) if isinstance(self.owner, (list, tuple)) else self.name]
+        return _step(self.owner, self.name)
+
+    def set(self, value: Any) -> None:
+        if isinstance(self.owner, list):
+            self.owner[int(self.name)] = value
+        elif isinstance(self.owner, dict):
+            self.owner[self.name] = value
+        elif isinstance(self.owner, torch.nn.Module) and self.name in self.owner._buffers:
+            self.owner._buffers[self.name] = value
+        else:
+            object.__setattr__(self.owner, self.name, value) if not isinstance(self.owner, torch.nn.Module) \
+                else setattr(self.owner, self.name, value)
+
+
+def attribute(root: Any, path: str) -> Attribute:
+    parts = _parts(path)
+    owner = root
+    for part in parts[:-1]:
+        owner = _step(owner, part)
+    slot = Attribute(owner, parts[-1])
+    slot.get()  # raises PathError if missing
+    return slot
+
+
+@attrs.frozen
+class StageCallable:
+    """What a stage calls and how: `fn(*args, **kwargs)`; hooks get the model first and, if they
+    take it, the firing as `firing=`."""
+
+    fn: Callable
+    is_hook: bool
+    wants_firing: bool
+
+
+def bind_program(program: Program, model: Any, hooks: Mapping[str, Callable] | None,
+                 device: torch.device) -> tuple[dict[str, StageCallable], dict[str, Attribute]]:
+    """Resolve every stage callable and every bound attribute, checking declared vs real tensors."""
+    hooks = dict(hooks or {})
+    problems: list[Diagnostic] = []
+    callables: dict[str, StageCallable] = {}
+    for stage in program.stages.values():
+        found = _bind_stage(stage, model, hooks, problems)
+        if found is not None:
+            callables[stage.name] = found
+    attributes: dict[str, Attribute] = {}
+    for region in program.regions.values():
+        if region.bind is None:
+            continue
+        try:
+            slot = attribute(model, region.bind)
+        except PathError as error:
+            problems.append(messages.binding_missing(region.name, region.bind, str(error), region.bind_span))
+            continue
+        problem = check_tensor(region, slot.get(), device)
+        if problem is not None:
+            problems.append(problem)
+            continue
+        attributes[region.name] = slot
+    if problems:
+        raise ClockError(problems)
+    return callables, attributes
+
+
+def _bind_stage(stage: StageInfo, model: Any, hooks: Mapping[str, Callable], problems: list) -> StageCallable | None:
+    if stage.callable_kind == "hook":
+        fn = hooks.get(stage.target)
+        if fn is None:
+            problems.append(messages.hook_missing(stage.name, stage.target, hooks, stage.callable_span))
+            return None
+        try:
+            wants = "firing" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            wants = False
+        return StageCallable(fn, True, wants)
+    try:
+        fn = resolve(model, stage.target)
+    except PathError as error:
+        problems.append(messages.module_missing(stage.name, stage.target or "(root)", str(error), stage.callable_span))
+        return None
+    if not callable(fn):
+        problems.append(messages.module_missing(stage.name, stage.target, f"which is a {type(fn).__name__}, not callable",
+                                                stage.callable_span))
+        return None
+    return StageCallable(fn, False, False)
+
+
+def describe(tensor: Any) -> str:
+    if isinstance(tensor, torch.Tensor):
+        dtype = next((k for k, v in TORCH_DTYPES.items() if v == tensor.dtype), str(tensor.dtype))
+        return f"{dtype}[{', '.join(map(str, tensor.shape))}] on {tensor.device.type}"
+    return "None" if tensor is None else type(tensor).__name__
+
+
+def declared(region: RegionInfo) -> str:
+    dims = ", ".join("time" if d is None else str(d) for d in region.shape)
+    return f"{region.dtype}[{dims}]"
+
+
+def check_tensor(region: RegionInfo, tensor: Any, device: torch.device) -> Diagnostic | None:
+    """None if `tensor` can be replaced by the region's views; else a located mismatch."""
+    if tensor is None:
+        if region.start == "empty" or region.fixed is False and region.retention.kind != "ring":
+            return None  # lazily created state (e.g. None until the first call)
+        return messages.binding_shape(region.name, region.bind, declared(region), "None", region.bind_span)
+    if not isinstance(tensor, torch.Tensor):
+        return messages.binding_shape(region.name, region.bind, declared(region), describe(tensor), region.bind_span)
+    wrong = tensor.dtype != TORCH_DTYPES[region.dtype] or tensor.dim() != len(region.shape)
+    if not wrong:
+        for axis, dim in enumerate(region.shape):
+            if dim is not None and tensor.shape[axis] != dim:
+                wrong = True
+    if wrong:
+        return messages.binding_shape(region.name, region.bind, declared(region), describe(tensor), region.bind_span)
+    return None

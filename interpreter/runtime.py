@@ -191,8 +191,9 @@ class Runtime:
             if not self.free_slots:
                 raise RuntimeError(f"all {self.arena.sessions} session slots are in use; close a session or load "
                                    f"the runtime with sessions={self.arena.sessions + 1}")
-            slot = self.free_slots.pop(0)
-            session = Session(self, slot, initial, seed)
+            slot = self.free_slots[0]
+            session = Session(self, slot, initial, seed)  # raises before taking the slot on bad initial values
+            self.free_slots.pop(0)
             if self.graphs_enabled:
                 session._capture_graphs()
             self.sessions.append(session)

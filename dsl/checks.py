@@ -170,6 +170,8 @@ def check_roles(program: Program) -> Iterator[Diagnostic]:
             region = program.regions[access.region]
             if region.role == "input":
                 yield messages.write_to_input(stage.name, access.region, access.span, region.span)
+            elif access.kind == "write" and region.retention.kind == "ring":
+                yield messages.ring_written(stage.name, access.region, access.span, region.retention.span)
     reported: set[str] = set()
     for name, region in program.regions.items():
         key = region.family or name
@@ -211,6 +213,8 @@ def check_hyperperiod(program: Program) -> Iterator[Diagnostic]:
 
 
 RULES = (check_rates, check_retention, check_roles, check_cycles, check_unused, check_hyperperiod)
+# rules about what is missing would only echo an earlier error when a declaration failed to resolve
+WHOLE_PROGRAM_RULES = (check_roles, check_unused)
 
 
 def run(program: Program) -> tuple[Program, list[Diagnostic]]:
@@ -218,5 +222,7 @@ def run(program: Program) -> tuple[Program, list[Diagnostic]]:
     program = derive_advances(size_io_regions(program))
     diagnostics: list[Diagnostic] = []
     for rule in RULES:
+        if program.incomplete and rule in WHOLE_PROGRAM_RULES:
+            continue
         diagnostics.extend(rule(program))
     return program, diagnostics

@@ -35,7 +35,7 @@ SHAPE = ErrorCode("bad-shape", "a shape without exactly one time axis, or a dim 
 SHAPE_ARITY = ErrorCode("shape-arity", "a shape with the wrong number of dimensions")
 MISSING_CLOCK = ErrorCode("missing-clock", "a region without `on CLOCK`")
 STAGE_CALLABLE = ErrorCode("stage-callable", "a stage without exactly one `module` or `hook`")
-ROLE = ErrorCode("bad-role", "an input written by a stage, or an output no stage writes")
+ROLE = ErrorCode("bad-role", "an input written by a stage, an output no stage writes, or a ring that is appended to")
 BAD_INDEX = ErrorCode("bad-index", "a family member index out of range, or an index on a plain region")
 BAD_BIND = ErrorCode("bad-bind", "a binding path that is malformed or names an unknown placeholder")
 PARAM_OVERRIDE = ErrorCode("param-override", "a --param for an unknown param, or of the wrong kind")
@@ -268,6 +268,13 @@ def write_to_input(stage: str, region: str, span: Span | None, declared: Span | 
     return Diagnostic(ROLE, f"stage '{stage}' writes region '{region}', which is an input", span,
                       notes=(Note(f"'{region}' is declared `input` here", declared),),
                       helps=("inputs are filled by `step()`; write another region, or drop `input`",))
+
+
+def ring_written(stage: str, region: str, span: Span | None, declared: Span | None) -> Diagnostic:
+    return Diagnostic(ROLE, f"stage '{stage}' appends to region '{region}', a ring its module manages in place",
+                      span, notes=(Note(f"'{region}' is declared `retain ring` here", declared),),
+                      helps=(f"write `update {region} +N` (the module updates the ring), or keep a window: "
+                             "`retain last N`",))
 
 
 def output_never_written(region: str, span: Span | None) -> Diagnostic:

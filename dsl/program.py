@@ -198,6 +198,7 @@ class Program:
     stages: dict[str, StageInfo] = attrs.field(hash=False)
     graph: nx.DiGraph = attrs.field(eq=False, hash=False, repr=False, default=None)
     cadence_span: Span | None = attrs.field(default=None, eq=False, repr=False)
+    incomplete: bool = attrs.field(default=False, eq=False, repr=False)  # some declaration failed to resolve
 
     def region(self, name: str) -> RegionInfo:
         return self.regions[name]

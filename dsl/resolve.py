@@ -217,7 +217,7 @@ class _Resolver:
         if stages and cadence is None and "cadence" not in self.decls:
             self.bag.add(messages.missing_cadence(next(iter(stages.values())).span))
         return Program(self.loaded.main, cadence or Fraction(1), params, clocks, regions, families, stages,
-                       cadence_span=cadence_span)
+                       cadence_span=cadence_span, incomplete=bool(self.bag.errors))
 
     def _cadence(self) -> tuple[Fraction | None, Span | None]:
         declaration = self.decls.get("cadence")

@@ -154,6 +154,8 @@ class Runtime:
         self.graph_key = {g.signature: g.key for g in plan.capture.graphs if g.captured}
         self.sessions: list[Session] = []
         self.closed_counters = Counters()
+        # graphs bake in addresses, and addresses belong to a slot: a later session in the slot reuses them
+        self.slot_graphs: dict[int, dict[int, StageGraph]] = {}
         self.capture_seconds = 0.0
         self.graphs_captured = 0
 
@@ -195,7 +197,10 @@ class Runtime:
             session = Session(self, slot, initial, seed)  # raises before taking the slot on bad initial values
             self.free_slots.pop(0)
             if self.graphs_enabled:
-                session._capture_graphs()
+                if slot not in self.slot_graphs:
+                    session._capture_graphs()
+                    self.slot_graphs[slot] = session.graphs
+                session.graphs = self.slot_graphs[slot]
             self.sessions.append(session)
             return session
 
@@ -327,7 +332,6 @@ class Session:
                     runtime.closed_counters.replays += self.counters.replays
                     runtime.closed_counters.eager_planned += self.counters.eager_planned
                     runtime.closed_counters.eager_off_plan += self.counters.eager_off_plan
-                self.graphs.clear()
 
     # --- one step --------------------------------------------------------------------------------
 

@@ -1,0 +1,95 @@
+"""Plan numbers pinned from the model anatomy (shared/reference/model-anatomy.md) for the stdlib tails."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from duplexcadence.interpreter.plan import plan_file, to_json
+
+STDLIB = Path(__file__).resolve().parents[2] / "stdlib" / "models"
+
+
+@pytest.fixture(scope="module")
+def mimi():
+    return plan_file(STDLIB / "mimi_decoder.clock")
+
+
+def test_mimi_clocks_hyperperiod_and_warmup(mimi):
+    assert mimi.clocks.rates["frame"] == Fraction(25, 2)
+    assert mimi.clocks.rates["latent"] == 25
+    assert mimi.clocks.cadence == 1
+    assert mimi.clocks.hyperperiod == 2  # 12.5 Hz frames in a 1 s cadence repeat every 2 s
+    assert mimi.clocks.instants_per_hyperperiod == 25
+    assert mimi.clocks.base_tick == Fraction(1, 24000)
+    assert mimi.clocks.stage_order == ("upsample", "transformer", "seanet")
+    assert {t.per_cadence for t in mimi.clocks.stages.values()} == {Fraction(25, 2)}
+    assert mimi.trace.warmup_instants == 125  # 250-step KV window filled 2 latent steps per frame
+    assert mimi.trace.period_instants == 25
+
+
+def test_mimi_kv_regions(mimi):
+    kv = [mimi.schedule.regions[f"kv[{i}]"] for i in range(8)]
+    assert all(r.shape == (2, 1, 8, 250, 64) and r.dtype == "f32" for r in kv)
+    assert all(r.bytes == 2 * 8 * 250 * 64 * 4 for r in kv)
+    assert all(r.stock_bytes == r.bytes for r in kv)  # moshi's ring is already demand-sized
+
+
+def test_mimi_kv_fill_grows_two_per_frame_to_250(mimi):
+    program = mimi.program
+    advance = next(a.advance for a in program.stages["transformer"].accesses if a.region == "kv[0]")
+    fills = [min(advance * (frame + 1), 250) for frame in range(mimi.trace.end_instant)]
+    assert fills[:3] == [2, 4, 6] and fills[124] == 250 and fills[123] == 248
+
+
+def test_mimi_seanet_carries_have_the_anatomy_shapes(mimi):
+    shapes = {name: mimi.schedule.regions[name].shape for name in
+              ("upsample_partial", "conv_in", "up8", "res8", "up6", "res6", "up5", "res5", "up4", "res4", "conv_out")}
+    assert shapes == {
+        "upsample_partial": (1, 512, 2), "conv_in": (1, 512, 6), "up8": (1, 512, 8), "res8": (1, 512, 2),
+        "up6": (1, 256, 6), "res6": (1, 256, 2), "up5": (1, 128, 5), "res5": (1, 128, 2),
+        "up4": (1, 64, 4), "res4": (1, 64, 2), "conv_out": (1, 64, 2),
+    }
+
+
+def test_mimi_one_graph_per_stage_because_rings_keep_shapes_constant(mimi):
+    assert [g.stage for g in mimi.capture.graphs] == ["upsample", "transformer", "seanet"]
+    assert all(g.steady and g.captured for g in mimi.capture.graphs)
+    assert mimi.capture.eager_firings == 0
+    assert mimi.trace.shape_warmup_instants == 0
+
+
+def test_mimi_batch_param_scales_state():
+    plan = plan_file(STDLIB / "mimi_decoder.clock", {"B": "8"})
+    assert plan.schedule.regions["kv[0]"].shape == (2, 8, 8, 250, 64)
+    assert plan.arena.session_bytes >= 8 * 8 * 1024000
+
+
+def test_qwen_code2wav_chunk_shapes_12_25_then_37_38():
+    plan = plan_file(STDLIB / "qwen3_omni_code2wav.clock")
+    reads = [next(v for v in f.views if v.kind == "read") for f in plan.trace.firings]
+    assert [v.length for v in reads] == [12, 25, 37, 38]
+    assert plan.clocks.hyperperiod == 2
+    assert plan.trace.warmup_instants == 2 and plan.trace.period_instants == 2
+    assert len(plan.capture.graphs) == 4 and sum(g.steady for g in plan.capture.graphs) == 2
+    codes = plan.schedule.regions["codes"]
+    assert codes.capacity == 38 and codes.kept == 25 and codes.double_buffer_units == 38
+
+
+def test_plan_json_is_deterministic_and_serialisable(mimi):
+    first = json.dumps(to_json(mimi), sort_keys=True)
+    second = json.dumps(to_json(plan_file(STDLIB / "mimi_decoder.clock")), sort_keys=True)
+    assert first == second
+    data = json.loads(first)
+    assert data["trace"]["warmup_instants"] == 125
+    assert data["clocks"]["hyperperiod_s"] == "2"
+
+
+def test_graph_budget_keeps_steady_graphs_first():
+    plan = plan_file(STDLIB / "qwen3_omni_code2wav.clock", max_graphs=2)
+    kept = [g for g in plan.capture.graphs if g.captured]
+    assert [g.steady for g in kept] == [True, True]
+    assert plan.capture.eager_firings == 2  # the two start-up chunks

@@ -53,4 +53,6 @@ def register_plan(commands) -> None:
     plan.set_defaults(handler=cmd_plan)
 
 
-REGISTRARS = [register_plan]
+from .bench_cli import register_bench  # noqa: E402
+
+REGISTRARS = [register_plan, register_bench]

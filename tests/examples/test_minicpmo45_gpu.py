@@ -81,15 +81,13 @@ def test_released_demand_sized_and_patched_bit_identical(tail, prompt):
     from duplexcadence.examples.minicpmo45.stock import StockToken2wavSession
 
     reference = _turn(StockToken2wavSession(tail, prompt, n_timesteps=10, session_seed=3))
-    decoder = tail.flow.decoder
-    stock_buffers = (decoder.att_cache_buffer, decoder.cnn_cache_buffer, decoder.estimator.att_cache_buffer)
     installed = patches.apply_constant_patches(tail)
+    stock_buffers = patches.demand_size_buffers(tail.flow, 10, PROMPT_FRAMES)
     try:
-        patches.resize_estimator_cache_buffers(tail.flow, 10, patches.estimator_cache_frames(PROMPT_FRAMES))
         demand = _turn(StockToken2wavSession(tail, prompt, n_timesteps=10, session_seed=3))
     finally:
+        stock_buffers.restore(tail.flow)
         patches.remove_constant_patches(tail, installed)
-        decoder.att_cache_buffer, decoder.cnn_cache_buffer, decoder.estimator.att_cache_buffer = stock_buffers
     for mine, theirs in zip(demand, reference, strict=True):
         assert torch.equal(mine, theirs)
 

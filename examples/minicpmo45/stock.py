@@ -218,18 +218,19 @@ class StockToken2wavSession:
     one tail and be served in turn.
     """
 
-    tail: Token2wavTail
-    prompt: PromptConditioning
+    tail: Token2wavTail = field(repr=False)
+    prompt: PromptConditioning = field(repr=False)
     n_timesteps: int = 10
     session_seed: int = 0
     own_caches: bool = False
-    token2wav: Any = field(init=False)
-    base_flow_cache: dict[str, torch.Tensor] = field(init=False)
-    base_hift_cache: dict[str, torch.Tensor] = field(init=False)
+    token2wav: Any = field(init=False, repr=False)
+    base_flow_cache: dict[str, torch.Tensor] = field(init=False, repr=False)
+    base_hift_cache: dict[str, torch.Tensor] = field(init=False, repr=False)
     token_buffer: list[int] = field(init=False)
     chunk_count: int = field(init=False, default=0)
     turn_chunk_count: int = field(init=False, default=0)
-    history: list[ChunkRecord] = field(init=False, default_factory=list)
+    history: list[ChunkRecord] = field(init=False, default_factory=list, repr=False)
+    _stream: Any = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.tail.float16 and self.tail.device.type != "cuda":

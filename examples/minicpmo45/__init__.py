@@ -1,0 +1,7 @@
+"""MiniCPM-o 4.5's token-to-audio tail (Step-Audio2 Token2wav from ``stepaudio2-minicpmo`` 0.1.1).
+
+``package`` imports the package's model modules without its front end, ``model`` builds the
+released sizes with seeded random weights, ``stock`` drives the stock ``Token2wav.stream`` the way
+MiniCPM-o does, ``patches`` holds value-identical changes (device-cached constants, demand-sized
+buffers). See README.md and STATE.md in this folder.
+"""

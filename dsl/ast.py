@@ -282,7 +282,8 @@ class Region:
         region NAME[INDEX < COUNT]? : DTYPE[DIM, ..., time, ...] CLAUSE*
 
     A shape without `time` declares a fixed region: per-session state of constant shape (a position
-    counter, a packed carry) that is updated in place and needs no clock or retention. For example `region prev0 : f32[B, 512, time] on latent retain last 6 start zeros bind "decoder.model.0..."`.
+    counter, a packed carry) that is updated in place and needs no clock or retention; with
+    `retain scratch` it is instead a working buffer shared by every session. For example `region prev0 : f32[B, 512, time] on latent retain last 6 start zeros bind "decoder.model.0..."`.
     Clauses keep their written order (so the canonical printer can round-trip them).
     """
 

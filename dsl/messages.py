@@ -214,8 +214,10 @@ def stock_arity(region: str, stock_rank: int, rank: int, span: Span | None) -> D
 
 
 def fixed_with_retention(region: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(SHAPE, f"region '{region}' has no time axis, so it keeps its whole shape and takes no `retain`",
-                      span, helps=("drop the `retain` clause, or mark the time axis: `f32[B, 512, time]`",))
+    return Diagnostic(SHAPE, f"region '{region}' has no time axis, so it keeps its whole shape and takes no "
+                      "`retain` but `retain scratch`", span,
+                      helps=("drop the `retain` clause (per-session state), write `retain scratch` (a working "
+                             "buffer shared by all sessions), or mark the time axis: `f32[B, 512, time]`",))
 
 
 def bad_start(region: str, problem: str, span: Span | None) -> Diagnostic:

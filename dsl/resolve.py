@@ -258,7 +258,8 @@ class _Resolver:
         if len(time_axes) > 1 or (not time_axes and role != "state"):
             self.bag.add(messages.time_axis_count(node.name, len(time_axes), node.span))
             ok = False
-        if not time_axes and node.clause(ast.RetainClause) is not None:
+        if (not time_axes and node.clause(ast.RetainClause) is not None
+                and not isinstance(node.clause(ast.RetainClause).retention, ast.KeepScratch)):
             self.bag.add(messages.fixed_with_retention(node.name, node.clause(ast.RetainClause).span))
             ok = False
         clock = None
@@ -317,7 +318,8 @@ class _Resolver:
                     return None
                 shape.append(value.value.numerator)
             if time_axis is None:
-                retention = Retention("fixed")
+                scratch = isinstance(getattr(node.clause(ast.RetainClause), "retention", None), ast.KeepScratch)
+                retention = Retention("scratch" if scratch else "fixed")
             else:
                 retention = self._retention(node, name, clock, role, local)
             if retention is None:

@@ -105,7 +105,7 @@ def schedule(program: Program, trace: Trace, stage_order: tuple[str, ...]) -> Al
         capacity = _capacity(region, trace)
         shape = region.shape if region.fixed else region.shape_at(capacity)
         nbytes = math.prod(shape) * region.itemsize
-        persistent = region.fixed or region.retention.kind != "scratch"
+        persistent = region.retention.kind != "scratch"
         staged = max((v.moved if v.kind != "update" else 0 for f in trace.firings for v in f.views
                       if v.region == name and v.overlap), default=0)
         if staged:

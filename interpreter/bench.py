@@ -9,7 +9,8 @@ every variant in one process on one device, side by side, with the same inputs:
   agree within noise), grouped into duplex seconds by the clock (12 or 13 Mimi frames a second);
   median, p90 and p99 over seconds, warm-up ticks excluded;
 * GPU busy vs wall: kernel time from torch.profiler over a few steady ticks, against their wall time;
-* peak memory allocated and reserved above the weights;
+* peak memory allocated while the variant is built and run (its weights, state, graph pools and
+  activations: every variant builds its own model) and the allocator's reserved high-water;
 * bit-identity: every output of every tick `torch.equal` to stock eager's, under deterministic cuDNN.
 """
 
@@ -42,6 +43,7 @@ class Variant:
     make: Callable[[], Any]
     reference: bool = False
     info: Callable[[Any], dict] = lambda runner: {}
+    compare: bool = True  # False for a variant with another op set (e.g. moshi without its compiled rope)
 
 
 @attrs.define
@@ -140,7 +142,7 @@ def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list 
     outputs: list = []
     tick_ms: list[float] = []
     mismatch = None
-    identical = True if reference is not None else None
+    identical = True if reference is not None and variant.compare else None
     with torch.no_grad():
         for tick in range(ticks):
             inputs = subject.inputs(tick)
@@ -150,7 +152,7 @@ def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list 
             _sync(device)
             tick_ms.append((time.perf_counter() - begin) * 1000)
             result = result if isinstance(result, Mapping) else {"output": result}
-            if reference is None:
+            if reference is None and variant.reference:
                 outputs.append({k: v.detach().clone() for k, v in result.items()})
             elif identical:
                 for name, expected in reference[tick].items():
@@ -163,7 +165,7 @@ def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list 
         busy_ms, busy_fraction = _busy(runner, subject, ticks, min(ticks, max(8, int(subject.ticks_per_second * 2))))
     peak_allocated = peak_reserved = None
     if device.type == "cuda":
-        peak_allocated = torch.cuda.max_memory_allocated(device) - base_allocated + subject.weights_bytes
+        peak_allocated = torch.cuda.max_memory_allocated(device) - base_allocated  # weights and state included
         peak_reserved = torch.cuda.max_memory_reserved(device)
     per_second = [sum(tick_ms[t] for t in second) for second in seconds_of(ticks, subject.ticks_per_second)
                   if second.start >= subject.warmup_ticks]

@@ -546,8 +546,9 @@ class Session:
             stream.wait_stream(torch.cuda.current_stream(runtime.device))
             try:
                 with torch.cuda.stream(stream), self._rng_scope(stage.rng):
+                    self._run_body(firing)  # warm-up: lazy buffers, cuBLAS handles, torch.compile'd kernels
                     with _sync_debug("error"):
-                        self._run_body(firing)  # warm-up, and the probe for host syncs inside the stage
+                        self._run_body(firing)  # the probe: a host sync inside the stage raises here
             except Exception as error:  # a sync or host copy: plan this stage eager, say where
                 torch.cuda.synchronize(runtime.device)
                 diagnostic = messages.capture_blocked(stage.name, _first_line(error), stage.span)

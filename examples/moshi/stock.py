@@ -11,6 +11,9 @@ Variants (``mode``):
   ``CUDAGraphed`` (eager first call, capture on the second), and ``apply_rope`` is
   torch-compiled unless ``NO_TORCH_COMPILE`` was set. On CPU both are off, so stock == eager.
 - ``"eager"``: ``mimi.decode`` inside moshi's ``no_cuda_graph()`` and ``no_compile()``.
+- ``"eager_compiled_rope"``: ``mimi.decode`` inside ``no_cuda_graph()`` only: every kernel launched
+  from Python, with the shipped (compiled, unless ``NO_TORCH_COMPILE``) rope: the eager run of the
+  stock op set, the bit-identity reference for anything that keeps the compiled rope.
 - ``"graphed"``: moshi's ``CUDAGraphed`` around the whole ``mimi.decode`` inside ``no_compile()``:
   one graph replay per frame, eager kernels, bit-identical to ``"eager"`` (CUDA only).
 - ``"graphed_compiled_rope"``: the same, keeping moshi's compiled rope inside the graph (the stock
@@ -28,7 +31,7 @@ from collections.abc import Callable, Iterator
 import torch
 from moshi.utils.compile import CUDAGraphed, no_compile, no_cuda_graph
 
-MODES = ("stock", "eager", "graphed", "graphed_compiled_rope")
+MODES = ("stock", "eager", "eager_compiled_rope", "graphed", "graphed_compiled_rope")
 
 
 class MoshiStockDecoder:
@@ -61,6 +64,9 @@ class MoshiStockDecoder:
             return self.mimi.decode(codes)
         if self.mode == "eager":
             with no_cuda_graph(), no_compile():
+                return self.mimi.decode(codes)
+        if self.mode == "eager_compiled_rope":
+            with no_cuda_graph():
                 return self.mimi.decode(codes)
         assert self._graphed is not None
         return self._graphed(codes).clone()

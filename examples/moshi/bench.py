@@ -1,0 +1,74 @@
+"""Moshi's Mimi decoder tail as a benchmark subject (`dsl bench moshi`).
+
+Variants, each with its own Mimi (same seeded weights), all decoding the same codes:
+
+* stock eager: `mimi.decode` with moshi's CUDA graphs off and its rope compiled as shipped (unless
+  `NO_TORCH_COMPILE` is set): the eager run of the stock op set, the bit-identity reference;
+* moshi stock: `mimi.decode` as shipped (moshi's `CUDAGraphed` around the decoder transformer and
+  SEANet, compiled rope; the codebook lookup and the upsample stay eager);
+* moshi whole-step graph: moshi's `CUDAGraphed` around the whole `decode` (compiled rope inside);
+* moshi fully eager: no graphs, no compile (another op set: not compared bit for bit when moshi
+  compiles its rope);
+* duplexcadence: the stdlib clock bound to Mimi, per-stage exact-shape graphs.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import torch
+
+from ...interpreter.bench import Subject, Variant
+from .model import build_mimi, moshi_torch_compile_enabled, random_codes
+
+
+class _Decoder:
+    """A MoshiStockDecoder built lazily inside the variant (so its memory is measured)."""
+
+    def __init__(self, batch: int, mode: str, device: torch.device, seed: int):
+        from .stock import MoshiStockDecoder
+
+        self.decoder = MoshiStockDecoder(build_mimi(seed=seed, device=device), batch, mode=mode)
+
+    def reset(self):
+        self.decoder.reset()
+
+    def step(self, codes):
+        return self.decoder.step(codes)
+
+
+class _Cadence:
+    def __init__(self, batch: int, device: torch.device, seed: int):
+        from .cadence import load_runtime
+
+        self.runtime = load_runtime(build_mimi(seed=seed, device=device), batch, device=device)
+        self.session = self.runtime.session()
+
+    def reset(self):
+        self.session.reset()
+
+    def step(self, codes):
+        return self.session.step(codes=codes)
+
+
+def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 1234, **_) -> Subject:
+    device = torch.device(device)
+    ticks = int(Fraction(25, 2) * seconds) + 2
+    codes = random_codes(batch, ticks + 16, seed=seed + 1).to(device)
+    compiled = device.type == "cuda" and moshi_torch_compile_enabled()
+    variants = [Variant("stock eager", lambda: _Decoder(batch, "eager_compiled_rope", device, seed), reference=True)]
+    if device.type == "cuda":
+        variants += [
+            Variant("moshi stock (own graphs)", lambda: _Decoder(batch, "stock", device, seed)),
+            Variant("moshi whole-step graph", lambda: _Decoder(batch, "graphed_compiled_rope", device, seed)),
+            Variant("moshi fully eager (no compile)", lambda: _Decoder(batch, "eager", device, seed),
+                    compare=not compiled),
+        ]
+    variants.append(Variant("duplexcadence", lambda: _Cadence(batch, device, seed),
+                            info=lambda r: {"graphs": r.runtime.report().graphs_captured,
+                                            "capture_seconds": r.runtime.report().capture_seconds,
+                                            "arena_bytes": r.runtime.report().arena_bytes}))
+    rope = "compiled rope" if compiled else "eager rope"
+    return Subject("moshi", Fraction(25, 2), lambda t: {"codes": codes[:, :, t:t + 1]}, variants, device,
+                   description=f"Mimi decoder (moshi 0.2.13), fp32, 8 codebooks, B={batch}, {rope}",
+                   warmup_ticks=13, extra={"batch": batch, "compiled_rope": compiled})

@@ -1,0 +1,37 @@
+"""Moshi's Mimi decoder tail under DuplexCadence: the stdlib clock bound to a streaming Mimi.
+
+`load_runtime(mimi, batch_size)` enters moshi's streaming mode (so the state objects exist), then
+binds `stdlib/models/mimi_decoder.clock` to it: every decode-path state tensor moshi keeps (8 ring
+KV caches and their offsets, the upsample and SEANet carries) becomes a view in DuplexCadence's
+arena, and the three stages call moshi's own modules (`stages.py`), so the arithmetic is moshi's.
+moshi's `CUDAGraphed` wrappers are bypassed: the runtime captures its own per-stage graphs.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from ...interpreter.runtime import Runtime
+from .stages import decode_codes_to_latent, run_decoder_transformer
+
+HOOKS = {
+    "mimi_codes_to_latent": decode_codes_to_latent,
+    "mimi_decoder_transformer": run_decoder_transformer,
+}
+
+
+def clock_path() -> Path:
+    return Path(str(resources.files("duplexcadence").joinpath("stdlib", "models", "mimi_decoder.clock")))
+
+
+def load_runtime(mimi, batch_size: int = 1, device: str | torch.device | None = None, sessions: int = 1,
+                 graphs: bool | str = "auto", max_graphs: int | None = None) -> Runtime:
+    """A runtime for `mimi`'s decode tail; `mimi` is left in moshi's streaming mode (it owns the state
+    objects whose tensors the runtime replaces with arena views)."""
+    device = device or next(mimi.parameters()).device
+    mimi.streaming_forever(batch_size)
+    return Runtime.load(clock_path(), mimi, params={"B": batch_size}, device=device, hooks=HOOKS,
+                        sessions=sessions, graphs=graphs, max_graphs=max_graphs)

@@ -53,6 +53,7 @@ def register_plan(commands) -> None:
     plan.set_defaults(handler=cmd_plan)
 
 
+from ..dsl.render import register_render  # noqa: E402
 from .bench_cli import register_bench  # noqa: E402
 
-REGISTRARS = [register_plan, register_bench]
+REGISTRARS = [register_plan, register_bench, register_render]

@@ -1,0 +1,284 @@
+"""`dsl render`: golden DOT for every stdlib model in every view, `dot` acceptance, determinism, the
+timeline's content, and the command line (formats, the missing-`dot` message, exit codes).
+
+The golden files pin the exact DOT text. After an intended change of a drawing, of a stdlib model or
+of the plan, regenerate them and review the diff:
+
+    UPDATE_GOLDEN=1 python -m pytest tests/render
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from duplexcadence.dsl import render
+from duplexcadence.dsl.cli import main
+from duplexcadence.dsl.render import VIEWS, DotMissing, build_timeline, render_file, render_plan
+from duplexcadence.interpreter import trace as trace_module
+from duplexcadence.interpreter.plan import plan_file
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = sorted((ROOT / "stdlib" / "models").glob("*.clock"))
+MODEL_NAMES = [path.stem for path in MODELS]
+GOLDEN = Path(__file__).parent / "golden"
+MIMI = ROOT / "stdlib" / "models" / "mimi_decoder.clock"
+STEP_AUDIO2 = ROOT / "stdlib" / "models" / "step_audio2_token2wav.clock"
+QWEN = ROOT / "stdlib" / "models" / "qwen3_omni_code2wav.clock"
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's `dot` is not installed")
+
+
+@pytest.fixture(scope="module")
+def plans():
+    return {path.stem: plan_file(path) for path in MODELS}
+
+
+def golden_path(model: str, view: str) -> Path:
+    return GOLDEN / f"{model}-{view}.dot"
+
+
+# --- golden DOT ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("view", VIEWS)
+@pytest.mark.parametrize("model", MODEL_NAMES)
+def test_dot_matches_golden(plans, model, view):
+    source = render_plan(plans[model], view).source
+    golden = golden_path(model, view)
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.mkdir(exist_ok=True)
+        golden.write_text(source, encoding="utf-8")
+    assert golden.exists(), f"no golden file {golden.name}: run UPDATE_GOLDEN=1 python -m pytest tests/render"
+    assert source == golden.read_text(encoding="utf-8"), (
+        f"{model} {view} changed; if intended: UPDATE_GOLDEN=1 python -m pytest tests/render")
+
+
+def test_no_stale_golden_files():
+    expected = {golden_path(model, view).name for model in MODEL_NAMES for view in VIEWS}
+    assert {path.name for path in GOLDEN.glob("*.dot")} == expected
+
+
+def test_every_model_has_its_diagrams_in_docs():
+    diagrams = ROOT / "docs" / "diagrams"
+    missing = [f"{m}-{v}.svg" for m in MODEL_NAMES for v in VIEWS if not (diagrams / f"{m}-{v}.svg").exists()]
+    assert not missing, f"render them (docs/render.md says how): {missing}"
+
+
+@needs_dot
+@pytest.mark.parametrize("view", VIEWS)
+@pytest.mark.parametrize("model", MODEL_NAMES)
+def test_dot_accepts_every_view(plans, model, view):
+    source = render_plan(plans[model], view).source
+    result = subprocess.run(["dot", "-Tsvg"], input=source.encode("utf-8"), capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stderr.decode().strip() == "", "dot warned: " + result.stderr.decode()
+    assert b"<svg" in result.stdout
+
+
+# --- determinism --------------------------------------------------------------------------------
+
+
+def test_two_renders_are_byte_identical():
+    for view in VIEWS:
+        first = render_plan(plan_file(MIMI), view).source
+        second = render_plan(plan_file(MIMI), view).source
+        assert first == second
+
+
+def test_same_dot_under_another_hash_seed(plans):
+    """String hashing is salted per process: a render that leaned on hash() or set order would differ."""
+    script = ("import json, sys\n"
+              "from duplexcadence.dsl.render import render_plan\n"
+              "from duplexcadence.interpreter.plan import plan_file\n"
+              "print(json.dumps({p + '|' + v: render_plan(plan_file(p), v).source\n"
+              "                  for p in sys.argv[1:] for v in ('timeline', 'graph', 'arena')}))\n")
+    here = {f"{path}|{view}": render_plan(plans[path.stem], view).source for path in MODELS for view in VIEWS}
+    for seed in ("1", "4242"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        result = subprocess.run([sys.executable, "-c", script, *map(str, MODELS)], capture_output=True, env=env,
+                                timeout=120, check=True)
+        assert json.loads(result.stdout) == here
+
+
+# --- what the timeline shows --------------------------------------------------------------------
+
+
+def test_mimi_timeline_collapses_the_ring_warmup(plans):
+    timeline = build_timeline(plans["mimi_decoder"])
+    assert [(c.first, c.last, c.phase) for c in timeline.columns] == [
+        (0, 0, "warmup"), (1, 1, "warmup"), (2, 2, "warmup"), (3, 124, "warmup"), (125, 149, "steady")]
+    kv = [lane for lane in timeline.lanes if lane.members[0] == "kv[0]"]
+    assert len(kv) == 1 and len(kv[0].members) == 8, "the 8 kv rings behave alike: one lane"
+    assert [cell.after for cell in kv[0].cells] == [min(2 * (i + 1), 250) for i in range(150)]
+    assert all(cell.size == 250 for cell in kv[0].cells)
+    up8 = next(lane for lane in timeline.lanes if lane.members == ("up8",))
+    assert up8.cells[0].after == 8, "a ring's fill is capped at its size (16 units arrive per frame)"
+    for stage, cells in timeline.stage_cells.items():
+        assert len({cell.graph for cell in cells}) == 1 and all(cell.captured for cell in cells), stage
+
+
+def test_mimi_timeline_text(plans):
+    source = render_plan(plans["mimi_decoder"], "timeline").source
+    assert "frames 3–124" in source and "frames 125–149" in source
+    assert "fill 8..250/250 (+2 each)" in source
+    assert "WARM-UP · 125 frames" in source and "STEADY PERIOD · 25 frames, 2 s" in source
+    assert "240 ms – 9.92 s" in source
+
+
+def test_step_audio2_timeline_shows_graphs_and_trims(plans):
+    timeline = build_timeline(plans["step_audio2_token2wav"])
+    assert [(c.first, c.last, c.phase) for c in timeline.columns] == [
+        (0, 0, "warmup"), (1, 1, "warmup"), (2, 2, "steady")]
+    assert [c.graph for c in timeline.stage_cells["flow"]] == [0, 2, 4]
+    assert [c.graph for c in timeline.stage_cells["vocoder"]] == [1, 3, 3], "the steady vocoder graph is reused"
+    attention = next(lane for lane in timeline.lanes if lane.members == ("estimator_att",))
+    assert [(c.before, c.peak, c.after, c.trimmed) for c in attention.cells] == [
+        (150, 200, 200, False), (200, 250, 250, False), (250, 300, 250, True)]
+    source = render_plan(plans["step_audio2_token2wav"], "timeline").source
+    assert "250 +50 → 300 ✂250" in source
+
+
+def test_qwen_timeline_marks_double_buffers(plans):
+    timeline = build_timeline(plans["qwen3_omni_code2wav"])
+    codes = next(lane for lane in timeline.lanes if lane.members == ("codes",))
+    assert [c.double_buffer for c in codes.cells] == [False, True, True, True]
+    assert [c.after for c in codes.cells] == [12, 25, 25, 25]
+    assert [c.trimmed for c in codes.cells] == [False, False, True, True]
+
+
+def test_eager_firings_are_marked():
+    plan = plan_file(STEP_AUDIO2, max_graphs=2)
+    timeline = build_timeline(plan)
+    assert [c.captured for c in timeline.stage_cells["flow"]] == [False, False, True]
+    source = render_plan(plan, "timeline").source
+    assert "<I>eager</I>" in source and 'STYLE="dashed"' in source
+    assert "over the graph budget: eager" in source
+
+
+def test_ticks_extend_and_cut_the_timeline(plans):
+    longer = build_timeline(plans["mimi_decoder"], ticks=400)
+    assert longer.instants == 400
+    assert longer.columns[-1].phase == "repeat" and longer.columns[-1].last == 399
+    shorter = build_timeline(plans["mimi_decoder"], ticks=60)
+    assert {c.phase for c in shorter.columns} == {"warmup"} and shorter.columns[-1].last == 59
+    assert "(first 60 shown)" in render_plan(plans["mimi_decoder"], "timeline", ticks=60).source
+    with pytest.raises(ValueError):
+        render_plan(plans["mimi_decoder"], "timeline", ticks=0)
+
+
+def test_timeline_without_a_steady_state(tmp_path, monkeypatch):
+    """A region that keeps everything never repeats; the trace is cut short here to keep the test fast."""
+    monkeypatch.setattr(trace_module, "MAX_INSTANTS", 120)
+    path = tmp_path / "growing.clock"
+    path.write_text("cadence 1 s\nclock frame = 12.5 Hz\nclock sample = frame * 1920\n"
+                    "region codes : i64[1, 8, time] on frame input\n"
+                    "region history : f32[1, 4, time] on frame retain all horizon 100 start empty\n"
+                    "region pcm : f32[1, time] on sample output\n"
+                    "stage decode on frame { hook decode; read codes; update history +1; write pcm +1920 }\n")
+    plan = plan_file(path)
+    assert not plan.trace.periodic
+    timeline = build_timeline(plan)
+    assert timeline.instants == 3 * plan.clocks.instants_per_hyperperiod
+    assert {c.phase for c in timeline.columns} == {"growing"}
+    assert len(timeline.columns) <= 5, "one graph per frame still collapses: g3..gN"
+    assert "NO STEADY STATE" in render_plan(plan, "timeline").source
+
+
+# --- the other views ----------------------------------------------------------------------------
+
+
+def test_graph_view_has_a_cluster_per_clock_and_folds_families(plans):
+    source = render_plan(plans["mimi_decoder"], "graph").source
+    for clock in ("frame", "latent", "seanet8", "seanet48", "seanet240", "sample"):
+        assert f"subgraph cluster_{clock} " in source
+    assert "kv[0..7] ×8" in source and "update +2 ×8" in source
+    assert "read last 28 (3 lookahead)" in render_plan(plans["step_audio2_token2wav"], "graph").source
+
+
+def test_arena_view_shows_stock_beside_demand_and_double_buffers(plans):
+    source = render_plan(plans["step_audio2_token2wav"], "arena").source
+    assert "312.5 MiB" in source and "2.0 GiB" in source and "84.4%" in source
+    assert "codes (double buffer)" in render_plan(plans["qwen3_omni_code2wav"], "arena").source
+
+
+def test_unknown_view():
+    with pytest.raises(ValueError, match="unknown view"):
+        render_plan(plan_file(QWEN), "nope")
+
+
+# --- files and the command line -----------------------------------------------------------------
+
+
+def test_render_file_writes_dot_without_the_dot_program(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    out = tmp_path / "mimi.dot"
+    render_file(MIMI, {}, "graph", out)
+    assert out.read_text(encoding="utf-8") == golden_path("mimi_decoder", "graph").read_text(encoding="utf-8")
+    with pytest.raises(DotMissing, match="apt-get install graphviz"):
+        render_file(MIMI, {}, "graph", tmp_path / "mimi.svg")
+
+
+def test_cli_format_dot_needs_no_dot_program(tmp_path, monkeypatch, capsysbinary):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["render", str(MIMI), "--format", "dot"]) == 0
+    assert capsysbinary.readouterr().out.decode("utf-8") == golden_path("mimi_decoder", "timeline").read_text(
+        encoding="utf-8")
+    out = tmp_path / "arena.gv"
+    assert main(["render", str(QWEN), "--view", "arena", "-o", str(out)]) == 0
+    assert out.read_text(encoding="utf-8") == golden_path("qwen3_omni_code2wav", "arena").read_text(encoding="utf-8")
+
+
+def test_cli_says_how_to_install_dot(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    out = tmp_path / "mimi.svg"
+    assert main(["render", str(MIMI), "-o", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "apt-get install graphviz" in error and "brew install graphviz" in error and "--format dot" in error
+    assert "Traceback" not in error and not out.exists()
+
+
+@needs_dot
+def test_cli_writes_svg(tmp_path, capsys):
+    out = tmp_path / "qwen.svg"
+    assert main(["render", str(QWEN), "--view", "graph", "-o", str(out)]) == 0
+    assert out.read_bytes().lstrip().startswith(b"<?xml") and b"<svg" in out.read_bytes()
+
+
+@pytest.mark.parametrize("arguments, code, says", [
+    (["--param", "nonsense"], 1, "nonsense"),
+    (["--param", "no_such_param=3"], 1, "no_such_param"),
+    (["-o", "out.txt"], 2, "cannot tell the format"),
+    (["-o", "out.svg", "--format", "png"], 2, "--format is png"),
+])
+def test_cli_exit_codes(arguments, code, says, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["render", str(QWEN), *arguments]) == code
+    assert says in capsys.readouterr().err
+
+
+def test_cli_bad_file_reports_diagnostics(tmp_path, capsys):
+    bad = tmp_path / "bad.clock"
+    bad.write_text("cadence 1 s\nclock frame = 12.5 Hz\nregion x : f32[1, time] on nowhere retain last 2\n")
+    assert main(["render", str(bad), "--format", "dot"]) == 1
+    error = capsys.readouterr().err
+    assert "nowhere" in error and "bad.clock:3" in error
+    assert main(["render", str(tmp_path / "missing.clock")]) == 1
+
+
+@pytest.mark.parametrize("arguments", [["--view", "nope"], ["--ticks", "0"], ["--format", "jpg"]])
+def test_cli_usage_errors_exit_2(arguments, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["render", str(QWEN), *arguments])
+    assert stopped.value.code == 2
+
+
+def test_cli_params_reach_the_plan(capsysbinary):
+    assert main(["render", str(STEP_AUDIO2), "--param", "steps=5", "--view", "graph", "--format", "dot"]) == 0
+    assert "steps=5" in capsysbinary.readouterr().out.decode("utf-8")
+

@@ -375,6 +375,17 @@ class Session:
             if units != planned[name].length:
                 override[name] = units
         firings = probe.run_instant(self._instant, override)
+        for firing in firings:
+            for view in firing.views:
+                capacity = runtime.plan.schedule.regions[view.region].capacity
+                needed = max(view.transient if view.kind in ("feed", "write") else 0,
+                             (view.start + view.length) if view.length is not None and view.kind != "update" else 0)
+                if capacity is not None and needed > capacity:
+                    region = runtime.program.regions[view.region]
+                    raise StepError(f"step() at instant {self._instant}: region '{view.region}' would hold {needed} "
+                                    f"units, over its capacity of {capacity} ({region.retention.describe()}); "
+                                    "the session has reached the end of what its .clock plans for: reset() it, "
+                                    "or declare a longer retention or horizon")
         return firings, probe
 
     def _execute(self, firing: Firing, inputs: Mapping[str, torch.Tensor], outputs: dict) -> None:

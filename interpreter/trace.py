@@ -87,8 +87,9 @@ class Trace:
     `warmup_instants`: instants before the state becomes periodic (e.g. Mimi's 125 frames of
     KV-window fill). `shape_warmup_instants`: instants before the *shapes* become periodic (a ring
     has constant shapes from the start). `period_instants`: instants in one hyperperiod.
-    When `periodic` is False (a region grows until its horizon), `reason` says why and the trace
-    stops at the horizon or at MAX_INSTANTS.
+    When `periodic` is False (a region keeps everything until its horizon), `reason` says why and
+    the trace stops when the first such region reaches its horizon (the session's end), or at
+    MAX_INSTANTS.
     """
 
     firings: tuple[Firing, ...]
@@ -302,9 +303,16 @@ def trace(program: Program, clocks: ClockPlan) -> Trace:
     warmup = None
     limit = MAX_INSTANTS
     index = 0
+    horizons = {name: region.retention.horizon for name, region in program.regions.items()
+                if region.retention.kind == "all"}
+    ended_at = None
     while index < limit:
         states.append(simulator.state(index % period))
         by_instant.append(simulator.run_instant(index))
+        full = sorted(name for name, horizon in horizons.items() if simulator.length.get(name, 0) >= horizon)
+        if full and warmup is None:
+            ended_at = (index + 1, full)
+            break
         if index >= period and states[index - period] == states[index] and warmup is None:
             # the state repeats: find the earliest instant from which it always does
             warmup = index - period
@@ -315,9 +323,11 @@ def trace(program: Program, clocks: ClockPlan) -> Trace:
     periodic = warmup is not None
     reason = None
     if not periodic:
-        growing = sorted(name for name, region in program.regions.items() if region.retention.kind == "all")
-        reason = ("regions that keep everything grow until their horizon: " + ", ".join(growing)
-                  if growing else f"the state did not repeat within {MAX_INSTANTS} instants")
+        if ended_at is not None:
+            reason = (f"{', '.join(ended_at[1])} reached its horizon at instant {ended_at[0]}: the session "
+                      "cannot go further")
+        else:
+            reason = f"the state did not repeat within {MAX_INSTANTS} instants"
         warmup = len(by_instant)
         shape_warmup = warmup
         end = len(by_instant)

@@ -162,7 +162,8 @@ def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list 
                         break
             if progress is not None:
                 progress(variant.name, tick + 1, ticks)
-        busy_ms, busy_fraction = _busy(runner, subject, ticks, min(ticks, max(8, int(subject.ticks_per_second * 2))))
+        profiled = min(ticks, max(8, int(subject.ticks_per_second * 2)))
+        busy_ms, busy_fraction = _busy(runner, subject, ticks - profiled, profiled)  # replays the last inputs
     peak_allocated = peak_reserved = None
     if device.type == "cuda":
         peak_allocated = torch.cuda.max_memory_allocated(device) - base_allocated  # weights and state included

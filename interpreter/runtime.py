@@ -58,6 +58,20 @@ class StageGraph:
     capture_seconds: float
 
 
+@attrs.frozen
+class StepTemplate:
+    """One traced instant, ready to replay: firings, their graph keys (None: eager), input shapes."""
+
+    firings: tuple[Firing, ...]
+    keys: tuple[int | None, ...]
+    inputs: dict[str, tuple[int, ...]] = attrs.field(hash=False)
+
+    @classmethod
+    def of(cls, firings: list[Firing], graph_key: dict) -> StepTemplate:
+        inputs = {v.region: tuple(v.shape) for f in firings for v in f.views if v.kind == "feed"}
+        return cls(tuple(firings), tuple(graph_key.get(f.signature) for f in firings), inputs)
+
+
 @attrs.define
 class Counters:
     """What a session did: graph replays, eager firings (planned, e.g. over budget; or off-plan)."""
@@ -152,12 +166,26 @@ class Runtime:
         for firing in plan.trace.firings:
             self.first_firing.setdefault(firing.signature, firing)
         self.graph_key = {g.signature: g.key for g in plan.capture.graphs if g.captured}
+        # an on-plan step repeats a traced instant: its firings, graph keys and input shapes, precomputed
+        self.templates = [StepTemplate.of(firings, self.graph_key) for firings in plan.trace.by_instant()]
+        self.storage_dtypes = {name: TORCH_DTYPES[r.dtype] for name, r in plan.program.regions.items()}
+        instants = plan.clocks.instants
+        self._prefix_counts = [Counter() for _ in range(len(instants) + 1)]
+        for phase, instant in enumerate(instants):
+            self._prefix_counts[phase + 1] = self._prefix_counts[phase] + Counter(instant.stages)
         self.sessions: list[Session] = []
         self.closed_counters = Counters()
         # graphs bake in addresses, and addresses belong to a slot: a later session in the slot reuses them
         self.slot_graphs: dict[int, dict[int, StageGraph]] = {}
         self.capture_seconds = 0.0
         self.graphs_captured = 0
+
+    def counts_before(self, instant: int) -> dict[str, int]:
+        """How many times each stage has fired before `instant` (from the clocks alone)."""
+        periods, phase = divmod(instant, len(self.plan.clocks.instants))
+        partial = self._prefix_counts[phase]
+        return {name: periods * timing.per_hyperperiod + partial[name]
+                for name, timing in self.plan.clocks.stages.items()}
 
     # --- construction ----------------------------------------------------------------------------
 
@@ -271,6 +299,8 @@ class Session:
                         source = self.initial[name]
                         storage.view(None if region.fixed else region.start_length).copy_(source)
             self.simulator = Simulator(runtime.program, runtime.plan.clocks)
+            self.simulator_stale = False
+            self.on_plan = True
             self._instant = 0
             self.failed = None
             self.rng_state = _seeded_rng_state(self.seed, runtime.device)
@@ -289,16 +319,27 @@ class Session:
             raise SessionFailed(f"the session failed at instant {self._instant} ({self.failed!r}); "
                                 "call reset() to start it again") from self.failed
         with runtime.lock:
-            firings, simulator = self._plan_step(args, inputs)
+            template = self._template(args, inputs) if self.on_plan else None
+            if template is not None:
+                firings, keys, simulator, off_plan = template.firings, template.keys, None, False
+            else:
+                self._sync_simulator()
+                firings, simulator, off_plan = self._plan_step(args, inputs)
+                keys = tuple(runtime.graph_key.get(f.signature) for f in firings)
             outputs: dict[str, torch.Tensor] = {}
             try:
-                for firing in firings:
-                    self._execute(firing, inputs, outputs)
+                for firing, key in zip(firings, keys):
+                    self._execute(firing, key, inputs, outputs, off_plan)
             except Exception as error:
                 self.failed = error
                 raise SessionFailed(f"stage '{firing.stage}' raised at instant {self._instant}: {error!r}; "
                                     "the session refuses further steps until reset()") from error
-            self.simulator = simulator
+            if simulator is not None:
+                self.simulator = simulator
+                self.simulator_stale = False
+                self.on_plan = self.on_plan and not off_plan
+            else:
+                self.simulator_stale = True
             self._instant += 1
             self.counters.steps += 1
         if len(outputs) == 1:
@@ -307,6 +348,7 @@ class Session:
 
     def region(self, name: str) -> torch.Tensor:
         """The current exact view of a region (for inspection; do not keep it across steps)."""
+        self._sync_simulator()
         storage = self.storage[name]
         region = self.runtime.program.regions[name]
         if region.fixed:
@@ -345,7 +387,36 @@ class Session:
                     fed.setdefault(access.region, stage)
         return fed
 
-    def _plan_step(self, args: tuple, inputs: dict[str, torch.Tensor]) -> tuple[list[Firing], Simulator]:
+    def _template(self, args: tuple, inputs: dict[str, torch.Tensor]) -> StepTemplate | None:
+        """The precomputed instant this step repeats, if the inputs are exactly the planned ones."""
+        runtime = self.runtime
+        index = runtime.plan.trace.planned_index(self._instant)
+        if index is None or index >= len(runtime.templates):
+            return None
+        template = runtime.templates[index]
+        if args:
+            if len(args) != 1 or len(template.inputs) != 1 or inputs:
+                return None
+            inputs[next(iter(template.inputs))] = args[0]
+        if inputs.keys() != template.inputs.keys():
+            return None
+        for name, tensor in inputs.items():
+            if (not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != template.inputs[name]
+                    or tensor.dtype != runtime.storage_dtypes[name] or tensor.device != runtime.device):
+                return None
+        return template
+
+    def _sync_simulator(self) -> None:
+        """Bring the simulator to the current instant after on-plan steps (which skip it)."""
+        if not self.simulator_stale:
+            return
+        runtime = self.runtime
+        index = runtime.plan.trace.planned_index(self._instant)
+        lengths, fills = runtime.plan.trace.states[index]
+        self.simulator.restore(lengths, fills, runtime.counts_before(self._instant))
+        self.simulator_stale = False
+
+    def _plan_step(self, args: tuple, inputs: dict[str, torch.Tensor]) -> tuple[list[Firing], Simulator, bool]:
         runtime = self.runtime
         expected = self._input_regions(self._instant)
         if args:
@@ -375,6 +446,7 @@ class Session:
             if units != planned[name].length:
                 override[name] = units
         firings = probe.run_instant(self._instant, override)
+        off_plan = bool(override) or runtime.plan.trace.planned_index(self._instant) is None
         for firing in firings:
             for view in firing.views:
                 capacity = runtime.plan.schedule.regions[view.region].capacity
@@ -386,15 +458,15 @@ class Session:
                                     f"units, over its capacity of {capacity} ({region.retention.describe()}); "
                                     "the session has reached the end of what its .clock plans for: reset() it, "
                                     "or declare a longer retention or horizon")
-        return firings, probe
+        return firings, probe, off_plan
 
-    def _execute(self, firing: Firing, inputs: Mapping[str, torch.Tensor], outputs: dict) -> None:
+    def _execute(self, firing: Firing, key: int | None, inputs: Mapping[str, torch.Tensor], outputs: dict,
+                 off_plan: bool) -> None:
         runtime = self.runtime
         stage = runtime.program.stages[firing.stage]
         for view in firing.views:
             if view.kind == "feed":
                 self.storage[view.region].append(view.offset, 0, inputs[view.region].detach())
-        key = runtime.graph_key.get(firing.signature)
         graph = self.graphs.get(key) if key is not None else None
         rng = self._rng_scope(stage.rng)
         with rng:
@@ -404,8 +476,12 @@ class Session:
                 self.counters.replays += 1
                 self.counters.per_graph[key] += 1
             else:
+                if firing.instant != self._instant:  # a template: hooks see the real instant and count
+                    count = runtime.counts_before(self._instant)[firing.stage]
+                    firing = attrs.evolve(firing, instant=self._instant, count=count,
+                                          time=runtime.plan.clocks.instant_time(self._instant))
                 module_outputs = self._run_body(firing)
-                if firing.signature in runtime.first_firing:
+                if not off_plan and firing.signature in runtime.first_firing:
                     self.counters.eager_planned += 1
                 else:
                     self.counters.eager_off_plan += 1

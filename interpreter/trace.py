@@ -98,10 +98,26 @@ class Trace:
     period_instants: int
     periodic: bool
     reason: str | None = None
+    states: tuple[tuple, ...] = attrs.field(default=(), eq=False, repr=False)  # (lengths, fills) per instant
 
     @property
     def end_instant(self) -> int:
         return self.warmup_instants + self.period_instants
+
+    def planned_index(self, instant: int) -> int | None:
+        """The traced instant that instant `instant` of an on-plan session repeats (None: beyond the trace)."""
+        if instant < self.end_instant or (instant < len(self.states) and not self.periodic):
+            return instant
+        if not self.periodic:
+            return None
+        return self.warmup_instants + (instant - self.warmup_instants) % self.period_instants
+
+    def by_instant(self) -> list[list[Firing]]:
+        """The traced firings grouped by instant."""
+        groups: list[list[Firing]] = [[] for _ in range(len(self.states))]
+        for firing in self.firings:
+            groups[firing.instant].append(firing)
+        return groups
 
     def warmup(self) -> list[Firing]:
         return [f for f in self.firings if f.instant < self.warmup_instants]
@@ -150,6 +166,9 @@ class Simulator:
 
     def per_firing(self, stage: str, region: str) -> Fraction:
         return self.program.rate_of_region(region) / self.clocks.rates[self.program.stages[stage].clock]
+
+    def restore(self, lengths: dict, fills: dict, counts: dict) -> None:
+        self.length, self.fill, self.counts = dict(lengths), dict(fills), dict(counts)
 
     def copy(self) -> Simulator:
         other = Simulator.__new__(Simulator)
@@ -299,6 +318,7 @@ def trace(program: Program, clocks: ClockPlan) -> Trace:
     period = clocks.instants_per_hyperperiod
     simulator = Simulator(program, clocks)
     states: list[tuple] = []
+    snapshots: list[tuple] = []
     by_instant: list[list[Firing]] = []
     warmup = None
     limit = MAX_INSTANTS
@@ -308,6 +328,7 @@ def trace(program: Program, clocks: ClockPlan) -> Trace:
     ended_at = None
     while index < limit:
         states.append(simulator.state(index % period))
+        snapshots.append((dict(simulator.length), dict(simulator.fill)))
         by_instant.append(simulator.run_instant(index))
         full = sorted(name for name, horizon in horizons.items() if simulator.length.get(name, 0) >= horizon)
         if full and warmup is None:
@@ -338,4 +359,5 @@ def trace(program: Program, clocks: ClockPlan) -> Trace:
         while shape_warmup > 0 and signatures[shape_warmup - 1] == signatures[shape_warmup - 1 + period]:
             shape_warmup -= 1
     firings = tuple(f for firings in by_instant[:end] for f in firings)
-    return Trace(firings, warmup, shape_warmup, period if periodic else 0, periodic, reason)
+    return Trace(firings, warmup, shape_warmup, period if periodic else 0, periodic, reason,
+                 states=tuple(snapshots[:end]))

@@ -116,7 +116,9 @@ def schedule(program: Program, trace: Trace, stage_order: tuple[str, ...]) -> Al
         users = [position[f.stage] for f in trace.firings for v in f.views if v.region == name]
         live = None
         if not persistent:
-            live = (min(users), len(stage_order)) if region.role == "output" else (min(users), max(users))
+            # inputs arrive when step() starts the instant; outputs are read when it ends
+            first = 0 if region.role == "input" else min(users)
+            live = (first, len(stage_order)) if region.role == "output" else (first, max(users))
         kept = None if region.fixed else region.retention.keeps
         plans[name] = RegionPlan(name, region.family, region.dtype, region.itemsize, capacity, tuple(shape), nbytes,
                                  persistent, staged, double_buffer_bytes, kept, region.stock_shape, region.stock_bytes,

@@ -103,6 +103,7 @@ class RuntimeReport:
     regions: tuple[RegionReport, ...]
     graphs_planned: int
     graphs_captured: int
+    stage_graphs_covered: int
     capture_seconds: float
     blocked: tuple[Diagnostic, ...]
     replays: int
@@ -126,9 +127,10 @@ class RuntimeReport:
         if self.stock_bytes:
             lines.append(f"  regions with a stock allocation: {human_bytes(self.compared_bytes)} vs stock "
                          f"{human_bytes(self.stock_bytes)} per session")
-        lines.append(f"  graphs: {self.graphs_captured} captured of {self.graphs_planned} planned in "
-                     f"{self.capture_seconds:.2f} s; replays {self.replays}; eager firings {self.eager_planned} "
-                     f"planned + {self.eager_off_plan} outside the plan")
+        lines.append(f"  graphs: {self.stage_graphs_covered} of {self.graphs_planned} planned stage graphs captured, "
+                     f"fused into {self.graphs_captured} instant graphs in {self.capture_seconds:.2f} s; stage "
+                     f"replays {self.replays}; eager firings {self.eager_planned} planned + {self.eager_off_plan} "
+                     "outside the plan")
         for diagnostic in self.blocked:
             lines.append(f"  blocked: {diagnostic.message}")
         return "\n".join(lines)
@@ -176,7 +178,7 @@ class Runtime:
         self.sessions: list[Session] = []
         self.closed_counters = Counters()
         # graphs bake in addresses, and addresses belong to a slot: a later session in the slot reuses them
-        self.slot_graphs: dict[int, dict[int, StageGraph]] = {}
+        self.slot_graphs: dict[int, tuple[dict, dict]] = {}
         self.capture_seconds = 0.0
         self.graphs_captured = 0
 
@@ -227,8 +229,8 @@ class Runtime:
             if self.graphs_enabled:
                 if slot not in self.slot_graphs:
                     session._capture_graphs()
-                    self.slot_graphs[slot] = session.graphs
-                session.graphs = self.slot_graphs[slot]
+                    self.slot_graphs[slot] = (session.graphs, session.runs)
+                session.graphs, session.runs = self.slot_graphs[slot]
             self.sessions.append(session)
             return session
 
@@ -243,9 +245,10 @@ class Runtime:
             totals.replays += session.counters.replays
             totals.eager_planned += session.counters.eager_planned
             totals.eager_off_plan += session.counters.eager_off_plan
+        covered = {signature for graphs, _ in self.slot_graphs.values() for key in graphs for signature in key}
         return RuntimeReport(str(self.device), self.arena.sessions, self.arena.nbytes, self.plan.arena.session_bytes,
                              self.plan.arena.scratch_bytes, regions, len(self.plan.capture.graphs),
-                             self.graphs_captured, self.capture_seconds, tuple(self.blocked.values()),
+                             self.graphs_captured, len(covered), self.capture_seconds, tuple(self.blocked.values()),
                              totals.replays, totals.eager_planned, totals.eager_off_plan)
 
     def verify(self, stock, inputs, ticks: int | None = None, seed: int = 0):
@@ -270,7 +273,8 @@ class Session:
             if runtime.plan.schedule.regions[name].double_buffer_bytes:
                 double = runtime.arena.block(f"{name}~double", None)
             self.storage[name] = RegionStorage(region, flat, double)
-        self.graphs: dict[int, StageGraph] = {}
+        self.graphs: dict[tuple, StageGraph] = {}
+        self.runs: dict[int, list] = {}
         self.counters = Counters()
         self.failed: BaseException | None = None
         self.closed = False
@@ -319,17 +323,19 @@ class Session:
             raise SessionFailed(f"the session failed at instant {self._instant} ({self.failed!r}); "
                                 "call reset() to start it again") from self.failed
         with runtime.lock:
-            template = self._template(args, inputs) if self.on_plan else None
-            if template is not None:
-                firings, keys, simulator, off_plan = template.firings, template.keys, None, False
+            index = self._template_index(args, inputs) if self.on_plan else None
+            if index is not None:
+                runs, simulator, off_plan = self.runs.get(index) or self._eager_runs(runtime.templates[index].firings), \
+                    None, False
             else:
                 self._sync_simulator()
                 firings, simulator, off_plan = self._plan_step(args, inputs)
-                keys = tuple(runtime.graph_key.get(f.signature) for f in firings)
+                runs = self._eager_runs(firings)
             outputs: dict[str, torch.Tensor] = {}
             try:
-                for firing, key in zip(firings, keys):
-                    self._execute(firing, key, inputs, outputs, off_plan)
+                for kind, key, firings in runs:
+                    firing = firings[0]
+                    self._execute(kind, key, firings, inputs, outputs, off_plan)
             except Exception as error:
                 self.failed = error
                 raise SessionFailed(f"stage '{firing.stage}' raised at instant {self._instant}: {error!r}; "
@@ -387,7 +393,12 @@ class Session:
                     fed.setdefault(access.region, stage)
         return fed
 
-    def _template(self, args: tuple, inputs: dict[str, torch.Tensor]) -> StepTemplate | None:
+    def _eager_runs(self, firings) -> list:
+        """Firings without a fused run: a single-firing graph where one was captured, else eager."""
+        return [("graph", (f.signature,), (f,)) if (f.signature,) in self.graphs else ("eager", None, (f,))
+                for f in firings]
+
+    def _template_index(self, args: tuple, inputs: dict[str, torch.Tensor]) -> int | None:
         """The precomputed instant this step repeats, if the inputs are exactly the planned ones."""
         runtime = self.runtime
         index = runtime.plan.trace.planned_index(self._instant)
@@ -404,7 +415,7 @@ class Session:
             if (not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != template.inputs[name]
                     or tensor.dtype != runtime.storage_dtypes[name] or tensor.device != runtime.device):
                 return None
-        return template
+        return index
 
     def _sync_simulator(self) -> None:
         """Bring the simulator to the current instant after on-plan steps (which skip it)."""
@@ -460,22 +471,24 @@ class Session:
                                     "or declare a longer retention or horizon")
         return firings, probe, off_plan
 
-    def _execute(self, firing: Firing, key: int | None, inputs: Mapping[str, torch.Tensor], outputs: dict,
-                 off_plan: bool) -> None:
+    def _execute(self, kind: str, key: tuple | None, firings: tuple[Firing, ...],
+                 inputs: Mapping[str, torch.Tensor], outputs: dict, off_plan: bool) -> None:
+        """Feed, then replay one fused graph (or run one firing eagerly), then collect outputs."""
         runtime = self.runtime
-        stage = runtime.program.stages[firing.stage]
-        for view in firing.views:
-            if view.kind == "feed":
-                self.storage[view.region].append(view.offset, 0, inputs[view.region].detach())
-        graph = self.graphs.get(key) if key is not None else None
-        rng = self._rng_scope(stage.rng)
-        with rng:
-            if graph is not None:
+        for firing in firings:
+            for view in firing.views:
+                if view.kind == "feed":
+                    self.storage[view.region].append(view.offset, 0, inputs[view.region].detach())
+        stages = [runtime.program.stages[f.stage] for f in firings]
+        with self._rng_scope(any(stage.rng for stage in stages)):
+            if kind == "graph":
+                graph = self.graphs[key]
                 graph.graph.replay()
                 module_outputs = graph.module_outputs
-                self.counters.replays += 1
-                self.counters.per_graph[key] += 1
+                self.counters.replays += len(firings)
+                self.counters.per_graph[graph.key] += 1
             else:
+                firing = firings[0]
                 if firing.instant != self._instant:  # a template: hooks see the real instant and count
                     count = runtime.counts_before(self._instant)[firing.stage]
                     firing = attrs.evolve(firing, instant=self._instant, count=count,
@@ -485,9 +498,13 @@ class Session:
                     self.counters.eager_planned += 1
                 else:
                     self.counters.eager_off_plan += 1
-        for view in firing.views:
-            region = runtime.program.regions[view.region]
-            if view.kind == "write" and region.role == "output":
+        for firing in firings:
+            for view in firing.views:
+                if view.kind != "write":
+                    continue
+                region = runtime.program.regions[view.region]
+                if region.role != "output":
+                    continue
                 if view.length is None:
                     outputs[view.region] = module_outputs[view.region].clone()
                 else:
@@ -619,9 +636,14 @@ class Session:
     # --- graphs ----------------------------------------------------------------------------------
 
     def _capture_graphs(self) -> None:
-        """Capture every planned graph for this session's addresses (ahead of time, at session start)."""
+        """Capture this slot's graphs ahead of time (the slot's addresses are known before any tick).
+
+        First every planned (stage, signature) is warmed up and probed for host syncs; a stage that
+        syncs is planned eager. Then each planned instant's consecutive graphable firings are
+        captured as ONE graph (a fused run), so an instant replays with as few launches as possible.
+        """
         runtime = self.runtime
-        stream = torch.cuda.Stream(device=runtime.device)
+        stream = _capture_stream(runtime.device)
         for graph_plan in runtime.plan.capture.captured:
             firing = runtime.first_firing[graph_plan.signature]
             stage = runtime.program.stages[firing.stage]
@@ -629,7 +651,6 @@ class Session:
                 continue
             for storage in self.storage.values():
                 storage.fill_zero()
-            started = time.perf_counter()
             stream.wait_stream(torch.cuda.current_stream(runtime.device))
             try:
                 with torch.cuda.stream(stream), self._rng_scope(stage.rng):
@@ -637,30 +658,62 @@ class Session:
                     with _sync_debug("error"):
                         self._run_body(firing)  # the probe: a host sync inside the stage raises here
             except Exception as error:  # a sync or host copy: plan this stage eager, say where
-                torch.cuda.synchronize(runtime.device)
-                diagnostic = messages.capture_blocked(stage.name, _first_line(error), stage.span)
-                runtime.blocked[stage.name] = diagnostic
-                warnings.warn(f"{diagnostic.message}; it runs eagerly", CaptureWarning, stacklevel=3)
-                continue
+                self._block(stage, error)
             torch.cuda.current_stream(runtime.device).wait_stream(stream)
             torch.cuda.synchronize(runtime.device)
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with self._rng_scope(stage.rng):
-                    with torch.cuda.graph(graph, pool=runtime.pool, stream=stream):
-                        module_outputs = self._run_body(firing)
-            except Exception as error:
-                torch.cuda.synchronize(runtime.device)
-                diagnostic = messages.capture_blocked(stage.name, _first_line(error), stage.span)
-                runtime.blocked[stage.name] = diagnostic
-                warnings.warn(f"{diagnostic.message}; it runs eagerly", CaptureWarning, stacklevel=3)
-                continue
-            torch.cuda.synchronize(runtime.device)
-            self.graphs[graph_plan.key] = StageGraph(graph_plan.key, graph, module_outputs,
-                                                     time.perf_counter() - started)
-            runtime.capture_seconds += self.graphs[graph_plan.key].capture_seconds
-        runtime.graphs_captured = max(runtime.graphs_captured, len(self.graphs))
+        for index, template in enumerate(runtime.templates):
+            runs = self._runs(template)
+            self.runs[index] = runs
+            for kind, key, firings in runs:
+                if kind != "graph" or key in self.graphs:
+                    continue
+                self._capture_run(key, firings, stream)
         self.reset()
+
+    def _runs(self, template: StepTemplate) -> list[tuple[str, tuple | None, tuple[Firing, ...]]]:
+        """Split an instant into fused graph runs and eager firings."""
+        runtime = self.runtime
+        runs: list[tuple[str, tuple | None, tuple[Firing, ...]]] = []
+        current: list[Firing] = []
+        for firing, key in zip(template.firings, template.keys):
+            if key is not None and firing.stage not in runtime.blocked:
+                current.append(firing)
+                continue
+            if current:
+                runs.append(("graph", tuple(f.signature for f in current), tuple(current)))
+                current = []
+            runs.append(("eager", None, (firing,)))
+        if current:
+            runs.append(("graph", tuple(f.signature for f in current), tuple(current)))
+        return runs
+
+    def _capture_run(self, key: tuple, firings: tuple[Firing, ...], stream) -> None:
+        runtime = self.runtime
+        stages = [runtime.program.stages[f.stage] for f in firings]
+        for storage in self.storage.values():
+            storage.fill_zero()
+        started = time.perf_counter()
+        torch.cuda.synchronize(runtime.device)
+        graph = torch.cuda.CUDAGraph()
+        module_outputs: dict[str, torch.Tensor] = {}
+        try:
+            with self._rng_scope(any(stage.rng for stage in stages)):
+                with torch.cuda.graph(graph, pool=runtime.pool, stream=stream):
+                    for firing in firings:
+                        module_outputs.update(self._run_body(firing))
+        except Exception as error:
+            torch.cuda.synchronize(runtime.device)
+            self._block(stages[0], error)
+            return
+        torch.cuda.synchronize(runtime.device)
+        self.graphs[key] = StageGraph(len(self.graphs), graph, module_outputs, time.perf_counter() - started)
+        runtime.capture_seconds += self.graphs[key].capture_seconds
+        runtime.graphs_captured = max(runtime.graphs_captured, len(self.graphs))
+
+    def _block(self, stage, error: BaseException) -> None:
+        diagnostic = messages.capture_blocked(stage.name, _first_line(error), stage.span)
+        self.runtime.blocked[stage.name] = diagnostic
+        warnings.warn(f"{diagnostic.message}; it runs eagerly", CaptureWarning, stacklevel=4)
 
     def _check_initial(self, initial: Mapping[str, torch.Tensor]) -> None:
         runtime = self.runtime
@@ -725,6 +778,17 @@ def _as_tuple(result: Any, count: int, stage: str) -> tuple:
         raise TypeError(f"stage '{stage}' must return {count} tensors (its unbound updates and writes, in "
                         f"declared order), got {type(result).__name__}")
     return tuple(result)
+
+
+_CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _capture_stream(device: torch.device):
+    """One side stream per device for every capture of the process: cuBLAS keeps a workspace per
+    stream, so a new stream per session would cost one more workspace (32 MiB) each time."""
+    if device not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[device] = torch.cuda.Stream(device=device)
+    return _CAPTURE_STREAMS[device]
 
 
 def _seeded_rng_state(seed: int, device: torch.device) -> torch.Tensor:

@@ -66,6 +66,7 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 
         ]
     variants.append(Variant("duplexcadence", lambda: _Cadence(batch, device, seed),
                             info=lambda r: {"graphs": r.runtime.report().graphs_captured,
+                                            "stage_graphs": r.runtime.report().stage_graphs_covered,
                                             "capture_seconds": r.runtime.report().capture_seconds,
                                             "arena_bytes": r.runtime.report().arena_bytes}))
     rope = "compiled rope" if compiled else "eager rope"

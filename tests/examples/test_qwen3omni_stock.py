@@ -36,6 +36,7 @@ from duplexcadence.examples.qwen3omni.stock import (  # noqa: E402
     second_bounds,
     split_into_seconds,
 )
+from duplexcadence.examples.qwen3omni.streaming import StreamingCode2Wav  # noqa: E402
 
 pytestmark = pytest.mark.models
 
@@ -45,8 +46,8 @@ PREFIX_LENGTHS = (12, 25, 37, 38)
 
 @pytest.fixture(scope="module")
 def codes() -> torch.Tensor:
-    """Five seconds of seeded random codes, [1, 16, 62]."""
-    return torch.randint(0, 2048, (1, 16, 62), generator=torch.Generator().manual_seed(7))
+    """Seven seconds of seeded random codes, [1, 16, 87] (the stock tests use the first five)."""
+    return torch.randint(0, 2048, (1, 16, 87), generator=torch.Generator().manual_seed(7))
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,7 @@ def test_forward_returns_t_times_1920_minus_555(models, prefix_decodes):
 def stock_stream(models, codes) -> tuple[StockSecondDecoder, list[torch.Tensor]]:
     """The stock fp32 loop over the five seconds, with what it emitted per second."""
     decoder = StockSecondDecoder(models[torch.float32])
-    return decoder, [decoder.step(chunk) for chunk in split_into_seconds(codes)]
+    return decoder, [decoder.step(chunk) for chunk in split_into_seconds(codes[..., :62])]
 
 
 def test_stock_loop_input_and_output_lengths(stock_stream, models, codes):
@@ -199,6 +200,39 @@ def test_forward_for_capture_on_long_input_uses_the_eager_mask():
     codes = torch.randint(0, 2048, (1, 16, 88), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert torch.equal(forward_for_capture(model, codes), model(codes))
+
+
+def test_true_streaming_computes_the_whole_utterance_forward(models, codes, prefix_decodes, stock_stream):
+    """The opt-in streaming mode over 7 s (87 codes: the KV window of 71 fills during second 5).
+
+    Its first second is the 12-code forward itself (``torch.equal``). Later seconds run other
+    kernel shapes than one whole forward, so they can only agree with it up to rounding: this is a
+    numerical check of the carried state (a wrong carry or window gives errors of order 1, as the
+    chunked decode's lost context does), not a bit-identity claim, which this mode does not make.
+    """
+    model = models[torch.float32]
+    streaming = StreamingCode2Wav(model)
+    pieces = [streaming.step(chunk) for chunk in split_into_seconds(codes)]
+    assert torch.equal(pieces[0], prefix_decodes[(torch.float32, 12)])
+    assert [piece.shape[-1] for piece in pieces] == [12 * 1920 - 555] + [
+        (second_bounds(k)[1] - second_bounds(k)[0]) * 1920 for k in range(1, 7)
+    ]
+    with torch.no_grad():
+        whole = model(codes)
+    stream = torch.cat(pieces, dim=-1)
+    assert stream.shape == whole.shape
+    assert (stream - whole).abs().max().item() < 1e-4
+    # The stock loop's second 4 covers the same samples as the stream's, minus the 555-sample gap;
+    # with 25 codes of context instead of the full window it is a different signal.
+    _, stock_chunks = stock_stream
+    assert (pieces[4][..., 555:] - stock_chunks[4]).abs().max().item() > 0.1
+    assert streaming.position == 87
+    assert all(layer.keys.shape == layer.values.shape == (1, 16, 71, 64) for layer in streaming.cache.layers)
+    assert streaming.conv_carries["decoder.4.block.4.conv1"].shape == (1, 96, 54)
+    assert streaming.frame_carries["decoder.1.block.1"].shape == (1, 1536, 1)
+    assert len(streaming.conv_carries) == 16 and len(streaming.frame_carries) == 4
+    streaming.reset()
+    assert streaming.position == 0 and not streaming.conv_carries and not streaming.frame_carries
 
 
 class _OpRecorder(TorchDispatchMode):

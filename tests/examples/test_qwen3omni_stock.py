@@ -3,7 +3,7 @@ the corrected loop, and ``forward_for_capture``.
 
 Everything runs the released architecture (216 M parameters, seeded random weights): one forward on
 37-38 codes takes about 2.5 s on a 2-core CPU, so the tests share eagerly computed forwards through
-module-scoped fixtures, stream at most 5 seconds, and check the stock loop against ``chunked_decode``
+module-scoped fixtures, stream at most 7 seconds, and check the stock loop against ``chunked_decode``
 on the cheapest code windows that reproduce the steady 37- and 38-code forwards.
 """
 

@@ -40,8 +40,11 @@ def _excerpt(span: Span, sources: Mapping[str, SourceFile], paint: _Painter, gut
     ]
 
 
-def format_full(diagnostic: Diagnostic, sources: Mapping[str, SourceFile], color: bool = False) -> str:
-    """The long form: header, location, the source line with carets, notes and help lines."""
+def format_full(diagnostic: Diagnostic, sources: Mapping[str, SourceFile], color: bool = False,
+                path: str | None = None) -> str:
+    """The long form: header, location, the source line with carets, notes and help lines.
+
+    A diagnostic without a span (a file that cannot be read, a --param) shows `path` as its location."""
     paint = _Painter(color)
     severity = diagnostic.severity.value
     lines = [paint(severity, f"{severity}[{diagnostic.code.name}]") + paint("bold", f": {diagnostic.message}")]
@@ -51,6 +54,8 @@ def format_full(diagnostic: Diagnostic, sources: Mapping[str, SourceFile], color
     if diagnostic.span is not None:
         lines.append(f"{pad}--> {diagnostic.span}")
         lines.extend(_excerpt(diagnostic.span, sources, paint, gutter))
+    elif path is not None:
+        lines.append(f"{pad}--> {path}")
     for note in diagnostic.notes:
         location = f" ({note.span})" if note.span is not None else ""
         lines.append(f"{pad} = " + paint("note", "note") + f": {note.message}{location}")
@@ -61,9 +66,9 @@ def format_full(diagnostic: Diagnostic, sources: Mapping[str, SourceFile], color
     return "\n".join(lines)
 
 
-def format_concise(diagnostic: Diagnostic) -> str:
-    """One line: `path:line:col: error: message [code]` (no location: `dsl: error: ...`)."""
-    where = str(diagnostic.span) if diagnostic.span is not None else "dsl"
+def format_concise(diagnostic: Diagnostic, path: str | None = None) -> str:
+    """One line: `path:line:col: error: message [code]` (without a span: `path: error: ...`)."""
+    where = str(diagnostic.span) if diagnostic.span is not None else (path or "dsl")
     return f"{where}: {diagnostic.severity.value}: {diagnostic.message} [{diagnostic.code.name}]"
 
 

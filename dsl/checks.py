@@ -260,10 +260,13 @@ def check_cycles(program: Program) -> Iterator[Diagnostic]:
 
 
 def check_unused(program: Program) -> Iterator[Diagnostic]:
+    """Regions no stage uses (outputs are left to `check_roles`, which makes that an error)."""
     used = {a.region for s in program.stages.values() for a in s.accesses}
     reported: set[str] = set()
     for name, region in program.regions.items():
         key = region.family or name
+        if region.role == "output":
+            continue
         if name not in used and key not in reported and not any(m in used for m in program.families.get(key, ())):
             reported.add(key)
             yield messages.unused_region(key, region.span)

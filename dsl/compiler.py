@@ -52,8 +52,10 @@ def check_file(path: str | Path, overrides: Mapping[str, str] | None = None,
         program = attrs.evolve(program, graph=depgraph.build(program))
     except ClockError as error:
         return CheckResult(path, None, tuple(error.diagnostics), sources)
+    has_errors = any(d.severity is Severity.ERROR for d in found)
+    if has_errors:  # with errors the program is incomplete: a region may only look unused
+        found = [d for d in found if d.code is not messages.UNUSED_REGION]
     diagnostics = tuple(sorted(checks.collapse_family_members(found), key=Diagnostic.sort_key))
-    has_errors = any(d.severity is Severity.ERROR for d in diagnostics)
     return CheckResult(path, None if has_errors else program, diagnostics, sources)
 
 

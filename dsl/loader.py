@@ -6,6 +6,7 @@ the package (`stdlib/a/b.clock`), so `use std.audio` works from any folder.
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -97,7 +98,7 @@ def load(path: str | Path, source: SourceFile | None = None,
         sources = {}
     bag = DiagnosticBag()
     units: dict[str, Unit] = {}
-    main_key = str(Path(path))
+    main_key = os.path.normpath(path)
     stack: list[str] = []
 
     def visit(key: str, src: SourceFile, via: ast.Use | None) -> None:
@@ -112,13 +113,13 @@ def load(path: str | Path, source: SourceFile | None = None,
         for use in module.of(ast.Use):
             found = _find(use, Path(key))
             if found is None:
-                bag.add(messages.unknown_import(use.dotted, use.span, stdlib_modules()))
+                bag.add(messages.unknown_import(use.dotted, use.module_span or use.span, stdlib_modules()))
                 continue
-            target = str(found)
+            target = os.path.normpath(found)
             imports.append((use, target))
             if target in stack:
                 cycle = [Path(k).stem for k in stack[stack.index(target):]] + [Path(target).stem]
-                bag.add(messages.import_cycle(cycle, use.span))
+                bag.add(messages.import_cycle(cycle, use.module_span or use.span))
                 continue
             if target not in units:
                 try:

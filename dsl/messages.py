@@ -131,6 +131,9 @@ def syntax_unexpected_end(expected: list[str], span: Span, context: str | None,
 
 
 def syntax_bad_character(char: str, span: Span) -> Diagnostic:
+    if char == '"':
+        return Diagnostic(SYNTAX, "this string is not closed on its line", span,
+                          helps=('a string is written on one line between double quotes: "decoder.model.0"',))
     shown = repr(char) if char.isprintable() else f"U+{ord(char):04X}"
     return Diagnostic(SYNTAX, f"unexpected character {shown}", span,
                       helps=("a .clock file holds statements that begin with use, cadence, param, clock, "
@@ -213,6 +216,12 @@ def shadowing_index(index: str, region: str, kind: str, span: Span | None, decla
 def duplicate_clause(clause: str, owner: str, span: Span | None, first: Span | None) -> Diagnostic:
     return Diagnostic(DUPLICATE_CLAUSE, f"region '{owner}' has two '{clause}' clauses", span,
                       notes=(Note("first given here", first),), helps=(f"keep one '{clause}' clause",))
+
+
+def input_and_output(region: str, span: Span | None, first: Span | None) -> Diagnostic:
+    return Diagnostic(DUPLICATE_CLAUSE, f"region '{region}' is declared both `input` and `output`", span,
+                      notes=(Note("the first role is given here", first),),
+                      helps=("an input is fed by `step()` and an output is returned by it: declare two regions",))
 
 
 def unknown_import(module: str, span: Span | None, available: Iterable[str]) -> Diagnostic:

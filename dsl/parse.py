@@ -209,7 +209,7 @@ def _context(source: SourceFile, position: int) -> tuple[tuple[str, Span] | None
             if value in STATEMENT_KEYWORDS:
                 words.append((value, None, Span(source.path, token.line, token.column, token.line,
                                                 token.column + len(value))))
-            elif token.type == "NAME" and words and words[-1][1] is None:
+            elif token.type == "NAME" and words and words[-1][1] is None and words[-1][0] not in ("use", "cadence"):
                 words[-1] = (words[-1][0], value, words[-1][2])
             elif value == "{":
                 depth += 1

@@ -321,10 +321,13 @@ class _Resolver:
         node: ast.Region = declaration.node
         ok = True
         for kind, label in ((ast.OnClause, "on"), (ast.RetainClause, "retain"), (ast.StartClause, "start"),
-                            (ast.StockClause, "stock"), (ast.BindClause, "bind"), (ast.RoleClause, "input/output")):
+                            (ast.StockClause, "stock"), (ast.BindClause, "bind"), (ast.RoleClause, None)):
             found = node.clauses_of(kind)
             for extra in found[1:]:
-                self.bag.add(messages.duplicate_clause(label, node.name, extra.span, found[0].span))
+                if label is None and extra.role != found[0].role:
+                    self.bag.add(messages.input_and_output(node.name, extra.span, found[0].span))
+                else:
+                    self.bag.add(messages.duplicate_clause(label or extra.role, node.name, extra.span, found[0].span))
                 ok = False
         name_span = node.name_span or node.span
         if node.dtype not in messages.DTYPES:

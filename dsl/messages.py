@@ -117,6 +117,9 @@ def syntax_unfinished(context: str, expected: list[str], after: str | None, span
     if expected and len(expected) <= 3 and len(_expected_words(expected)) <= 60:
         return Diagnostic(SYNTAX, f"{context} is unfinished: expected {_expected_words(expected)}{following}",
                           span, notes=notes)
+    if "'}'" in expected:
+        return Diagnostic(SYNTAX, f"{context} is unfinished: expected '}}' or another item{following}", span,
+                          notes=notes, helps=("expected " + _expected_words(expected),))
     helps = ("expected " + _expected_words(expected),) if expected else ()
     return Diagnostic(SYNTAX, f"{context} is unfinished{following}", span, notes=notes, helps=helps)
 

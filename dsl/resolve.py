@@ -386,7 +386,7 @@ class _Resolver:
                 ok = False
         bind_clause = node.clause(ast.BindClause)
         if ok and node.family is not None and count > 1 and bind_clause is not None:
-            if not any(match.group(1) == node.family.index for match in _PLACEHOLDER.finditer(bind_clause.path)):
+            if not _PLACEHOLDER.search(bind_clause.path):  # an unknown placeholder is reported by `_bind`
                 self.bag.add(messages.family_bind_without_index(node.name, bind_clause.path, count, node.family.index,
                                                                 bind_clause.span))
                 ok = False
@@ -555,11 +555,11 @@ class _Resolver:
 
         path = _PLACEHOLDER.sub(fill, clause.path)
         if unknown:
-            self.bag.add(messages.bad_placeholder(name, unknown[0], list(local), clause.span))
+            self.bag.add(messages.bad_placeholder(node.name, unknown[0], list(local), clause.span))
             return None
         problem = path_problem(path)
         if problem is not None:
-            self.bag.add(messages.bad_bind(name, path, problem, clause.span))
+            self.bag.add(messages.bad_bind(node.name, path, problem, clause.span))
             return None
         return path
 

@@ -456,8 +456,9 @@ class _Resolver:
         """The start policy and the units held at session start (see RegionInfo.start_length).
 
         Defaults: a fixed region starts zeros, a region with a time axis starts empty. `start zeros`
-        fills a window (`last`, `ring`, `first + last`) completely; an input or output sized from its
-        stages gets its zeros once `checks.size_io_regions` knows the window.
+        fills a window (`last`, `first + last`) completely; a ring's slots start as zeros with a fill
+        of 0; an input or output sized from its stages gets its zeros once `checks.size_io_regions`
+        knows the window.
         """
         clause = node.clause(ast.StartClause)
         fixed = not any(isinstance(d, ast.TimeAxis) for d in node.shape)
@@ -484,7 +485,8 @@ class _Resolver:
                 self.bag.add(messages.bad_start(name, "keeps everything up to its horizon, so `start zeros` has "
                                                 "no length: write `start given N` for N units of zeros", clause.span))
                 raise _Skip()
-            return "zeros", retention.keeps or 0
+            # a window starts full of zeros; a ring's slots are zeros but its fill starts at 0
+            return "zeros", 0 if retention.kind == "ring" else retention.keeps or 0
         if policy.count is None:
             self.bag.add(messages.bad_start(name, "needs the number of units it starts with: `start given N`",
                                             clause.span))

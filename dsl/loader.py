@@ -6,6 +6,7 @@ the package (`stdlib/a/b.clock`), so `use std.audio` works from any folder.
 
 from __future__ import annotations
 
+import functools
 import os
 from importlib import resources
 from pathlib import Path
@@ -62,6 +63,13 @@ def _find(use: ast.Use, importer: Path) -> Path | None:
     return std if std.is_file() else None
 
 
+@functools.lru_cache(maxsize=128)
+def _parse(path: str, text: str) -> ast.Module:
+    """Parse once per (path, text): the stdlib is imported by nearly every check. The AST is frozen,
+    so sharing it is safe; a failed parse raises and is not cached."""
+    return parse_module(SourceFile(path, text))
+
+
 def read_source(path: str | Path) -> SourceFile:
     """Read a `.clock` file, or raise ClockError with one clear file-level diagnostic: a missing
     file, a directory, a file over the size limit, binary data, text that is not UTF-8."""
@@ -104,7 +112,7 @@ def load(path: str | Path, source: SourceFile | None = None,
     def visit(key: str, src: SourceFile, via: ast.Use | None) -> None:
         sources[key] = src
         try:
-            module = parse_module(src)
+            module = _parse(src.path, src.text)
         except ClockError as error:
             bag.extend(error.diagnostics)
             return

@@ -22,8 +22,9 @@ from . import ast, messages
 from .diagnostics import ClockError, Diagnostic, Note
 from .source import SourceFile, Span
 
-MAX_SOURCE_BYTES = 1_000_000
-"""Files larger than this are refused before parsing (a `.clock` file is a few kilobytes)."""
+MAX_SOURCE_BYTES = 256_000
+"""Files larger than this are refused before parsing: a `.clock` file is a few kilobytes, and this
+bounds a check to a few seconds whatever the input."""
 
 MAX_NESTING = 100
 """The deepest expression accepted; deeper ones are refused with a located syntax error, so no

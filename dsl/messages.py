@@ -21,18 +21,20 @@ DUPLICATE_NAME = ErrorCode("duplicate-name", "a name defined twice")
 DUPLICATE_CLAUSE = ErrorCode("duplicate-clause", "a clause given twice in one declaration")
 UNKNOWN_IMPORT = ErrorCode("unknown-import", "a `use` that names no stdlib or local module")
 IMPORT_CYCLE = ErrorCode("import-cycle", "modules that import each other")
-BAD_VALUE = ErrorCode("bad-value", "an expression that cannot be evaluated (type, unit, division by zero)")
+BAD_VALUE = ErrorCode("bad-value", "a value that cannot be evaluated or does not fit (unit, division by zero, "
+                      "a count that is not whole, a start that does not fit)")
 BAD_RATE = ErrorCode("bad-rate", "a clock rate that is not a positive exact rate in Hz")
 MISSING_CADENCE = ErrorCode("missing-cadence", "a program with stages but no cadence")
 RATE_INCONSISTENT = ErrorCode("rate-inconsistent", "an advance that disagrees with the clocks")
 CLOCK_MISMATCH = ErrorCode("clock-mismatch", "a stage using a region on a clock it cannot convert to")
-RETENTION_TOO_SHORT = ErrorCode("retention-too-short", "a read longer than what the region keeps")
+RETENTION_TOO_SHORT = ErrorCode("retention-too-short", "a read, a write or an input feed longer than what the region keeps")
 INSTANT_CYCLE = ErrorCode("instant-cycle", "stages that depend on each other within one instant")
 UNBOUNDED_RETENTION = ErrorCode("unbounded-retention", "a region kept forever without a horizon")
 MISSING_RETENTION = ErrorCode("missing-retention", "a state region that does not say how much it keeps")
 UNKNOWN_DTYPE = ErrorCode("unknown-dtype", "a dtype that is not one of the supported element types")
-SHAPE = ErrorCode("bad-shape", "a shape without exactly one time axis, or a dim that is not a positive integer")
-SHAPE_ARITY = ErrorCode("shape-arity", "a shape with the wrong number of dimensions")
+SHAPE = ErrorCode("bad-shape", "a shape with two time axes, an input/output without one, a dim that is not a "
+                  "positive integer, or `on`/`retain` on a region without a time axis")
+SHAPE_ARITY = ErrorCode("shape-arity", "a stock shape with the wrong number of dimensions")
 MISSING_CLOCK = ErrorCode("missing-clock", "a region without `on CLOCK`")
 STAGE_CALLABLE = ErrorCode("stage-callable", "a stage without exactly one `module` or `hook`")
 ROLE = ErrorCode("bad-role", "an input written by a stage, an output no stage writes, or a ring that is appended to")
@@ -424,11 +426,15 @@ def advance_mismatch(stage: str, stage_clock: str, stage_rate: str, verb: str, a
                      region_clock: str, region_rate: str, expected: str, span: Span | None) -> Diagnostic:
     return Diagnostic(
         RATE_INCONSISTENT,
-        f"stage '{stage}' on clock '{stage_clock}' ({stage_rate} Hz) {verb} {advance} units of region '{region}' "
+        f"stage '{stage}' on clock '{stage_clock}' ({stage_rate} Hz) {verb} {_units(advance)} of region '{region}' "
         f"per firing, but '{region}' advances on clock '{region_clock}' ({region_rate} Hz), "
-        f"i.e. {expected} unit{'' if expected == '1' else 's'} per firing",
+        f"i.e. {_units(expected)} per firing",
         span,
-        helps=(f"write `+{expected}`, or put the region on a clock that advances {advance} units per firing",))
+        helps=(f"write `+{expected}`, or put the region on a clock that advances {_units(advance)} per firing",))
+
+
+def _units(count: str) -> str:
+    return f"{count} unit" if count == "1" else f"{count} units"
 
 
 def fractional_advance(stage: str, stage_clock: str, stage_rate: str, verb: str, region: str, region_clock: str,

@@ -1,5 +1,6 @@
-"""The example programs: every file in tests/clock/good checks clean (no error, no warning), and every
-file in tests/clock/bad produces exactly the diagnostics written inline on its lines, mypy-style.
+"""The example programs: every file in tests/clock/good checks clean (no error, no warning), every
+file in tests/clock/bad produces exactly the diagnostics written inline on its lines, mypy-style, and
+so does every ```clock block of docs/language.md (a block without expectations checks clean).
 
 Expectation syntax, in a comment on the offending line:
 
@@ -28,6 +29,7 @@ from duplexcadence.dsl.cli import parse_params
 from duplexcadence.dsl.compiler import check_file
 
 HERE = Path(__file__).parent
+DOCS = HERE.parents[1] / "docs" / "language.md"
 GOOD = sorted((HERE / "good").glob("*.clock"))
 BAD = sorted(p for p in (HERE / "bad").glob("*.clock") if not p.name.startswith("_"))
 EXPECTATION = re.compile(r"#\s*([EW]):\s*([a-z][a-z-]*)(?:\s*@(\d+|file))?")
@@ -94,9 +96,18 @@ def flags(text: str) -> dict[str, str]:
     return overrides
 
 
-def run(path: Path) -> tuple[list[Expected], list[Found]]:
-    text = path.read_bytes().decode("utf-8", errors="replace")
-    result = check_file(str(path), flags(text))
+def doc_blocks() -> list[tuple[int, str]]:
+    """The ```clock blocks of docs/language.md, with the line each starts on."""
+    text = DOCS.read_text(encoding="utf-8")
+    return [(text[:m.start()].count("\n") + 2, m.group(1)) for m in re.finditer(r"```clock\n(.*?)```", text, re.S)]
+
+
+def run(path: Path, text: str | None = None) -> tuple[list[Expected], list[Found]]:
+    if text is None:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        result = check_file(str(path), flags(text))
+    else:
+        result = check_file(str(path), flags(text), text=text)
     expected = expectations(str(path), text)
     for key, source in result.sources.items():
         if Path(key) != path:
@@ -136,6 +147,25 @@ def test_bad_file_gives_exactly_its_expected_diagnostics(path: Path) -> None:
     report = ["expected but not reported:"] + [f"  {e}" for e in missing]
     report += ["reported but not expected:"] + [f"  {f}" for f in unexpected]
     assert not missing and not unexpected, "\n".join(report)
+
+
+@pytest.mark.parametrize("line,block", doc_blocks(), ids=lambda value: f"line{value}" if isinstance(value, int) else "")
+def test_language_reference_examples_give_exactly_their_expected_diagnostics(line: int, block: str) -> None:
+    path = HERE / f"language.md-line{line}.clock"  # beside the tests: `use` resolves like for a good file
+    expected, found = run(path, block)
+    missing, unexpected = mismatches(expected, found)
+    report = ["expected but not reported:"] + [f"  {e}" for e in missing]
+    report += ["reported but not expected:"] + [f"  {f}" for f in unexpected]
+    assert not missing and not unexpected, "\n".join(report)
+
+
+def test_the_language_reference_has_an_example_for_every_check_code() -> None:
+    covered = {code for _, block in doc_blocks() for _, code, _ in EXPECTATION.findall(block)}
+    wanted = {code.name for code in messages.ALL_CODES if code not in RUNTIME_ONLY}
+    # unreadable-file, import-cycle and empty-file need files of their own: shown as `text` blocks
+    assert wanted - covered == {"unreadable-file", "import-cycle", "empty-file"}
+    text = DOCS.read_text(encoding="utf-8")
+    assert all(f"### `{code.name}`" in text for code in messages.ALL_CODES), "a code has no section"
 
 
 def test_every_check_code_has_a_bad_file() -> None:

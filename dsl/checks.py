@@ -65,7 +65,9 @@ def size_io_regions(program: Program) -> tuple[Program, list[Diagnostic]]:
                     if access.region == name and access.kind == "read":
                         found = read_need(program, stage, access)
                         arriving = math.floor(units_per_firing(program, stage, name))
-                        if found is not None:
+                        if access.window == "new":  # the new units always arrive: only the context is history
+                            history = max(history, access.context)
+                        elif found is not None:
                             history = max(history, found[0] - arriving)
         retention = (Retention("last", last=history, span=region.retention.span) if history > 0
                      else Retention("scratch", span=region.retention.span))
@@ -163,10 +165,11 @@ def check_accesses(program: Program) -> Iterator[Diagnostic]:
                 if region.retention.kind == "ring" and access.window != "all":
                     window = f"last {access.count}" if access.window == "last" else "new units"
                     yield messages.window_on_ring(stage.name, access.region, window, access.span)
-                elif access.lookahead and access.window != "all":
+                elif access.lookahead:
                     found = read_need(program, stage, access)
-                    if found is not None and access.lookahead > found[0]:
-                        yield messages.lookahead_too_long(stage.name, access.region, access.lookahead, found[0],
+                    window = found[0] if found is not None else region.retention.keeps
+                    if window is not None and access.lookahead > window:
+                        yield messages.lookahead_too_long(stage.name, access.region, access.lookahead, window,
                                                           access.span)
                 continue
             if access.kind == "write" and access.latency:
@@ -221,11 +224,12 @@ def check_retention(program: Program) -> Iterator[Diagnostic]:
                 continue
             available = available_to_read(program, stage, access)
             if access.window == "new":  # the new units always arrive; the context must be history
-                found = (access.context, f"{access.context} units of context before the new ones")
+                found = (access.context, "context before the new ones")
                 available = region.retention.keeps
             if available is not None and found[0] > available:  # (a lookahead longer than the read: bad-access)
-                yield messages.retention_too_short(stage.name, access.region, found[0], found[1], available,
-                                                   access.span, region.retention.span)
+                keeps = region.retention.keeps or 0
+                yield messages.retention_too_short(stage.name, access.region, found[0], found[1], keeps,
+                                                   access.span, region.retention.span, arriving=available - keeps)
 
 
 def check_roles(program: Program) -> Iterator[Diagnostic]:

@@ -27,7 +27,8 @@ BAD_RATE = ErrorCode("bad-rate", "a clock rate that is not a positive exact rate
 MISSING_CADENCE = ErrorCode("missing-cadence", "a program with stages but no cadence")
 RATE_INCONSISTENT = ErrorCode("rate-inconsistent", "an advance that disagrees with the clocks")
 CLOCK_MISMATCH = ErrorCode("clock-mismatch", "a stage using a region on a clock it cannot convert to")
-RETENTION_TOO_SHORT = ErrorCode("retention-too-short", "a read, a write or an input feed longer than what the region keeps")
+RETENTION_TOO_SHORT = ErrorCode("retention-too-short", "a read longer than what the region keeps plus what arrives "
+                                "for the firing")
 INSTANT_CYCLE = ErrorCode("instant-cycle", "stages that depend on each other within one instant")
 UNBOUNDED_RETENTION = ErrorCode("unbounded-retention", "a region kept forever without a horizon")
 MISSING_RETENTION = ErrorCode("missing-retention", "a state region that does not say how much it keeps")
@@ -470,13 +471,19 @@ def slower_region(stage: str, stage_clock: str, stage_rate: str, verb: str, regi
 
 
 def retention_too_short(stage: str, region: str, need: int, what: str, keeps: int, span: Span | None,
-                        declared: Span | None) -> Diagnostic:
+                        declared: Span | None, arriving: int = 0) -> Diagnostic:
+    """`keeps` units are kept between firings; `arriving` more are surely there when the stage fires
+    (fed by `step()`, or written earlier in the instant)."""
+    if arriving:
+        there = f"but only {keeps + arriving} are there when it fires ({keeps} kept + {arriving} arriving)"
+    else:
+        there = f"which keeps {keeps}"
     return Diagnostic(
         RETENTION_TOO_SHORT,
-        f"stage '{stage}' reads {need} units of region '{region}' ({what}), which keeps {keeps}",
+        f"stage '{stage}' reads {need} units of region '{region}' ({what}), {there}",
         span,
         notes=(Note(f"'{region}' declares its retention here", declared),),
-        helps=(f"raise the retention of '{region}' to at least {need}, or shorten the read",))
+        helps=(f"raise the retention of '{region}' to at least {need - arriving}, or shorten the read",))
 
 
 def window_on_ring(stage: str, region: str, window: str, span: Span | None) -> Diagnostic:
@@ -486,6 +493,7 @@ def window_on_ring(stage: str, region: str, window: str, span: Span | None) -> D
 
 
 def lookahead_too_long(stage: str, region: str, lookahead: int, span_units: int, span: Span | None) -> Diagnostic:
+    """A lookahead longer than the read's window (the whole kept region for a read without window)."""
     return Diagnostic(BAD_ACCESS, f"stage '{stage}' reads a lookahead of {lookahead} units of region '{region}', "
                       f"more than the {span_units} units it reads", span,
                       helps=("the lookahead is the newest part of the read: make it at most the read's length",))

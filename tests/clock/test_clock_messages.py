@@ -142,12 +142,21 @@ def test_retention_too_short_gives_both_numbers_and_the_retention_site() -> None
           = help: raise the retention of 'kv' to at least 3000, or shorten the read""")
 
 
-def test_retention_of_new_units_counts_the_most_that_can_arrive() -> None:
+def test_a_read_of_new_units_needs_only_its_context_kept() -> None:
     found = only("cadence 1 s\nclock code = 12.5 Hz\nclock tick = 1 Hz\n"
-                 "region codes : i64[time] on code input retain last 30\n"
+                 "region codes : i64[time] on code input retain last 20\n"
                  "region wav : f32[time] on tick output\n"
                  "stage decode on tick { hook d; read codes new + 25; write wav }\n")
-    assert found.message == "stage 'decode' reads 38 units of region 'codes' (up to 13 new + 25 context), which keeps 30"
+    assert found.message == "stage 'decode' reads 25 units of region 'codes' (context before the new ones), which keeps 20"
+
+
+def test_an_input_read_counts_what_arrives_for_the_firing() -> None:
+    found = only("cadence 1 s\nclock code = 12.5 Hz\nclock tick = 1 Hz\n"
+                 "region codes : i64[time] on code input retain last 5\n"
+                 "stage decode on tick { hook d; read codes last 30 }\n")
+    assert found.message == ("stage 'decode' reads 30 units of region 'codes' (last 30), but only 17 are there when "
+                             "it fires (5 kept + 12 arriving)")
+    assert found.helps == ("raise the retention of 'codes' to at least 18, or shorten the read",)
 
 
 def test_an_advance_mismatch_gives_both_rates() -> None:

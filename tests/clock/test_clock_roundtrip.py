@@ -1,6 +1,6 @@
 """Round trips: the canonical printer (`dsl fmt`) never changes a program's meaning.
 
-For every good example, its imported helpers and every stdlib file: parse -> print -> parse gives an
+For every good example, its imported helpers, every stdlib file and the examples' `.clock` files: parse -> print -> parse gives an
 equal AST (spans and comments are out of equality), printing is idempotent, every comment survives,
 and the stdlib is already in canonical form (`dsl fmt --check` is clean).
 """
@@ -20,7 +20,8 @@ from duplexcadence.dsl.source import SourceFile
 
 HERE = Path(__file__).parent
 STDLIB = sorted(stdlib_root().rglob("*.clock"))
-PROGRAMS = sorted((HERE / "good").rglob("*.clock")) + STDLIB
+EXAMPLES = sorted((HERE.parents[1] / "examples").rglob("*.clock"))
+PROGRAMS = sorted((HERE / "good").rglob("*.clock")) + STDLIB + EXAMPLES
 
 
 def parse(path: str, text: str) -> ast.Module:

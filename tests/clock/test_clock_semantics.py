@@ -62,18 +62,20 @@ def test_start_policies_give_the_units_held_at_session_start() -> None:
     """)
     starts = {name: (r.start, r.start_length) for name, r in p.regions.items()}
     assert starts == {"zero": ("zeros", 6), "kv": ("zeros", 0), "pinned": ("zeros", 7), "prompt": ("given", 2),
-                      "fresh": ("empty", 0), "counter": ("zeros", 0), "speaker": ("given", 0), "io": ("zeros", 5)}
+                      "fresh": ("empty", 0), "counter": ("zeros", 0), "speaker": ("given", 0), "io": ("zeros", 4)}
 
 
-def test_inputs_and_outputs_without_retain_get_the_window_their_stages_need() -> None:
+def test_inputs_without_retain_keep_the_history_their_readers_need_and_outputs_nothing() -> None:
     p = load_program(GOOD / "chunked_context.clock")
-    assert p.regions["codes"].retention.describe() == "last 38"  # up to 13 new codes + 25 of context
-    assert p.regions["wav"].retention.kind == "scratch"           # written without an advance: the module decides
-    assert p.stages["decode"].accesses[1].advance is None
+    assert p.regions["codes"].retention.describe() == "last 25"  # the context; the 12 or 13 new codes arrive
+    assert p.regions["wav"].retention.kind == "scratch"
+    assert p.stages["decode"].accesses[1].advance is None         # written without an advance: the module decides
     seanet = load_program(GOOD / "seanet_decoder.clock")
-    assert seanet.regions["codes"].retention.describe() == "last 1"
-    assert seanet.regions["pcm"].retention.describe() == "last 1920"
+    assert seanet.regions["codes"].retention.kind == "scratch"    # read whole: what arrives is all it needs
+    assert seanet.regions["pcm"].retention.kind == "scratch"
     assert seanet.stages["decoder"].accesses[-1].advance == 1920  # +80 ms at 24 kHz
+    flow = load_program(GOOD / "flow_matching_chunks.clock")
+    assert flow.regions["tokens"].retention.describe() == "last 3"  # declared: 25 more arrive each chunk
 
 
 def test_a_write_without_an_advance_gets_the_clocks_advance() -> None:
@@ -138,9 +140,9 @@ def test_declarations_a_file_does_not_import_keep_a_qualified_name() -> None:
 def test_the_stdlib_tails_load() -> None:
     mimi = load_program(stdlib_root() / "models" / "mimi_decoder.clock")
     assert len(mimi.families["kv"]) == 8 and mimi.regions["kv[7]"].retention.describe() == "ring 250"
-    assert mimi.regions["pcm"].retention.describe() == "last 1920"
+    assert mimi.regions["pcm"].retention.kind == "scratch"
     step = load_program(stdlib_root() / "models" / "step_audio2_token2wav.clock")
     assert step.regions["tokens"].start_length == 3
     assert step.stages["vocoder"].accesses[-1].latency == 3840 and step.stages["vocoder"].rng
     qwen = load_program(stdlib_root() / "models" / "qwen3_omni_code2wav.clock")
-    assert qwen.regions["codes"].retention.describe() == "last 38"
+    assert qwen.regions["codes"].retention.describe() == "last 25"

@@ -239,11 +239,11 @@ def _expected_terminals(error: UnexpectedInput) -> set[str]:
 
 def _close_keywords(word: str, expected: set[str]) -> list[str]:
     """Keywords or units among the expected terminals that `word` looks like a misspelling of."""
-    candidates = {_keyword_of_terminal()[name]: _keyword_of_terminal()[name] for name in expected
-                  if name in _keyword_of_terminal() and _keyword_of_terminal()[name].isalpha()}
+    keyword_of = _keyword_of_terminal()
+    candidates = {keyword_of[name] for name in expected if name in keyword_of and keyword_of[name].isalpha()}
     if "UNIT" in expected:
-        candidates.update({unit: unit for unit in UNITS})
-    lowered = {key.lower(): key for key in candidates}
+        candidates |= set(UNITS)
+    lowered = {candidate.lower(): candidate for candidate in candidates}
     exact = lowered.get(word.lower())
     if exact is not None and exact != word:
         return [exact]
@@ -305,7 +305,7 @@ def syntax_diagnostic(source: SourceFile, error: UnexpectedInput) -> Diagnostic:
         # A statement cut short: point just after its last token, where something is missing.
         end = _end_of_previous_token(source, position)
         return messages.syntax_unfinished(description, described, previous, end,
-                                          (Note(f"the next statement begins here", span),))
+                                          (Note("the next statement begins here", span),))
     suggestions: list[str] = []
     reserved = None
     if token.type == "NAME":

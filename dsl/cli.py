@@ -120,7 +120,12 @@ def cmd_fmt(args: argparse.Namespace) -> int:
     return status
 
 
-def build_parser() -> argparse.ArgumentParser:
+FRONT_END_COMMANDS = ("check", "fmt")
+
+
+def build_parser(with_extras: bool = True) -> argparse.ArgumentParser:
+    """The `dsl` argument parser; `with_extras=False` leaves out the interpreter's subcommands (which
+    import torch), so that `dsl check` and `dsl fmt` start in a fraction of a second."""
     parser = argparse.ArgumentParser(prog="dsl", description="DuplexCadence: .clock files, plans and renders.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -138,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--write", action="store_true", help="rewrite files in place")
     fmt.set_defaults(handler=cmd_fmt)
 
-    for register in _extra_commands():
+    for register in _extra_commands() if with_extras else ():
         register(commands)
     return parser
 
@@ -155,7 +160,8 @@ def _extra_commands():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(with_extras=not (argv and argv[0] in FRONT_END_COMMANDS))
     args = parser.parse_args(argv)
     try:
         return args.handler(args)

@@ -171,3 +171,14 @@ def test_the_installed_command_never_prints_a_traceback(tmp_path) -> None:
         done = subprocess.run(command + args, cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert done.returncode == expected_code, done.stderr
         assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_check_and_fmt_start_without_importing_torch(tmp_path) -> None:
+    """The interpreter's subcommands (which import torch) are only registered for other commands,
+    so an editor can run `dsl check` on every save."""
+    (tmp_path / "ok.clock").write_text("cadence 1 s\n")
+    code = ("import sys; from duplexcadence.dsl.cli import main; "
+            "codes = [main(['check', 'ok.clock']), main(['fmt', '--check', 'ok.clock'])]; "
+            "print(codes, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines()[-1] == "[0, 0] False", done.stdout + done.stderr

@@ -99,6 +99,8 @@ class Use:
     module: tuple[str, ...]
     names: tuple[str, ...] | None = None
     span: Span | None = _span_field()
+    module_span: Span | None = _span_field()
+    name_spans: tuple[Span, ...] = attrs.field(default=(), eq=False, repr=False, kw_only=True)
 
     @property
     def dotted(self) -> str:
@@ -120,6 +122,7 @@ class Param:
     name: str
     default: Expr
     span: Span | None = _span_field()
+    name_span: Span | None = _span_field()
 
 
 @attrs.frozen
@@ -129,6 +132,7 @@ class Clock:
     name: str
     rate: Expr
     span: Span | None = _span_field()
+    name_span: Span | None = _span_field()
 
 
 @attrs.frozen
@@ -138,6 +142,7 @@ class Family:
     index: str
     count: Expr
     span: Span | None = _span_field()
+    index_span: Span | None = _span_field()
 
 
 @attrs.frozen
@@ -228,6 +233,7 @@ class OnClause:
 
     clock: str
     span: Span | None = _span_field()
+    clock_span: Span | None = _span_field()
 
 
 @attrs.frozen
@@ -293,6 +299,7 @@ class Region:
     shape: tuple[Dim, ...]
     clauses: tuple[RegionClause, ...]
     span: Span | None = _span_field()
+    name_span: Span | None = _span_field()
     dtype_span: Span | None = _span_field()
 
     def clauses_of(self, kind: type) -> list:
@@ -310,6 +317,7 @@ class RegionRef:
     name: str
     index: Expr | None = None
     span: Span | None = _span_field()
+    name_span: Span | None = _span_field()
 
 
 @attrs.frozen
@@ -336,6 +344,7 @@ class ModuleItem:
 
     path: str
     span: Span | None = _span_field()
+    path_span: Span | None = _span_field()
 
 
 @attrs.frozen
@@ -363,6 +372,7 @@ class ReadItem:
     alias: str | None = None
     prev: bool = False
     span: Span | None = _span_field()
+    alias_span: Span | None = _span_field()
 
 
 @attrs.frozen
@@ -407,6 +417,7 @@ class Stage:
     clock: str
     items: tuple[StageItem, ...]
     span: Span | None = _span_field()
+    name_span: Span | None = _span_field()
     clock_span: Span | None = _span_field()
 
     def items_of(self, kind: type) -> list:
@@ -417,11 +428,23 @@ Statement = Union[Use, Cadence, Param, Clock, Region, Stage]
 
 
 @attrs.frozen
+class Comment:
+    """A comment, from `#` to the end of its line (kept so that `dsl fmt` can put it back)."""
+
+    text: str
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
 class Module:
-    """One parsed `.clock` file: its statements in written order."""
+    """One parsed `.clock` file: its statements in written order.
+
+    `comments` (out of equality) are the file's comments in order, with their positions.
+    """
 
     path: str
     statements: tuple[Statement, ...]
+    comments: tuple[Comment, ...] = attrs.field(default=(), eq=False, repr=False, kw_only=True)
 
     def of(self, kind: type) -> list:
         return [s for s in self.statements if isinstance(s, kind)]

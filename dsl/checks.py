@@ -7,6 +7,7 @@ Each rule is a function `(program) -> diagnostics`; `run` applies them in order.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from fractions import Fraction
 
@@ -46,10 +47,14 @@ def read_need(program: Program, stage: StageInfo, access: Access) -> tuple[int, 
     return need, what
 
 
-def size_io_regions(program: Program) -> Program:
+def size_io_regions(program: Program) -> tuple[Program, list[Diagnostic]]:
     """Inputs and outputs without `retain`: an output keeps nothing between instants (scratch); an
-    input keeps the history its readers need beyond the units that arrive for their firing."""
+    input keeps the history its readers need beyond the units that arrive for their firing.
+
+    `start zeros` then fills that history with zeros; `start given N` must fit in it.
+    """
     regions = dict(program.regions)
+    problems: list[Diagnostic] = []
     for name, region in program.regions.items():
         if region.retention.kind != "io" or region.fixed:
             continue
@@ -60,12 +65,23 @@ def size_io_regions(program: Program) -> Program:
                     if access.region == name and access.kind == "read":
                         found = read_need(program, stage, access)
                         arriving = math.floor(units_per_firing(program, stage, name))
-                        if found is not None:
+                        if access.window == "new":  # the new units always arrive: only the context is history
+                            history = max(history, access.context)
+                        elif found is not None:
                             history = max(history, found[0] - arriving)
-        retention = (Retention("last", last=history, span=region.span) if history > 0
-                     else Retention("scratch", span=region.span))
-        regions[name] = attrs.evolve(region, retention=retention)
-    return attrs.evolve(program, regions=regions)
+        retention = (Retention("last", last=history, span=region.retention.span) if history > 0
+                     else Retention("scratch", span=region.retention.span))
+        start_length = region.start_length
+        if region.start == "zeros":
+            start_length = retention.keeps or 0
+        elif region.start == "given" and start_length > (retention.keeps or 0):
+            keeps = retention.keeps or 0
+            problems.append(messages.bad_count(
+                "the start length", name, str(start_length), region.span,
+                f"without `retain`, the region keeps the history its readers need, {keeps} units; "
+                f"declare `retain last {start_length}` or start with at most {keeps}"))
+        regions[name] = attrs.evolve(region, retention=retention, start_length=start_length)
+    return attrs.evolve(program, regions=regions), problems
 
 
 def derive_advances(program: Program) -> Program:
@@ -75,7 +91,7 @@ def derive_advances(program: Program) -> Program:
         accesses = []
         for access in stage.accesses:
             region = program.regions[access.region]
-            if access.kind == "write" and access.advance is None and region.role != "output":
+            if access.kind == "write" and access.advance is None and region.role != "output" and not region.fixed:
                 per_firing = units_per_firing(program, stage, access.region)
                 if per_firing.denominator == 1:
                     access = attrs.evolve(access, advance=per_firing.numerator)
@@ -95,27 +111,25 @@ def check_rates(program: Program) -> Iterator[Diagnostic]:
                 continue
             region_clock = program.clocks[region.clock]
             per_firing = units_per_firing(program, stage, access.region)
+            rates = (stage.name, stage.clock, _fmt(stage_clock.rate))
             if access.kind == "update" and access.advance is None:
                 yield messages.missing_advance(stage.name, access.region, _fmt(per_firing), access.span)
                 continue
             verb = {"read": "reads new units of", "update": "updates", "write": "writes"}[access.kind]
             if (access.kind != "read" or access.window == "new") and per_firing < 1:
-                yield messages.slower_region(stage.name, stage.clock, _fmt(stage_clock.rate), verb, access.region,
-                                             region.clock, _fmt(region_clock.rate), access.span)
+                yield messages.slower_region(*rates, verb, access.region, region.clock, _fmt(region_clock.rate),
+                                             access.span)
                 continue
             if access.kind == "read" or region.retention.kind == "scratch":
                 continue
-            if access.advance is None:
-                if region.role != "output":
-                    yield messages.advance_mismatch(stage.name, stage.clock, _fmt(stage_clock.rate), "writes",
-                                                    f"{_fmt(per_firing)} (not a whole number of)", access.region,
-                                                    region.clock, _fmt(region_clock.rate), _fmt(per_firing),
-                                                    access.span)
+            if access.advance is None and region.role == "output":
+                continue  # the module decides the length
+            if per_firing.denominator != 1:
+                yield messages.fractional_advance(*rates, verb, access.region, region.clock,
+                                                  _fmt(region_clock.rate), _fmt(per_firing), access.span)
                 continue
-            if Fraction(access.advance) != per_firing:
-                verb = "updates" if access.kind == "update" else "writes"
-                yield messages.advance_mismatch(stage.name, stage.clock, _fmt(stage_clock.rate), verb,
-                                                str(access.advance), access.region, region.clock,
+            if access.advance is not None and Fraction(access.advance) != per_firing:
+                yield messages.advance_mismatch(*rates, verb, str(access.advance), access.region, region.clock,
                                                 _fmt(region_clock.rate), _fmt(per_firing), access.span)
 
 
@@ -139,6 +153,63 @@ def available_to_read(program: Program, stage: StageInfo, access: Access) -> int
     return available
 
 
+def check_accesses(program: Program) -> Iterator[Diagnostic]:
+    """Reads and writes that do not fit their region: windows on rings, lookaheads longer than the
+    read, latencies without or beyond the advance, a region written twice, scratch read when dead."""
+    writer_of: dict[str, tuple[str, Access]] = {}
+    for stage in program.stages.values():
+        written: dict[str, Access] = {}
+        for access in stage.accesses:
+            region = program.regions[access.region]
+            if access.kind == "read":
+                if region.retention.kind == "ring" and access.window != "all":
+                    window = f"last {access.count}" if access.window == "last" else "new units"
+                    yield messages.window_on_ring(stage.name, access.region, window, access.span)
+                elif access.lookahead:
+                    found = read_need(program, stage, access)
+                    window = found[0] if found is not None else region.retention.keeps
+                    if window is not None and access.lookahead > window:
+                        yield messages.lookahead_too_long(stage.name, access.region, access.lookahead, window,
+                                                          access.span)
+                continue
+            if access.kind == "write" and access.latency:
+                if access.advance is None:
+                    yield messages.bad_latency(stage.name, access.region, "but no advance: write `+N latency L`",
+                                               access.span)
+                elif access.latency > access.advance:
+                    yield messages.bad_latency(stage.name, access.region, f"of {access.latency} units, longer "
+                                               f"than its advance of {access.advance}", access.span)
+            if access.region in written:
+                yield messages.written_twice(stage.name, access.region, access.span, written[access.region].span)
+                continue
+            written[access.region] = access
+            if region.fixed:
+                continue
+            if access.region in writer_of and writer_of[access.region][0] != stage.name:
+                other, first = writer_of[access.region]
+                yield messages.several_writers(access.region, stage.name, other, access.span, first.span)
+            else:
+                writer_of.setdefault(access.region, (stage.name, access))
+    for stage in program.stages.values():
+        for access in stage.accesses:
+            region = program.regions[access.region]
+            if access.kind != "read" or region.retention.kind != "scratch" or access.region not in writer_of:
+                continue
+            writer, _ = writer_of[access.region]
+            if access.prev:
+                yield messages.dead_scratch(stage.name, access.region, "with `prev`: before this instant's writes "
+                                            "it holds nothing", access.span)
+                continue
+            writer_rate = program.clocks[program.stages[writer].clock].rate
+            reader_rate = program.clocks[stage.clock].rate
+            if (writer_rate / reader_rate).denominator != 1:
+                yield messages.dead_scratch(
+                    stage.name, access.region,
+                    f"on clock '{stage.clock}' ({_fmt(reader_rate)} Hz), which ticks at instants where its writer "
+                    f"'{writer}' on clock '{program.stages[writer].clock}' ({_fmt(writer_rate)} Hz) does not fire",
+                    access.span)
+
+
 def check_retention(program: Program) -> Iterator[Diagnostic]:
     for stage in program.stages.values():
         for access in stage.accesses:
@@ -153,14 +224,12 @@ def check_retention(program: Program) -> Iterator[Diagnostic]:
                 continue
             available = available_to_read(program, stage, access)
             if access.window == "new":  # the new units always arrive; the context must be history
-                found = (access.context, f"{access.context} units of context before the new ones")
+                found = (access.context, "context before the new ones")
                 available = region.retention.keeps
-            if available is not None and found[0] > available:
-                yield messages.retention_too_short(stage.name, access.region, found[0], found[1], available,
-                                                   access.span, region.retention.span)
-            elif access.lookahead > found[0]:
-                yield messages.retention_too_short(stage.name, access.region, access.lookahead, "its lookahead",
-                                                   found[0], access.span, region.retention.span)
+            if available is not None and found[0] > available:  # (a lookahead longer than the read: bad-access)
+                keeps = region.retention.keeps or 0
+                yield messages.retention_too_short(stage.name, access.region, found[0], found[1], keeps,
+                                                   access.span, region.retention.span, arriving=available - keeps)
 
 
 def check_roles(program: Program) -> Iterator[Diagnostic]:
@@ -195,10 +264,13 @@ def check_cycles(program: Program) -> Iterator[Diagnostic]:
 
 
 def check_unused(program: Program) -> Iterator[Diagnostic]:
+    """Regions no stage uses (outputs are left to `check_roles`, which makes that an error)."""
     used = {a.region for s in program.stages.values() for a in s.accesses}
     reported: set[str] = set()
     for name, region in program.regions.items():
         key = region.family or name
+        if region.role == "output":
+            continue
         if name not in used and key not in reported and not any(m in used for m in program.families.get(key, ())):
             reported.add(key)
             yield messages.unused_region(key, region.span)
@@ -212,15 +284,59 @@ def check_hyperperiod(program: Program) -> Iterator[Diagnostic]:
         yield messages.long_hyperperiod(_fmt(hyper), int(firings), program.cadence_span)
 
 
-RULES = (check_rates, check_retention, check_roles, check_cycles, check_unused, check_hyperperiod)
+def check_bindings(program: Program) -> Iterator[Diagnostic]:
+    """Two regions bound to one attribute would alias one tensor."""
+    bound: dict[str, str] = {}
+    for name, region in program.regions.items():
+        if region.bind is None:
+            continue
+        if region.bind in bound:
+            first = program.regions[bound[region.bind]]
+            yield messages.shared_binding(name, region.bind, bound[region.bind], region.bind_span, first.bind_span)
+        else:
+            bound[region.bind] = name
+
+
+RULES = (check_rates, check_accesses, check_retention, check_roles, check_cycles, check_bindings, check_unused,
+         check_hyperperiod)
 # rules about what is missing would only echo an earlier error when a declaration failed to resolve
 WHOLE_PROGRAM_RULES = (check_roles, check_unused)
+
+_MEMBER = re.compile(r"'([^'\[\]]+)\[\d+\]'")
+
+
+def collapse_family_members(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
+    """One diagnostic per family instead of one per member, when every member's says the same.
+
+    `update kv +3` on a family of 8 gives 8 diagnostics at one span that differ only in `kv[i]`;
+    they become one about `kv`. A diagnostic about a single member (`read kv[3] ...`) is kept as is.
+    """
+    groups: dict[tuple, list[Diagnostic]] = {}
+    order: list[tuple] = []
+    for diagnostic in diagnostics:
+        key = (diagnostic.code, diagnostic.span, _MEMBER.sub(r"'\1'", diagnostic.message),
+               tuple(_MEMBER.sub(r"'\1'", h) for h in diagnostic.helps))
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(diagnostic)
+    result = []
+    for key in order:
+        members = groups[key]
+        if len(members) == 1:
+            result.append(members[0])
+            continue
+        first = members[0]
+        result.append(attrs.evolve(
+            first, message=key[2], helps=key[3],
+            notes=tuple(attrs.evolve(n, message=_MEMBER.sub(r"'\1'", n.message)) for n in first.notes)))
+    return result
 
 
 def run(program: Program) -> tuple[Program, list[Diagnostic]]:
     """Complete the program (io windows, derived advances), then apply every rule in order."""
-    program = derive_advances(size_io_regions(program))
-    diagnostics: list[Diagnostic] = []
+    program, diagnostics = size_io_regions(program)
+    program = derive_advances(program)
     for rule in RULES:
         if program.incomplete and rule in WHOLE_PROGRAM_RULES:
             continue

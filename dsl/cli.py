@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 from . import report
 from .compiler import check_file
-from .diagnostics import ClockError, Diagnostic
+from .diagnostics import ClockError, Diagnostic, InternalError
+from .loader import read_source
 from .parse import parse_module
 from .printer import module as print_module
 from .source import SourceFile
@@ -46,48 +47,61 @@ def parse_params(pairs: Sequence[str]) -> tuple[dict[str, str], list[Diagnostic]
     return overrides, problems
 
 
-def print_diagnostics(diagnostics: Sequence[Diagnostic], sources, fmt: str, color: bool, stream) -> None:
+def print_diagnostics(diagnostics: Sequence[Diagnostic], sources, fmt: str, color: bool, stream,
+                      path: str | None = None) -> None:
+    """Print diagnostics in the `full` or `concise` form; `path` locates those without a span."""
     for diagnostic in diagnostics:
         if fmt == "concise":
-            print(report.format_concise(diagnostic), file=stream)
+            print(report.format_concise(diagnostic, path), file=stream)
         else:
-            print(report.format_full(diagnostic, sources, color), file=stream)
+            print(report.format_full(diagnostic, sources, color, path), file=stream)
             print(file=stream)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     overrides, problems = parse_params(args.param)
+    if problems:  # a malformed NAME=VALUE is a usage error, like an unknown option
+        for problem in problems:
+            print(f"dsl check: error: {problem.message}", file=sys.stderr)
+            for help_text in problem.helps:
+                print(f"  help: {help_text}", file=sys.stderr)
+        return EXIT_USAGE
     color = _color_wanted(args.color, sys.stdout)
     results = []
     for path in args.files:
         result = check_file(path, overrides)
         diagnostics = list(result.diagnostics)
         results.append((path, diagnostics, result.sources))
-    if problems:
-        results.insert(0, ("<command line>", problems, {}))
     all_diagnostics = [d for _, ds, _ in results for d in ds]
     if args.format == "json":
         print(report.to_json((path, ds) for path, ds, _ in results))
     else:
-        for _, diagnostics, sources in results:
-            print_diagnostics(diagnostics, sources, args.format, color, sys.stdout)
+        for path, diagnostics, sources in results:
+            print_diagnostics(diagnostics, sources, args.format, color, sys.stdout, path)
         print(report.summary(all_diagnostics, len(args.files)))
     return EXIT_PROBLEMS if any(d.severity.value == "error" for d in all_diagnostics) else EXIT_CLEAN
 
 
 def cmd_fmt(args: argparse.Namespace) -> int:
     status = EXIT_CLEAN
+    changed = unchanged = 0
     for path in args.files:
-        result = check_file(path)  # only syntax matters, but reading errors are reported the same way
-        source = result.sources.get(path)
+        sources = {}
         try:
-            if source is None:
-                raise ClockError(result.diagnostics)
-            text = print_module(parse_module(source))
+            source = read_source(path)
+            sources[path] = source
+            tree = parse_module(source)
         except ClockError as error:
-            print_diagnostics(error.diagnostics, result.sources, "full", False, sys.stderr)
+            print_diagnostics(error.diagnostics, sources, "full", False, sys.stderr, path)
             status = EXIT_PROBLEMS
             continue
+        text = print_module(tree)
+        if parse_module(SourceFile(path, text)) != tree:  # the formatter must never change meaning
+            raise InternalError(f"the canonical form of {path} does not parse back to the same program")
+        if text == source.text:
+            unchanged += 1
+        else:
+            changed += 1
         if args.check:
             if text != source.text:
                 print(f"would reformat {path}")
@@ -99,10 +113,19 @@ def cmd_fmt(args: argparse.Namespace) -> int:
                 print(f"reformatted {path}")
         else:
             sys.stdout.write(text)
+    if args.check or args.write:
+        verb = "would be reformatted" if args.check else "reformatted"
+        noun = "file" if changed == 1 else "files"
+        print(f"{changed} {noun} {verb}, {unchanged} already in canonical form.", file=sys.stderr)
     return status
 
 
-def build_parser() -> argparse.ArgumentParser:
+FRONT_END_COMMANDS = ("check", "fmt")
+
+
+def build_parser(with_extras: bool = True) -> argparse.ArgumentParser:
+    """The `dsl` argument parser; `with_extras=False` leaves out the interpreter's subcommands (which
+    import torch), so that `dsl check` and `dsl fmt` start in a fraction of a second."""
     parser = argparse.ArgumentParser(prog="dsl", description="DuplexCadence: .clock files, plans and renders.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -120,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--write", action="store_true", help="rewrite files in place")
     fmt.set_defaults(handler=cmd_fmt)
 
-    for register in _extra_commands():
+    for register in _extra_commands() if with_extras else ():
         register(commands)
     return parser
 
@@ -137,7 +160,8 @@ def _extra_commands():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(with_extras=not (argv and argv[0] in FRONT_END_COMMANDS))
     args = parser.parse_args(argv)
     try:
         return args.handler(args)

@@ -1,6 +1,6 @@
 """The front-end driver: load -> resolve -> checks -> dependency graph, composed in that order.
 
-`check_file` never raises for a bad program: it returns every diagnostic it found, sorted. 
+`check_file` never raises for a bad program: it returns every diagnostic it found, sorted.
 `load_program` is the same for library users who want a `Program` or an exception.
 """
 
@@ -41,18 +41,21 @@ def check_file(path: str | Path, overrides: Mapping[str, str] | None = None,
     path = str(path)
     sources: dict[str, SourceFile] = {}
     try:
-        source = SourceFile(path, text) if text is not None else _read(path)
+        source = SourceFile(path, text) if text is not None else loader.read_source(path)
         sources[path] = source
-        loaded = loader.load(path, source)
-        sources.update({key: unit.source for key, unit in loaded.units.items()})
+        loaded = loader.load(path, source, sources)
         program, found = resolve.resolve(loaded, overrides)
+        if not loaded.units[loaded.main].module.statements:
+            found.append(messages.empty_file(path))
         program, problems = checks.run(program)
         found.extend(problems)
         program = attrs.evolve(program, graph=depgraph.build(program))
     except ClockError as error:
         return CheckResult(path, None, tuple(error.diagnostics), sources)
-    diagnostics = tuple(sorted(found, key=Diagnostic.sort_key))
-    has_errors = any(d.severity is Severity.ERROR for d in diagnostics)
+    has_errors = any(d.severity is Severity.ERROR for d in found)
+    if has_errors:  # with errors the program is incomplete: a region may only look unused
+        found = [d for d in found if d.code is not messages.UNUSED_REGION]
+    diagnostics = tuple(sorted(checks.collapse_family_members(found), key=Diagnostic.sort_key))
     return CheckResult(path, None if has_errors else program, diagnostics, sources)
 
 
@@ -64,19 +67,3 @@ def load_program(path: str | Path, overrides: Mapping[str, str] | None = None) -
     return result.program
 
 
-def _read(path: str) -> SourceFile:
-    target = Path(path)
-    if target.is_dir():
-        raise ClockError([messages.unreadable(path, "it is a directory")])
-    try:
-        size = target.stat().st_size
-    except OSError as error:
-        raise ClockError([messages.unreadable(path, error.strerror or str(error))]) from None
-    if size > 10 * 1_000_000:
-        raise ClockError([messages.file_too_large(path, size, 1_000_000)])
-    try:
-        return SourceFile.read(target)
-    except UnicodeDecodeError as error:
-        raise ClockError([messages.unreadable(path, f"not UTF-8 text ({error.reason} at byte {error.start})")]) from None
-    except OSError as error:
-        raise ClockError([messages.unreadable(path, error.strerror or str(error))]) from None

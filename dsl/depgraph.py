@@ -28,7 +28,8 @@ def build(program: Program) -> nx.DiGraph:
                 graph.add_edge(("param", used), ("clock", name), role="sizes")
     for name, region in sorted(program.regions.items()):
         graph.add_node(("region", name), kind="region", family=region.family)
-        graph.add_edge(("clock", region.clock), ("region", name), role="advances")
+        if region.clock is not None:  # a fixed region advances on no clock
+            graph.add_edge(("clock", region.clock), ("region", name), role="advances")
         for used in region.uses:
             if used in program.params:
                 graph.add_edge(("param", used), ("region", name), role="sizes")

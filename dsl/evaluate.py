@@ -49,9 +49,10 @@ class Quantity:
 
 
 def _fraction_text(value: Fraction) -> str:
-    if value.denominator == 1:
-        return str(value.numerator)
-    return f"{value.numerator}/{value.denominator}"
+    """Exact text: `12.5` where a decimal is exact, `1/3` where it is not."""
+    from .printer import number_text
+
+    return number_text(value)
 
 
 def unit_name(unit: int) -> str:

@@ -21,29 +21,36 @@ DUPLICATE_NAME = ErrorCode("duplicate-name", "a name defined twice")
 DUPLICATE_CLAUSE = ErrorCode("duplicate-clause", "a clause given twice in one declaration")
 UNKNOWN_IMPORT = ErrorCode("unknown-import", "a `use` that names no stdlib or local module")
 IMPORT_CYCLE = ErrorCode("import-cycle", "modules that import each other")
-BAD_VALUE = ErrorCode("bad-value", "an expression that cannot be evaluated (type, unit, division by zero)")
+BAD_VALUE = ErrorCode("bad-value", "a value that cannot be evaluated or does not fit (unit, division by zero, "
+                      "a count that is not whole, a start that does not fit)")
 BAD_RATE = ErrorCode("bad-rate", "a clock rate that is not a positive exact rate in Hz")
 MISSING_CADENCE = ErrorCode("missing-cadence", "a program with stages but no cadence")
 RATE_INCONSISTENT = ErrorCode("rate-inconsistent", "an advance that disagrees with the clocks")
 CLOCK_MISMATCH = ErrorCode("clock-mismatch", "a stage using a region on a clock it cannot convert to")
-RETENTION_TOO_SHORT = ErrorCode("retention-too-short", "a read longer than what the region keeps")
+RETENTION_TOO_SHORT = ErrorCode("retention-too-short", "a read longer than what the region keeps plus what arrives "
+                                "for the firing")
 INSTANT_CYCLE = ErrorCode("instant-cycle", "stages that depend on each other within one instant")
 UNBOUNDED_RETENTION = ErrorCode("unbounded-retention", "a region kept forever without a horizon")
 MISSING_RETENTION = ErrorCode("missing-retention", "a state region that does not say how much it keeps")
 UNKNOWN_DTYPE = ErrorCode("unknown-dtype", "a dtype that is not one of the supported element types")
-SHAPE = ErrorCode("bad-shape", "a shape without exactly one time axis, or a dim that is not a positive integer")
-SHAPE_ARITY = ErrorCode("shape-arity", "a shape with the wrong number of dimensions")
+SHAPE = ErrorCode("bad-shape", "a shape with two time axes, an input/output without one, a dim that is not a "
+                  "positive integer, or `on`/`retain` on a region without a time axis")
+SHAPE_ARITY = ErrorCode("shape-arity", "a stock shape with the wrong number of dimensions")
 MISSING_CLOCK = ErrorCode("missing-clock", "a region without `on CLOCK`")
 STAGE_CALLABLE = ErrorCode("stage-callable", "a stage without exactly one `module` or `hook`")
 ROLE = ErrorCode("bad-role", "an input written by a stage, an output no stage writes, or a ring that is appended to")
 BAD_INDEX = ErrorCode("bad-index", "a family member index out of range, or an index on a plain region")
-BAD_BIND = ErrorCode("bad-bind", "a binding path that is malformed or names an unknown placeholder")
+BAD_BIND = ErrorCode("bad-bind", "a binding or module path that is malformed, shared, or names an unknown placeholder")
+BAD_ACCESS = ErrorCode("bad-access", "a read or write that does not fit its region (a window on a ring, a "
+                       "lookahead longer than the read, a latency longer than the advance, two writers, "
+                       "scratch read where it is dead)")
 PARAM_OVERRIDE = ErrorCode("param-override", "a --param for an unknown param, or of the wrong kind")
 BUDGET = ErrorCode("over-budget", "a plan over its arena or graph budget")
 BINDING_MISMATCH = ErrorCode("binding-mismatch", "a region that disagrees with the module tensor it binds to")
 CAPTURE_BLOCKED = ErrorCode("capture-blocked", "a stage that cannot be captured in a CUDA graph as written")
 HYPERPERIOD = ErrorCode("long-hyperperiod", "clocks whose common period is very long", Severity.WARNING)
 UNUSED_REGION = ErrorCode("unused-region", "a region no stage reads or writes", Severity.WARNING)
+EMPTY_FILE = ErrorCode("empty-file", "a file that declares nothing", Severity.WARNING)
 
 ALL_CODES: tuple[ErrorCode, ...] = tuple(
     value for value in globals().values() if isinstance(value, ErrorCode)
@@ -80,26 +87,69 @@ def _legal(kind: str, candidates: Iterable[str]) -> tuple[str, ...]:
 # --- syntax and files ---------------------------------------------------------------------------
 
 
-def syntax_unexpected(found: str, expected: list[str], span: Span, context: str | None) -> Diagnostic:
+def _expected_words(expected: list[str]) -> str:
+    """`a name`, `'on' or 'retain'`, `'hook', 'module', ... or '}'` (at most eight shown)."""
+    shown = expected if len(expected) <= 8 else expected[:8]
+    text = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
+    return text + (", ..." if len(expected) > 8 else "")
+
+
+def syntax_unexpected(found: str, expected: list[str], span: Span, context: str | None,
+                      notes: tuple[Note, ...] = (), suggestions: Iterable[str] = (), reserved: str | None = None,
+                      after: str | None = None) -> Diagnostic:
     where = f" in {context}" if context else ""
-    message = f"unexpected {found}{where}"
+    following = f" after {after}" if after else ""
+    helps: list[str] = []
+    suggestions = list(suggestions)
+    if suggestions:
+        helps.append("did you mean " + " or ".join(f"'{s}'" for s in suggestions) + "?")
+    if reserved is not None:
+        helps.append(f"'{reserved}' is a reserved word and cannot be used as a name; pick another name")
+    if expected and len(expected) <= 3 and len(_expected_words(expected)) <= 60:
+        message = f"expected {_expected_words(expected)}{following}, found {found}{where}"
+    else:
+        message = f"unexpected {found}{following}{where}"
+        if expected:
+            helps.append("expected " + _expected_words(expected))
+    return Diagnostic(SYNTAX, message, span, notes=tuple(notes), helps=tuple(helps))
+
+
+def syntax_unfinished(context: str, expected: list[str], after: str | None, span: Span,
+                      notes: tuple[Note, ...]) -> Diagnostic:
+    following = f" after {after}" if after else ""
+    if expected and len(expected) <= 3 and len(_expected_words(expected)) <= 60:
+        return Diagnostic(SYNTAX, f"{context} is unfinished: expected {_expected_words(expected)}{following}",
+                          span, notes=notes)
+    if "'}'" in expected:
+        return Diagnostic(SYNTAX, f"{context} is unfinished: expected '}}' or another item{following}", span,
+                          notes=notes, helps=("expected " + _expected_words(expected),))
+    helps = ("expected " + _expected_words(expected),) if expected else ()
+    return Diagnostic(SYNTAX, f"{context} is unfinished{following}", span, notes=notes, helps=helps)
+
+
+def syntax_unexpected_end(expected: list[str], span: Span, context: str | None,
+                          notes: tuple[Note, ...] = ()) -> Diagnostic:
+    where = f" inside {context}" if context else ""
     helps: tuple[str, ...] = ()
     if expected:
-        shown = expected if len(expected) <= 8 else expected[:8] + ["..."]
-        helps = ("expected " + ", ".join(shown),)
-    return Diagnostic(SYNTAX, message, span, helps=helps)
-
-
-def syntax_unexpected_end(expected: list[str], span: Span, context: str | None) -> Diagnostic:
-    where = f" inside {context}" if context else ""
-    helps = ("expected " + ", ".join(expected[:8]),) if expected else ()
-    return Diagnostic(SYNTAX, f"the file ended{where}", span, helps=helps)
+        helps = ("expected " + _expected_words(expected),)
+    return Diagnostic(SYNTAX, f"the file ended{where}", span, notes=tuple(notes), helps=helps)
 
 
 def syntax_bad_character(char: str, span: Span) -> Diagnostic:
-    return Diagnostic(SYNTAX, f"unexpected character {char!r}", span,
+    if char == '"':
+        return Diagnostic(SYNTAX, "this string is not closed on its line", span,
+                          helps=('a string is written on one line between double quotes: "decoder.model.0"',))
+    shown = repr(char) if char.isprintable() else f"U+{ord(char):04X}"
+    return Diagnostic(SYNTAX, f"unexpected character {shown}", span,
                       helps=("a .clock file holds statements that begin with use, cadence, param, clock, "
-                             "region or stage; comments begin with '#'",))
+                             "region or stage; names are ASCII letters, digits and '_'; strings use double "
+                             "quotes; comments begin with '#'",))
+
+
+def too_deep(limit: int, span: Span) -> Diagnostic:
+    return Diagnostic(SYNTAX, f"the expression nests more than {limit} levels deep", span,
+                      helps=("split it with params, or add lists with sum([...]) instead of a long chain of '+'",))
 
 
 def unreadable(path: str, reason: str) -> Diagnostic:
@@ -107,8 +157,19 @@ def unreadable(path: str, reason: str) -> Diagnostic:
 
 
 def file_too_large(path: str, size: int, limit: int) -> Diagnostic:
-    return Diagnostic(UNREADABLE, f"cannot read '{path}': {size} bytes is over the {limit}-byte limit for a .clock file",
-                      None, helps=("a .clock file declares clocks, regions and stages; it is never this large",))
+    return Diagnostic(UNREADABLE, f"cannot read '{path}': it is {size} bytes, over the {limit}-byte limit for a "
+                      ".clock file", None,
+                      helps=("a .clock file declares clocks, regions and stages; it is never this large",))
+
+
+def unreadable_import(module: str, path: str, reason: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(UNREADABLE, f"cannot read module '{module}' ('{path}'): {reason}", span,
+                      helps=("a module is a UTF-8 text file of .clock declarations",))
+
+
+def empty_file(path: str) -> Diagnostic:
+    return Diagnostic(EMPTY_FILE, f"'{path}' declares nothing", None,
+                      helps=("a .clock file declares a cadence, params, clocks, regions and stages",))
 
 
 # --- names and imports --------------------------------------------------------------------------
@@ -127,15 +188,46 @@ def wrong_kind_of_name(name: str, is_kind: str, want_kind: str, span: Span | Non
                       helps=_did_you_mean(name, candidates) or _legal(want_kind, candidates))
 
 
-def duplicate_name(kind: str, name: str, span: Span | None, first: Span | None) -> Diagnostic:
-    return Diagnostic(DUPLICATE_NAME, f"{kind} '{name}' is defined twice", span,
-                      notes=(Note("first defined here", first),),
-                      helps=("rename one of them, or delete the second",))
+def duplicate_name(kind: str, name: str, span: Span | None, first: Span | None, first_kind: str | None = None,
+                   first_imported: bool = False) -> Diagnostic:
+    if first_kind is None or first_kind == kind:
+        message = f"{kind} '{name}' is defined twice"
+    else:
+        message = f"'{name}' is defined twice: as a {first_kind} and as a {kind}"
+    note = f"'{name}' is first imported here" if first_imported else f"'{name}' is first defined here"
+    return Diagnostic(DUPLICATE_NAME, message, span, notes=(Note(note, first),),
+                      helps=("params, clocks, regions and stages share one namespace: rename one of them, "
+                             "or delete the second",))
+
+
+def duplicate_cadence(span: Span | None, first: Span | None, first_imported: bool = False) -> Diagnostic:
+    note = "the cadence is first imported here" if first_imported else "the cadence is first declared here"
+    return Diagnostic(DUPLICATE_NAME, "the cadence is declared twice", span, notes=(Note(note, first),),
+                      helps=("a program has one cadence: delete one of them, or import the other module's "
+                             "names with `use MODULE (NAME, ...)`, which leaves its cadence out",))
+
+
+def duplicate_argument(stage: str, alias: str, span: Span | None, first: Span | None) -> Diagnostic:
+    return Diagnostic(DUPLICATE_NAME, f"stage '{stage}' passes two arguments named '{alias}'", span,
+                      notes=(Note(f"'{alias}' is first given here", first),),
+                      helps=("give each `read ... as NAME` its own keyword",))
+
+
+def shadowing_index(index: str, region: str, kind: str, span: Span | None, declared: Span | None) -> Diagnostic:
+    return Diagnostic(DUPLICATE_NAME, f"the index '{index}' of family '{region}' hides the {kind} '{index}'",
+                      span, notes=(Note(f"{kind} '{index}' is defined here", declared),),
+                      helps=("name the index something else, e.g. `layer`",))
 
 
 def duplicate_clause(clause: str, owner: str, span: Span | None, first: Span | None) -> Diagnostic:
     return Diagnostic(DUPLICATE_CLAUSE, f"region '{owner}' has two '{clause}' clauses", span,
                       notes=(Note("first given here", first),), helps=(f"keep one '{clause}' clause",))
+
+
+def input_and_output(region: str, span: Span | None, first: Span | None) -> Diagnostic:
+    return Diagnostic(DUPLICATE_CLAUSE, f"region '{region}' is declared both `input` and `output`", span,
+                      notes=(Note("the first role is given here", first),),
+                      helps=("an input is fed by `step()` and an output is returned by it: declare two regions",))
 
 
 def unknown_import(module: str, span: Span | None, available: Iterable[str]) -> Diagnostic:
@@ -213,11 +305,21 @@ def stock_arity(region: str, stock_rank: int, rank: int, span: Span | None) -> D
                       helps=("give the stock allocation's whole shape, or only its time-axis capacity (`stock 1000`)",))
 
 
-def fixed_with_retention(region: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(SHAPE, f"region '{region}' has no time axis, so it keeps its whole shape and takes no "
-                      "`retain` but `retain scratch`", span,
-                      helps=("drop the `retain` clause (per-session state), write `retain scratch` (a working "
-                             "buffer shared by all sessions), or mark the time axis: `f32[B, 512, time]`",))
+def fixed_with_clause(region: str, clause: str, span: Span | None) -> Diagnostic:
+    if clause == "retain":
+        return Diagnostic(SHAPE, f"region '{region}' has no time axis, so it keeps its whole shape and takes no "
+                          "`retain` but `retain scratch`", span,
+                          helps=("drop the `retain` clause (per-session state), write `retain scratch` (a working "
+                                 "buffer shared by all sessions), or mark the time axis: `f32[B, 512, time]`",))
+    return Diagnostic(SHAPE, f"region '{region}' has no time axis, so it advances on no clock", span,
+                      helps=("drop the `on` clause, or mark the time axis: `f32[B, 512, time]`",))
+
+
+def stock_of_fixed(region: str, rank: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(SHAPE_ARITY, f"region '{region}' has no time axis, so its stock is a whole shape, not a "
+                      "time-axis capacity", span,
+                      helps=(f"give all {rank} dimensions: `stock [...]`, or drop the `stock` clause "
+                             "(a fixed region's stock size is its shape)",))
 
 
 def bad_start(region: str, problem: str, span: Span | None) -> Diagnostic:
@@ -251,8 +353,35 @@ def bad_family(region: str, value: str, span: Span | None) -> Diagnostic:
                       helps=("write the number of members, e.g. `kv[layer < 8]`",))
 
 
-def bad_bind(region: str, problem: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_BIND, f"the binding of region '{region}' {problem}", span,
+def bad_placeholder(region: str, placeholder: str, known: list[str], span: Span | None) -> Diagnostic:
+    if known:
+        helps = _did_you_mean(placeholder, known) + ("the placeholders here are " +
+                                                      ", ".join(f"{{{k}}}" for k in known),)
+    else:
+        helps = (f"region '{region}' is not a family, so its binding has no placeholders",)
+    return Diagnostic(BAD_BIND, f"the binding of region '{region}' uses the unknown placeholder {{{placeholder}}}",
+                      span, helps=helps)
+
+
+def shared_binding(region: str, path: str, other: str, span: Span | None, first: Span | None) -> Diagnostic:
+    return Diagnostic(BAD_BIND, f"region '{region}' binds to '{path}', which region '{other}' binds to already", span,
+                      notes=(Note(f"'{other}' binds to it here", first),),
+                      helps=("two regions cannot share one tensor: bind one of them elsewhere",))
+
+
+def bad_module_path(stage: str, path: str, problem: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(BAD_BIND, f"the module path '{path}' of stage '{stage}' {problem}", span,
+                      helps=("a module is an attribute path from the model root, e.g. \"decoder\" or "
+                             "\"decoder.model.0\"; \"\" is the root itself",))
+
+
+def family_bind_without_index(region: str, path: str, count: int, index: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(BAD_BIND, f"all {count} members of family '{region}' bind to the same attribute '{path}'",
+                      span, helps=(f"put {{{index}}} where the member's number goes, e.g. \"layers.{{{index}}}.cache\"",))
+
+
+def bad_bind(region: str, path: str, problem: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(BAD_BIND, f"the binding '{path}' of region '{region}' {problem}", span,
                       helps=("a binding is an attribute path from the model root, e.g. "
                              "\"decoder.model.0._streaming_state.previous\"; `{index}` inserts a family index",))
 
@@ -298,11 +427,26 @@ def advance_mismatch(stage: str, stage_clock: str, stage_rate: str, verb: str, a
                      region_clock: str, region_rate: str, expected: str, span: Span | None) -> Diagnostic:
     return Diagnostic(
         RATE_INCONSISTENT,
-        f"stage '{stage}' on clock '{stage_clock}' ({stage_rate} Hz) {verb} {advance} units of region '{region}' "
+        f"stage '{stage}' on clock '{stage_clock}' ({stage_rate} Hz) {verb} {_units(advance)} of region '{region}' "
         f"per firing, but '{region}' advances on clock '{region_clock}' ({region_rate} Hz), "
-        f"i.e. {expected} unit{'' if expected == '1' else 's'} per firing",
+        f"i.e. {_units(expected)} per firing",
         span,
-        helps=(f"write `+{expected}`, or put the region on a clock that advances {advance} units per firing",))
+        helps=(f"write `+{expected}`, or put the region on a clock that advances {_units(advance)} per firing",))
+
+
+def _units(count: str) -> str:
+    return f"{count} unit" if count == "1" else f"{count} units"
+
+
+def fractional_advance(stage: str, stage_clock: str, stage_rate: str, verb: str, region: str, region_clock: str,
+                       region_rate: str, per_firing: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        RATE_INCONSISTENT,
+        f"stage '{stage}' on clock '{stage_clock}' ({stage_rate} Hz) {verb} region '{region}', whose clock "
+        f"'{region_clock}' ({region_rate} Hz) advances {per_firing} units per firing, not a whole number",
+        span,
+        helps=("fire the stage on a clock whose period holds a whole number of the region's units, "
+               "or make the region an `output` whose length the module decides",))
 
 
 def fixed_advance(stage: str, region: str, span: Span | None) -> Diagnostic:
@@ -327,13 +471,56 @@ def slower_region(stage: str, stage_clock: str, stage_rate: str, verb: str, regi
 
 
 def retention_too_short(stage: str, region: str, need: int, what: str, keeps: int, span: Span | None,
-                        declared: Span | None) -> Diagnostic:
+                        declared: Span | None, arriving: int = 0) -> Diagnostic:
+    """`keeps` units are kept between firings; `arriving` more are surely there when the stage fires
+    (fed by `step()`, or written earlier in the instant)."""
+    if arriving:
+        there = f"but only {keeps + arriving} are there when it fires ({keeps} kept + {arriving} arriving)"
+    else:
+        there = f"which keeps {keeps}"
     return Diagnostic(
         RETENTION_TOO_SHORT,
-        f"stage '{stage}' reads {need} units of region '{region}' ({what}), which keeps {keeps}",
+        f"stage '{stage}' reads {need} units of region '{region}' ({what}), {there}",
         span,
         notes=(Note(f"'{region}' declares its retention here", declared),),
-        helps=(f"raise the retention of '{region}' to at least {need}, or shorten the read",))
+        helps=(f"raise the retention of '{region}' to at least {need - arriving}, or shorten the read",))
+
+
+def window_on_ring(stage: str, region: str, window: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(BAD_ACCESS, f"stage '{stage}' reads {window} of region '{region}', a ring: a stage always "
+                      "sees the whole ring", span,
+                      helps=(f"write `read {region}`, or keep a window with `retain last N`",))
+
+
+def lookahead_too_long(stage: str, region: str, lookahead: int, span_units: int, span: Span | None) -> Diagnostic:
+    """A lookahead longer than the read's window (the whole kept region for a read without window)."""
+    return Diagnostic(BAD_ACCESS, f"stage '{stage}' reads a lookahead of {lookahead} units of region '{region}', "
+                      f"more than the {span_units} units it reads", span,
+                      helps=("the lookahead is the newest part of the read: make it at most the read's length",))
+
+
+def bad_latency(stage: str, region: str, problem: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(BAD_ACCESS, f"stage '{stage}' writes region '{region}' with a latency {problem}", span,
+                      helps=("a latency holds back part of the first firing's advance: `write pcm +24000 latency 3840`",))
+
+
+def written_twice(stage: str, region: str, span: Span | None, first: Span | None) -> Diagnostic:
+    return Diagnostic(BAD_ACCESS, f"stage '{stage}' writes region '{region}' twice", span,
+                      notes=(Note("first written here", first),),
+                      helps=("write or update a region once per stage, with the whole advance",))
+
+
+def several_writers(region: str, stage: str, other: str, span: Span | None, first: Span | None) -> Diagnostic:
+    return Diagnostic(BAD_ACCESS, f"region '{region}' is written by stage '{other}' and by stage '{stage}'", span,
+                      notes=(Note(f"'{other}' writes it here", first),),
+                      helps=("a region with a time axis has one writer, which gives its advance; let the other "
+                             "stage write its own region",))
+
+
+def dead_scratch(stage: str, region: str, problem: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(BAD_ACCESS, f"stage '{stage}' reads scratch region '{region}' {problem}", span,
+                      helps=("scratch lives for one instant: read it in the same instant, after its writer, or "
+                             "keep it between instants with `retain last N`",))
 
 
 def instant_cycle(cycle: list[str], span: Span | None, notes: list[Note]) -> Diagnostic:

@@ -2,12 +2,15 @@
 
 The grammar (`grammar/clock.lark`, shipped as package data) is compiled once with Lark's LALR parser
 and contextual lexer. Syntax errors become `Diagnostic`s that say what was found, what was expected
-and which declaration was open; Lark types never leave this module.
+(in words: "a name", "'module'"), which declaration was open, and a close keyword when a name looks
+like a misspelt one. After an error the parser resumes at the next line that starts a statement, so
+one run reports the syntax errors of every statement. Lark types never leave this module.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from fractions import Fraction
 from importlib import resources
 
@@ -16,19 +19,32 @@ from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
 from . import ast, messages
-from .diagnostics import ClockError, Diagnostic
+from .diagnostics import ClockError, Diagnostic, Note
 from .source import SourceFile, Span
 
-MAX_SOURCE_BYTES = 1_000_000
+MAX_SOURCE_BYTES = 256_000
+"""Files larger than this are refused before parsing: a `.clock` file is a few kilobytes, and this
+bounds a check to a few seconds whatever the input."""
 
-_TERMINAL_NAMES = {
+MAX_NESTING = 100
+"""The deepest expression accepted; deeper ones are refused with a located syntax error, so no
+later pass (evaluation, printing, equality) can run out of Python stack."""
+
+MAX_SYNTAX_ERRORS = 20
+"""Syntax errors reported per file before giving up."""
+
+_TERMINAL_WORDS = {
     "NAME": "a name",
     "NUMBER": "a number",
     "STRING": 'a "string"',
     "UNIT": "a unit (Hz, kHz, s, ms)",
     "PREV": "'prev'",
+    "$END": "the end of the file",
 }
-_STATEMENT_KEYWORDS = {"use", "cadence", "param", "clock", "region", "stage"}
+STATEMENT_KEYWORDS = ("use", "cadence", "param", "clock", "region", "stage")
+UNITS = ("Hz", "kHz", "s", "ms")
+_STATEMENT_START = re.compile(r"(?:use|cadence|param|clock|region|stage)(?![A-Za-z0-9_])")
+_RESERVED_PATTERN = re.compile(r"\(\?!\(\?:([^)]*)\)")
 
 
 def grammar_text() -> str:
@@ -42,114 +58,278 @@ def _parser() -> Lark:
                 propagate_positions=True, maybe_placeholders=True)
 
 
+@functools.cache
+def reserved_words() -> frozenset[str]:
+    """The words NAME never matches: every keyword, the units and `prev` (read from the grammar)."""
+    for terminal in _parser().terminals:
+        if terminal.name == "NAME":
+            found = _RESERVED_PATTERN.search(terminal.pattern.value)
+            assert found is not None, "the NAME terminal lost its reserved-word lookahead"
+            return frozenset(found.group(1).split("|"))
+    raise AssertionError("the grammar has no NAME terminal")
+
+
+@functools.cache
+def _keyword_of_terminal() -> dict[str, str]:
+    """Terminal name -> the keyword or punctuation it stands for (`MODULE` -> `module`)."""
+    found = {}
+    for terminal in _parser().terminals:
+        if isinstance(terminal.pattern, lark.lexer.PatternStr):
+            found[terminal.name] = terminal.pattern.value
+    found["PREV"] = "prev"
+    return found
+
+
 def parse_module(source: SourceFile) -> ast.Module:
-    """Parse a whole file. Raises `ClockError` with one located syntax diagnostic on bad input."""
-    if len(source.text.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES:
-        raise ClockError([messages.file_too_large(source.path, len(source.text.encode("utf-8", "surrogatepass")),
-                                                  MAX_SOURCE_BYTES)])
-    tree = _run(source, "program")
+    """Parse a whole file. Raises `ClockError` with every syntax error found (one per statement)."""
+    size = len(source.text.encode("utf-8", "surrogatepass"))
+    if size > MAX_SOURCE_BYTES:
+        raise ClockError([messages.file_too_large(source.path, size, MAX_SOURCE_BYTES)])
+    try:
+        tree = _parser().parse(source.text, start="program")
+    except UnexpectedInput as error:
+        raise ClockError(_all_syntax_errors(source, error)) from None
+    _check_nesting(source, tree)
     statements = _transform(source, tree)
-    return ast.Module(source.path, tuple(statements))
+    return ast.Module(source.path, tuple(statements), comments=tuple(scan_comments(source)))
 
 
 def parse_value(text: str, path: str = "<--param>") -> ast.Expr:
     """Parse one expression, as given to `--param NAME=VALUE`."""
     source = SourceFile(path, text)
-    tree = _run(source, "value")
+    try:
+        tree = _parser().parse(source.text, start="value")
+    except UnexpectedInput as error:
+        raise ClockError([syntax_diagnostic(source, error)]) from None
+    _check_nesting(source, tree)
     return _transform(source, tree)
 
 
-def _run(source: SourceFile, start: str) -> lark.Tree:
-    try:
-        return _parser().parse(source.text, start=start)
-    except UnexpectedInput as error:
-        raise ClockError([_syntax_diagnostic(source, error)]) from None
-    except RecursionError:
-        span = Span.point(source.path, 1, 1)
-        raise ClockError([messages.bad_value("the text nests too deeply to parse", span,
-                                             "flatten the expression")]) from None
+def scan_comments(source: SourceFile) -> list[ast.Comment]:
+    """Every `# ...` comment of a file that parsed, with its position.
+
+    Strings cannot hold a newline or a quote, so a `#` outside quotes always starts a comment.
+    """
+    comments = []
+    for number, line in enumerate(source.text.split("\n"), start=1):
+        line = line.rstrip("\r")
+        in_string = False
+        for column, char in enumerate(line, start=1):
+            if char == '"':
+                in_string = not in_string
+            elif char == "#" and not in_string:
+                text = line[column - 1:].rstrip()
+                comments.append(ast.Comment(text, span=Span(source.path, number, column, number,
+                                                            column + len(text))))
+                break
+    return comments
 
 
 def _transform(source: SourceFile, tree: lark.Tree):
     try:
         return _ToAst(source.path).transform(tree)
     except VisitError as error:
-        original = error.orig_exc
-        if isinstance(original, ClockError):
-            raise ClockError(original.diagnostics) from None
-        if isinstance(original, RecursionError):
-            raise ClockError([messages.bad_value("the text nests too deeply to parse",
-                                                 Span.point(source.path, 1, 1), "flatten the expression")]) from None
-        raise
-    except RecursionError:
-        raise ClockError([messages.bad_value("the text nests too deeply to parse",
-                                             Span.point(source.path, 1, 1), "flatten the expression")]) from None
+        if isinstance(error.orig_exc, ClockError):
+            raise ClockError(error.orig_exc.diagnostics) from None
+        raise error.orig_exc from None
+
+
+def _check_nesting(source: SourceFile, tree: lark.Tree) -> None:
+    """Refuse expressions nested deeper than MAX_NESTING, without recursion."""
+    stack: list[tuple[lark.Tree, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            meta = node.meta
+            span = (Span(source.path, meta.line, meta.column, meta.end_line, meta.end_column)
+                    if not getattr(meta, "empty", True) else Span.point(source.path, 1, 1))
+            raise ClockError([messages.too_deep(MAX_NESTING, span)])
+        stack.extend((child, depth + 1) for child in node.children if isinstance(child, lark.Tree))
 
 
 # --- syntax errors ------------------------------------------------------------------------------
 
 
-def _describe_terminal(name: str) -> str:
-    if name in _TERMINAL_NAMES:
-        return _TERMINAL_NAMES[name]
-    for terminal in _parser().terminals:
-        if terminal.name == name:
-            pattern = terminal.pattern
-            if isinstance(pattern, lark.lexer.PatternStr):
-                return f"'{pattern.value}'"
-    if name == "$END":
-        return "the end of the file"
-    return name.lower()
+def _all_syntax_errors(source: SourceFile, first: UnexpectedInput) -> list[Diagnostic]:
+    """The first error, then one per later statement: the parser restarts at the next line that
+    begins (at column 1) with a statement keyword, with the text before it blanked out."""
+    found = [syntax_diagnostic(source, first)]
+    error: UnexpectedInput | None = first
+    lines = source.text.split("\n")
+    previous_restart = 1
+    while error is not None and len(found) < MAX_SYNTAX_ERRORS:
+        error_line = error.line if isinstance(error.line, int) and error.line > 0 else len(lines)
+        restart = next((number for number in range(max(error_line, previous_restart + 1), len(lines) + 1)
+                        if _STATEMENT_START.match(lines[number - 1])), None)
+        if restart is None:
+            break
+        previous_restart = restart
+        rest = "\n" * (restart - 1) + "\n".join(lines[restart - 1:])
+        try:
+            _parser().parse(rest, start="program")
+            error = None
+        except UnexpectedInput as later:
+            error = later
+            found.append(syntax_diagnostic(SourceFile(source.path, rest), later))
+    return found
+
+
+def _describe_expected(name: str) -> str:
+    if name in _TERMINAL_WORDS:
+        return _TERMINAL_WORDS[name]
+    literal = _keyword_of_terminal().get(name)
+    return f"'{literal}'" if literal is not None else name.lower()
 
 
 def _describe_token(token: Token) -> str:
     if token.type == "$END":
         return "end of file"
-    if token.type in _TERMINAL_NAMES:
-        return f"{_TERMINAL_NAMES[token.type].split(' (')[0]} '{token.value}'"
+    if token.type == "NAME":
+        return f"name '{token.value}'"
+    if token.type == "NUMBER":
+        return f"number {token.value}"
+    if token.type == "STRING":
+        return f"string {token.value}"
+    if token.type == "UNIT":
+        return f"unit '{token.value}'"
+    if str(token.value) in reserved_words():
+        return f"keyword '{token.value}'"
     return f"'{token.value}'"
 
 
-def _open_declaration(source: SourceFile, position: int) -> str | None:
-    """The innermost declaration open at `position`, e.g. "stage 'decode'", from the text before it."""
-    words: list[tuple[str, str | None]] = []
+def _context(source: SourceFile, position: int) -> tuple[tuple[str, Span] | None, str | None]:
+    """The innermost declaration open at `position` ("stage 'decode'") with where its keyword is,
+    and a description of the token just before `position` (None at the start of the file)."""
+    words: list[tuple[str, str | None, Span]] = []
     depth = 0
+    last: Token | None = None
     try:
         for token in _parser().lex(source.text[:position]):
+            last = token
             value = str(token)
-            if value in _STATEMENT_KEYWORDS:
-                words.append((value, None))
-            elif token.type == "NAME" and words and words[-1][1] is None:
-                words[-1] = (words[-1][0], value)
+            if value in STATEMENT_KEYWORDS:
+                words.append((value, None, Span(source.path, token.line, token.column, token.line,
+                                                token.column + len(value))))
+            elif token.type == "NAME" and words and words[-1][1] is None and words[-1][0] not in ("use", "cadence"):
+                words[-1] = (words[-1][0], value, words[-1][2])
             elif value == "{":
                 depth += 1
             elif value == "}":
                 depth -= 1
     except UnexpectedInput:
-        pass
+        last = None
+    previous = _describe_token(last) if last is not None else None
     if not words:
-        return None
-    keyword, name = words[-1]
-    if keyword == "stage" and depth <= 0 and name is not None and source.text[:position].rstrip().endswith("}"):
-        return None
-    return f"{keyword} '{name}'" if name else keyword
+        return None, previous
+    keyword, name, span = words[-1]
+    if keyword == "stage" and depth <= 0 and source.text[:position].rstrip().endswith("}"):
+        return None, previous
+    return ((f"{keyword} '{name}'" if name else keyword), span), previous
 
 
-def _syntax_diagnostic(source: SourceFile, error: UnexpectedInput) -> Diagnostic:
+def _expected_terminals(error: UnexpectedInput) -> set[str]:
+    accepts = None
+    if isinstance(error, UnexpectedToken) and error.interactive_parser is not None:
+        try:
+            accepts = error.accepts
+        except Exception:  # the exact set is a refinement; Lark's LALR set is the fallback
+            accepts = None
+    return set(accepts or getattr(error, "expected", None) or ())
+
+
+def _close_keywords(word: str, expected: set[str]) -> list[str]:
+    """Keywords or units among the expected terminals that `word` looks like a misspelling of."""
+    keyword_of = _keyword_of_terminal()
+    candidates = {keyword_of[name] for name in expected if name in keyword_of and keyword_of[name].isalpha()}
+    if "UNIT" in expected:
+        candidates |= set(UNITS)
+    lowered = {candidate.lower(): candidate for candidate in candidates}
+    exact = lowered.get(word.lower())
+    if exact is not None and exact != word:
+        return [exact]
+    return [lowered[c] for c in messages.suggest(word.lower(), lowered)]
+
+
+_GROUPS = (
+    (frozenset(STATEMENT_KEYWORDS), "the next statement (use, cadence, param, clock, region, stage)"),
+    (frozenset({"module", "hook", "read", "update", "write", "rng"}),
+     "a stage item (module, hook, read, update, write, rng)"),
+    (frozenset({"on", "retain", "start", "stock", "bind", "input", "output"}),
+     "a region clause (on, retain, start, stock, bind, input, output)"),
+    (frozenset({"+", "-", "*", "/"}), "an operator (+, -, *, /)"),
+)
+
+
+def _expected_words(expected: set[str]) -> list[str]:
+    """The expected terminals in words, with families of keywords folded into one phrase."""
+    literals = {_keyword_of_terminal()[name] for name in expected if name in _keyword_of_terminal()}
+    others = {name for name in expected if name not in _keyword_of_terminal()}
+    phrases = []
+    if {"(", "-", "["} <= literals and {"NAME", "NUMBER"} <= others:
+        literals -= {"(", "-", "["}
+        others -= {"NAME", "NUMBER"}
+        phrases.append("an expression")
+    for members, phrase in _GROUPS:
+        if members <= literals:
+            literals -= members
+            phrases.append(phrase)
+    words = sorted(f"'{literal}'" for literal in literals)
+    words += sorted(_describe_expected(name) for name in others if name != "$END")
+    return words + phrases + (["the end of the file"] if "$END" in others else [])
+
+
+def syntax_diagnostic(source: SourceFile, error: UnexpectedInput) -> Diagnostic:
+    """One located syntax diagnostic for a Lark error."""
     if isinstance(error, UnexpectedCharacters):
-        char = source.text[error.pos_in_stream] if error.pos_in_stream < len(source.text) else "?"
+        position = error.pos_in_stream
+        char = source.text[position] if position < len(source.text) else "?"
         return messages.syntax_bad_character(char, Span.point(source.path, error.line, error.column))
-    expected = sorted({_describe_terminal(name) for name in getattr(error, "expected", set()) or set()})
-    if isinstance(error, UnexpectedToken):
-        token = error.token
-        position = token.start_pos if token.start_pos is not None else len(source.text)
-        context = _open_declaration(source, position)
-        if token.type == "$END":
-            return messages.syntax_unexpected_end(expected, source.end_span(), context)
-        span = Span(source.path, token.line, token.column, token.end_line or token.line,
-                    token.end_column or token.column + len(str(token)))
-        return messages.syntax_unexpected(_describe_token(token), expected, span, context)
-    return messages.syntax_unexpected_end(expected, source.end_span(), None)
+    expected = _expected_terminals(error)
+    described = _expected_words(expected)
+    if not isinstance(error, UnexpectedToken):
+        return messages.syntax_unexpected_end(described, source.end_span(), None)
+    token = error.token
+    position = token.start_pos if token.start_pos is not None and token.type != "$END" else len(source.text)
+    context, previous = _context(source, position)
+    description, opened = context if context is not None else (None, None)
+    if token.type == "$END":
+        end = source.end_span()
+        notes = (Note(f"{description} begins here", opened),) if opened is not None and opened.line != end.line else ()
+        return messages.syntax_unexpected_end(described, end, description, notes)
+    span = Span(source.path, token.line, token.column, token.end_line or token.line,
+                token.end_column or token.column + len(str(token)))
+    notes = ()
+    if opened is not None and opened.line != span.line:
+        notes = (Note(f"{description} begins here", opened),)
+    if str(token) in STATEMENT_KEYWORDS and token.column == 1 and description is not None:
+        # A statement cut short: point just after its last token, where something is missing.
+        end = _end_of_previous_token(source, position)
+        return messages.syntax_unfinished(description, described, previous, end,
+                                          (Note("the next statement begins here", span),))
+    suggestions: list[str] = []
+    reserved = None
+    if token.type == "NAME":
+        suggestions = _close_keywords(str(token), expected)
+    elif str(token.value) in reserved_words() and "NAME" in expected:
+        reserved = str(token.value)
+    where = description if description is not None and "'" in description else None
+    return messages.syntax_unexpected(_describe_token(token), described, span, where, notes,
+                                      suggestions, reserved, previous)
+
+
+def _end_of_previous_token(source: SourceFile, position: int) -> Span:
+    """A one-column span just after the last non-blank, non-comment text before `position`."""
+    before = source.text[:position]
+    lines = before.split("\n")
+    for number in range(len(lines), 0, -1):
+        code = lines[number - 1]
+        comment = next((c for c in scan_comments(SourceFile(source.path, code))), None)
+        if comment is not None:
+            code = code[:comment.span.column - 1]
+        code = code.rstrip()
+        if code:
+            return Span.point(source.path, number, len(code) + 1)
+    return Span.point(source.path, 1, 1)
 
 
 # --- tree -> AST --------------------------------------------------------------------------------
@@ -182,35 +362,37 @@ class _ToAst(Transformer):
         return children[0]
 
     def use_stmt(self, meta, children):
-        module, *names = children
-        return ast.Use(tuple(module), tuple(names[0]) if names and names[0] is not None else None,
-                       span=self._span(meta))
+        (module, module_span), *names = children
+        listed = names[0] if names and names[0] is not None else None
+        return ast.Use(tuple(module), tuple(str(n) for n in listed) if listed is not None else None,
+                       span=self._span(meta), module_span=module_span,
+                       name_spans=tuple(self._token_span(n) for n in listed or ()))
 
     def dotted_name(self, meta, parts):
-        return [str(p) for p in parts]
+        return [str(p) for p in parts], self._span(meta)
 
     def import_names(self, meta, names):
-        return [str(n) for n in names]
+        return list(names)
 
     def cadence_stmt(self, meta, children):
         return ast.Cadence(children[0], span=self._span(meta))
 
     def param_stmt(self, meta, children):
         name, default = children
-        return ast.Param(str(name), default, span=self._span(meta))
+        return ast.Param(str(name), default, span=self._span(meta), name_span=self._token_span(name))
 
     def clock_stmt(self, meta, children):
         name, rate = children
-        return ast.Clock(str(name), rate, span=self._span(meta))
+        return ast.Clock(str(name), rate, span=self._span(meta), name_span=self._token_span(name))
 
     def region_stmt(self, meta, children):
         name, family, dtype, shape, *clauses = children
         return ast.Region(str(name), family, str(dtype), tuple(shape), tuple(clauses), span=self._span(meta),
-                          dtype_span=self._token_span(dtype))
+                          name_span=self._token_span(name), dtype_span=self._token_span(dtype))
 
     def family(self, meta, children):
         index, count = children
-        return ast.Family(str(index), count, span=self._span(meta))
+        return ast.Family(str(index), count, span=self._span(meta), index_span=self._token_span(index))
 
     def shape(self, meta, dims):
         return list(dims)
@@ -219,7 +401,7 @@ class _ToAst(Transformer):
         return ast.TimeAxis(span=self._span(meta))
 
     def on_clause(self, meta, children):
-        return ast.OnClause(str(children[0]), span=self._span(meta))
+        return ast.OnClause(str(children[0]), span=self._span(meta), clock_span=self._token_span(children[0]))
 
     def retain_clause(self, meta, children):
         return ast.RetainClause(children[0], span=self._span(meta))
@@ -267,33 +449,34 @@ class _ToAst(Transformer):
     def stage_stmt(self, meta, children):
         name, clock, *items = children
         return ast.Stage(str(name), str(clock), tuple(items), span=self._span(meta),
-                         clock_span=self._token_span(clock))
+                         name_span=self._token_span(name), clock_span=self._token_span(clock))
 
     def module_item(self, meta, children):
-        return ast.ModuleItem(str(children[0])[1:-1], span=self._span(meta))
+        return ast.ModuleItem(str(children[0])[1:-1], span=self._span(meta), path_span=self._token_span(children[0]))
 
     def hook_item(self, meta, children):
         return ast.HookItem(str(children[0]), span=self._span(meta))
 
     def read_item(self, meta, children):
-        prev = False
-        if children and isinstance(children[0], Token) and children[0].type == "PREV":
-            prev = True
+        prev = bool(children) and isinstance(children[0], Token) and children[0].type == "PREV"
+        if prev:
             children = children[1:]
-        region, span_clause, lookahead, alias = (list(children) + [None] * 4)[:4]
-        # Optional parts arrive in grammar order but only when present: sort them by type.
-        parts = [c for c in (span_clause, lookahead, alias) if c is not None]
-        span_clause = next((p for p in parts if isinstance(p, (ast.SpanLast, ast.SpanNew))), None)
-        lookahead = next((p[1] for p in parts if isinstance(p, tuple) and p[0] == "lookahead"), None)
-        alias = next((p[1] for p in parts if isinstance(p, tuple) and p[0] == "alias"), None)
-        return ast.ReadItem(region, span_clause, lookahead, alias, prev, span=self._span(meta))
+        region, *optional = children
+        # Optional parts arrive in grammar order, None where absent (maybe_placeholders).
+        span_clause = next((p for p in optional if isinstance(p, (ast.SpanLast, ast.SpanNew))), None)
+        lookahead = next((p[1] for p in optional if isinstance(p, tuple) and p[0] == "lookahead"), None)
+        alias = next((p for p in optional if isinstance(p, tuple) and p[0] == "alias"), None)
+        return ast.ReadItem(region, span_clause, lookahead, alias[1] if alias else None, prev,
+                            span=self._span(meta), alias_span=alias[2] if alias else None)
 
     def update_item(self, meta, children):
         region, *advance = children
+        advance = [a for a in advance if a is not None]
         return ast.UpdateItem(region, advance[0][1] if advance else None, span=self._span(meta))
 
     def write_item(self, meta, children):
         region, *rest = children
+        rest = [p for p in rest if p is not None]
         advance = next((p[1] for p in rest if p[0] == "advance"), None)
         latency = next((p[1] for p in rest if p[0] == "latency"), None)
         return ast.WriteItem(region, advance, latency, span=self._span(meta))
@@ -303,7 +486,9 @@ class _ToAst(Transformer):
 
     def region_ref(self, meta, children):
         name, *index = children
-        return ast.RegionRef(str(name), index[0] if index else None, span=self._span(meta))
+        index = [i for i in index if i is not None]
+        return ast.RegionRef(str(name), index[0] if index else None, span=self._span(meta),
+                             name_span=self._token_span(name))
 
     def span_last(self, meta, children):
         return ast.SpanLast(children[0], span=self._span(meta))
@@ -315,7 +500,7 @@ class _ToAst(Transformer):
         return ("lookahead", children[0])
 
     def alias(self, meta, children):
-        return ("alias", str(children[0]))
+        return ("alias", str(children[0]), self._token_span(children[0]))
 
     def advance(self, meta, children):
         return ("advance", children[0])
@@ -326,6 +511,7 @@ class _ToAst(Transformer):
     # expressions
     def number(self, meta, children):
         literal, *unit = children
+        unit = [u for u in unit if u is not None]
         return ast.Number(Fraction(str(literal)), str(unit[0]) if unit else None, span=self._span(meta))
 
     def name(self, meta, children):

@@ -1,12 +1,15 @@
 """The canonical text of a `.clock` AST (`dsl fmt`): parse(print(tree)) == tree for every tree.
 
-Layout: one statement per line (a blank line between kinds of statements), region clauses on the
-declaration line, stage items one per line inside the braces. Comments are not kept.
+Layout: one statement per line (a blank line between kinds of statements and around stages), region
+clauses on the declaration line with each trailing `bind` on a line of its own, stage items one per
+line inside the braces. Comments are kept where they were (see `module`); printing is idempotent.
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
+
+import attrs
 
 from . import ast
 
@@ -125,6 +128,34 @@ def _item(node: ast.StageItem) -> str:
     return " ".join(parts)
 
 
+LINE_LENGTH = 100
+"""A region declaration longer than this moves its trailing `stock` clauses to lines of their own."""
+
+
+def _region_lines(node: ast.Region) -> list[tuple[str, ast.RegionClause | None]]:
+    """The region's output lines, each with the clause it holds (None for the declaration line).
+
+    The declaration line holds every clause but the trailing `stock`/`bind` ones; each trailing
+    `bind` goes on a line of its own, and so does a trailing `stock` when the declaration line
+    would otherwise pass LINE_LENGTH. Clauses keep their written order, so the clause tuple
+    round-trips.
+    """
+    family = f"[{node.family.index} < {expr(node.family.count)}]" if node.family else ""
+    dims = ", ".join("time" if isinstance(d, ast.TimeAxis) else expr(d) for d in node.shape)
+    line = f"region {node.name}{family} : {node.dtype}[{dims}]"
+    clauses = list(node.clauses)
+    tail = len(clauses)
+    while tail > 0 and isinstance(clauses[tail - 1], (ast.StockClause, ast.BindClause)):
+        tail -= 1
+    line += "".join(" " + _clause(c) for c in clauses[:tail])
+    for clause in clauses[tail:]:
+        if isinstance(clause, ast.BindClause) or len(line) + 1 + len(_clause(clause)) > LINE_LENGTH:
+            break
+        line += " " + _clause(clause)
+        tail += 1
+    return [(line, None)] + [("    " + _clause(c), c) for c in clauses[tail:]]
+
+
 def statement(node: ast.Statement) -> str:
     if isinstance(node, ast.Use):
         names = f" ({', '.join(node.names)})" if node.names is not None else ""
@@ -136,28 +167,172 @@ def statement(node: ast.Statement) -> str:
     if isinstance(node, ast.Clock):
         return f"clock {node.name} = {expr(node.rate)}"
     if isinstance(node, ast.Region):
-        family = f"[{node.family.index} < {expr(node.family.count)}]" if node.family else ""
-        dims = ", ".join("time" if isinstance(d, ast.TimeAxis) else expr(d) for d in node.shape)
-        inline = "".join(" " + _clause(c) for c in node.clauses if not isinstance(c, ast.BindClause))
-        binds = "".join("\n    " + _clause(c) for c in node.clauses if isinstance(c, ast.BindClause))
-        if binds and any(isinstance(c, ast.BindClause) for c in node.clauses[:-1]):
-            # keep written order when a bind is not last, so the clause tuple round-trips
-            inline, binds = "".join(" " + _clause(c) for c in node.clauses), ""
-        return f"region {node.name}{family} : {node.dtype}[{dims}]{inline}{binds}"
+        return "\n".join(text for text, _ in _region_lines(node))
     if isinstance(node, ast.Stage):
         items = "".join(f"    {_item(i)}\n" for i in node.items)
         return f"stage {node.name} on {node.clock} {{\n{items}}}"
     raise AssertionError(f"unknown statement {node!r}")
 
 
+def _blank_between(previous: ast.Statement, current: ast.Statement) -> bool:
+    """The canonical layout's blank lines: between statements of different kinds, around stages."""
+    return type(previous) is not type(current) or isinstance(current, ast.Stage)
+
+
 def module(node: ast.Module) -> str:
-    """The canonical text of a whole file (ends with one newline)."""
+    """The canonical text of a whole file (ends with one newline).
+
+    Comments (`node.comments`, located by their spans) are kept: a comment on a line of its own stays
+    on a line of its own before what followed it; a comment after code stays at the end of that
+    code's line, and the comments of consecutive lines are aligned. Blank lines the source had
+    between statements are kept (several become one), and the canonical ones are added.
+    """
+    if not node.comments or any(item.span is None for item in node.statements):
+        return _module_without_comments(node)
+    return _CommentedPrinter(node).text()
+
+
+def _module_without_comments(node: ast.Module) -> str:
     lines: list[str] = []
     previous = None
     for item in node.statements:
-        kind = type(item)
-        if previous is not None and (kind is not previous or kind is ast.Stage):
+        if previous is not None and _blank_between(previous, item):
             lines.append("")
         lines.append(statement(item))
-        previous = kind
+        previous = item
     return "\n".join(lines) + "\n"
+
+
+class _Line:
+    """One output line: its code, the source line it comes from, and the comments that end it."""
+
+    def __init__(self, code: str, anchor: int):
+        self.code = code
+        self.anchor = anchor
+        self.comments: list[str] = []
+
+
+class _CommentedPrinter:
+    def __init__(self, node: ast.Module):
+        self.node = node
+        self.comments = sorted(node.comments, key=lambda c: (c.span.line, c.span.column))
+
+    def _own_line(self, comment: ast.Comment) -> bool:
+        """Whether no code precedes the comment on its line."""
+        first_code = self._source_columns.get(comment.span.line)
+        return first_code is None or first_code > comment.span.column
+
+    def text(self) -> str:
+        self._source_columns = self._columns_of_code()
+        statements = list(self.node.statements)
+        out: list[tuple[str, str | None]] = []
+        last_end = 0  # the last source line already printed
+        previous: ast.Statement | None = None
+        pending = [c for c in self.comments]
+        for item in statements:
+            leading = [c for c in pending if c.span.line < item.span.line]
+            pending = [c for c in pending if c.span.line >= item.span.line]
+            group_start = leading[0].span.line if leading else item.span.line
+            if previous is not None and (group_start - last_end > 1 or _blank_between(previous, item)):
+                out.append(("", None))
+            for position, comment in enumerate(leading):
+                out.append((comment.text, None))
+                following = leading[position + 1].span.line if position + 1 < len(leading) else item.span.line
+                if following - comment.span.line > 1:
+                    out.append(("", None))
+            inner = [c for c in pending if c.span.line <= item.span.end_line]
+            pending = [c for c in pending if c.span.line > item.span.end_line]
+            out.extend(self._render(item, inner))
+            last_end = item.span.end_line
+            previous = item
+        if pending:
+            if out and pending[0].span.line - last_end > 1:
+                out.append(("", None))
+            for position, comment in enumerate(pending):
+                out.append((comment.text, None))
+                if position + 1 < len(pending) and pending[position + 1].span.line - comment.span.line > 1:
+                    out.append(("", None))
+        return "\n".join(_aligned(out)) + "\n"
+
+    def _columns_of_code(self) -> dict[int, int]:
+        """For each source line of a statement, the column where its code starts (spans of the
+        statement's parts); lines holding only a comment inside a statement are absent."""
+        columns: dict[int, int] = {}
+
+        def visit(value) -> None:
+            span = getattr(value, "span", None)
+            if span is not None:
+                columns[span.line] = min(columns.get(span.line, span.column), span.column)
+            if isinstance(value, (list, tuple)):
+                for element in value:
+                    visit(element)
+            elif attrs.has(type(value)):
+                for field in attrs.fields(type(value)):
+                    if field.eq:
+                        visit(getattr(value, field.name))
+
+        for item in self.node.statements:
+            visit(item)
+            if isinstance(item, ast.Stage):  # the closing brace
+                columns.setdefault(item.span.end_line, item.span.end_column - 1)
+        return columns
+
+    def _lines_of(self, item: ast.Statement) -> list[_Line]:
+        if isinstance(item, ast.Region):
+            result = []
+            for text, clause in _region_lines(item):
+                result.append(_Line(text, clause.span.line if clause is not None else item.span.line))
+            return result
+        if isinstance(item, ast.Stage):
+            result = [_Line(f"stage {item.name} on {item.clock} {{", item.span.line)]
+            result += [_Line("    " + _item(i), i.span.line) for i in item.items]
+            result.append(_Line("}", item.span.end_line))
+            return result
+        return [_Line(statement(item), item.span.line)]
+
+    def _render(self, item: ast.Statement, comments: list[ast.Comment]) -> list[tuple[str, str | None]]:
+        lines = self._lines_of(item)
+        before: dict[int, list[str]] = {}
+        for comment in comments:
+            line = comment.span.line
+            if self._own_line(comment) and line != item.span.line:
+                target = next((i for i, l in enumerate(lines) if l.anchor > line), len(lines) - 1)
+                before.setdefault(target, []).append(comment.text)
+                continue
+            exact = [l for l in lines if l.anchor == line]
+            target_line = exact[-1] if exact else [l for l in lines if l.anchor <= line][-1]
+            target_line.comments.append(comment.text)
+        out: list[tuple[str, str | None]] = []
+        for index, line in enumerate(lines):
+            indent = " " * (len(line.code) - len(line.code.lstrip(" ")))
+            if isinstance(item, ast.Stage) and index == len(lines) - 1:
+                indent = "    "  # comments before the closing brace stay inside the stage
+            for text in before.get(index, []):
+                out.append((indent + text, None))
+            out.append((line.code, " ".join(line.comments) if line.comments else None))
+        return out
+
+
+ALIGN_LIMIT = 60
+"""Trailing comments of consecutive lines line up after the longest code up to this width; longer
+lines keep two spaces before their comment."""
+
+
+def _aligned(lines: list[tuple[str, str | None]]) -> list[str]:
+    """Code lines with their trailing comments; consecutive commented lines share one comment column."""
+    result: list[str] = []
+    index = 0
+    while index < len(lines):
+        if lines[index][1] is None:
+            result.append(lines[index][0])
+            index += 1
+            continue
+        run_end = index
+        while run_end < len(lines) and lines[run_end][1] is not None:
+            run_end += 1
+        widths = [len(code) for code, _ in lines[index:run_end] if len(code) <= ALIGN_LIMIT]
+        column = max(widths, default=0) + 2
+        for code, comment in lines[index:run_end]:
+            result.append(code.ljust(column) + comment if len(code) + 2 <= column else f"{code}  {comment}")
+        index = run_end
+    return result

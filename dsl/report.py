@@ -12,6 +12,12 @@ _STYLES = {"error": "\x1b[1;31m", "warning": "\x1b[1;33m", "note": "\x1b[1;36m",
            "bold": "\x1b[1m", "reset": "\x1b[0m"}
 
 
+def printable(text: str) -> str:
+    """`text` safe for a terminal: control characters (an escape sequence hidden in a file could
+    recolour or rewrite the screen) become U+FFFD, one character for one, so columns still line up."""
+    return "".join(c if c.isprintable() or c == "\t" else "\ufffd" for c in text)
+
+
 class _Painter:
     def __init__(self, color: bool):
         self.color = color
@@ -32,7 +38,7 @@ def _excerpt(span: Span, sources: Mapping[str, SourceFile], paint: _Painter, gut
     width = (span.end_column - span.column) if span.end_line == span.line else len(text) - span.column + 1
     width = max(1, width)
     pad = " " * gutter
-    text = text.expandtabs(1)
+    text = printable(text).expandtabs(1)
     return [
         f"{pad} |",
         f"{str(span.line).rjust(gutter)} | {text}",
@@ -40,31 +46,36 @@ def _excerpt(span: Span, sources: Mapping[str, SourceFile], paint: _Painter, gut
     ]
 
 
-def format_full(diagnostic: Diagnostic, sources: Mapping[str, SourceFile], color: bool = False) -> str:
-    """The long form: header, location, the source line with carets, notes and help lines."""
+def format_full(diagnostic: Diagnostic, sources: Mapping[str, SourceFile], color: bool = False,
+                path: str | None = None) -> str:
+    """The long form: header, location, the source line with carets, notes and help lines.
+
+    A diagnostic without a span (a file that cannot be read, a --param) shows `path` as its location."""
     paint = _Painter(color)
     severity = diagnostic.severity.value
-    lines = [paint(severity, f"{severity}[{diagnostic.code.name}]") + paint("bold", f": {diagnostic.message}")]
+    lines = [paint(severity, f"{severity}[{diagnostic.code.name}]") + paint("bold", f": {printable(diagnostic.message)}")]
     spans = [diagnostic.span] + [n.span for n in diagnostic.notes]
     gutter = max((len(str(s.line)) for s in spans if s is not None), default=1)
     pad = " " * gutter
     if diagnostic.span is not None:
-        lines.append(f"{pad}--> {diagnostic.span}")
+        lines.append(f"{pad}--> {printable(str(diagnostic.span))}")
         lines.extend(_excerpt(diagnostic.span, sources, paint, gutter))
+    elif path is not None:
+        lines.append(f"{pad}--> {printable(path)}")
     for note in diagnostic.notes:
         location = f" ({note.span})" if note.span is not None else ""
-        lines.append(f"{pad} = " + paint("note", "note") + f": {note.message}{location}")
+        lines.append(f"{pad} = " + paint("note", "note") + f": {printable(note.message)}{location}")
         if note.span is not None:
             lines.extend(_excerpt(note.span, sources, paint, gutter)[1:])
     for help_text in diagnostic.helps:
-        lines.append(f"{pad} = " + paint("help", "help") + f": {help_text}")
+        lines.append(f"{pad} = " + paint("help", "help") + f": {printable(help_text)}")
     return "\n".join(lines)
 
 
-def format_concise(diagnostic: Diagnostic) -> str:
-    """One line: `path:line:col: error: message [code]` (no location: `dsl: error: ...`)."""
-    where = str(diagnostic.span) if diagnostic.span is not None else "dsl"
-    return f"{where}: {diagnostic.severity.value}: {diagnostic.message} [{diagnostic.code.name}]"
+def format_concise(diagnostic: Diagnostic, path: str | None = None) -> str:
+    """One line: `path:line:col: error: message [code]` (without a span: `path: error: ...`)."""
+    where = str(diagnostic.span) if diagnostic.span is not None else (path or "dsl")
+    return f"{printable(where)}: {diagnostic.severity.value}: {printable(diagnostic.message)} [{diagnostic.code.name}]"
 
 
 def summary(diagnostics: Iterable[Diagnostic], files: int) -> str:

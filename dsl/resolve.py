@@ -15,7 +15,7 @@ import attrs
 
 from . import ast, messages
 from .diagnostics import ClockError, DiagnosticBag
-from .evaluate import HERTZ, PLAIN, SECONDS, EvalError, Quantity, count_of, evaluate, require_int
+from .evaluate import HERTZ, PLAIN, SECONDS, EvalError, Quantity, count_of, evaluate, require_int, unit_name
 from .loader import Loaded
 from .parse import parse_value
 from .program import Access, ClockInfo, Program, RegionInfo, Retention, StageInfo
@@ -23,6 +23,18 @@ from .source import Span
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _PATH_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[0-9]+\])*$|^[0-9]+$")
+
+
+def path_problem(path: str) -> str | None:
+    """Why `path` is not an attribute path from the model root (`decoder.model.0.conv`), or None."""
+    if path.strip() == "":
+        return "is empty"
+    for part in path.split("."):
+        if part == "":
+            return "has an empty part between dots"
+        if not _PATH_PART.match(part):
+            return f"has the part '{part}', which is neither an attribute name nor a list index"
+    return None
 
 
 @attrs.frozen
@@ -36,6 +48,11 @@ class Declaration:
     def span(self) -> Span | None:
         return getattr(self.node, "span", None)
 
+    @property
+    def name_span(self) -> Span | None:
+        """Where the declared name is written (the whole statement for a cadence)."""
+        return getattr(self.node, "name_span", None) or self.span
+
 
 def collect_declarations(loaded: Loaded, bag: DiagnosticBag) -> dict[str, dict[str, Declaration]]:
     """The names visible in each unit: its own declarations and what its `use`s bring in."""
@@ -43,22 +60,35 @@ def collect_declarations(loaded: Loaded, bag: DiagnosticBag) -> dict[str, dict[s
     for key, unit in loaded.units.items():  # children are inserted before their importers
         names: dict[str, Declaration] = {}
 
-        def add(declaration: Declaration, at: Span | None) -> None:
+        where: dict[str, tuple[Span | None, bool]] = {}
+
+        def add(declaration: Declaration, at: Span | None, imported: bool = False) -> None:
             existing = names.get(declaration.name)
             if existing is None:
                 names[declaration.name] = declaration
+                where[declaration.name] = (at, imported)
             elif existing.node is not declaration.node:
-                kind = "cadence" if declaration.kind == "cadence" else declaration.kind
-                bag.add(messages.duplicate_name(kind, declaration.name, at or declaration.span, existing.span))
+                first, first_imported = where[declaration.name]
+                if declaration.kind == "cadence":
+                    bag.add(messages.duplicate_cadence(at, first, first_imported))
+                else:
+                    bag.add(messages.duplicate_name(declaration.kind, declaration.name, at, first, existing.kind,
+                                                    first_imported))
 
         for use, target in unit.imports:
-            exported = visible.get(target, {})
-            wanted = use.names if use.names is not None else tuple(exported)
-            for name in wanted:
+            exported = visible.get(target)
+            if exported is None:  # the imported unit did not load; its own errors say why
+                continue
+            if use.names is None:
+                for name, declaration in exported.items():
+                    add(declaration, use.module_span or use.span, True)
+                continue
+            spans = use.name_spans if len(use.name_spans) == len(use.names) else (use.span,) * len(use.names)
+            for name, at in zip(use.names, spans):
                 if name not in exported:
-                    bag.add(messages.unknown_imported_name(use.dotted, name, use.span, exported))
+                    bag.add(messages.unknown_imported_name(use.dotted, name, at, exported))
                     continue
-                add(exported[name], use.span if use.names is not None else exported[name].span)
+                add(exported[name], at, True)
         for statement in unit.module.statements:
             if isinstance(statement, ast.Use):
                 continue
@@ -66,7 +96,8 @@ def collect_declarations(loaded: Loaded, bag: DiagnosticBag) -> dict[str, dict[s
                 add(Declaration("cadence", "cadence", statement, key), statement.span)
                 continue
             kind = type(statement).__name__.lower()
-            add(Declaration(kind, statement.name, statement, key), statement.span)
+            declaration = Declaration(kind, statement.name, statement, key)
+            add(declaration, declaration.name_span)
         visible[key] = names
     return visible
 
@@ -79,8 +110,14 @@ class _Resolver:
         self.units = [loaded.main]  # the unit whose names are in scope: a declaration sees its own file's names
         self.overrides = dict(overrides)
         self.values: dict[tuple[str, str], Quantity] = {}
-        self.evaluating: list[str] = []
+        self.evaluating: list[tuple[str, str]] = []
         self.broken: set[tuple[str, str]] = set()
+        # What the program is made of, by canonical name (see `canonical`), filled on demand.
+        self.clocks: dict[str, ClockInfo] = {}
+        self.regions: dict[str, RegionInfo] = {}
+        self.families: dict[str, tuple[str, ...]] = {}
+        self.resolved_clocks: dict[int, ClockInfo | None] = {}
+        self.resolved_regions: dict[int, list[RegionInfo] | None] = {}
 
     @property
     def decls(self) -> dict[str, Declaration]:
@@ -122,12 +159,12 @@ class _Resolver:
             return self.values[key]
         if key in self.broken:
             raise _Skip()
-        if name in self.evaluating:
-            cycle = self.evaluating[self.evaluating.index(name):] + [name]
+        if key in self.evaluating:
+            cycle = [n for _, n in self.evaluating[self.evaluating.index(key):]] + [name]
             raise EvalError(messages.bad_value(f"{declaration.kind} '{name}' depends on itself: "
-                                               + " -> ".join(cycle), declaration.span,
+                                               + " -> ".join(cycle), declaration.name_span,
                                                "define it from values that do not depend on it"))
-        self.evaluating.append(name)
+        self.evaluating.append(key)
         try:
             with self.in_scope_of(declaration):
                 if declaration.kind == "param":
@@ -146,8 +183,9 @@ class _Resolver:
     def _param_value(self, declaration: Declaration) -> Quantity:
         node: ast.Param = declaration.node
         default = evaluate(node.default, self.lookup_value)
-        if declaration.name not in self.overrides:
-            return default
+        visible = self.scopes[self.loaded.main].get(declaration.name)
+        if declaration.name not in self.overrides or visible is None or visible.node is not node:
+            return default  # only the params the main file declares or imports can be overridden
         text = self.overrides[declaration.name]
         try:
             given = evaluate(parse_value(text), _no_names)
@@ -155,7 +193,7 @@ class _Resolver:
             self.bag.add(messages.override_kind(declaration.name, default.kind, default.describe(), text,
                                                 error.diagnostics[0].message, node.span))
             return default
-        problem = _kind_mismatch(default, given)
+        problem = kind_mismatch(default, given)
         if problem is not None:
             self.bag.add(messages.override_kind(declaration.name, default.kind, default.describe(), text, problem,
                                                 node.span))
@@ -177,47 +215,86 @@ class _Resolver:
 
     # --- the program ---------------------------------------------------------------------------
 
+    def canonical(self, declaration: Declaration) -> str:
+        """The name a declaration has in the Program: its own name where the main file sees it, else
+        `module.name` (a declaration another module needs but the main file did not import)."""
+        visible = self.scopes[self.loaded.main].get(declaration.name)
+        if visible is not None and visible.node is declaration.node:
+            return declaration.name
+        return f"{self.loaded.units[declaration.unit].dotted}.{declaration.name}"
+
+    def canonical_uses(self, declaration: Declaration, node, local: Mapping[str, int] | None = None) -> tuple[str, ...]:
+        """The canonical names of the declarations `node`'s expressions mention (in its own scope)."""
+        scope = self.scopes[declaration.unit]
+        return tuple(sorted(self.canonical(scope[name]) for name in free_names(node)
+                            if name in scope and name not in (local or {})))
+
     def resolve(self) -> Program:
+        params_in_main = self.of_kind("param")
         for name in self.overrides:
-            if name not in self.of_kind("param"):
-                self.bag.add(messages.override_unknown(name, self.of_kind("param")))
-        params: dict[str, object] = {}
-        for name, declaration in self.of_kind("param").items():
+            if name not in params_in_main:
+                self.bag.add(messages.override_unknown(name, params_in_main))
+        for declaration in params_in_main.values():
             try:
-                params[name] = _python_value(self.value_of(declaration))
+                self.value_of(declaration)
             except (_Skip, EvalError) as error:
                 if isinstance(error, EvalError):
                     self.bag.extend(error.diagnostics)
-        clocks: dict[str, ClockInfo] = {}
-        for name, declaration in self.of_kind("clock").items():
-            try:
-                clocks[name] = ClockInfo(name, self.value_of(declaration).value, free_names(declaration.node.rate),
-                                         span=declaration.span)
-            except (_Skip, EvalError) as error:
-                if isinstance(error, EvalError):
-                    self.bag.extend(error.diagnostics)
+        for declaration in self.of_kind("clock").values():
+            self.clock_info(declaration)
         cadence, cadence_span = self._cadence()
-        regions: dict[str, RegionInfo] = {}
-        families: dict[str, tuple[str, ...]] = {}
-        for name, declaration in self.of_kind("region").items():
-            with self.in_scope_of(declaration):
-                members = self._region(declaration.node, clocks)
-            if members is None:
-                continue
-            if declaration.node.family is not None:
-                families[name] = tuple(m.name for m in members)
-            for member in members:
-                regions[member.name] = member
+        for declaration in self.of_kind("region").values():
+            self.region_members(declaration)
         stages: dict[str, StageInfo] = {}
         for name, declaration in self.of_kind("stage").items():
             with self.in_scope_of(declaration):
-                stage = self._stage(declaration.node, clocks, regions, families)
+                stage = self._stage(declaration.node)
             if stage is not None:
                 stages[name] = stage
         if stages and cadence is None and "cadence" not in self.decls:
-            self.bag.add(messages.missing_cadence(next(iter(stages.values())).span))
-        return Program(self.loaded.main, cadence or Fraction(1), params, clocks, regions, families, stages,
-                       cadence_span=cadence_span, incomplete=bool(self.bag.errors))
+            first = next(iter(self.of_kind("stage").values()))
+            self.bag.add(messages.missing_cadence(first.name_span))
+        params: dict[str, object] = {}
+        for (unit, name), value in self.values.items():
+            declaration = self.scopes[unit].get(name)
+            if declaration is not None and declaration.kind == "param":
+                params[self.canonical(declaration)] = _python_value(value)
+        return Program(self.loaded.main, cadence or Fraction(1), params, dict(self.clocks), dict(self.regions),
+                       dict(self.families), stages, cadence_span=cadence_span,
+                       incomplete=bool(self.bag.errors))
+
+    def clock_info(self, declaration: Declaration) -> ClockInfo | None:
+        """The clock's exact rate, added to the program; None if it failed (reported once)."""
+        key = id(declaration.node)
+        if key not in self.resolved_clocks:
+            try:
+                rate = self.value_of(declaration).value
+            except (_Skip, EvalError) as error:
+                if isinstance(error, EvalError):
+                    self.bag.extend(error.diagnostics)
+                self.resolved_clocks[key] = None
+            else:
+                name = self.canonical(declaration)
+                info = ClockInfo(name, rate, self.canonical_uses(declaration, declaration.node.rate),
+                                 span=declaration.span)
+                self.clocks[name] = info
+                self.resolved_clocks[key] = info
+        return self.resolved_clocks[key]
+
+    def region_members(self, declaration: Declaration) -> list[RegionInfo] | None:
+        """The region (or the family's members), added to the program; None if it failed."""
+        key = id(declaration.node)
+        if key not in self.resolved_regions:
+            self.resolved_regions[key] = None  # a region never depends on itself; this guards anyway
+            with self.in_scope_of(declaration):
+                members = self._region(declaration)
+            self.resolved_regions[key] = members
+            if members is not None:
+                if declaration.node.family is not None:
+                    self.families[self.canonical(declaration)] = tuple(m.name for m in members)
+                for member in members:
+                    self.regions[member.name] = member
+        return self.resolved_regions[key]
 
     def _cadence(self) -> tuple[Fraction | None, Span | None]:
         declaration = self.decls.get("cadence")
@@ -240,45 +317,61 @@ class _Resolver:
             return None, node.span
         return period.value, node.span
 
-    def _region(self, node: ast.Region, clocks: dict[str, ClockInfo]) -> list[RegionInfo] | None:
+    def _region(self, declaration: Declaration) -> list[RegionInfo] | None:
+        node: ast.Region = declaration.node
         ok = True
         for kind, label in ((ast.OnClause, "on"), (ast.RetainClause, "retain"), (ast.StartClause, "start"),
-                            (ast.StockClause, "stock"), (ast.BindClause, "bind"), (ast.RoleClause, "input/output")):
+                            (ast.StockClause, "stock"), (ast.BindClause, "bind"), (ast.RoleClause, None)):
             found = node.clauses_of(kind)
             for extra in found[1:]:
-                self.bag.add(messages.duplicate_clause(label, node.name, extra.span, found[0].span))
+                if label is None and extra.role != found[0].role:
+                    self.bag.add(messages.input_and_output(node.name, extra.span, found[0].span))
+                else:
+                    self.bag.add(messages.duplicate_clause(label or extra.role, node.name, extra.span, found[0].span))
                 ok = False
+        name_span = node.name_span or node.span
         if node.dtype not in messages.DTYPES:
             self.bag.add(messages.unknown_dtype(node.dtype, node.dtype_span))
             ok = False
-        time_axes = [i for i, d in enumerate(node.shape) if isinstance(d, ast.TimeAxis)]
+        time_axes = [d for d in node.shape if isinstance(d, ast.TimeAxis)]
         on = node.clause(ast.OnClause)
         role_clause = node.clause(ast.RoleClause)
         role = role_clause.role if role_clause else "state"
-        if len(time_axes) > 1 or (not time_axes and role != "state"):
-            self.bag.add(messages.time_axis_count(node.name, len(time_axes), node.span))
+        if len(time_axes) > 1:
+            self.bag.add(messages.time_axis_count(node.name, len(time_axes), time_axes[1].span or name_span))
             ok = False
-        if (not time_axes and node.clause(ast.RetainClause) is not None
-                and not isinstance(node.clause(ast.RetainClause).retention, ast.KeepScratch)):
-            self.bag.add(messages.fixed_with_retention(node.name, node.clause(ast.RetainClause).span))
+        elif not time_axes and role != "state":
+            self.bag.add(messages.time_axis_count(node.name, 0, role_clause.span or name_span))
             ok = False
+        if not time_axes:
+            retain = node.clause(ast.RetainClause)
+            if retain is not None and isinstance(retain.retention, ast.KeepScratch):
+                retain = None  # a fixed scratch region is a working buffer shared by every session
+            for clause in (retain, on):
+                if clause is not None:
+                    self.bag.add(messages.fixed_with_clause(node.name, "retain" if clause is not on else "on",
+                                                            clause.span))
+                    ok = False
         clock = None
         if on is None:
             if time_axes:
-                self.bag.add(messages.missing_clock(node.name, node.span))
+                self.bag.add(messages.missing_clock(node.name, name_span))
                 ok = False
-        elif on.clock not in clocks:
-            declaration = self.decls.get(on.clock)
-            if declaration is None:
-                self.bag.add(messages.unknown_name("clock", on.clock, on.span, self.of_kind("clock")))
-            elif declaration.kind != "clock":
-                self.bag.add(messages.wrong_kind_of_name(on.clock, declaration.kind, "clock", on.span,
-                                                         declaration.span, self.of_kind("clock")))
-            ok = False
-        else:
-            clock = clocks[on.clock]
+        elif time_axes:
+            clock_declaration = self.decls.get(on.clock)
+            if clock_declaration is None or clock_declaration.kind != "clock":
+                self._unknown(on.clock, "clock", on.clock_span or on.span)
+                ok = False
+            else:
+                clock = self.clock_info(clock_declaration)
+                ok = ok and clock is not None
         count = 1
         if node.family is not None:
+            shadowed = self.decls.get(node.family.index)
+            if shadowed is not None and shadowed.kind in ("param", "clock"):
+                self.bag.add(messages.shadowing_index(node.family.index, node.name, shadowed.kind,
+                                                      node.family.index_span, shadowed.name_span))
+                ok = False
             try:
                 count = self.evaluate_in(node.family.count)
                 if count.is_list or count.unit != PLAIN or count.value.denominator != 1 or count.value < 1:
@@ -291,21 +384,39 @@ class _Resolver:
                 ok = False
             except _Skip:
                 ok = False
+        bind_clause = node.clause(ast.BindClause)
+        if ok and node.family is not None and count > 1 and bind_clause is not None:
+            if not _PLACEHOLDER.search(bind_clause.path):  # an unknown placeholder is reported by `_bind`
+                self.bag.add(messages.family_bind_without_index(node.name, bind_clause.path, count, node.family.index,
+                                                                bind_clause.span))
+                ok = False
         if not ok:
             return None
+        time_axis = next((i for i, d in enumerate(node.shape) if isinstance(d, ast.TimeAxis)), None)
         members = []
         for index in range(count):
             local = {node.family.index: index} if node.family is not None else {}
-            member = self._member(node, index if node.family else None, local, clock, role,
-                                  time_axes[0] if time_axes else None)
+            member = self._member(declaration, index if node.family else None, local, clock, role, time_axis)
             if member is None:
                 return None
             members.append(member)
         return members
 
-    def _member(self, node: ast.Region, index: int | None, local: dict[str, int], clock: ClockInfo | None,
+    def _unknown(self, name: str, want: str, span: Span | None) -> None:
+        """Report a name that is not a `want` (clock or region): unknown, or of another kind."""
+        declaration = self.decls.get(name)
+        candidates = self.of_kind(want)
+        if declaration is None:
+            self.bag.add(messages.unknown_name(want, name, span, candidates))
+        elif declaration.kind != want:
+            self.bag.add(messages.wrong_kind_of_name(name, declaration.kind, want, span, declaration.name_span,
+                                                     candidates))
+
+    def _member(self, declaration: Declaration, index: int | None, local: dict[str, int], clock: ClockInfo | None,
                 role: str, time_axis: int | None) -> RegionInfo | None:
-        name = f"{node.name}[{index}]" if index is not None else node.name
+        node: ast.Region = declaration.node
+        base = self.canonical(declaration)
+        name = f"{base}[{index}]" if index is not None else base
         try:
             shape: list[int | None] = []
             for position, dim in enumerate(node.shape):
@@ -324,31 +435,7 @@ class _Resolver:
                 retention = self._retention(node, name, clock, role, local)
             if retention is None:
                 return None
-            start_clause = node.clause(ast.StartClause)
-            policy = start_clause.policy if start_clause else (ast.StartZeros() if time_axis is None
-                                                               else ast.StartEmpty())
-            start, start_length = "empty", 0
-            if isinstance(policy, ast.StartEmpty) and time_axis is None:
-                self.bag.add(messages.bad_start(name, "a fixed region cannot start empty", start_clause.span))
-                return None
-            if isinstance(policy, ast.StartZeros):
-                start = "zeros"
-                start_length = retention.keeps or 0 if retention.kind in ("last", "first_last") else 0
-            elif isinstance(policy, ast.StartGiven):
-                start = "given"
-                if (policy.count is None) != (time_axis is None):
-                    problem = ("says how many units it starts with, but a fixed region starts whole"
-                               if time_axis is None else "needs the number of units it starts with: `start given N`")
-                    self.bag.add(messages.bad_start(name, problem, start_clause.span))
-                    return None
-                if policy.count is not None:
-                    start_length = count_of(self.evaluate_in(policy.count, local), clock.rate, policy.count,
-                                            f"the start length of region '{name}'", 0)
-                keeps = retention.keeps
-                if keeps is not None and start_length > keeps:
-                    self.bag.add(messages.bad_count("the start length", name, str(start_length), policy.span,
-                                                    f"the region keeps at most {keeps} units"))
-                    return None
+            start, start_length = self._start(node, name, retention, clock, local)
             stock_shape = self._stock(node, name, shape, local)
             bind_clause = node.clause(ast.BindClause)
             bind = self._bind(node, bind_clause, name, local) if bind_clause else None
@@ -359,17 +446,67 @@ class _Resolver:
             return None
         except _Skip:
             return None
-        return RegionInfo(name, node.name if node.family else None, index, node.dtype, messages.DTYPES[node.dtype],
-                          tuple(shape), time_axis, clock.name if clock else None, retention, start, start_length, stock_shape, bind,
-                          role, tuple(n for n in free_names(node) if n not in local), span=node.span, bind_span=bind_clause.span if bind_clause else None)
+        return RegionInfo(name, base if node.family else None, index, node.dtype, messages.DTYPES[node.dtype],
+                          tuple(shape), time_axis, clock.name if clock else None, retention, start, start_length,
+                          stock_shape, bind, role, self.canonical_uses(declaration, node, local),
+                          span=node.span, bind_span=bind_clause.span if bind_clause else None)
+
+    def _start(self, node: ast.Region, name: str, retention: Retention, clock: ClockInfo | None,
+               local: dict[str, int]) -> tuple[str, int]:
+        """The start policy and the units held at session start (see RegionInfo.start_length).
+
+        Defaults: a fixed region starts zeros, a region with a time axis starts empty. `start zeros`
+        fills a window (`last`, `first + last`) completely; a ring's slots start as zeros with a fill
+        of 0; an input or output sized from its stages gets its zeros once `checks.size_io_regions`
+        knows the window.
+        """
+        clause = node.clause(ast.StartClause)
+        fixed = not any(isinstance(d, ast.TimeAxis) for d in node.shape)
+        if clause is None:
+            return ("zeros", 0) if fixed else ("empty", 0)
+        policy = clause.policy
+        if fixed:
+            if isinstance(policy, ast.StartEmpty):
+                self.bag.add(messages.bad_start(name, "has no time axis, so it cannot start empty", clause.span))
+                raise _Skip()
+            if isinstance(policy, ast.StartGiven) and policy.count is not None:
+                self.bag.add(messages.bad_start(name, "has no time axis, so it starts whole: write `start given` "
+                                                "without a length", clause.span))
+                raise _Skip()
+            return ("zeros", 0) if isinstance(policy, ast.StartZeros) else ("given", 0)
+        if isinstance(policy, ast.StartEmpty):
+            return "empty", 0
+        if retention.kind == "scratch":
+            self.bag.add(messages.bad_start(name, "is scratch: it holds nothing between instants, so it can only "
+                                            "start empty", clause.span))
+            raise _Skip()
+        if isinstance(policy, ast.StartZeros):
+            if retention.kind == "all":
+                self.bag.add(messages.bad_start(name, "keeps everything up to its horizon, so `start zeros` has "
+                                                "no length: write `start given N` for N units of zeros", clause.span))
+                raise _Skip()
+            # a window starts full of zeros; a ring's slots are zeros but its fill starts at 0
+            return "zeros", 0 if retention.kind == "ring" else retention.keeps or 0
+        if policy.count is None:
+            self.bag.add(messages.bad_start(name, "needs the number of units it starts with: `start given N`",
+                                            clause.span))
+            raise _Skip()
+        length = count_of(self.evaluate_in(policy.count, local), clock.rate, policy.count,
+                          f"the start length of region '{name}'", 0)
+        keeps = retention.keeps
+        if keeps is not None and length > keeps:
+            self.bag.add(messages.bad_count("the start length", name, str(length), policy.span,
+                                            f"the region keeps at most {keeps} units; start with at most {keeps}"))
+            raise _Skip()
+        return "given", length
 
     def _retention(self, node: ast.Region, name: str, clock: ClockInfo, role: str,
                    local: dict[str, int]) -> Retention | None:
         clause = node.clause(ast.RetainClause)
         if clause is None:
             if role in ("input", "output"):
-                return Retention("io", span=node.span)  # sized from the stages' accesses by `checks`
-            self.bag.add(messages.missing_retention(name, node.span))
+                return Retention("io", span=node.name_span or node.span)  # sized from the stages by `checks`
+            self.bag.add(messages.missing_retention(name, node.name_span or node.span))
             return None
         keep = clause.retention
 
@@ -402,46 +539,66 @@ class _Resolver:
                 self.bag.add(messages.stock_arity(name, len(dims), len(shape), clause.span))
                 raise _Skip()
             return tuple(dims)
+        if None not in shape:
+            self.bag.add(messages.stock_of_fixed(name, len(shape), clause.span))
+            raise _Skip()
         capacity = require_int(value, clause.capacity, f"the stock capacity of region '{name}'", 0)
         return tuple(capacity if d is None else d for d in shape)
 
     def _bind(self, node: ast.Region, clause: ast.BindClause, name: str, local: dict[str, int]) -> str | None:
+        unknown: list[str] = []
+
         def fill(match: re.Match) -> str:
             key = match.group(1)
             if key in local:
                 return str(local[key])
-            raise KeyError(key)
+            unknown.append(key)
+            return match.group(0)
 
-        try:
-            path = _PLACEHOLDER.sub(fill, clause.path)
-        except KeyError as missing:
-            known = ", ".join(f"{{{k}}}" for k in local) or "none (the region is not a family)"
-            self.bag.add(messages.bad_bind(name, f"uses placeholder {{{missing.args[0]}}}; placeholders here: {known}",
-                                           clause.span))
+        path = _PLACEHOLDER.sub(fill, clause.path)
+        if unknown:
+            self.bag.add(messages.bad_placeholder(node.name, unknown[0], list(local), clause.span))
             return None
-        if path.strip() == "" or any(not _PATH_PART.match(part) for part in path.split(".")):
-            self.bag.add(messages.bad_bind(name, f"'{path}' is not an attribute path", clause.span))
+        problem = path_problem(path)
+        if problem is not None:
+            self.bag.add(messages.bad_bind(node.name, path, problem, clause.span))
             return None
         return path
 
-    def _stage(self, node: ast.Stage, clocks: dict[str, ClockInfo], regions: dict[str, RegionInfo],
-               families: dict[str, tuple[str, ...]]) -> StageInfo | None:
+    def _stage(self, node: ast.Stage) -> StageInfo | None:
         ok = True
-        if node.clock not in clocks:
-            declaration = self.decls.get(node.clock)
-            if declaration is None or declaration.kind != "clock":
-                self.bag.add(messages.unknown_name("clock", node.clock, node.clock_span, self.of_kind("clock")))
+        clock = None
+        clock_declaration = self.decls.get(node.clock)
+        if clock_declaration is None or clock_declaration.kind != "clock":
+            self._unknown(node.clock, "clock", node.clock_span)
             ok = False
+        else:
+            clock = self.clock_info(clock_declaration)
+            ok = clock is not None
         callables = node.items_of(ast.ModuleItem) + node.items_of(ast.HookItem)
         if len(callables) != 1:
             self.bag.add(messages.stage_callable(node.name, len(callables),
-                                                 callables[1].span if len(callables) > 1 else node.span))
+                                                 callables[1].span if len(callables) > 1
+                                                 else node.name_span or node.span))
             ok = False
+        for item in node.items_of(ast.ModuleItem):
+            problem = path_problem(item.path) if item.path != "" else None
+            if problem is not None:  # reported, but the stage's accesses are still worth checking
+                self.bag.add(messages.bad_module_path(node.name, item.path, problem, item.path_span or item.span))
+        aliases: dict[str, Span | None] = {}
+        for item in node.items_of(ast.ReadItem):
+            if item.alias is None:
+                continue
+            if item.alias in aliases:
+                self.bag.add(messages.duplicate_argument(node.name, item.alias, item.alias_span or item.span,
+                                                         aliases[item.alias]))
+            else:
+                aliases[item.alias] = item.alias_span or item.span
         accesses: list[Access] = []
         for item in node.items:
             if isinstance(item, (ast.ReadItem, ast.UpdateItem, ast.WriteItem)):
                 try:
-                    accesses.extend(self._accesses(item, regions, families))
+                    accesses.extend(self._accesses(item))
                 except EvalError as error:
                     self.bag.extend(error.diagnostics)
                     ok = False
@@ -451,38 +608,34 @@ class _Resolver:
             return None
         target = callables[0]
         kind = "module" if isinstance(target, ast.ModuleItem) else "hook"
-        return StageInfo(node.name, node.clock, kind, target.path if kind == "module" else target.name,
+        return StageInfo(node.name, clock.name, kind, target.path if kind == "module" else target.name,
                          tuple(accesses), bool(node.items_of(ast.RngItem)), span=node.span,
                          callable_span=target.span)
 
-    def _accesses(self, item, regions: dict[str, RegionInfo], families: dict[str, tuple[str, ...]]) -> list[Access]:
+    def _accesses(self, item) -> list[Access]:
         ref: ast.RegionRef = item.region
-        if ref.name in families:
-            members = families[ref.name]
+        declaration = self.decls.get(ref.name)
+        if declaration is None or declaration.kind != "region":
+            self._unknown(ref.name, "region", ref.name_span or ref.span)
+            raise _Skip()
+        resolved = self.region_members(declaration)
+        if resolved is None:
+            raise _Skip()  # a region whose own declaration failed is reported there
+        members = [m.name for m in resolved]
+        if declaration.node.family is not None:
             if ref.index is not None:
                 position = require_int(self.evaluate_in(ref.index), ref.index, "a family index")
                 if not 0 <= position < len(members):
                     self.bag.add(messages.index_out_of_range(ref.name, str(position), len(members), ref.index.span))
                     raise _Skip()
-                members = (members[position],)
-        elif ref.name in regions:
-            if ref.index is not None:
-                self.bag.add(messages.index_on_plain_region(ref.name, ref.index.span))
-                raise _Skip()
-            members = (ref.name,)
-        else:
-            declaration = self.decls.get(ref.name)
-            region_names = list(self.of_kind("region"))
-            if declaration is None:
-                self.bag.add(messages.unknown_name("region", ref.name, ref.span, region_names))
-            elif declaration.kind != "region":
-                self.bag.add(messages.wrong_kind_of_name(ref.name, declaration.kind, "region", ref.span,
-                                                         declaration.span, region_names))
-            raise _Skip()  # a region whose own declaration failed is reported there
+                members = [members[position]]
+        elif ref.index is not None:
+            self.bag.add(messages.index_on_plain_region(ref.name, ref.index.span))
+            raise _Skip()
         result = []
         for member in members:
-            region = regions[member]
-            rate = self._clock_rate(region.clock) if region.clock else Fraction(1)
+            region = self.regions[member]
+            rate = self.clocks[region.clock].rate if region.clock else Fraction(1)
             if isinstance(item, ast.ReadItem):
                 window, count, context = "all", 0, 0
                 if isinstance(item.span_clause, ast.SpanLast):
@@ -514,10 +667,6 @@ class _Resolver:
                 result.append(Access("write", member, advance=advance, latency=latency, span=item.span))
         return result
 
-    def _clock_rate(self, clock: str) -> Fraction:
-        return self.value_of(self.decls[clock]).value
-
-
 class _Skip(Exception):
     """A declaration that depends on one already reported as broken."""
 
@@ -527,16 +676,32 @@ def _no_names(node: ast.Name) -> Quantity:
                                        "give a literal value"))
 
 
-def _kind_mismatch(default: Quantity, given: Quantity) -> str | None:
+def kind_mismatch(default: Quantity, given: Quantity) -> str | None:
+    """Why `given` cannot replace `default` (None if it can): lists replace lists (element by element
+    of the default's kind when the default's elements share one kind), integers take integers,
+    fractions take integers or fractions, durations take durations, rates take rates."""
     if default.is_list != given.is_list:
         return f"got {given.kind}"
     if default.is_list:
+        kinds = {_element_kind(item) for item in default.value}
+        if len(kinds) == 1 and default.value:
+            template = default.value[0]
+            for position, item in enumerate(given.value):
+                problem = kind_mismatch(template, item)
+                if problem is not None:
+                    return f"item {position} is {item.kind}, the default's items are {template.kind}"
         return None
     if default.unit != given.unit:
         return f"got {given.kind}"
     if default.unit == PLAIN and default.value.denominator == 1 and given.value.denominator != 1:
         return f"got {given.kind}"
     return None
+
+
+def _element_kind(q: Quantity) -> str:
+    if q.is_list:
+        return "a list"
+    return "an integer" if q.unit == PLAIN and q.value.denominator == 1 else unit_name(q.unit)
 
 
 def free_names(node) -> tuple[str, ...]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import attrs
 
 
@@ -35,23 +33,20 @@ class SourceFile:
     path: str
     text: str
 
-    @classmethod
-    def read(cls, path: str | Path) -> SourceFile:
-        """Read a file as UTF-8; raises OSError or UnicodeDecodeError (the CLI reports both)."""
-        data = Path(path).read_bytes()
-        if b"\x00" in data:
-            raise UnicodeDecodeError("utf-8", data, data.index(b"\x00"), data.index(b"\x00") + 1,
-                                     "NUL byte: this is a binary file, not a .clock file")
-        return cls(str(path), data.decode("utf-8"))
-
     def line(self, number: int) -> str:
         """The text of 1-based line `number` without its newline ('' past the end)."""
-        lines = self.text.splitlines()
-        return lines[number - 1] if 1 <= number <= len(lines) else ""
+        lines = self.text.split("\n")  # the parser counts "\n" only, not every Unicode line break
+        return lines[number - 1].rstrip("\r") if 1 <= number <= len(lines) else ""
+
+    @property
+    def line_count(self) -> int:
+        return self.text.count("\n") + (0 if self.text.endswith("\n") or not self.text else 1)
 
     def end_span(self) -> Span:
-        """A one-column span just after the last character (where 'file ended' errors point)."""
-        lines = self.text.splitlines() or [""]
-        if self.text.endswith("\n"):
-            return Span.point(self.path, len(lines) + 1, 1)
+        """A one-column span just after the last non-blank character (where "the file ended" errors
+        point), or 1:1 for a blank file."""
+        stripped = self.text.rstrip()
+        if not stripped:
+            return Span.point(self.path, 1, 1)
+        lines = stripped.split("\n")
         return Span.point(self.path, len(lines), len(lines[-1]) + 1)

@@ -1,0 +1,148 @@
+"""What a checked program says: the evaluation rules and defaults of docs/language.md, read from the
+`Program` records the interpreter consumes."""
+
+from __future__ import annotations
+
+import textwrap
+from fractions import Fraction
+from pathlib import Path
+
+from duplexcadence.dsl import depgraph
+from duplexcadence.dsl.compiler import check_file, load_program
+from duplexcadence.dsl.loader import stdlib_root
+
+GOOD = Path(__file__).parent / "good"
+
+
+def program(text: str):
+    result = check_file("s.clock", text=textwrap.dedent(text))
+    assert result.program is not None, [f"{d.span}: {d.message}" for d in result.diagnostics]
+    return result.program
+
+
+def test_rates_are_exact_and_derived_clocks_follow() -> None:
+    p = load_program(GOOD / "units_and_values.clock")
+    assert p.clocks["frame"].rate == Fraction(25, 2)
+    assert p.clocks["half"].rate == Fraction(25, 2)
+    assert p.clocks["fine"].rate == 10 and p.clocks["slow"].rate == 5
+    assert p.cadence == Fraction(2, 25)
+    assert p.params["hop"] == 1920 and p.params["ratio"] == Fraction(5, 2)
+    assert p.params["history"] == Fraction(12, 25)
+
+
+def test_durations_are_converted_by_the_region_clock() -> None:
+    p = load_program(GOOD / "units_and_values.clock")
+    assert p.regions["window"].retention.last == 6          # 0.48 s at 12.5 Hz
+    assert p.regions["audio"].retention.last == 3840        # 80 ms + 80 ms at 24 kHz
+    assert p.regions["fine_state"].retention.horizon == 100  # 10 s at 10 Hz
+    flow = load_program(GOOD / "flow_matching_chunks.clock")
+    assert flow.regions["estimator_att"].retention.describe() == "first 150 + last 100"  # 2 s at 50 Hz
+    assert flow.stages["flow"].accesses[1].advance == 50                               # +1 s at 50 Hz
+    assert flow.regions["vocoder_tail"].retention.last == 3840                         # 160 ms at 24 kHz
+
+
+def test_start_policies_give_the_units_held_at_session_start() -> None:
+    p = program("""
+        cadence 1 s
+        clock c = 10 Hz
+        region zero : f32[time] on c retain last 6 start zeros
+        region kv : f32[time] on c retain ring 8 start zeros
+        region pinned : f32[time] on c retain first 3 + last 4 start zeros
+        region prompt : f32[time] on c retain last 6 start given 2
+        region fresh : f32[time] on c retain last 6
+        region counter : i64[1]
+        region speaker : f32[192] start given
+        region io : f32[time] on c input start zeros
+        stage s on c {
+            hook s
+            read io last 5
+            update zero +1; update kv +1; update pinned +1; update prompt +1; update fresh +1
+            update counter; read speaker
+        }
+    """)
+    starts = {name: (r.start, r.start_length) for name, r in p.regions.items()}
+    assert starts == {"zero": ("zeros", 6), "kv": ("zeros", 0), "pinned": ("zeros", 7), "prompt": ("given", 2),
+                      "fresh": ("empty", 0), "counter": ("zeros", 0), "speaker": ("given", 0), "io": ("zeros", 4)}
+
+
+def test_inputs_without_retain_keep_the_history_their_readers_need_and_outputs_nothing() -> None:
+    p = load_program(GOOD / "chunked_context.clock")
+    assert p.regions["codes"].retention.describe() == "last 25"  # the context; the 12 or 13 new codes arrive
+    assert p.regions["wav"].retention.kind == "scratch"
+    assert p.stages["decode"].accesses[1].advance is None         # written without an advance: the module decides
+    seanet = load_program(GOOD / "seanet_decoder.clock")
+    assert seanet.regions["codes"].retention.kind == "scratch"    # read whole: what arrives is all it needs
+    assert seanet.regions["pcm"].retention.kind == "scratch"
+    assert seanet.stages["decoder"].accesses[-1].advance == 1920  # +80 ms at 24 kHz
+    flow = load_program(GOOD / "flow_matching_chunks.clock")
+    assert flow.regions["tokens"].retention.describe() == "last 3"  # declared: 25 more arrive each chunk
+
+
+def test_a_write_without_an_advance_gets_the_clocks_advance() -> None:
+    p = program("""
+        cadence 1 s
+        clock frame = 12.5 Hz
+        clock latent = frame * 2
+        region r : f32[time] on latent retain last 4
+        stage s on frame { hook s; write r }
+    """)
+    assert p.stages["s"].accesses[0].advance == 2
+
+
+def test_families_expand_into_members_with_their_bindings() -> None:
+    p = load_program(GOOD / "families_and_fixed.clock")
+    assert p.families["kv"] == ("kv[0]", "kv[1]", "kv[2]", "kv[3]")
+    assert p.regions["kv[2]"].bind == "model.layers.2.attn.cache" and p.regions["kv[2]"].family == "kv"
+    assert p.regions["conv[0]"].shape == (1, 64, None) and p.regions["conv[1]"].shape == (1, 128, None)
+    assert p.regions["kv[0]"].stock_shape == (2, 1, 16, 4096, 64)
+    assert [a.region for a in p.stages["attend"].accesses][-4:] == ["kv[0]", "kv[1]", "kv[2]", "kv[3]"]
+    assert p.regions["position"].fixed and p.regions["position"].clock is None
+    assert p.regions["position"].retention.kind == "fixed"
+
+
+def test_reads_carry_their_windows() -> None:
+    p = load_program(GOOD / "flow_matching_chunks.clock")
+    read = p.stages["flow"].accesses[0]
+    assert (read.window, read.count, read.lookahead, read.alias) == ("last", 28, 3, "tokens")
+    chunked = load_program(GOOD / "chunked_context.clock")
+    read = chunked.stages["decode"].accesses[0]
+    assert (read.window, read.context) == ("new", 25)
+    feedback = load_program(GOOD / "feedback_with_prev.clock")
+    assert feedback.stages["predictor"].accesses[0].prev
+
+
+def test_stage_order_follows_dataflow_and_prev_breaks_cycles() -> None:
+    p = load_program(GOOD / "feedback_with_prev.clock")
+    assert depgraph.stage_order(p) == ["predictor", "depformer"]
+    seanet = load_program(GOOD / "seanet_decoder.clock")
+    assert depgraph.stage_order(seanet) == ["upsample", "transformer", "decoder"]
+
+
+def test_the_dependency_graph_links_params_clocks_regions_and_stages() -> None:
+    p = load_program(GOOD / "families_and_fixed.clock")
+    graph = p.graph
+    assert graph.has_edge(("param", "L"), ("region", "kv[0]"))  # L sizes the family
+    assert graph.has_edge(("param", "B"), ("region", "kv[0]"))
+    assert graph.has_edge(("clock", "step"), ("stage", "embed"))
+    assert graph.has_edge(("stage", "embed"), ("region", "logits"))
+    assert graph.has_edge(("region", "tokens"), ("stage", "embed"))
+    assert not any(node == ("clock", None) for node in graph.nodes)  # fixed regions advance on no clock
+
+
+def test_declarations_a_file_does_not_import_keep_a_qualified_name() -> None:
+    p = load_program(GOOD / "local_imports.clock")
+    assert sorted(p.regions) == ["features", "lib.vocoder_block.speech", "mel"]
+    assert p.regions["lib.vocoder_block.speech"].role == "output"
+    assert p.stages["vocode"].clock == "frame"
+    assert p.clocks["sample"].rate == 24000
+
+
+def test_the_stdlib_tails_load() -> None:
+    mimi = load_program(stdlib_root() / "models" / "mimi_decoder.clock")
+    assert len(mimi.families["kv"]) == 8 and mimi.regions["kv[7]"].retention.describe() == "ring 250"
+    assert mimi.regions["pcm"].retention.kind == "scratch"
+    step = load_program(stdlib_root() / "models" / "step_audio2_token2wav.clock")
+    assert step.regions["tokens"].start_length == 3
+    assert step.stages["vocoder"].accesses[-1].latency == 3840 and step.stages["vocoder"].rng
+    qwen = load_program(stdlib_root() / "models" / "qwen3_omni_code2wav.clock")
+    assert qwen.regions["codes"].retention.describe() == "last 25"

@@ -155,7 +155,7 @@ def _member_range(members: Sequence[str]) -> str:
 
 
 def _title(plan: Plan, view: str) -> str:
-    params = ", ".join(f"{k}={_param_text(v)}" for k, v in sorted(plan.program.params.items()))
+    params = ", ".join(f"{k}={_param_text(v)}" for k, v in sorted(plan.program.params.items()) if "." not in k)
     return f"{Path(plan.path).name} — {view}" + (f"  ({params})" if params else "")
 
 

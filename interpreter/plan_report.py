@@ -45,7 +45,7 @@ def _params(plan: Plan) -> str:
             return "[" + ", ".join(show(v) for v in value) + "]"
         return number_text(value) if isinstance(value, Fraction) else str(value)
 
-    return ", ".join(f"{k}={show(v)}" for k, v in sorted(plan.program.params.items())) or "none"
+    return ", ".join(f"{k}={show(v)}" for k, v in sorted(plan.program.params.items()) if "." not in k) or "none"
 
 
 def format_plan(plan: Plan) -> str:

@@ -269,7 +269,7 @@ class Session:
                     region = runtime.program.regions[name]
                     if region.start == "given":
                         source = self.initial[name]
-                        storage.view(None if region.fixed else region.start_length).copy_(source)
+                        storage.view(None if region.fixed else region.start_length).copy_(source.detach())
             self.simulator = Simulator(runtime.program, runtime.plan.clocks)
             self._instant = 0
             self.failed = None
@@ -407,8 +407,12 @@ class Session:
                     outputs[view.region] = self.storage[view.region].view(view.transient).narrow(
                         region.time_axis, view.offset, view.length).clone()
 
+    @torch.no_grad()
     def _run_body(self, firing: Firing) -> dict[str, torch.Tensor]:
-        """Bind, call, store, trim: what a graph captures and what eager execution runs."""
+        """Bind, call, store, trim: what a graph captures and what eager execution runs.
+
+        Always without autograd: parameters require grad by default, and an in-place write into a
+        region under grad mode would chain every tick onto the arena's autograd history."""
         runtime = self.runtime
         program = runtime.program
         stage = program.stages[firing.stage]

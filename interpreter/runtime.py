@@ -290,6 +290,7 @@ class Session:
                                 "call reset() to start it again") from self.failed
         with runtime.lock:
             firings, simulator = self._plan_step(args, inputs)
+            self._bound_lengths = dict(self.simulator.length)
             outputs: dict[str, torch.Tensor] = {}
             try:
                 for firing in firings:
@@ -498,14 +499,16 @@ class Session:
         return whole.narrow(region.time_axis, view.start, view.length)
 
     def _bind_current(self, after: Firing | None = None) -> None:
-        """Point every bound attribute at its region's current view (lengths after `after`)."""
+        """Point every bound attribute at its region's current view: the lengths at the start of the
+        instant, with the updates of every firing of the instant so far (up to `after`) applied."""
         runtime = self.runtime
-        lengths = dict(self.simulator.length) if after is None else {}
-        if after is not None:
-            lengths = dict(self.simulator.length)
+        if after is None:
+            self._bound_lengths = dict(self.simulator.length)
+        else:
             for view in after.views:
                 if view.kind == "update" and view.kept is not None:
-                    lengths[view.region] = view.kept
+                    self._bound_lengths[view.region] = view.kept
+        lengths = self._bound_lengths
         for name, slot in runtime.attributes.items():
             region = runtime.program.regions[name]
             storage = self.storage[name]

@@ -87,7 +87,7 @@ def _mib(value: int | None) -> str:
 
 def report(sides: list[SideResult], device: torch.device, frames_per_tick: int = 1) -> None:
     """Print timing and memory per side (ms per second of audio counts every instance of a tick)."""
-    print(f"{'side':<16} {'setup s':>8} {'ms/frame':>9} {'p90':>7} {'ms/s audio':>11} {'state':>11} {'peak alloc':>11}")
+    print(f"{'side':<16} {'setup s':>8} {'ms/tick':>9} {'p90':>7} {'ms/s audio':>11} {'state':>11} {'peak alloc':>11}")
     for side in sides:
         steady = side.frame_ms[1:] or side.frame_ms
         median = statistics.median(steady)
@@ -97,7 +97,7 @@ def report(sides: list[SideResult], device: torch.device, frames_per_tick: int =
               + (f"  {side.note}" if side.note else ""))
     if device.type != "cuda":
         print(f"process max RSS (both sides, CPU): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
-    print("ms/frame: wall time of one tick (first tick excluded); ms/s audio = ms/frame x 12.5"
+    print("ms/tick: wall time of one tick (first excluded); ms/s audio = ms/tick x 12.5 ticks"
           + (f"; one tick decodes {frames_per_tick} instances" if frames_per_tick > 1 else ""))
 
 

@@ -327,8 +327,10 @@ class Session:
             if index is not None:
                 runs, simulator, off_plan = self.runs.get(index) or self._eager_runs(runtime.templates[index].firings), \
                     None, False
+                self._bound_lengths = dict(runtime.plan.trace.states[index][0])
             else:
                 self._sync_simulator()
+                self._bound_lengths = dict(self.simulator.length)
                 firings, simulator, off_plan = self._plan_step(args, inputs)
                 runs = self._eager_runs(firings)
             outputs: dict[str, torch.Tensor] = {}
@@ -602,14 +604,16 @@ class Session:
         return whole.narrow(region.time_axis, view.start, view.length)
 
     def _bind_current(self, after: Firing | None = None) -> None:
-        """Point every bound attribute at its region's current view (lengths after `after`)."""
+        """Point every bound attribute at its region's current view: the lengths at the start of the
+        instant, with the updates of every firing of the instant so far (up to `after`) applied."""
         runtime = self.runtime
-        lengths = dict(self.simulator.length) if after is None else {}
-        if after is not None:
-            lengths = dict(self.simulator.length)
+        if after is None:
+            self._bound_lengths = dict(self.simulator.length)
+        else:
             for view in after.views:
                 if view.kind == "update" and view.kept is not None:
-                    lengths[view.region] = view.kept
+                    self._bound_lengths[view.region] = view.kept
+        lengths = self._bound_lengths
         for name, slot in runtime.attributes.items():
             region = runtime.program.regions[name]
             storage = self.storage[name]
@@ -658,7 +662,9 @@ class Session:
             stream.wait_stream(torch.cuda.current_stream(runtime.device))
             try:
                 with torch.cuda.stream(stream), self._rng_scope(stage.rng):
+                    self._bound_lengths = dict(runtime.plan.trace.states[firing.instant][0])
                     self._run_body(firing)  # warm-up: lazy buffers, cuBLAS handles, torch.compile'd kernels
+                    self._bound_lengths = dict(runtime.plan.trace.states[firing.instant][0])
                     with _sync_debug("error"):
                         self._run_body(firing)  # the probe: a host sync inside the stage raises here
             except Exception as error:  # a sync or host copy: plan this stage eager, say where
@@ -702,6 +708,7 @@ class Session:
         module_outputs: dict[str, torch.Tensor] = {}
         try:
             with self._rng_scope(any(stage.rng for stage in stages)):
+                self._bound_lengths = dict(runtime.plan.trace.states[firings[0].instant][0])
                 with torch.cuda.graph(graph, pool=runtime.pool, stream=stream):
                     for firing in firings:
                         module_outputs.update(self._run_body(firing))

@@ -8,6 +8,9 @@ Modules:
 - :mod:`.state`: every streaming-state tensor on the decode path, by attribute path, and
   rebinding of those tensors to externally allocated views.
 - :mod:`.stock`: moshi's own streaming decode loop (stock, eager, whole-step CUDA graph).
+- :mod:`.cadence`: ``stdlib/models/mimi_decoder.clock`` bound to a streaming Mimi.
+- :mod:`.bench`: the ``dsl bench moshi`` subject.
+- :mod:`.infer`: ``python -m duplexcadence.examples.moshi.infer``, stock vs DuplexCadence.
 
 Nothing here imports ``moshi`` at package import time, so that :func:`.model.configure_torch_compile`
 can still set ``NO_TORCH_COMPILE`` before moshi is first imported.

@@ -5,4 +5,12 @@ conv carries as ``torch.cat`` results and views (new addresses every tick), runs
 CUDA-graphs only the transformers, and decodes every tick with two Mimi instances. :mod:`.stock`
 reproduces that state handling on the modules (weights) of moshi 0.2.13; ``UPSTREAM.md`` maps each
 piece to the upstream file it follows.
+
+- :mod:`.cadence`: ``stdlib/models/personaplex_mimi_decoder.clock`` bound to the reproduction; the two
+  instances as two sessions of one runtime over one model.
+- :mod:`.bench`: the ``dsl bench personaplex`` subject.
+- :mod:`.infer`: ``python -m duplexcadence.examples.personaplex.infer``, stock vs DuplexCadence.
+
+Nothing here imports ``moshi`` at package import time (see ``examples/moshi/model.py`` on
+``NO_TORCH_COMPILE``).
 """

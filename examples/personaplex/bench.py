@@ -1,0 +1,81 @@
+"""PersonaPlex's Mimi decoder tail as a benchmark subject (`dsl bench personaplex`).
+
+One tick = one 80 ms frame decoded by BOTH Mimi instances, as PersonaPlex's server does every tick
+(`mimi` and `other_mimi`, same weights, same codes); each tick's outputs are `main` and `other`.
+Variants, each building its own model(s) from the same seeded weights:
+
+* stock eager: the reproduction of PersonaPlex's loop (`stock.PersonaPlexTail`) with its transformer
+  graphs off: every kernel launched from Python, rope compiled as shipped (unless
+  `NO_TORCH_COMPILE`); the bit-identity reference;
+* personaplex stock (CUDA only; on CPU it is stock eager): the same loop as shipped, moshi's
+  `CUDAGraphed` around each instance's decoder transformer, SEANet eager; two copies of the weights,
+  as upstream loads Mimi twice;
+* duplexcadence: `personaplex_mimi_decoder.clock` bound to one model, the two instances as two
+  sessions of one runtime, per-stage exact-shape graphs; one copy of the weights.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import torch
+
+from ...interpreter.bench import Subject, Variant
+from ..moshi.model import build_mimi, moshi_torch_compile_enabled, random_codes
+
+
+class _Stock:
+    """PersonaPlex's two-instance loop, built inside the variant (so its memory is measured)."""
+
+    def __init__(self, batch: int, device: torch.device, seed: int, graph_transformers: bool):
+        from .stock import PersonaPlexTail
+
+        self.tail = PersonaPlexTail(build_mimi(seed=seed, device=device), batch_size=batch,
+                                    graph_transformers=graph_transformers)
+
+    def reset(self) -> None:
+        self.tail.reset()
+
+    def step(self, codes: torch.Tensor) -> dict[str, torch.Tensor]:
+        main, other = self.tail.step(codes)
+        return {"main": main, "other": other}
+
+
+class _Cadence:
+    def __init__(self, batch: int, device: torch.device, seed: int):
+        from .cadence import PersonaPlexCadenceTail
+
+        self.tail = PersonaPlexCadenceTail(build_mimi(seed=seed, device=device), batch, device=device)
+        self.runtime = self.tail.runtime
+
+    def reset(self) -> None:
+        self.tail.reset()
+
+    def step(self, codes: torch.Tensor) -> dict[str, torch.Tensor]:
+        main, other = self.tail.step(codes)
+        return {"main": main, "other": other}
+
+
+def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 1234, dtype: str = "fp32",
+            **_) -> Subject:
+    if dtype != "fp32":
+        raise ValueError(f"the PersonaPlex tail is benchmarked in fp32 (as PersonaPlex runs Mimi), not {dtype}")
+    device = torch.device(device)
+    ticks_per_second = Fraction(25, 2)
+    # the harness runs `seconds` of ticks, then up to 2 s more for the GPU-busy profile
+    frames = int(ticks_per_second * seconds) + 2 * int(ticks_per_second) + 16
+    codes = random_codes(batch, frames, seed=seed + 1).to(device)
+    compiled = device.type == "cuda" and moshi_torch_compile_enabled()
+    variants = [Variant("stock eager", lambda: _Stock(batch, device, seed, graph_transformers=False), reference=True)]
+    if device.type == "cuda":
+        variants.append(Variant("personaplex stock", lambda: _Stock(batch, device, seed, graph_transformers=True)))
+    variants.append(Variant("duplexcadence", lambda: _Cadence(batch, device, seed),
+                            info=lambda r: {"graphs": r.runtime.report().graphs_captured,
+                                            "capture_seconds": r.runtime.report().capture_seconds,
+                                            "arena_bytes": r.runtime.report().arena_bytes,
+                                            "sessions": 2}))
+    rope = "compiled rope" if compiled else "eager rope"
+    return Subject("personaplex", ticks_per_second, lambda t: {"codes": codes[:, :, t:t + 1]}, variants, device,
+                   description=f"PersonaPlex Mimi decoder (old-moshi state handling on moshi 0.2.13 weights), "
+                               f"2 instances per tick, fp32, 8 codebooks, B={batch}, {rope}",
+                   warmup_ticks=13, extra={"batch": batch, "instances": 2, "compiled_rope": compiled})

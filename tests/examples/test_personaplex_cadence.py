@@ -1,0 +1,203 @@
+"""PersonaPlex's Mimi tail on DuplexCadence vs PersonaPlex's own stock loop (the reproduction).
+
+CPU, released size, B=1, no reduced config: 130 ticks (the 250-step KV rings are full from tick 124
+and wrap at 125, where PersonaPlex's old ring labelling starts to differ from moshi 0.2.13), both
+Mimi instances every tick: stock = two `PersonaPlexMimiDecoder`s, DuplexCadence = two sessions of one
+runtime over one model. Every frame of both instances is compared with `torch.equal`.
+GPU tests (marked `gpu`) add graph capture for every stage and the stock transformer graphs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("moshi")
+
+from duplexcadence.examples.moshi import model as mimi_model  # noqa: E402
+from duplexcadence.examples.personaplex.cadence import PersonaPlexCadenceTail, load_runtime  # noqa: E402
+from duplexcadence.examples.personaplex.stock import PersonaPlexTail  # noqa: E402
+
+pytestmark = pytest.mark.models
+
+FRAMES = 130
+RESET_FRAMES = 4
+DECLARED_STATE_TENSORS = 36
+"""11 non-empty conv/convtr carries + 8 x (KV cache, end_offset, offset) + the transformer offset."""
+
+
+@dataclasses.dataclass
+class Runs:
+    mismatches: list[tuple[int, str]]
+    stock_first: list[torch.Tensor]
+    pointers: dict[str, list[dict[str, int | None]]]
+    region_pointers: dict[str, list[dict[str, int]]]
+    arena: tuple[int, int]
+    stock_carry_storage: dict[str, int]
+    reset_mismatches: list[tuple[int, str]]
+    pointers_after_reset: dict[str, dict[str, int | None]]
+    region_pointers_after_reset: dict[str, dict[str, int]]
+    pcm_std: float
+    tail: PersonaPlexCadenceTail
+
+
+def _pointers(tail: PersonaPlexCadenceTail) -> dict[str, int | None]:
+    decoder = tail.runtime.model.decoder
+    return {name: None if tensor is None else tensor.data_ptr() for name, tensor in decoder.state_tensors().items()}
+
+
+@pytest.fixture(scope="module")
+def runs() -> Runs:
+    mimi = mimi_model.build_mimi(seed=1234)
+    codes = mimi_model.random_codes(1, FRAMES, seed=7)
+    stock = PersonaPlexTail(mimi)
+    tail = PersonaPlexCadenceTail(mimi)
+    sessions = {"main": tail.main, "other": tail.other}
+    mismatches: list[tuple[int, str]] = []
+    stock_first: list[torch.Tensor] = []
+    pointers: dict[str, list] = {"main": [], "other": []}
+    region_pointers: dict[str, list] = {"main": [], "other": []}
+    squares, count = 0.0, 0
+    with torch.no_grad():
+        for t in range(FRAMES):
+            frame = codes[:, :, t : t + 1]
+            expected = dict(zip(("main", "other"), stock.step(frame)))
+            for name, session in sessions.items():
+                actual = session.step(codes=frame)  # binds this session's views: record them now
+                pointers[name].append(_pointers(tail))
+                region_pointers[name].append(session.data_ptrs())
+                if not torch.equal(actual, expected[name]):
+                    mismatches.append((t, name))
+            if t < RESET_FRAMES:
+                stock_first.append(expected["main"].clone())
+            squares += float(expected["main"].double().pow(2).sum())
+            count += expected["main"].numel()
+        stock_carry_storage = {name: tensor.untyped_storage().nbytes()
+                               for name, tensor in stock.mimi.state_tensors().items() if tensor is not None}
+        tail.reset()
+        after_reset = {name: session.data_ptrs() for name, session in sessions.items()}
+        reset_mismatches = []
+        reset_pointers = {}
+        for t in range(RESET_FRAMES):
+            for name, session in sessions.items():
+                actual = session.step(codes=codes[:, :, t : t + 1])
+                reset_pointers[name] = _pointers(tail)
+                if not torch.equal(actual, stock_first[t]):
+                    reset_mismatches.append((t, name))
+    buffer = tail.runtime.arena.buffer
+    arena = (buffer.data_ptr(), buffer.data_ptr() + buffer.numel())
+    return Runs(mismatches, stock_first, pointers, region_pointers, arena, stock_carry_storage, reset_mismatches,
+                reset_pointers, after_reset, (squares / count) ** 0.5, tail)
+
+
+def test_both_instances_bit_identical_to_personaplex_stock_every_frame(runs: Runs) -> None:
+    """130 ticks, past the ring wrap: every frame of main and other_mimi is torch.equal to stock."""
+    assert runs.mismatches == []
+    assert runs.pcm_std > 1e-3  # the codes decode to audio, not silence
+    report = runs.tail.runtime.report()
+    assert report.eager_off_plan == 0
+
+
+def test_every_state_tensor_lives_in_its_session_slot(runs: Runs) -> None:
+    """After a session's step, each non-None state tensor of the reproduction is one of that
+    session's regions (at its base address); the always-empty carries are None."""
+    low, high = runs.arena
+    for name in ("main", "other"):
+        for pointers, regions in zip(runs.pointers[name], runs.region_pointers[name]):
+            live = {tensor: ptr for tensor, ptr in pointers.items() if ptr is not None}
+            assert len(live) == DECLARED_STATE_TENSORS
+            bases = set(regions.values())
+            for tensor, ptr in live.items():
+                assert ptr in bases and low <= ptr < high, tensor
+            empty = [tensor for tensor, ptr in pointers.items() if ptr is None]
+            assert len(empty) == 12 and all(".add." in t or ".block.3." in t for t in empty)
+
+
+def test_cat_rebuilt_carries_no_longer_move(runs: Runs) -> None:
+    """Stock gives 11 carries a new address every tick; here each stays at one address per session,
+    across 130 ticks and a reset, and the two sessions never share one."""
+    for name in ("main", "other"):
+        first = runs.pointers[name][0]
+        for pointers in runs.pointers[name][1:]:
+            assert pointers == first
+        assert runs.pointers_after_reset[name] == first
+        regions = runs.region_pointers[name][0]
+        assert all(r == regions for r in runs.region_pointers[name])
+        assert runs.region_pointers_after_reset[name] == regions
+    main = {p for p in runs.pointers["main"][0].values() if p is not None}
+    other = {p for p in runs.pointers["other"][0].values() if p is not None}
+    assert not main & other
+
+
+def test_reset_starts_both_instances_afresh(runs: Runs) -> None:
+    assert runs.reset_mismatches == []
+
+
+def test_declared_stock_sizes_are_what_stock_keeps_alive(runs: Runs) -> None:
+    """The `.clock`'s `stock N` of every bound carry = the bytes of the storage the stock carry pins."""
+    runtime = runs.tail.runtime
+    regions = runtime.plan.schedule.regions
+    checked = 0
+    for name, region in runtime.program.regions.items():
+        if region.bind and region.bind.startswith("carries."):
+            assert regions[name].stock_bytes == runs.stock_carry_storage[region.bind[len("carries."):]], name
+            checked += 1
+    assert checked == 11
+
+
+def test_load_runtime_serves_one_instance_per_session() -> None:
+    """Binding and planning only (no decode): one slot per instance, ring KV and `[1]` offsets."""
+    runtime = load_runtime(mimi_model.build_mimi(seed=1234), sessions=1)
+    program = runtime.program
+    assert runtime.arena.sessions == 1
+    assert program.regions["kv[0]"].retention.kind == "ring"
+    assert tuple(program.regions["kv_end[0]"].shape) == (1,)
+    assert len(runtime.attributes) == DECLARED_STATE_TENSORS
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("stock_graphs", [False, True], ids=["stock eager", "stock own transformer graphs"])
+def test_gpu_graphs_for_every_stage_bit_identical(stock_graphs: bool) -> None:
+    """Released size on CUDA, deterministic cuDNN: 5 graphs (first and steady firing of upsample and
+    SEANet, one transformer graph) captured per session slot, every firing replayed, both instances
+    torch.equal to PersonaPlex stock for 130 ticks. Both sides share moshi's compile setting (the
+    rope is compiled on both unless NO_TORCH_COMPILE is set)."""
+    from duplexcadence.interpreter.verify import deterministic_cudnn
+
+    with deterministic_cudnn(), torch.no_grad():
+        mimi = mimi_model.build_mimi(seed=1234, device="cuda")
+        codes = mimi_model.random_codes(1, FRAMES, seed=7).cuda()
+        stock = PersonaPlexTail(mimi, graph_transformers=stock_graphs)
+        tail = PersonaPlexCadenceTail(mimi, device="cuda")
+        report = tail.runtime.report()
+        assert report.graphs_planned == 5 and report.graphs_captured == 5 and not report.blocked
+        mismatches = []
+        for t in range(FRAMES):
+            frame = codes[:, :, t : t + 1]
+            expected = stock.step(frame)
+            actual = tail.step(frame)
+            for name, a, b in zip(("main", "other"), actual, expected):
+                if not torch.equal(a, b):
+                    mismatches.append((t, name, float((a - b).abs().max())))
+        assert mismatches == []
+        report = tail.runtime.report()
+        assert report.replays == 3 * 2 * FRAMES and report.eager_planned == 0 and report.eager_off_plan == 0
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_bench_subject_runs_and_is_bit_identical() -> None:
+    """`dsl bench personaplex --device cuda` in miniature: every variant bit-identical to stock eager."""
+    from duplexcadence.examples.personaplex.bench import subject
+    from duplexcadence.interpreter import bench
+
+    subj = subject(device="cuda", seconds=2, batch=1)
+    results = bench.run(subj, int(subj.ticks_per_second * 2), progress=False)
+    assert [r.name for r in results] == ["stock eager", "personaplex stock", "duplexcadence"]
+    assert all(r.bit_identical for r in results), [(r.name, r.first_mismatch) for r in results]

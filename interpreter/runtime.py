@@ -273,6 +273,7 @@ class Session:
             self.simulator = Simulator(runtime.program, runtime.plan.clocks)
             self._instant = 0
             self.failed = None
+            self.finished = False
             self.rng_state = _seeded_rng_state(self.seed, runtime.device)
             self._bind_current()
             if runtime.on_reset is not None:
@@ -281,15 +282,31 @@ class Session:
     def step(self, *args: torch.Tensor, **inputs: torch.Tensor):
         """Run one instant. Inputs by input-region name (or one positional tensor when the instant has
         one input). Returns the output regions written at this instant: a tensor, or a dict when
-        there are several. On bad inputs raises StepError and leaves the session untouched."""
+        there are several. On bad inputs raises StepError and leaves the session untouched.
+
+        An input with fewer units than the plan expects (a flush of a short input) makes the
+        instant cover that fraction of its planned time: every advance of the instant scales with
+        it (StepError if one comes out fractional); such firings run eagerly, outside the plan."""
+        return self._step(args, inputs, last=False)
+
+    def finish(self, *args: torch.Tensor, **inputs: torch.Tensor):
+        """Run the last instant of the stream: like `step`, and the lookahead the reads held back is
+        consumed too and every write's latency is released (stages see `firing.last`). The session
+        then refuses steps until `reset()`."""
+        return self._step(args, inputs, last=True)
+
+    def _step(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool):
         runtime = self.runtime
         if self.closed:
             raise RuntimeError("this session is closed")
         if self.failed is not None:
             raise SessionFailed(f"the session failed at instant {self._instant} ({self.failed!r}); "
                                 "call reset() to start it again") from self.failed
+        if self.finished:
+            raise StepError(f"the session finished its stream at instant {self._instant - 1}; call reset() to "
+                            "start the next one")
         with runtime.lock:
-            firings, simulator = self._plan_step(args, inputs)
+            firings, simulator = self._plan_step(args, inputs, last)
             outputs: dict[str, torch.Tensor] = {}
             try:
                 for firing in firings:
@@ -301,6 +318,7 @@ class Session:
             self.simulator = simulator
             self._instant += 1
             self.counters.steps += 1
+            self.finished = last
         if len(outputs) == 1:
             return next(iter(outputs.values()))
         return outputs
@@ -345,7 +363,8 @@ class Session:
                     fed.setdefault(access.region, stage)
         return fed
 
-    def _plan_step(self, args: tuple, inputs: dict[str, torch.Tensor]) -> tuple[list[Firing], Simulator]:
+    def _plan_step(self, args: tuple, inputs: dict[str, torch.Tensor],
+                   last: bool = False) -> tuple[list[Firing], Simulator]:
         runtime = self.runtime
         expected = self._input_regions(self._instant)
         if args:
@@ -374,7 +393,10 @@ class Session:
             units = tensor.shape[region.time_axis]
             if units != planned[name].length:
                 override[name] = units
-        firings = probe.run_instant(self._instant, override)
+        try:
+            firings = probe.run_instant(self._instant, override, last=last)
+        except ValueError as error:
+            raise StepError(f"step() at instant {self._instant}: {error}") from error
         return firings, probe
 
     def _execute(self, firing: Firing, inputs: Mapping[str, torch.Tensor], outputs: dict) -> None:

@@ -481,6 +481,10 @@ class Session:
             if view.length is None:
                 module_outputs[name] = value
                 continue
+            region = program.regions[name]
+            if not isinstance(value, torch.Tensor) or value.dtype != TORCH_DTYPES[region.dtype]:
+                raise TypeError(f"stage '{stage.name}' wrote {describe(value)} to region '{name}', declared "
+                                f"{region.dtype}[{_dims(region)}]")
             self.storage[name].append(view.offset, 0, value)
         for view in firing.views:
             if view.kind in ("feed", "write") and view.kept is not None and view.length is not None:
@@ -492,10 +496,14 @@ class Session:
     def _store(self, stage: str, view: View, version: Any) -> None:
         """Keep the retained part of a stage's new version; it must agree with the plan's lengths."""
         region = self.runtime.program.regions[view.region]
-        if not isinstance(version, torch.Tensor) or version.dim() != len(region.shape):
+        if (not isinstance(version, torch.Tensor) or version.dim() != len(region.shape)
+                or version.dtype != TORCH_DTYPES[region.dtype]
+                or (region.fixed and tuple(version.shape) != tuple(region.shape))):
             raise TypeError(f"stage '{stage}' gave {describe(version)} as the new version of region "
                             f"'{view.region}', declared {region.dtype}[{_dims(region)}]")
         kept = self.storage[view.region].store_version(version, region.retention)
+        if region.fixed:
+            return
         if kept != view.kept:
             units = version.shape[region.time_axis]
             raise ValueError(

@@ -136,7 +136,8 @@ class Token2wavHooks:
         }
         autocast_dtype = torch.float16 if self.float16 else torch.float32
         # stock's autocast("cuda") turns itself off without CUDA: off the GPU it is simply not entered
-        with torch.amp.autocast("cuda", dtype=autocast_dtype, enabled=self.device.type == "cuda"):
+        # (no autocast weight cache inside a graph capture; it changes no value: the casts are the same)
+        with torch.amp.autocast("cuda", dtype=autocast_dtype, enabled=self.device.type == "cuda", cache_enabled=False):
             chunk_mel, new_cache = tail.flow.inference_chunk(
                 token=tokens, spk=speaker, cache=cache, last_chunk=firing.last, n_timesteps=estimator_att.shape[0])
         return (new_cache["conformer_att_cache"], new_cache["conformer_cnn_cache"], new_cache["estimator_att_cache"],
@@ -226,8 +227,8 @@ class Token2wavRuntime:
         region = self.runtime.program.regions[name]
         return RegionStorage(region, self.runtime.arena.block(name, None), None).view()
 
-    def session(self, prompt: PromptConditioning, seed: int = 0) -> CadenceToken2wavSession:
-        return CadenceToken2wavSession(self, prompt, seed)
+    def session(self, prompt: PromptConditioning, seed: int = 0, base_on_host: bool = False) -> CadenceToken2wavSession:
+        return CadenceToken2wavSession(self, prompt, seed, base_on_host)
 
 
 def load_runtime(tail: Token2wavTail, prompt_frames: int = 150, n_timesteps: int = 10, sessions: int = 1,
@@ -259,13 +260,20 @@ class CadenceToken2wavSession:
 
     ``push_tokens`` returns the waveform of each chunk as float32 [1, samples] on the CPU (stock's
     ``speech.cpu()``); :meth:`step_new` runs one planned chunk and returns it on the device.
+    ``base_on_host`` keeps the voice's set-up state (what every turn starts from: 197 MiB at fp32,
+    P = 150, n = 10) in pinned host memory instead of on the GPU (where MiniCPM-o keeps it); a
+    turn's reset then copies it to the device. ``history`` records
+    the new tokens of each chunk (stock's records hold the whole window).
     """
 
-    def __init__(self, bound: Token2wavRuntime, prompt: PromptConditioning, seed: int = 0):
+    def __init__(self, bound: Token2wavRuntime, prompt: PromptConditioning, seed: int = 0,
+                 base_on_host: bool = False):
         self.bound = bound
         self.prompt = prompt
         self.session_seed = seed
         self.initial = bound.voice_initial(prompt)
+        if base_on_host and self.device.type == "cuda":
+            self.initial = {name: value.cpu().pin_memory() for name, value in self.initial.items()}
         self.session: Session = bound.runtime.session(initial=self.initial, seed=seed)
         self.pending: list[int] = []
         """New tokens buffered beyond the 3 lookahead tokens the session holds."""

@@ -1144,11 +1144,16 @@ def render_arena(plan: Plan) -> graphviz.Digraph:
         live = row.live if row.live is not None else (0, len(positions) - 1)
         cells = [_td("", BGCOLOR=_lighten(colour, 0.3) if live[0] <= p <= live[1] else "white", BORDER=1, COLOR=GRID)
                  for p in range(len(positions))]
+        region = plan.schedule.regions.get(row.names[0])
+        size = human_bytes(row.bytes_each)
+        if region is not None and region.stock_bytes:
+            # a working buffer the stock code keeps at a fixed size: its saving belongs beside it
+            size += f" (stock {human_bytes(region.stock_bytes)}, {region.saving_fraction:.1%} less)"
         rows.append("<TR>" + "".join([
             _td(_esc(f"{row.offset:,}"), ALIGN="RIGHT", BORDER=1, COLOR=GRID),
             _td(f'<FONT COLOR="{colour}">■</FONT> {_esc(_row_title(program, row))}', ALIGN="LEFT", BORDER=1,
                 COLOR=GRID),
-            _td(_esc(human_bytes(row.bytes_each)), ALIGN="RIGHT", BORDER=1, COLOR=GRID),
+            _td(_esc(size), ALIGN="RIGHT", BORDER=1, COLOR=GRID),
             _td(_span_bar(colour, row.offset / scratch, row.end / scratch), BORDER=1, COLOR=GRID),
         ] + cells) + "</TR>")
     graph.node("scratch", _table(rows, spacing=0, padding=3), shape="plaintext")

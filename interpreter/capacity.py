@@ -2,7 +2,8 @@
 
 A region's capacity is the most units it ever holds over the traced session: every view handed to
 a stage, every append before the end-of-instant trim, the start and the retained lengths (a ring is
-its size; a fixed region its shape). Not the stock implementation's constant.
+its size; a fixed region its shape), also in a last instant (`Session.finish`) at any point of the
+trace. Not the stock implementation's constant.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def _capacity(region: RegionInfo, trace: Trace) -> int | None:
     if retention.kind == "ring":
         return retention.last
     most = region.start_length
-    for firing in trace.firings:
+    for firing in trace.firings + trace.last_instants:
         for view in firing.views:
             if view.region != region.name:
                 continue

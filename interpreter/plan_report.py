@@ -48,6 +48,21 @@ def _params(plan: Plan) -> str:
     return ", ".join(f"{k}={show(v)}" for k, v in sorted(plan.program.params.items()) if "." not in k) or "none"
 
 
+def _views_text(plan: Plan, signature: tuple) -> str:
+    """The time-axis views of one graph's signature, e.g. `tokens 28; cache 150 +50 = 200 -> 150`."""
+    parts = []
+    for region, kind, start, length, offset, transient, kept in signature[1:]:
+        if plan.program.regions[region].fixed or length is None:
+            continue
+        if kind == "update":
+            parts.append(f"{region} {length} +{transient - length} = {transient} -> {kept}")
+        elif kind in ("feed", "write"):
+            parts.append(f"{region} +{length}")
+        else:
+            parts.append(f"{region} {length}" if start == 0 else f"{region} [{start}:{start + length}]")
+    return "; ".join(parts) or "fixed shapes only"
+
+
 def format_plan(plan: Plan) -> str:
     clocks, trace_, capture = plan.clocks, plan.trace, plan.capture
     out = [f"Plan for {plan.path}", f"params: {_params(plan)}", ""]
@@ -113,6 +128,9 @@ def format_plan(plan: Plan) -> str:
         rows.append([graph.key, graph.stage, "steady" if graph.steady else "warm-up",
                      "yes" if graph.captured else "no (eager)", shown])
     out += table(["graph", "stage", "used in", "captured", "stage firings"], rows, right=(0,))
+    out.append("  views of each graph (units of the region's clock; update: held +advance = in flight -> kept):")
+    for graph in capture.graphs:
+        out.append(f"    {graph.key} {graph.stage}: {_views_text(plan, graph.signature)}")
     budget = "no budget" if capture.max_graphs is None else f"budget {capture.max_graphs}"
     out.append(f"  {len(capture.captured)} graphs captured of {len(capture.graphs)} ({budget}); eager firings in "
                f"warm-up + one period: {capture.eager_firings}")

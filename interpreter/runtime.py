@@ -307,6 +307,7 @@ class Session:
             self.on_plan = True
             self._instant = 0
             self.failed = None
+            self.finished = False
             self.rng_state = _seeded_rng_state(self.seed, runtime.device)
             self._bind_current()
             if runtime.on_reset is not None:
@@ -315,15 +316,31 @@ class Session:
     def step(self, *args: torch.Tensor, **inputs: torch.Tensor):
         """Run one instant. Inputs by input-region name (or one positional tensor when the instant has
         one input). Returns the output regions written at this instant: a tensor, or a dict when
-        there are several. On bad inputs raises StepError and leaves the session untouched."""
+        there are several. On bad inputs raises StepError and leaves the session untouched.
+
+        An input with fewer units than the plan expects (a flush of a short input) makes the
+        instant cover that fraction of its planned time: every advance of the instant scales with
+        it (StepError if one comes out fractional); such firings run eagerly, outside the plan."""
+        return self._step(args, inputs, last=False)
+
+    def finish(self, *args: torch.Tensor, **inputs: torch.Tensor):
+        """Run the last instant of the stream: like `step`, and the lookahead the reads held back is
+        consumed too and every write's latency is released (stages see `firing.last`). The session
+        then refuses steps until `reset()`."""
+        return self._step(args, inputs, last=True)
+
+    def _step(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool):
         runtime = self.runtime
         if self.closed:
             raise RuntimeError("this session is closed")
         if self.failed is not None:
             raise SessionFailed(f"the session failed at instant {self._instant} ({self.failed!r}); "
                                 "call reset() to start it again") from self.failed
+        if self.finished:
+            raise StepError(f"the session finished its stream at instant {self._instant - 1}; call reset() to "
+                            "start the next one")
         with runtime.lock:
-            index = self._template_index(args, inputs) if self.on_plan else None
+            index = self._template_index(args, inputs) if self.on_plan and not last else None
             if index is not None:
                 runs, simulator, off_plan = self.runs.get(index) or self._eager_runs(runtime.templates[index].firings), \
                     None, False
@@ -331,7 +348,7 @@ class Session:
             else:
                 self._sync_simulator()
                 self._bound_lengths = dict(self.simulator.length)
-                firings, simulator, off_plan = self._plan_step(args, inputs)
+                firings, simulator, off_plan = self._plan_step(args, inputs, last)
                 runs = self._eager_runs(firings)
             outputs: dict[str, torch.Tensor] = {}
             try:
@@ -350,6 +367,7 @@ class Session:
                 self.simulator_stale = True
             self._instant += 1
             self.counters.steps += 1
+            self.finished = last
         if len(outputs) == 1:
             return next(iter(outputs.values()))
         return outputs
@@ -429,7 +447,8 @@ class Session:
         self.simulator.restore(lengths, fills, runtime.counts_before(self._instant))
         self.simulator_stale = False
 
-    def _plan_step(self, args: tuple, inputs: dict[str, torch.Tensor]) -> tuple[list[Firing], Simulator, bool]:
+    def _plan_step(self, args: tuple, inputs: dict[str, torch.Tensor],
+                   last: bool = False) -> tuple[list[Firing], Simulator, bool]:
         runtime = self.runtime
         expected = self._input_regions(self._instant)
         if args:
@@ -458,8 +477,11 @@ class Session:
             units = tensor.shape[region.time_axis]
             if units != planned[name].length:
                 override[name] = units
-        firings = probe.run_instant(self._instant, override)
-        off_plan = bool(override) or runtime.plan.trace.planned_index(self._instant) is None
+        try:
+            firings = probe.run_instant(self._instant, override, last=last)
+        except ValueError as error:
+            raise StepError(f"step() at instant {self._instant}: {error}") from error
+        off_plan = bool(override) or last or runtime.plan.trace.planned_index(self._instant) is None
         for firing in firings:
             for view in firing.views:
                 capacity = runtime.plan.schedule.regions[view.region].capacity
@@ -569,6 +591,10 @@ class Session:
             if view.length is None:
                 module_outputs[name] = value
                 continue
+            region = program.regions[name]
+            if not isinstance(value, torch.Tensor) or value.dtype != TORCH_DTYPES[region.dtype]:
+                raise TypeError(f"stage '{stage.name}' wrote {describe(value)} to region '{name}', declared "
+                                f"{region.dtype}[{_dims(region)}]")
             self.storage[name].append(view.offset, 0, value)
         for view in firing.views:
             if view.kind in ("feed", "write") and view.kept is not None and view.length is not None:
@@ -580,10 +606,14 @@ class Session:
     def _store(self, stage: str, view: View, version: Any) -> None:
         """Keep the retained part of a stage's new version; it must agree with the plan's lengths."""
         region = self.runtime.program.regions[view.region]
-        if not isinstance(version, torch.Tensor) or version.dim() != len(region.shape):
+        if (not isinstance(version, torch.Tensor) or version.dim() != len(region.shape)
+                or version.dtype != TORCH_DTYPES[region.dtype]
+                or (region.fixed and tuple(version.shape) != tuple(region.shape))):
             raise TypeError(f"stage '{stage}' gave {describe(version)} as the new version of region "
                             f"'{view.region}', declared {region.dtype}[{_dims(region)}]")
         kept = self.storage[view.region].store_version(version, region.retention)
+        if region.fixed:
+            return
         if kept != view.kept:
             units = version.shape[region.time_axis]
             raise ValueError(

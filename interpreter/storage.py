@@ -142,12 +142,15 @@ class RegionStorage:
         self.flat.zero_()
 
     def _aliases(self, tensor: torch.Tensor) -> bool:
-        if tensor.device != self.flat.device:
+        """Whether the bytes `tensor` can reach overlap this region's memory (its own extent, not its
+        storage's: a view of another region of the same arena does not alias this one)."""
+        if tensor.device != self.flat.device or tensor.numel() == 0:
             return False
         start = self.flat.data_ptr()
         end = start + self.flat.numel() * self.flat.element_size()
-        other = tensor.untyped_storage().data_ptr()
-        other_end = other + tensor.untyped_storage().nbytes()
+        reach = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))  # strides are >= 0
+        other = tensor.data_ptr()
+        other_end = other + (reach + 1) * tensor.element_size()
         return other < end and start < other_end
 
     def _time_outermost(self) -> bool:

@@ -16,7 +16,17 @@ The simulation follows the `.clock` semantics, in units of each region's clock:
   trim that moves kept units onto memory they overlap, or re-lays them out because the time axis is
   not the outermost one, goes through a double buffer;
 * a ring (`retain ring N`) is managed by the module in place: always N units, only its fill grows;
-  scratch keeps nothing past its instant; a fixed region (no time axis) is always whole.
+  scratch keeps nothing past its instant; a fixed region (no time axis) is always whole;
+* an instant whose input carries u units where the plan expects p (a flush of a short input) covers
+  u/p of the planned time: every update and write of the instant advances by u/p of its declared
+  advance, which must come out whole (a write's latency is not scaled);
+* the *last* instant of a stream (`Session.finish`) also consumes what the reads held back as
+  lookahead, so it covers (u + lookahead)/p of the planned time, and releases every write's latency.
+
+The planner also traces a last instant at every instant of the warm-up and steady period (only
+when the program declares a lookahead or a latency), so the capacities cover the end of a stream
+at any point: with a full input, or with the input that covers exactly the planned time when a full
+one would advance a region by a fraction of a unit. Those firings are never captured.
 
 The trace runs until the state (region lengths and ring fills, at the same phase of the
 hyperperiod) repeats one hyperperiod later: the instants before that are the warm-up, and one
@@ -73,6 +83,8 @@ class Firing:
     instant: int
     time: Fraction
     views: tuple[View, ...]
+    last: bool = False
+    """The last instant of a stream (`Session.finish`): lookahead consumed, latency released."""
 
     @property
     def signature(self) -> tuple:
@@ -98,6 +110,9 @@ class Trace:
     period_instants: int
     periodic: bool
     reason: str | None = None
+    last_instants: tuple[Firing, ...] = ()
+    """A last instant (`Session.finish`) traced from the state before every instant of `firings`, for
+    the capacities only (never captured); empty when the program declares no lookahead or latency."""
     states: tuple[tuple, ...] = attrs.field(default=(), eq=False, repr=False)  # (lengths, fills) per instant
 
     @property
@@ -153,6 +168,9 @@ class Simulator:
         self.length: dict[str, int] = {}
         self.fill: dict[str, int] = {}
         self.counts = {name: 0 for name in program.stages}
+        self.override: dict[str, int] = {}
+        self.last = False
+        self.scale = Fraction(1)
         for name, region in program.regions.items():
             if region.fixed:
                 continue
@@ -174,22 +192,57 @@ class Simulator:
         other = Simulator.__new__(Simulator)
         other.program, other.clocks = self.program, self.clocks
         other.length, other.fill, other.counts = dict(self.length), dict(self.fill), dict(self.counts)
+        other.override, other.last, other.scale = {}, False, Fraction(1)
         return other
 
     def stages_at(self, index: int) -> tuple[str, ...]:
         return self.clocks.instants[index % len(self.clocks.instants)].stages
 
-    def run_instant(self, index: int, arrivals_override: dict[str, int] | None = None) -> list[Firing]:
+    def run_instant(self, index: int, arrivals_override: dict[str, int] | None = None,
+                    last: bool = False) -> list[Firing]:
         """Advance one instant; `arrivals_override` gives the units fed into input regions when they
-        differ from the clocks' arrivals (a tick outside the plan)."""
+        differ from the clocks' arrivals (a tick outside the plan); `last` makes it the last instant
+        of the stream. Raises ValueError when the input's units do not give whole advances."""
         self.override = arrivals_override or {}
+        self.last = last
         phase = index % len(self.clocks.instants)
         instant = self.clocks.instants[phase]
         time = self.clocks.instant_time(index)
+        self.scale = self.instant_scale(instant.stages)
         firings = [self.fire(name, index, time) for name in instant.stages]
         for name in instant.stages:
             self.counts[name] += 1
         return self.trim(firings)
+
+    def instant_scale(self, stages: tuple[str, ...]) -> Fraction:
+        """The fraction of the planned time an instant covers: fed units (plus the lookahead the reads
+        held back, on the last instant) over the planned arrivals; 1 for a planned instant."""
+        scales: dict[str, Fraction] = {}
+        for name in stages:
+            k = self.counts[name]
+            for access in self.program.stages[name].accesses:
+                region = self.program.regions[access.region]
+                if region.role != "input" or access.kind != "read" or access.region in scales:
+                    continue
+                planned = arrivals(k, self.per_firing(name, access.region))
+                units = self.override.get(access.region, planned) + (access.lookahead if self.last else 0)
+                if planned == 0:
+                    if units:
+                        raise ValueError(f"input '{access.region}' gets {units} units at an instant that plans none")
+                    continue
+                scales[access.region] = Fraction(units, planned)
+        if len(set(scales.values())) > 1:
+            raise ValueError("the inputs of one instant must cover the same fraction of its planned time, not "
+                             + ", ".join(f"{name} {value}" for name, value in sorted(scales.items())))
+        return next(iter(scales.values()), Fraction(1))
+
+    def scaled(self, stage: str, region: str, advance: int) -> int:
+        """`advance` scaled to the fraction of the planned time this instant covers."""
+        units = advance * self.scale
+        if units.denominator != 1:
+            raise ValueError(f"stage '{stage}' advances region '{region}' by {advance} units a planned instant; "
+                             f"this instant covers {self.scale} of one, which is not a whole number of units")
+        return int(units)
 
     def fire(self, stage_name: str, instant: int, time: Fraction) -> Firing:
         stage = self.program.stages[stage_name]
@@ -200,7 +253,7 @@ class Simulator:
             region = self.program.regions[access.region]
             if region.role == "input" and access.kind == "read" and access.region not in fed:
                 fed.add(access.region)
-                units = getattr(self, "override", {}).get(access.region)
+                units = self.override.get(access.region)
                 if units is None:
                     units = arrivals(k, self.per_firing(stage_name, access.region))
                 views.append(self._append(access.region, units, "feed"))
@@ -209,10 +262,10 @@ class Simulator:
                 views.append(self.read(stage_name, k, access))
         for access in stage.accesses:
             if access.kind == "update":
-                views.append(self.update(access))
+                views.append(self.update(stage_name, access))
             elif access.kind == "write":
-                views.append(self.write(access, k))
-        return Firing(stage_name, k, instant, time, tuple(views))
+                views.append(self.write(stage_name, access, k))
+        return Firing(stage_name, k, instant, time, tuple(views), self.last)
 
     def trim(self, firings: list[Firing]) -> list[Firing]:
         """End of the instant: each touched region is trimmed by the last access that touched it."""
@@ -264,35 +317,38 @@ class Simulator:
         if access.window == "last":
             length = min(access.count, current)
         elif access.window == "new":
-            planned = getattr(self, "override", {}).get(name)
+            planned = self.override.get(name)
             new = min(planned if planned is not None else arrivals(k, self.per_firing(stage, name)), current)
             length = new + min(access.context, current - new)
         else:
             length = current
         return View(name, "read", current - length, length, self._shape(name, length))
 
-    def update(self, access) -> View:
+    def update(self, stage: str, access) -> View:
         name = access.region
         region = self.program.regions[name]
         if region.fixed:
             return View(name, "update", 0, None, self._shape(name, None))
+        advance = self.scaled(stage, name, access.advance)
         if region.retention.kind == "ring":
             size = region.retention.last
-            self.fill[name] = min(self.fill[name] + access.advance, size)
+            self.fill[name] = min(self.fill[name] + advance, size)
             return View(name, "update", 0, size, self._shape(name, size), offset=0, transient=size, kept=size)
         current = self.length[name]
-        transient = current + access.advance
+        transient = current + advance
         kept = region.retention.trim(transient)
         self.length[name] = kept
         # the stage's new version is a fresh tensor: the kept part is copied from it, never overlapping
         return View(name, "update", 0, current, self._shape(name, current), offset=current, transient=transient,
                     kept=kept)
 
-    def write(self, access, k: int) -> View:
+    def write(self, stage: str, access, k: int) -> View:
         name = access.region
         if access.advance is None:  # an output whose length the module decides
             return View(name, "write", 0, None, None)
-        units = access.advance - (access.latency if k == 0 else 0)
+        units = self.scaled(stage, name, access.advance) - (access.latency if k == 0 else 0)
+        if self.last:
+            units += access.latency  # the end of the stream releases what the latency held back
         return self._append(name, units, "write")
 
 
@@ -314,12 +370,31 @@ def _trim_relocation(retention, transient: int, kept: int) -> tuple[int, bool]:
     return 0, False
 
 
+def _last_instant(simulator: Simulator, index: int) -> list[Firing]:
+    """The last instant a stream could end with at `index`: with the full planned input, or, when that
+    advances some region by a fraction of a unit, with the input that covers exactly the planned time."""
+    planned = {v.region: v.length for f in simulator.copy().run_instant(index) for v in f.views if v.kind == "feed"}
+    lookahead = {a.region: a.lookahead for name in simulator.stages_at(index)
+                 for a in simulator.program.stages[name].accesses if a.region in planned and a.kind == "read"}
+    exact = {name: units - lookahead.get(name, 0) for name, units in planned.items()}
+    for override in (None, exact):
+        if override is not None and any(units < 0 for units in override.values()):
+            continue
+        try:
+            return simulator.copy().run_instant(index, override, last=True)
+        except ValueError:
+            continue
+    return []
+
+
 def trace(program: Program, clocks: ClockPlan) -> Trace:
     period = clocks.instants_per_hyperperiod
     simulator = Simulator(program, clocks)
+    releases = any(a.lookahead or a.latency for stage in program.stages.values() for a in stage.accesses)
     states: list[tuple] = []
     snapshots: list[tuple] = []
     by_instant: list[list[Firing]] = []
+    last_by_instant: list[list[Firing]] = []
     warmup = None
     limit = MAX_INSTANTS
     index = 0
@@ -329,6 +404,8 @@ def trace(program: Program, clocks: ClockPlan) -> Trace:
     while index < limit:
         states.append(simulator.state(index % period))
         snapshots.append((dict(simulator.length), dict(simulator.fill)))
+        if releases:
+            last_by_instant.append(_last_instant(simulator, index))
         by_instant.append(simulator.run_instant(index))
         full = sorted(name for name, horizon in horizons.items() if simulator.length.get(name, 0) >= horizon)
         if full and warmup is None:
@@ -359,5 +436,6 @@ def trace(program: Program, clocks: ClockPlan) -> Trace:
         while shape_warmup > 0 and signatures[shape_warmup - 1] == signatures[shape_warmup - 1 + period]:
             shape_warmup -= 1
     firings = tuple(f for firings in by_instant[:end] for f in firings)
-    return Trace(firings, warmup, shape_warmup, period if periodic else 0, periodic, reason,
+    last_instants = tuple(f for firings in last_by_instant[:end] for f in firings)
+    return Trace(firings, warmup, shape_warmup, period if periodic else 0, periodic, reason, last_instants,
                  states=tuple(snapshots[:end]))

@@ -31,13 +31,13 @@ Randomness (the seeding contract). ``flow.decoder.rand_noise`` is fixed at const
 default generator of the tail's device: ``torch.rand`` of the initial harmonic phases [1, 9] in
 ``SineGen2._f02sine``, ``torch.randn_like`` of the harmonic noise [1, T, 9] in ``SineGen2.forward``
 and ``torch.randn_like`` of the noise branch [1, T, 1] in ``SourceModuleHnNSF2.forward``, in that
-order (T = 480 x HiFT input frames). Before chunk ``i`` of a session (``i`` counts every ``stream``
-call since the session was created, across turns) the driver saves that generator's state, seeds
-it with :func:`hift_chunk_seed` ``(session_seed, i)``, runs the chunk, and restores the saved state.
-So each chunk's draws depend only on (session seed, chunk index), never on what ran before or on
-other sessions, and the process's global generator is left as it was. A runtime that replays the
-tail must seed the same generator with the same value before the same chunk (a CUDA graph reads
-the generator's seed and offset at replay).
+order (T = 480 x HiFT input frames). Each session keeps its own generator state: seeded with
+``session_seed`` when the session starts and at every :meth:`~StockToken2wavSession.reset` (turn
+start), installed in that generator around every ``stream`` call and saved back after it, so it
+is carried from chunk to chunk of a turn. A session's draws therefore depend only on its seed and
+its own chunks, never on other sessions, and the process's global generator is left as it was.
+This is the DuplexCadence runtime's per-session RNG (``Runtime.session(seed=...)``: seeded at
+session start and at ``reset``, installed around each firing of an ``rng`` stage).
 """
 
 from __future__ import annotations
@@ -69,11 +69,6 @@ FIRST_CHUNK_SAMPLES = 50 * 480 - SOURCE_CACHE_SAMPLES
 STEADY_CHUNK_SAMPLES = 50 * 480
 
 
-def hift_chunk_seed(session_seed: int, chunk_index: int) -> int:
-    """The seed of the device generator before chunk ``chunk_index`` of a session (see module docstring)."""
-    return (session_seed * 1_000_003 + chunk_index) % (2**63)
-
-
 def _default_generator(device: torch.device) -> torch.Generator:
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -83,16 +78,36 @@ def _default_generator(device: torch.device) -> torch.Generator:
     raise ValueError(f"no default generator handled for device type {device.type!r}")
 
 
-@contextmanager
-def seeded_device_generator(device: torch.device, seed: int) -> Iterator[None]:
-    """Seed the default generator of ``device`` for the block, then put its previous state back."""
+def seeded_generator_state(device: torch.device, seed: int) -> torch.Tensor:
+    """The state of ``device``'s default generator right after ``manual_seed(seed)`` (the generator is left as it was)."""
     generator = _default_generator(device)
     saved_state = generator.get_state()
     generator.manual_seed(seed)
+    state = generator.get_state()
+    generator.set_state(saved_state)
+    return state
+
+
+@contextmanager
+def installed_generator_state(device: torch.device, state: torch.Tensor) -> Iterator[list[torch.Tensor]]:
+    """Install ``state`` in the default generator of ``device`` for the block; yields a one-item list that
+    holds the generator's state at the end of the block; the previous state is put back."""
+    generator = _default_generator(device)
+    saved_state = generator.get_state()
+    generator.set_state(state)
+    carried = [state]
     try:
-        yield
+        yield carried
     finally:
+        carried[0] = generator.get_state()
         generator.set_state(saved_state)
+
+
+@contextmanager
+def seeded_device_generator(device: torch.device, seed: int) -> Iterator[None]:
+    """Seed the default generator of ``device`` for the block, then put its previous state back."""
+    with installed_generator_state(device, seeded_generator_state(device, seed)):
+        yield
 
 
 def expected_chunk_samples(window_tokens: int, first_in_turn: bool, last_chunk: bool) -> int:
@@ -199,7 +214,7 @@ class ChunkRecord:
     """One ``stream`` call made by a session."""
 
     chunk_index: int
-    """Index since the session was created (the RNG contract's counter)."""
+    """Index since the session was created."""
     turn_chunk_index: int
     """Index within the current turn (0 = first chunk after ``reset``)."""
     tokens: tuple[int, ...]
@@ -229,6 +244,8 @@ class StockToken2wavSession:
     token_buffer: list[int] = field(init=False)
     chunk_count: int = field(init=False, default=0)
     turn_chunk_count: int = field(init=False, default=0)
+    rng_state: torch.Tensor = field(init=False, repr=False)
+    """The session's generator state, carried from chunk to chunk (see the module docstring)."""
     history: list[ChunkRecord] = field(init=False, default_factory=list, repr=False)
     _stream: Any = field(init=False, repr=False)
 
@@ -258,19 +275,22 @@ class StockToken2wavSession:
         return self.token2wav.hift_cache_dict
 
     def reset(self) -> None:
-        """Start a new turn: fresh clones of the base caches, the buffer primed with three silence tokens."""
+        """Start a new turn: fresh clones of the base caches, the buffer primed with three silence tokens,
+        the generator state seeded again with ``session_seed``."""
         self.token2wav.stream_cache = clone_recursive(self.base_flow_cache)
         self.token2wav.hift_cache_dict = clone_recursive(self.base_hift_cache)
         self.token_buffer = [SILENCE_TOKEN] * PRE_LOOKAHEAD_TOKENS
         self.turn_chunk_count = 0
+        self.rng_state = seeded_generator_state(self.tail.device, self.session_seed)
 
     def stream_chunk(self, tokens: Sequence[int], last_chunk: bool = False) -> torch.Tensor:
         """One stock ``Token2wav.stream(tokens, None, last_chunk, return_waveform=True)`` call -> float32 [1, samples] (CPU)."""
         token_list = [int(token) for token in tokens]
-        seed = hift_chunk_seed(self.session_seed, self.chunk_count)
-        with torch.no_grad(), seeded_device_generator(self.tail.device, seed), warnings.catch_warnings():
+        with torch.no_grad(), installed_generator_state(self.tail.device, self.rng_state) as carried, \
+                warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*CUDA is not available.*Disabling autocast.*")
             waveform = self._stream(token_list, None, last_chunk=last_chunk, return_waveform=True)
+        self.rng_state = carried[0]
         if self.own_caches:
             self._detach_from_module_buffers()
         audio = torch.from_numpy(waveform)

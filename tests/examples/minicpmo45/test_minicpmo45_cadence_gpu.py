@@ -1,0 +1,124 @@
+"""The token2wav tail under the DuplexCadence runtime on a GPU, released sizes: graphs and bit-identity.
+
+P = 150 prompt frames; float32 with n_timesteps 10 and 5, float16 with 10 and 5. Stock runs on one
+tail, the runtime on another built with the same seed. Bit-identity needs deterministic cuDNN
+(HiFT's convolutions; token2wav-baseline-h200.md, "Determinism"). Planned chunks replay the
+captured graphs of ``flow`` (first, second, steady) and ``hift_front`` (first, steady);
+``hift_back`` holds ``torch.istft``, which the capture probe must detect and keep eager. Forced
+flushes and last chunks run eagerly off the plan.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+REQUIRED_MODULES = ("stepaudio2", "einops", "onnxruntime", "scipy", "numpy")
+MISSING = [name for name in REQUIRED_MODULES if name not in sys.modules and importlib.util.find_spec(name) is None]
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.models,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)}"),
+]
+
+PROMPT_FRAMES = 150
+REGULAR, OFF_PLAN = 8, 3  # chunks of the script below: planned (28 tokens) and off the plan (flush, last)
+
+
+@pytest.fixture(autouse=True)
+def deterministic_cudnn() -> Iterator[None]:
+    previous = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous
+
+
+def _tokens(seed: int = 2024) -> list[int]:
+    return torch.randint(0, 6561, (400,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _script(session, tokens: list[int]) -> list[torch.Tensor]:
+    """Turn 1: first, second, four steady chunks, a 13-token flush, a 3-token last chunk. Turn 2 (after
+    reset): two regular chunks and a 27-token last chunk (P + 154 frames in flight)."""
+    chunks: list[torch.Tensor] = []
+    for index in range(6):
+        chunks += session.push_tokens(tokens[25 * index : 25 * index + 25])
+    chunks += session.push_tokens(tokens[150:160], flush=True)
+    chunks += session.push_tokens([], end_of_turn=True)
+    session.reset()
+    chunks += session.push_tokens(tokens[200:225])
+    chunks += session.push_tokens(tokens[225:250])
+    chunks += session.push_tokens(tokens[250:274], end_of_turn=True)
+    return chunks
+
+
+def _stock_chunks(float16: bool, n_timesteps: int, prompt, seed: int, tokens: list[int], script=_script):
+    from duplexcadence.examples.minicpmo45.model import RELEASED, build_tail
+    from duplexcadence.examples.minicpmo45.stock import StockToken2wavSession
+
+    tail = build_tail(RELEASED, seed=1234, device="cuda", float16=float16)
+    chunks = script(StockToken2wavSession(tail, prompt, n_timesteps=n_timesteps, session_seed=seed), tokens)
+    del tail
+    gc.collect()
+    torch.cuda.empty_cache()
+    return chunks
+
+
+@pytest.mark.parametrize("float16,n_timesteps", [(False, 10), (False, 5), (True, 10), (True, 5)],
+                         ids=["fp32-n10", "fp32-n5", "fp16-n10", "fp16-n5"])
+def test_graphs_replay_every_planned_chunk_bit_identical_to_stock(float16, n_timesteps):
+    from duplexcadence.examples.minicpmo45.cadence import load_runtime
+    from duplexcadence.examples.minicpmo45.model import RELEASED, build_tail, random_prompt
+    from duplexcadence.interpreter.runtime import CaptureWarning
+
+    prompt = random_prompt(PROMPT_FRAMES, seed=4321, device="cuda")
+    tokens = _tokens()
+    reference = _stock_chunks(float16, n_timesteps, prompt, 3, tokens)
+
+    bound = load_runtime(build_tail(RELEASED, seed=1234, device="cuda", float16=float16), PROMPT_FRAMES, n_timesteps)
+    with pytest.warns(CaptureWarning, match="hift_back"):
+        driver = bound.session(prompt, seed=3)
+    runtime = bound.runtime
+    assert set(runtime.blocked) == {"hift_back"}  # torch.istft reads back to the host
+    report = runtime.report()
+    assert report.graphs_planned == 7 and report.graphs_captured == 5  # flow x 3, hift_front x 2
+    addresses = driver.session.data_ptrs()
+
+    chunks = _script(driver, tokens)
+    assert [chunk.shape[-1] for chunk in chunks] == [20_160] + [24_000] * 5 + [9_600, 6_720, 20_160, 24_000, 29_760]
+    for index, (mine, theirs) in enumerate(zip(chunks, reference, strict=True)):
+        assert torch.equal(mine, theirs), f"chunk {index}"
+    counters = driver.session.counters
+    assert counters.replays == 2 * REGULAR  # flow and hift_front of every planned chunk
+    assert counters.eager_planned == REGULAR  # hift_back, blocked from capture
+    assert counters.eager_off_plan == 3 * OFF_PLAN
+    assert driver.session.data_ptrs() == addresses
+
+
+def test_sessions_served_in_turn_each_equal_their_solo_stock_run():
+    """Two voices with their own seeds and token streams, stepped alternately (fp32, n = 5)."""
+    from duplexcadence.examples.minicpmo45.cadence import load_runtime
+    from duplexcadence.examples.minicpmo45.model import RELEASED, build_tail, random_prompt
+
+    def three_chunks(session, tokens):
+        return [session.push_tokens(tokens[25 * i : 25 * i + 25])[0] for i in range(3)]
+
+    prompts = [random_prompt(PROMPT_FRAMES, seed=seed, device="cuda") for seed in (4321, 99)]
+    streams = [_tokens(2024), _tokens(7)]
+    solo = [_stock_chunks(False, 5, prompts[i], 3 + i, streams[i], three_chunks) for i in range(2)]
+    bound = load_runtime(build_tail(RELEASED, seed=1234, device="cuda"), PROMPT_FRAMES, 5, sessions=2)
+    drivers = [bound.session(prompts[i], seed=3 + i) for i in range(2)]
+    for index in range(3):
+        for which in range(2):
+            (chunk,) = drivers[which].push_tokens(streams[which][25 * index : 25 * index + 25])
+            assert torch.equal(chunk, solo[which][index]), f"session {which}, chunk {index}"
+    assert all(driver.session.counters.replays == 6 for driver in drivers)

@@ -143,6 +143,6 @@ def test_the_stdlib_tails_load() -> None:
     assert mimi.regions["pcm"].retention.kind == "scratch"
     step = load_program(stdlib_root() / "models" / "step_audio2_token2wav.clock")
     assert step.regions["tokens"].start_length == 3
-    assert step.stages["vocoder"].accesses[-1].latency == 3840 and step.stages["vocoder"].rng
+    assert step.stages["hift_back"].accesses[-1].latency == 3840 and step.stages["hift_front"].rng
     qwen = load_program(stdlib_root() / "models" / "qwen3_omni_code2wav.clock")
     assert qwen.regions["codes"].retention.describe() == "last 25"

@@ -414,9 +414,22 @@ class Session:
         return fed
 
     def _eager_runs(self, firings) -> list:
-        """Firings without a fused run: a single-firing graph where one was captured, else eager."""
-        return [("graph", (f.signature,), (f,)) if (f.signature,) in self.graphs else ("eager", None, (f,))
-                for f in firings]
+        """Firings stepped off the template path: the longest captured run of consecutive firings whose
+        signatures match (a session back on a planned shape after a short instant replays its graphs
+        again: same shapes and offsets, same addresses), else eager."""
+        runs: list = []
+        start = 0
+        while start < len(firings):
+            for end in range(len(firings), start, -1):
+                key = tuple(f.signature for f in firings[start:end])
+                if key in self.graphs:
+                    runs.append(("graph", key, tuple(firings[start:end])))
+                    start = end
+                    break
+            else:
+                runs.append(("eager", None, (firings[start],)))
+                start += 1
+        return runs
 
     def _template_index(self, args: tuple, inputs: dict[str, torch.Tensor]) -> int | None:
         """The precomputed instant this step repeats, if the inputs are exactly the planned ones."""

@@ -244,14 +244,21 @@ def load_runtime(tail: Token2wavTail, prompt_frames: int = 150, n_timesteps: int
     if tail.float16:
         program = float16_program(program)
     owners = {"decoder": decoder, "estimator": decoder.estimator}
+    stock_buffers = {name: owners[owner]._buffers[attribute] for name, (owner, attribute) in BUFFER_REGIONS.items()}
     for name, (owner, attribute) in BUFFER_REGIONS.items():
         region = program.regions[name]
         # shape and dtype only: the binding check compares them, then every firing binds the arena's views
         owners[owner]._buffers[attribute] = torch.empty(region.shape, dtype=TORCH_DTYPES[region.dtype],
                                                         device="meta")
     hooks = Token2wavHooks(tail)
-    runtime = Runtime.load(program, tail, device=tail.device, hooks=hooks.as_dict(), sessions=sessions,
-                           graphs=graphs, max_graphs=max_graphs)
+    try:
+        runtime = Runtime.load(program, tail, device=tail.device, hooks=hooks.as_dict(), sessions=sessions,
+                               graphs=graphs, max_graphs=max_graphs)
+    except Exception:
+        for name, (owner, attribute) in BUFFER_REGIONS.items():
+            owners[owner]._buffers[attribute] = stock_buffers[name]
+        raise
+    del stock_buffers
     return Token2wavRuntime(runtime, tail, hooks, prompt_frames, n_timesteps, noise)
 
 

@@ -2,10 +2,11 @@
 
 P = 150 prompt frames; float32 with n_timesteps 10 and 5, float16 with 10 and 5. Stock runs on one
 tail, the runtime on another built with the same seed. Bit-identity needs deterministic cuDNN
-(HiFT's convolutions; token2wav-baseline-h200.md, "Determinism"). Planned chunks replay the
-captured graphs of ``flow`` (first, second, steady) and ``hift_front`` (first, steady);
+(HiFT's convolutions; token2wav-baseline-h200.md, "Determinism"). Planned chunks replay one graph
+per instant that fuses ``flow`` (first, second, steady) and ``hift_front`` (first, steady);
 ``hift_back`` holds ``torch.istft``, which the capture probe must detect and keep eager. Forced
-flushes and last chunks run eagerly off the plan.
+flushes and last chunks run eagerly off the plan; regular chunks after a flush replay the graphs
+again once their shapes are the planned ones.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ pytestmark = [
 ]
 
 PROMPT_FRAMES = 150
-REGULAR, OFF_PLAN = 8, 3  # chunks of the script below: planned (28 tokens) and off the plan (flush, last)
+REGULAR, OFF_PLAN = 13, 5  # chunks of the script below: planned shapes (28 tokens) and off the plan (flush, last)
+SAMPLES = ([20_160] + [24_000] * 5 + [9_600, 6_720] + [20_160, 24_000, 29_760]
+           + [20_160, 24_000, 24_000, 9_600, 24_000, 24_000, 6_720])
 
 
 @pytest.fixture(autouse=True)
@@ -43,12 +46,14 @@ def deterministic_cudnn() -> Iterator[None]:
 
 
 def _tokens(seed: int = 2024) -> list[int]:
-    return torch.randint(0, 6561, (400,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return torch.randint(0, 6561, (500,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def _script(session, tokens: list[int]) -> list[torch.Tensor]:
     """Turn 1: first, second, four steady chunks, a 13-token flush, a 3-token last chunk. Turn 2 (after
-    reset): two regular chunks and a 27-token last chunk (P + 154 frames in flight)."""
+    reset): two regular chunks and a 27-token last chunk (P + 154 frames in flight). Turn 3: three
+    regular chunks, a 13-token flush from the steady state (trimmed straight back to P + 100: the
+    next chunks have the steady shapes again and replay its graph), two regular chunks, the end."""
     chunks: list[torch.Tensor] = []
     for index in range(6):
         chunks += session.push_tokens(tokens[25 * index : 25 * index + 25])
@@ -58,6 +63,10 @@ def _script(session, tokens: list[int]) -> list[torch.Tensor]:
     chunks += session.push_tokens(tokens[200:225])
     chunks += session.push_tokens(tokens[225:250])
     chunks += session.push_tokens(tokens[250:274], end_of_turn=True)
+    session.reset()
+    chunks += session.push_tokens(tokens[300:375])
+    chunks += session.push_tokens(tokens[375:385], flush=True)
+    chunks += session.push_tokens(tokens[385:435], end_of_turn=True)
     return chunks
 
 
@@ -90,15 +99,17 @@ def test_graphs_replay_every_planned_chunk_bit_identical_to_stock(float16, n_tim
     runtime = bound.runtime
     assert set(runtime.blocked) == {"hift_back"}  # torch.istft reads back to the host
     report = runtime.report()
-    assert report.graphs_planned == 7 and report.graphs_captured == 5  # flow x 3, hift_front x 2
+    # stage graphs: flow x 3 (first, second, steady) and hift_front x 2 (first, steady); each planned
+    # instant fuses its flow and hift_front into one graph (3 instant graphs)
+    assert report.graphs_planned == 7 and report.stage_graphs_covered == 5 and report.graphs_captured == 3
     addresses = driver.session.data_ptrs()
 
     chunks = _script(driver, tokens)
-    assert [chunk.shape[-1] for chunk in chunks] == [20_160] + [24_000] * 5 + [9_600, 6_720, 20_160, 24_000, 29_760]
+    assert [chunk.shape[-1] for chunk in chunks] == SAMPLES
     for index, (mine, theirs) in enumerate(zip(chunks, reference, strict=True)):
         assert torch.equal(mine, theirs), f"chunk {index}"
     counters = driver.session.counters
-    assert counters.replays == 2 * REGULAR  # flow and hift_front of every planned chunk
+    assert counters.replays == 2 * REGULAR  # flow and hift_front of every planned shape, after a flush too
     assert counters.eager_planned == REGULAR  # hift_back, blocked from capture
     assert counters.eager_off_plan == 3 * OFF_PLAN
     assert driver.session.data_ptrs() == addresses

@@ -59,7 +59,7 @@ def peak_allocated() -> int | None:
 
 def reset_peak() -> None:
     if DEVICE == "cuda":
-        reset_peak()
+        torch.cuda.reset_peak_memory_stats()
 
 
 def run_bench(configs: list[tuple[str, int]], seconds: int) -> list[dict]:

@@ -32,6 +32,22 @@ def _color_wanted(choice: str, stream) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
 
 
+def non_negative(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
+    return value
+
+
+def positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
+    return value
+
+
 def parse_params(pairs: Sequence[str]) -> tuple[dict[str, str], list[Diagnostic]]:
     """`NAME=VALUE` pairs from `--param`; malformed ones become diagnostics."""
     from . import messages

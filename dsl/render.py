@@ -33,7 +33,7 @@ import graphviz
 
 from ..interpreter.plan import Plan, make_plan
 from ..interpreter.plan_report import human_bytes, seconds
-from .cli import EXIT_CLEAN, EXIT_PROBLEMS, EXIT_USAGE, parse_params, print_diagnostics
+from .cli import EXIT_CLEAN, EXIT_PROBLEMS, EXIT_USAGE, non_negative, parse_params, positive, print_diagnostics
 from .compiler import check_file, load_program
 from .diagnostics import ClockError
 from .program import Access, Program, RegionInfo
@@ -1281,20 +1281,6 @@ def cmd_render(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
-    return value
-
-
 def register_render(commands) -> None:
     render = commands.add_parser(
         "render", help="draw the plan with graphviz: timeline, dataflow graph or arena map",
@@ -1309,8 +1295,8 @@ def register_render(commands) -> None:
                         help="write here (.dot/.gv, .svg, .png, .pdf); default: standard output")
     render.add_argument("--format", choices=FORMATS, default=None,
                         help="output format (default: from the -o suffix, else dot)")
-    render.add_argument("--ticks", type=_positive, default=None, metavar="N",
+    render.add_argument("--ticks", type=positive, default=None, metavar="N",
                         help="timeline: draw N instants from session start (default: warm-up + one steady period)")
-    render.add_argument("--max-graphs", type=_non_negative, default=None, metavar="N",
+    render.add_argument("--max-graphs", type=non_negative, default=None, metavar="N",
                         help="plan with at most N graphs (the other firings show as eager)")
     render.set_defaults(handler=cmd_render)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..dsl.cli import EXIT_CLEAN, EXIT_PROBLEMS, parse_params, print_diagnostics
+from ..dsl.cli import EXIT_CLEAN, EXIT_PROBLEMS, non_negative, parse_params, print_diagnostics
 from ..dsl.compiler import check_file
 from ..dsl.diagnostics import ClockError
 from .plan import make_plan, to_json
@@ -33,21 +33,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
-    return value
-
-
 def register_plan(commands) -> None:
     plan = commands.add_parser("plan", help="print the plan: clocks, warm-up, memory per region, graphs")
     plan.add_argument("file", metavar="FILE")
     plan.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (docs/plan-json.md)")
-    plan.add_argument("--max-graphs", type=_non_negative, default=None, metavar="N",
+    plan.add_argument("--max-graphs", type=non_negative, default=None, metavar="N",
                       help="capture at most N graphs (the rest of the firings run eagerly)")
-    plan.add_argument("--max-arena-bytes", type=_non_negative, default=None, metavar="BYTES",
+    plan.add_argument("--max-arena-bytes", type=non_negative, default=None, metavar="BYTES",
                       help="fail if the arena would exceed BYTES")
     plan.add_argument("--sessions", type=int, default=1, metavar="N", help="sessions sharing the arena")
     plan.set_defaults(handler=cmd_plan)

@@ -37,12 +37,10 @@ SAMPLES = ([20_160] + [24_000] * 5 + [9_600, 6_720] + [20_160, 24_000, 29_760]
 
 @pytest.fixture(autouse=True)
 def deterministic_cudnn() -> Iterator[None]:
-    previous = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    try:
+    from duplexcadence.interpreter.verify import deterministic_cudnn as scope
+
+    with scope():
         yield
-    finally:
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous
 
 
 def _tokens(seed: int = 2024) -> list[int]:

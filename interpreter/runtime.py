@@ -608,6 +608,10 @@ class Session:
             if not isinstance(value, torch.Tensor) or value.dtype != TORCH_DTYPES[region.dtype]:
                 raise TypeError(f"stage '{stage.name}' wrote {describe(value)} to region '{name}', declared "
                                 f"{region.dtype}[{_dims(region)}]")
+            if tuple(value.shape) != tuple(view.shape):
+                raise ValueError(f"stage '{stage.name}' wrote {describe(value)} to region '{name}'; this firing "
+                                 f"writes {view.length} units: {region.dtype}[{', '.join(map(str, view.shape))}] "
+                                 "(check the write's advance in the .clock, or what the stage returns)")
             self.storage[name].append(view.offset, 0, value)
         for view in firing.views:
             if view.kind in ("feed", "write") and view.kept is not None and view.length is not None:

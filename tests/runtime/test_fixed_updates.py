@@ -60,3 +60,27 @@ def test_a_version_or_a_write_of_another_dtype_is_refused(tmp_path, wrong):
     session = load(tmp_path, model).session()
     with pytest.raises(SessionFailed, match="declared f32"):
         session.step(x=torch.tensor([[1.0]]))
+
+
+def test_a_write_of_the_wrong_length_fails_the_step_with_both_shapes(tmp_path):
+    """A stage that returns more units than its `write` declares is refused, naming both shapes."""
+    import pytest
+    import torch
+
+    from duplexcadence.interpreter.runtime import Runtime, SessionFailed
+
+    clock = tmp_path / "w.clock"
+    clock.write_text(
+        "cadence 1 s\nclock f = 12.5 Hz\n"
+        "region x : f32[1, time] on f input\nregion y : f32[1, time] on f output\n"
+        "stage s on f { hook twice; read x; write y +1 }\n")
+
+    def twice(model, x):
+        return torch.cat([x, x], dim=-1)  # 2 units where the .clock promises 1
+
+    runtime = Runtime.load(clock, torch.nn.Module(), hooks={"twice": twice})
+    session = runtime.session()
+    with pytest.raises(SessionFailed) as caught:
+        session.step(x=torch.zeros(1, 1))
+    assert ("stage 's' wrote f32[1, 2] on cpu to region 'y'; this firing writes 1 units: f32[1, 1]"
+            in str(caught.value.__cause__))

@@ -10,7 +10,8 @@ How the tutorial's fenced blocks are read (the info string after the opening bac
 * ``console``: each ``$ `` line is run by bash in the folder (stdout and stderr together, as a terminal
   shows them); the lines up to the next ``$ `` are its expected output;
 * ``python``: run in order, in one namespace, in the folder;
-* ``text output`` right after a ``python`` block: that block's expected standard output.
+* ``text output`` right after a ``python`` block: that block's expected standard output (a block
+  that prints must have one).
 
 Outputs are compared line by line, trailing spaces and leading or trailing blank lines ignored (a
 progress bar leaves a blank line where there is no terminal). A line ``...`` stands for any number of
@@ -203,6 +204,9 @@ def test_the_tutorial_runs_and_prints_what_it_shows(tutorial_folder):
     previous: Block | None = None
     previous_stdout = ""
     for block in blocks(markdown):
+        unshown = previous is not None and previous.language == "python" and not previous.options \
+            and previous_stdout and not (block.language == "text" and "output" in block.flags)
+        assert not unshown, f"docs/tutorial.md:{previous.line}: the block prints, so show its output after it"
         if block.language == "text" and "output" in block.flags:
             assert previous is not None and previous.language == "python" and not previous.options \
                 and not markdown[previous.end:block.start].strip(), \
@@ -226,6 +230,7 @@ def test_the_tutorial_runs_and_prints_what_it_shows(tutorial_folder):
         else:
             write_files(block, workdir, written)
         previous = block
+    assert not (previous.language == "python" and previous_stdout), "the last block prints: show its output"
     assert {"tinyvoc.py", "tinyvoc.clock", "tinyvoc_cadence.py", "tinyvoc_bench.py"} <= written
     timeline = (workdir / "tinyvoc-timeline.dot").read_text()
     assert timeline == TIMELINE_GOLDEN.read_text(), (

@@ -1,9 +1,16 @@
-"""`dsl bench MODEL`: every variant of a tail side by side in one process (see interpreter/bench.py)."""
+"""`dsl bench MODEL`: every variant of a tail side by side in one process (see interpreter/bench.py).
+
+MODEL is a registered example (`MODELS`) or a subject of your own, `MODULE:FUNCTION`: a function in a
+module importable from the current folder (or from the installed packages) that takes the options
+below as keywords (`device`, `seconds`, `batch`, `dtype`, and every `--option KEY=VALUE`) and
+returns a `bench.Subject`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from . import bench
@@ -27,16 +34,39 @@ def _options(pairs: list[str]) -> dict[str, str]:
     return options
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def _subject_function(model: str):
+    """The `subject` function of a registered example, or FUNCTION of `MODULE:FUNCTION`; else an
+    error message."""
+    if model in MODELS:
+        try:
+            return importlib.import_module(MODELS[model]).subject
+        except ImportError as error:
+            return (f"the '{model}' example needs its optional packages: {error}. "
+                    f"See examples/{model}/README.md for the install line.")
+    module_name, sep, function_name = model.partition(":")
+    if not sep or not module_name or not function_name:
+        return (f"'{model}' is neither a registered model ({', '.join(sorted(MODELS))}) nor "
+                "MODULE:FUNCTION (a subject of your own, e.g. mybench:subject)")
+    if os.getcwd() not in sys.path:  # a console script does not put the current folder on the path
+        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(MODELS[args.model])
+        module = importlib.import_module(module_name)
     except ImportError as error:
-        print(f"dsl bench: the '{args.model}' example needs its optional packages: {error}. "
-              f"See examples/{args.model}/README.md for the install line.", file=sys.stderr)
+        return f"cannot import '{module_name}' from the current folder or the installed packages: {error}"
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        return f"'{module_name}' has no function '{function_name}'"
+    return function
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    make_subject = _subject_function(args.model)
+    if isinstance(make_subject, str):
+        print(f"dsl bench: {make_subject}", file=sys.stderr)
         return 2
     device = args.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
-    subject = module.subject(device=device, seconds=args.seconds, batch=args.batch, dtype=args.dtype,
-                             **_options(args.option))
+    subject = make_subject(device=device, seconds=args.seconds, batch=args.batch, dtype=args.dtype,
+                           **_options(args.option))
     ticks = int(subject.ticks_per_second * args.seconds)
     results = bench.run(subject, ticks, progress=not args.no_progress)
     print(bench.format_table(subject, results))
@@ -48,7 +78,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def register_bench(commands) -> None:
     parser = commands.add_parser("bench", help="benchmark a model tail: stock variants vs DuplexCadence")
-    parser.add_argument("model", choices=sorted(MODELS))
+    parser.add_argument("model", metavar="MODEL",
+                        help=f"a registered model ({', '.join(sorted(MODELS))}) or MODULE:FUNCTION, a subject "
+                             "of your own importable from the current folder")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--seconds", type=int, default=10, help="duplex seconds to stream per variant")
     parser.add_argument("--batch", type=int, default=1, help="sessions decoded together (B)")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Redraw docs/diagrams/: every stdlib model tail in every `dsl render` view, as SVG (needs Graphviz's dot).
+# Redraw docs/diagrams/: every stdlib model tail in every `dsl render` view, and the tutorial's timeline,
+# as SVG (needs Graphviz's dot).
 #   bash scripts/render_diagrams.sh            # SVG, committed
 #   FORMAT=png bash scripts/render_diagrams.sh # PNG beside them, to look at (not committed)
 set -euo pipefail
@@ -12,3 +13,12 @@ for model in stdlib/models/*.clock; do
         dsl render "$model" --view "$view" -o "docs/diagrams/$name-$view.$FORMAT"
     done
 done
+
+# docs/tutorial.md's model: its files as the reader writes them, rendered where the reader renders them;
+# tests/docs/test_tutorial.py compares the tutorial's DOT with the golden copy written here.
+tutorial=$(mktemp -d)
+trap 'rm -rf "$tutorial"' EXIT
+"${PYTHON:-python3}" tests/docs/test_tutorial.py "$tutorial"
+(cd "$tutorial" && dsl render tinyvoc.clock -o "tinyvoc-timeline.$FORMAT" && dsl render tinyvoc.clock -o tinyvoc-timeline.dot)
+cp "$tutorial/tinyvoc-timeline.$FORMAT" docs/diagrams/
+cp "$tutorial/tinyvoc-timeline.dot" tests/docs/golden/

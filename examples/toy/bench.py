@@ -58,4 +58,4 @@ def subject(device: str = "cpu", seconds: int = 10, seed: int = 0, **_) -> Subje
     return Subject("toy", Fraction(25, 2), lambda t: {"codes": codes[:, t:t + 1]},
                    [Variant("stock eager", stock, reference=True),
                     Variant("duplexcadence", cadence, info=lambda r: {"graphs": r.runtime.report().graphs_captured})],
-                   device, description="toy tail (tests/tutorial)", warmup_ticks=25)
+                   device, description="toy tail (tests, docs/runtime.md)", warmup_ticks=25)

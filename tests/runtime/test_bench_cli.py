@@ -1,0 +1,68 @@
+"""`dsl bench MODULE:FUNCTION`: a bench subject of the user's own, found from the current folder, gets
+the command's options as keywords; a name that is neither registered nor MODULE:FUNCTION is a usage
+error with the registered names."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from duplexcadence.dsl import cli
+
+SUBJECT = '''
+from duplexcadence.examples.toy.bench import subject as toy_subject
+
+received = {}
+
+
+def subject(**options):
+    received.update(options)
+    made = toy_subject(**options)
+    made.name = "my tail"
+    return made
+'''
+
+
+@pytest.fixture
+def user_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # dsl bench puts the current folder on the path
+    (tmp_path / "my_bench.py").write_text(SUBJECT)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the toy's tiny ops spin with two threads on a busy 2-core machine
+    yield tmp_path
+    torch.set_num_threads(threads)
+    sys.modules.pop("my_bench", None)
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_subject_of_ones_own_runs_from_the_current_folder(user_folder, capsys):
+    code, out, err = run(capsys, "bench", "my_bench:subject", "--device", "cpu", "--seconds", "1", "--no-progress",
+                         "--option", "flavour=plain")
+    assert code == 0, err
+    assert out.startswith("my tail on cpu:")
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  stock") or
+            line.startswith("  duplexcadence")}
+    assert rows["duplexcadence"].rstrip().endswith("yes") and rows["stock"].rstrip().endswith("yes")
+    received = sys.modules["my_bench"].received
+    assert received["device"] == "cpu" and received["seconds"] == 1 and received["flavour"] == "plain"
+    assert received["batch"] == 1 and received["dtype"] == "fp32"
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    ("nosuch", "'nosuch' is neither a registered model (minicpmo45, moshi, personaplex, qwen3omni, toy) nor "
+               "MODULE:FUNCTION"),
+    ("my_bench:missing", "'my_bench' has no function 'missing'"),
+    ("not_a_module_here:subject", "cannot import 'not_a_module_here'"),
+])
+def test_an_unknown_subject_is_a_usage_error(user_folder, capsys, model, message):
+    code, out, err = run(capsys, "bench", model, "--device", "cpu")
+    assert code == 2 and out == ""
+    assert err.startswith(f"dsl bench: {message}")

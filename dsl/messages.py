@@ -48,6 +48,8 @@ PARAM_OVERRIDE = ErrorCode("param-override", "a --param for an unknown param, or
 BUDGET = ErrorCode("over-budget", "a plan over its arena or graph budget")
 BINDING_MISMATCH = ErrorCode("binding-mismatch", "a region that disagrees with the module tensor it binds to")
 CAPTURE_BLOCKED = ErrorCode("capture-blocked", "a stage that cannot be captured in a CUDA graph as written")
+CANNOT_PLAN = ErrorCode("cannot-plan", "a program the planner cannot lay out: no stage, or more firings per "
+                        "hyperperiod than it traces")
 HYPERPERIOD = ErrorCode("long-hyperperiod", "clocks whose common period is very long", Severity.WARNING)
 UNUSED_REGION = ErrorCode("unused-region", "a region no stage reads or writes", Severity.WARNING)
 EMPTY_FILE = ErrorCode("empty-file", "a file that declares nothing", Severity.WARNING)
@@ -568,6 +570,17 @@ def over_arena_budget(need: int, budget: int, span: Span | None) -> Diagnostic:
 def negative_length(region: str, value: str, span: Span | None) -> Diagnostic:
     return Diagnostic(BAD_VALUE, f"region '{region}' would hold {value} units", span,
                       helps=("check the params that size this region",))
+
+
+def nothing_to_plan(path: str) -> Diagnostic:
+    return Diagnostic(CANNOT_PLAN, f"'{path}' declares no stage: there is nothing to plan", None,
+                      helps=("a file of clocks and params is a library: `use` it from a program with stages",))
+
+
+def too_many_firings(seconds: str, firings: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(CANNOT_PLAN, f"the clocks repeat only every {seconds} s, after {firings} firings: over the "
+                      f"{limit} firings per hyperperiod the planner traces", span,
+                      helps=("rates with a small common period keep the plan short; check for a typo in a rate",))
 
 
 def arena_does_not_fit(need: int, free: int, device: str) -> Diagnostic:

@@ -583,8 +583,12 @@ def too_many_firings(seconds: str, firings: int, limit: int, span: Span | None) 
                       helps=("rates with a small common period keep the plan short; check for a typo in a rate",))
 
 
-def arena_does_not_fit(need: int, free: int, device: str) -> Diagnostic:
-    return Diagnostic(BUDGET, f"the arena needs {need} bytes but {device} has {free} bytes free", None,
+def arena_does_not_fit(need: int, sessions: int, session_bytes: int, scratch_bytes: int, free: int, cached: int,
+                       device: str) -> Diagnostic:
+    plural = "session" if sessions == 1 else "sessions"
+    return Diagnostic(BUDGET, f"the arena for {sessions} {plural} needs {need} bytes ({sessions} x {session_bytes} "
+                      f"per session + {scratch_bytes} shared scratch) but {device} has {free + cached} bytes "
+                      f"available ({free} free + {cached} cached by PyTorch); nothing was allocated", None,
                       helps=("load fewer sessions, lower the params that size the largest regions, or free memory",))
 
 
@@ -609,6 +613,15 @@ def hook_missing(stage: str, name: str, registered: Iterable[str], span: Span | 
     return Diagnostic(BINDING_MISMATCH, f"stage '{stage}' calls hook '{name}', which was not registered", span,
                       helps=_did_you_mean(name, registered)
                       + ("pass it to Runtime.load(..., hooks={'" + name + "': function})",))
+
+
+def call_mismatch(stage: str, callee: str, passed: str, signature: str, problem: str,
+                  span: Span | None) -> Diagnostic:
+    return Diagnostic(BINDING_MISMATCH, f"stage '{stage}' calls {callee} as ({passed}), but it is {signature}: "
+                      f"{problem}", span,
+                      helps=("the runtime passes every `read` and `update` of a region without `bind` "
+                             "positionally, in declared order (`read x as name` by keyword); a hook gets the "
+                             "model first; bound regions reach the module through their attribute",))
 
 
 def capture_blocked(stage: str, reason: str, span: Span | None) -> Diagnostic:

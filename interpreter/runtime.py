@@ -465,16 +465,18 @@ class Session:
         if index is None or index >= len(runtime.templates):
             return None
         template = runtime.templates[index]
+        named = inputs
         if args:
             if len(args) != 1 or len(template.inputs) != 1 or inputs:
                 return None
-            inputs[next(iter(template.inputs))] = args[0]
-        if inputs.keys() != template.inputs.keys():
+            named = {next(iter(template.inputs)): args[0]}
+        if named.keys() != template.inputs.keys():
             return None
-        for name, tensor in inputs.items():
+        for name, tensor in named.items():
             if (not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != template.inputs[name]
                     or tensor.dtype != runtime.storage_dtypes[name] or tensor.device != runtime.device):
                 return None
+        inputs.update(named)  # only on a match: the off-plan path names a positional input itself
         return index
 
     def _sync_simulator(self) -> None:
@@ -529,10 +531,13 @@ class Session:
                              (view.start + view.length) if view.length is not None and view.kind != "update" else 0)
                 if capacity is not None and needed > capacity:
                     region = runtime.program.regions[view.region]
+                    longer = [f"'{name}' has {units} units where the plan feeds {planned[name].length}"
+                              for name, units in sorted(override.items()) if units > planned[name].length]
+                    cause = (f"input {', '.join(longer)}: feed at most the planned units an instant" if longer else
+                             "the session has reached the end of what its .clock plans for: reset() it, or declare "
+                             "a longer retention or horizon")
                     raise StepError(f"step() at instant {self._instant}: region '{view.region}' would hold {needed} "
-                                    f"units, over its capacity of {capacity} ({region.retention.describe()}); "
-                                    "the session has reached the end of what its .clock plans for: reset() it, "
-                                    "or declare a longer retention or horizon")
+                                    f"units, over its capacity of {capacity} ({region.retention.describe()}); {cause}")
         return firings, probe, off_plan
 
     def _execute(self, kind: str, key: tuple | None, firings: tuple[Firing, ...],
@@ -759,13 +764,40 @@ class Session:
             torch.cuda.current_stream(runtime.device).wait_stream(stream)
             torch.cuda.synchronize(runtime.device)
         for index, template in enumerate(runtime.templates):
+            self.runs[index] = self._capture_template(
+                template, lambda key, firings: self._capture_run(key, firings, stream))
+        self.reset()
+
+    def _capture_template(self, template: StepTemplate,
+                          capture: Callable[[tuple, tuple[Firing, ...]], BaseException | None]) -> list:
+        """The instant's runs, each fused run captured by `capture` (None on success, else the error).
+
+        A fused run whose capture fails is split: its firings are captured one by one, the first that
+        fails alone has its stage blocked (eager, with a `capture-blocked` warning), and the instant is
+        split again around it, so every graph run it returns was captured. When every firing captures
+        alone and only the fused run fails, the run's first stage is blocked: each retry blocks one more
+        stage, so this ends."""
+        runtime = self.runtime
+        while True:
             runs = self._runs(template)
-            self.runs[index] = runs
             for kind, key, firings in runs:
                 if kind != "graph" or key in self.graphs:
                     continue
-                self._capture_run(key, firings, stream)
-        self.reset()
+                error = capture(key, firings)
+                if error is None:
+                    continue
+                culprit, cause = firings[0], error
+                if len(firings) > 1:
+                    for firing in firings:
+                        alone = (firing.signature,)
+                        alone_error = None if alone in self.graphs else capture(alone, (firing,))
+                        if alone_error is not None:
+                            culprit, cause = firing, alone_error
+                            break
+                self._block(runtime.program.stages[culprit.stage], cause)
+                break
+            else:
+                return runs
 
     def _runs(self, template: StepTemplate) -> list[tuple[str, tuple | None, tuple[Firing, ...]]]:
         """Split an instant into fused graph runs and eager firings."""
@@ -784,7 +816,8 @@ class Session:
             runs.append(("graph", tuple(f.signature for f in current), tuple(current)))
         return runs
 
-    def _capture_run(self, key: tuple, firings: tuple[Firing, ...], stream) -> None:
+    def _capture_run(self, key: tuple, firings: tuple[Firing, ...], stream) -> BaseException | None:
+        """Capture one fused run as graph `key`; the error if the capture failed (nothing is kept)."""
         runtime = self.runtime
         stages = [runtime.program.stages[f.stage] for f in firings]
         for storage in self.storage.values():
@@ -801,12 +834,12 @@ class Session:
                         module_outputs.update(self._run_body(firing))
         except Exception as error:
             torch.cuda.synchronize(runtime.device)
-            self._block(stages[0], error)
-            return
+            return error
         torch.cuda.synchronize(runtime.device)
         self.graphs[key] = StageGraph(len(self.graphs), graph, module_outputs, time.perf_counter() - started)
         runtime.capture_seconds += self.graphs[key].capture_seconds
         runtime.graphs_captured = max(runtime.graphs_captured, len(self.graphs))
+        return None
 
     def _block(self, stage, error: BaseException) -> None:
         diagnostic = messages.capture_blocked(stage.name, _first_line(error), stage.span)

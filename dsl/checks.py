@@ -145,7 +145,10 @@ def available_to_read(program: Program, stage: StageInfo, access: Access) -> int
         return available + math.floor(units_per_firing(program, stage, access.region))
     if access.prev:
         return available
-    order = depgraph.stage_order(program)
+    try:
+        order = depgraph.stage_order(program)
+    except nx.NetworkXUnfeasible:  # stages that feed each other within an instant: `check_cycles` says so
+        return None
     for other in program.stages.values():
         if other.name == stage.name or other.clock != stage.clock or order.index(other.name) > order.index(stage.name):
             continue

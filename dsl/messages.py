@@ -48,6 +48,8 @@ PARAM_OVERRIDE = ErrorCode("param-override", "a --param for an unknown param, or
 BUDGET = ErrorCode("over-budget", "a plan over its arena or graph budget")
 BINDING_MISMATCH = ErrorCode("binding-mismatch", "a region that disagrees with the module tensor it binds to")
 CAPTURE_BLOCKED = ErrorCode("capture-blocked", "a stage that cannot be captured in a CUDA graph as written")
+CANNOT_PLAN = ErrorCode("cannot-plan", "a program the planner cannot lay out: no stage, or more firings per "
+                        "hyperperiod than it traces")
 HYPERPERIOD = ErrorCode("long-hyperperiod", "clocks whose common period is very long", Severity.WARNING)
 UNUSED_REGION = ErrorCode("unused-region", "a region no stage reads or writes", Severity.WARNING)
 EMPTY_FILE = ErrorCode("empty-file", "a file that declares nothing", Severity.WARNING)
@@ -570,8 +572,23 @@ def negative_length(region: str, value: str, span: Span | None) -> Diagnostic:
                       helps=("check the params that size this region",))
 
 
-def arena_does_not_fit(need: int, free: int, device: str) -> Diagnostic:
-    return Diagnostic(BUDGET, f"the arena needs {need} bytes but {device} has {free} bytes free", None,
+def nothing_to_plan(path: str) -> Diagnostic:
+    return Diagnostic(CANNOT_PLAN, f"'{path}' declares no stage: there is nothing to plan", None,
+                      helps=("a file of clocks and params is a library: `use` it from a program with stages",))
+
+
+def too_many_firings(seconds: str, firings: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(CANNOT_PLAN, f"the clocks repeat only every {seconds} s, after {firings} firings: over the "
+                      f"{limit} firings per hyperperiod the planner traces", span,
+                      helps=("rates with a small common period keep the plan short; check for a typo in a rate",))
+
+
+def arena_does_not_fit(need: int, sessions: int, session_bytes: int, scratch_bytes: int, free: int, cached: int,
+                       device: str) -> Diagnostic:
+    plural = "session" if sessions == 1 else "sessions"
+    return Diagnostic(BUDGET, f"the arena for {sessions} {plural} needs {need} bytes ({sessions} x {session_bytes} "
+                      f"per session + {scratch_bytes} shared scratch) but {device} has {free + cached} bytes "
+                      f"available ({free} free + {cached} cached by PyTorch); nothing was allocated", None,
                       helps=("load fewer sessions, lower the params that size the largest regions, or free memory",))
 
 
@@ -596,6 +613,15 @@ def hook_missing(stage: str, name: str, registered: Iterable[str], span: Span | 
     return Diagnostic(BINDING_MISMATCH, f"stage '{stage}' calls hook '{name}', which was not registered", span,
                       helps=_did_you_mean(name, registered)
                       + ("pass it to Runtime.load(..., hooks={'" + name + "': function})",))
+
+
+def call_mismatch(stage: str, callee: str, passed: str, signature: str, problem: str,
+                  span: Span | None) -> Diagnostic:
+    return Diagnostic(BINDING_MISMATCH, f"stage '{stage}' calls {callee} as ({passed}), but it is {signature}: "
+                      f"{problem}", span,
+                      helps=("the runtime passes every `read` and `update` of a region without `bind` "
+                             "positionally, in declared order (`read x as name` by keyword); a hook gets the "
+                             "model first; bound regions reach the module through their attribute",))
 
 
 def capture_blocked(stage: str, reason: str, span: Span | None) -> Diagnostic:

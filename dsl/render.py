@@ -1260,12 +1260,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     result = check_file(args.file, overrides)
     diagnostics = problems + list(result.errors)
     if diagnostics or result.program is None:
-        print_diagnostics(diagnostics, result.sources, "full", False, sys.stderr)
+        print_diagnostics(diagnostics, result.sources, "full", False, sys.stderr, args.file)
         return EXIT_PROBLEMS
     try:
         plan = make_plan(result.program, max_graphs=args.max_graphs)
     except ClockError as error:
-        print_diagnostics(error.diagnostics, result.sources, "full", False, sys.stderr)
+        print_diagnostics(error.diagnostics, result.sources, "full", False, sys.stderr, args.file)
         return EXIT_PROBLEMS
     try:
         data = to_bytes(render_plan(plan, args.view, args.ticks), chosen)

@@ -117,6 +117,10 @@ def bind_program(program: Program, model: Any, hooks: Mapping[str, Callable] | N
     for stage in program.stages.values():
         found = _bind_stage(stage, model, hooks, problems)
         if found is not None:
+            mismatch = call_mismatch(program, stage, found)
+            if mismatch is not None:
+                problems.append(mismatch)
+                continue
             callables[stage.name] = found
     attributes: dict[str, Attribute] = {}
     for region in program.regions.values():
@@ -158,6 +162,58 @@ def _bind_stage(stage: StageInfo, model: Any, hooks: Mapping[str, Callable], pro
                                                 stage.callable_span))
         return None
     return StageCallable(fn, False, False)
+
+
+def call_arguments(program: Program, stage: StageInfo, found: StageCallable) -> tuple[list[str], dict[str, str]]:
+    """What the runtime passes when the stage fires, by region name: every unbound `read` and `update`
+    positionally in declared order (`read x as name` by keyword), a hook's model first and its
+    `firing=` last. Bound regions reach the module through their attribute instead."""
+    args: list[str] = ["model"] if found.is_hook else []
+    kwargs: dict[str, str] = {}
+    for access in stage.accesses:
+        if access.kind == "write" or program.regions[access.region].bind is not None:
+            continue
+        if access.alias:
+            kwargs[access.alias] = access.region
+        else:
+            args.append(access.region)
+    if found.wants_firing:
+        kwargs["firing"] = "firing"
+    return args, kwargs
+
+
+def _signature_target(fn: Callable) -> Callable | None:
+    """What to read the call signature from: a module's `forward` (its `__call__` takes anything);
+    None when pre-hooks may rewrite the arguments."""
+    if isinstance(fn, torch.nn.Module):
+        if fn._forward_pre_hooks or getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None):
+            return None
+        return getattr(fn, "_orig_mod", fn).forward
+    return fn
+
+
+def call_mismatch(program: Program, stage: StageInfo, found: StageCallable) -> Diagnostic | None:
+    """A `binding-mismatch` when the stage's callable cannot accept what the runtime will pass it
+    (known at load from its signature; a callable taking `*args` is not judged)."""
+    target = _signature_target(found.fn)
+    if target is None:
+        return None
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+    args, kwargs = call_arguments(program, stage, found)
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as error:
+        passed = ", ".join(args + [f"{key}={value}" for key, value in kwargs.items()])
+        callee = f"hook '{stage.target}'" if found.is_hook else f"module '{stage.target or '(root)'}'"
+        name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__name__
+        plain = signature.replace(parameters=[p.replace(annotation=inspect.Parameter.empty)
+                                              for p in signature.parameters.values()],
+                                  return_annotation=inspect.Signature.empty)
+        return messages.call_mismatch(stage.name, callee, passed, f"{name}{plain}", str(error), stage.callable_span)
+    return None
 
 
 def describe(tensor: Any) -> str:

@@ -118,8 +118,9 @@ def schedule(program: Program, trace: Trace, stage_order: tuple[str, ...]) -> Al
         live = None
         if not persistent:
             # inputs arrive when step() starts the instant; outputs are read when it ends
-            first = 0 if region.role == "input" else min(users)
-            live = (first, len(stage_order)) if region.role == "output" else (first, max(users))
+            # a region no stage touches (an unused input or scratch: a warning) holds nothing
+            first = 0 if region.role == "input" else min(users, default=0)
+            live = (first, len(stage_order)) if region.role == "output" else (first, max(users, default=first))
         kept = None if region.fixed else region.retention.keeps
         plans[name] = RegionPlan(name, region.family, region.dtype, region.itemsize, capacity, tuple(shape), nbytes,
                                  persistent, staged, double_buffer_bytes, kept, region.stock_shape, region.stock_bytes,

@@ -18,13 +18,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     result = check_file(args.file, overrides)
     diagnostics = problems + list(result.errors)
     if diagnostics or result.program is None:
-        print_diagnostics(diagnostics, result.sources, "full", False, sys.stderr)
+        print_diagnostics(diagnostics, result.sources, "full", False, sys.stderr, args.file)
         return EXIT_PROBLEMS
     try:
         plan = make_plan(result.program, max_graphs=args.max_graphs, max_arena_bytes=args.max_arena_bytes,
                          sessions=args.sessions)
     except ClockError as error:
-        print_diagnostics(error.diagnostics, result.sources, "full", False, sys.stderr)
+        print_diagnostics(error.diagnostics, result.sources, "full", False, sys.stderr, args.file)
         return EXIT_PROBLEMS
     if args.json:
         print(json.dumps(to_json(plan), indent=1, sort_keys=True))

@@ -12,8 +12,14 @@ from fractions import Fraction
 
 import attrs
 
-from ..dsl import depgraph
+from ..dsl import depgraph, messages
+from ..dsl.diagnostics import ClockError
+from ..dsl.printer import number_text
 from ..dsl.program import Program, gcd_fractions, lcm_fractions
+
+MAX_FIRINGS_PER_HYPERPERIOD = 100_000
+"""The most firings one hyperperiod may hold: the planner enumerates them and traces two periods
+(`dsl check` warns with `long-hyperperiod` at the same count)."""
 
 
 @attrs.frozen
@@ -60,6 +66,10 @@ class ClockPlan:
 
 
 def plan_clocks(program: Program) -> ClockPlan:
+    """Raises ClockError (`cannot-plan`) for a program without stages or with a hyperperiod too long
+    to enumerate, before enumerating anything."""
+    if not program.stages:
+        raise ClockError([messages.nothing_to_plan(str(program.path))])
     rates = {name: clock.rate for name, clock in program.clocks.items()}
     periods = [program.cadence] + [1 / rate for rate in rates.values()]
     base_tick = gcd_fractions(periods)
@@ -72,6 +82,10 @@ def plan_clocks(program: Program) -> ClockPlan:
         if not program.regions[access.region].fixed
     ]
     hyperperiod = lcm_fractions([program.cadence] + stage_periods + arrival_periods)
+    firings = sum(hyperperiod * rates[stage.clock] for stage in program.stages.values())
+    if firings > MAX_FIRINGS_PER_HYPERPERIOD:
+        raise ClockError([messages.too_many_firings(number_text(hyperperiod), int(firings),
+                                                    MAX_FIRINGS_PER_HYPERPERIOD, program.cadence_span)])
     order = tuple(depgraph.stage_order(program))
     stages = {}
     for name in order:

@@ -145,6 +145,30 @@ def _device(device: str | torch.device | None) -> torch.device:
     return device
 
 
+def available_bytes(device: torch.device) -> tuple[int, int] | None:
+    """(free on the device, cached by PyTorch's allocator but unused) for a CUDA device; None elsewhere.
+    The allocator returns its cached blocks to the driver before it gives up on an allocation, so
+    both count as available."""
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return free, max(cached, 0)
+
+
+def check_arena_fits(plan: Plan, sessions: int, device: torch.device) -> None:
+    """Raise ClockError (over-budget) when the arena for `sessions` cannot be allocated on `device`;
+    called before anything is allocated."""
+    available = available_bytes(device)
+    if available is None:
+        return
+    needed = plan.arena.total_bytes(sessions)
+    free, cached = available
+    if needed > free + cached:
+        raise ClockError([messages.arena_does_not_fit(needed, sessions, plan.arena.session_bytes,
+                                                      plan.arena.scratch_bytes, free, cached, str(device))])
+
+
 class Runtime:
     """A plan bound to a model on one device, with an arena for `sessions` session slots."""
 
@@ -159,7 +183,13 @@ class Runtime:
         self.attributes = attributes
         self.graphs_enabled = graphs
         self.on_reset = on_reset
-        self.arena = DeviceArena(plan.arena, sessions, device)
+        try:
+            self.arena = DeviceArena(plan.arena, sessions, device)
+        except torch.cuda.OutOfMemoryError:  # the free memory was there, but in pieces
+            free, cached = available_bytes(device) or (0, 0)
+            raise ClockError([messages.arena_does_not_fit(
+                plan.arena.total_bytes(sessions), sessions, plan.arena.session_bytes, plan.arena.scratch_bytes,
+                free, cached, str(device))]) from None
         self.lock = threading.RLock()
         self.free_slots = list(range(sessions))
         self.blocked: dict[str, Diagnostic] = {}
@@ -209,11 +239,7 @@ class Runtime:
             clock, {k: str(v) for k, v in (params or {}).items()})
         plan = make_plan(program, max_graphs=max_graphs)
         callables, attributes = bind_program(program, model, hooks, device)
-        needed = plan.arena.total_bytes(sessions)
-        if device.type == "cuda":
-            free, _total = torch.cuda.mem_get_info(device)
-            if needed > free:
-                raise ClockError([messages.arena_does_not_fit(needed, free, str(device))])
+        check_arena_fits(plan, sessions, device)
         use_graphs = device.type == "cuda" and graphs not in (False, "off", "never")
         return cls(plan, model, device, callables, attributes, sessions, use_graphs, on_reset)
 
@@ -357,8 +383,9 @@ class Session:
                     self._execute(kind, key, firings, inputs, outputs, off_plan)
             except Exception as error:
                 self.failed = error
-                raise SessionFailed(f"stage '{firing.stage}' raised at instant {self._instant}: {error!r}; "
-                                    "the session refuses further steps until reset()") from error
+                raise SessionFailed(f"stage '{firing.stage}' ({self._call_text(firing)}) raised at instant "
+                                    f"{self._instant}: {error!r}; the session refuses further steps until "
+                                    "reset()") from error
             if simulator is not None:
                 self.simulator = simulator
                 self.simulator_stale = False
@@ -438,16 +465,18 @@ class Session:
         if index is None or index >= len(runtime.templates):
             return None
         template = runtime.templates[index]
+        named = inputs
         if args:
             if len(args) != 1 or len(template.inputs) != 1 or inputs:
                 return None
-            inputs[next(iter(template.inputs))] = args[0]
-        if inputs.keys() != template.inputs.keys():
+            named = {next(iter(template.inputs)): args[0]}
+        if named.keys() != template.inputs.keys():
             return None
-        for name, tensor in inputs.items():
+        for name, tensor in named.items():
             if (not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != template.inputs[name]
                     or tensor.dtype != runtime.storage_dtypes[name] or tensor.device != runtime.device):
                 return None
+        inputs.update(named)  # only on a match: the off-plan path names a positional input itself
         return index
 
     def _sync_simulator(self) -> None:
@@ -502,10 +531,13 @@ class Session:
                              (view.start + view.length) if view.length is not None and view.kind != "update" else 0)
                 if capacity is not None and needed > capacity:
                     region = runtime.program.regions[view.region]
+                    longer = [f"'{name}' has {units} units where the plan feeds {planned[name].length}"
+                              for name, units in sorted(override.items()) if units > planned[name].length]
+                    cause = (f"input {', '.join(longer)}: feed at most the planned units an instant" if longer else
+                             "the session has reached the end of what its .clock plans for: reset() it, or declare "
+                             "a longer retention or horizon")
                     raise StepError(f"step() at instant {self._instant}: region '{view.region}' would hold {needed} "
-                                    f"units, over its capacity of {capacity} ({region.retention.describe()}); "
-                                    "the session has reached the end of what its .clock plans for: reset() it, "
-                                    "or declare a longer retention or horizon")
+                                    f"units, over its capacity of {capacity} ({region.retention.describe()}); {cause}")
         return firings, probe, off_plan
 
     def _execute(self, kind: str, key: tuple | None, firings: tuple[Firing, ...],
@@ -605,13 +637,9 @@ class Session:
                 module_outputs[name] = value
                 continue
             region = program.regions[name]
-            if not isinstance(value, torch.Tensor) or value.dtype != TORCH_DTYPES[region.dtype]:
+            if (not _fits(region, value) or value.shape[region.time_axis] != view.length):  # copy_ would broadcast
                 raise TypeError(f"stage '{stage.name}' wrote {describe(value)} to region '{name}', declared "
-                                f"{region.dtype}[{_dims(region)}]")
-            if tuple(value.shape) != tuple(view.shape):
-                raise ValueError(f"stage '{stage.name}' wrote {describe(value)} to region '{name}'; this firing "
-                                 f"writes {view.length} units: {region.dtype}[{', '.join(map(str, view.shape))}] "
-                                 "(check the write's advance in the .clock, or what the stage returns)")
+                                f"{region.dtype}[{_dims(region)}] with {view.length} units at this firing")
             self.storage[name].append(view.offset, 0, value)
         for view in firing.views:
             if view.kind in ("feed", "write") and view.kept is not None and view.length is not None:
@@ -620,12 +648,29 @@ class Session:
         self._bind_current(after=firing)
         return module_outputs
 
+    def _call_text(self, firing: Firing) -> str:
+        """How the stage was called, for an error: `module 'path' called as (x f32[1, 2, 1], ...)`."""
+        runtime = self.runtime
+        stage = runtime.program.stages[firing.stage]
+        call = runtime.callables[stage.name]
+        parts = ["model"] if call.is_hook else []
+        views = iter(v for v in firing.views if v.kind in ("read", "update"))
+        for access in stage.accesses:
+            if access.kind == "write":
+                continue
+            view = next(views)
+            if access.region in runtime.attributes:
+                continue
+            shape = view.shape if view.shape is not None else runtime.program.regions[access.region].shape
+            text = f"{access.region} {runtime.program.regions[access.region].dtype}[{', '.join(map(str, shape))}]"
+            parts.append(f"{access.alias}={text}" if access.alias else text)
+        callee = f"hook '{stage.target}'" if call.is_hook else f"module '{stage.target or '(root)'}'"
+        return f"{callee} called as ({', '.join(parts)})"
+
     def _store(self, stage: str, view: View, version: Any) -> None:
         """Keep the retained part of a stage's new version; it must agree with the plan's lengths."""
         region = self.runtime.program.regions[view.region]
-        if (not isinstance(version, torch.Tensor) or version.dim() != len(region.shape)
-                or version.dtype != TORCH_DTYPES[region.dtype]
-                or (region.fixed and tuple(version.shape) != tuple(region.shape))):
+        if not _fits(region, version):  # a copy into the region would broadcast it or cast it silently
             raise TypeError(f"stage '{stage}' gave {describe(version)} as the new version of region "
                             f"'{view.region}', declared {region.dtype}[{_dims(region)}]")
         kept = self.storage[view.region].store_version(version, region.retention)
@@ -719,13 +764,40 @@ class Session:
             torch.cuda.current_stream(runtime.device).wait_stream(stream)
             torch.cuda.synchronize(runtime.device)
         for index, template in enumerate(runtime.templates):
+            self.runs[index] = self._capture_template(
+                template, lambda key, firings: self._capture_run(key, firings, stream))
+        self.reset()
+
+    def _capture_template(self, template: StepTemplate,
+                          capture: Callable[[tuple, tuple[Firing, ...]], BaseException | None]) -> list:
+        """The instant's runs, each fused run captured by `capture` (None on success, else the error).
+
+        A fused run whose capture fails is split: its firings are captured one by one, the first that
+        fails alone has its stage blocked (eager, with a `capture-blocked` warning), and the instant is
+        split again around it, so every graph run it returns was captured. When every firing captures
+        alone and only the fused run fails, the run's first stage is blocked: each retry blocks one more
+        stage, so this ends."""
+        runtime = self.runtime
+        while True:
             runs = self._runs(template)
-            self.runs[index] = runs
             for kind, key, firings in runs:
                 if kind != "graph" or key in self.graphs:
                     continue
-                self._capture_run(key, firings, stream)
-        self.reset()
+                error = capture(key, firings)
+                if error is None:
+                    continue
+                culprit, cause = firings[0], error
+                if len(firings) > 1:
+                    for firing in firings:
+                        alone = (firing.signature,)
+                        alone_error = None if alone in self.graphs else capture(alone, (firing,))
+                        if alone_error is not None:
+                            culprit, cause = firing, alone_error
+                            break
+                self._block(runtime.program.stages[culprit.stage], cause)
+                break
+            else:
+                return runs
 
     def _runs(self, template: StepTemplate) -> list[tuple[str, tuple | None, tuple[Firing, ...]]]:
         """Split an instant into fused graph runs and eager firings."""
@@ -744,7 +816,8 @@ class Session:
             runs.append(("graph", tuple(f.signature for f in current), tuple(current)))
         return runs
 
-    def _capture_run(self, key: tuple, firings: tuple[Firing, ...], stream) -> None:
+    def _capture_run(self, key: tuple, firings: tuple[Firing, ...], stream) -> BaseException | None:
+        """Capture one fused run as graph `key`; the error if the capture failed (nothing is kept)."""
         runtime = self.runtime
         stages = [runtime.program.stages[f.stage] for f in firings]
         for storage in self.storage.values():
@@ -761,12 +834,12 @@ class Session:
                         module_outputs.update(self._run_body(firing))
         except Exception as error:
             torch.cuda.synchronize(runtime.device)
-            self._block(stages[0], error)
-            return
+            return error
         torch.cuda.synchronize(runtime.device)
         self.graphs[key] = StageGraph(len(self.graphs), graph, module_outputs, time.perf_counter() - started)
         runtime.capture_seconds += self.graphs[key].capture_seconds
         runtime.graphs_captured = max(runtime.graphs_captured, len(self.graphs))
+        return None
 
     def _block(self, stage, error: BaseException) -> None:
         diagnostic = messages.capture_blocked(stage.name, _first_line(error), stage.span)
@@ -793,6 +866,13 @@ class Session:
                 raise StepError(f"initial value for '{name}' is {describe(tensor)}; expected {region.dtype}"
                                 f"[{', '.join(map(str, want))}]")
         del family_given
+
+
+def _fits(region, value: Any) -> bool:
+    """Whether `value` is a tensor of the region's dtype and declared dims (any length on the time axis)."""
+    return (isinstance(value, torch.Tensor) and value.dtype == TORCH_DTYPES[region.dtype]
+            and value.dim() == len(region.shape)
+            and all(dim is None or value.shape[axis] == dim for axis, dim in enumerate(region.shape)))
 
 
 def _dims(region) -> str:

@@ -35,7 +35,7 @@ BAD = sorted(p for p in (HERE / "bad").glob("*.clock") if not p.name.startswith(
 EXPECTATION = re.compile(r"#\s*([EW]):\s*([a-z][a-z-]*)(?:\s*@(\d+|file))?")
 FLAGS = re.compile(r"#\s*flags:\s*([^#]*)")
 
-RUNTIME_ONLY = {messages.BINDING_MISMATCH, messages.CAPTURE_BLOCKED, messages.BUDGET}
+RUNTIME_ONLY = {messages.BINDING_MISMATCH, messages.CAPTURE_BLOCKED, messages.BUDGET, messages.CANNOT_PLAN}
 """Codes that need a model or a plan: `dsl check` alone never produces them."""
 
 

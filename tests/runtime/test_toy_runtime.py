@@ -135,7 +135,8 @@ def test_exception_in_a_stage_fails_only_that_session():
 
     import attrs
     runtime.callables["attend"] = attrs.evolve(original, fn=explode)
-    with pytest.raises(SessionFailed, match="stage 'attend' raised at instant 0"):
+    with pytest.raises(SessionFailed, match=r"stage 'attend' \(module 'attention' called as \(hidden f32\[1, 32, 1\], "
+                                            r"cache f32\[2, 1, 4, 6, 8\]\)\) raised at instant 0"):
         broken.step(**feed(0))
     runtime.callables["attend"] = original
     with pytest.raises(SessionFailed, match=r"the session failed at instant 0 .*call reset\(\) to start it again"):

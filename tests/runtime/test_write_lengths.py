@@ -2,9 +2,8 @@
 the region, as a wrong-length `update` does (docs/runtime.md, "a stage's new version ... must have
 the length the .clock promises"; docs/tutorial.md, section 7).
 
-Today a write is not measured: fewer units are returned padded with stale arena bytes, and more
-units fail inside a tensor view with a message that names neither the stage's region nor the lengths.
-Marked `xfail(strict=True)` until the runtime checks it (an interpreter change, left to its owner).
+Unmeasured, fewer units would come back padded with stale arena bytes and more would fail inside a
+tensor view, naming neither the stage's region nor the lengths.
 """
 
 from __future__ import annotations
@@ -47,7 +46,6 @@ def test_a_write_of_the_declared_length_is_returned_whole(tmp_path):
     assert torch.equal(session.step(codes=torch.tensor([[3]])), torch.full((1, 4), 3.5))
 
 
-@pytest.mark.xfail(strict=True, reason="the runtime does not compare a write's units with its declared advance")
 @pytest.mark.parametrize("samples", [2, 6])
 def test_a_write_of_another_length_fails_naming_the_region(tmp_path, samples):
     clock = tmp_path / "emit.clock"

@@ -120,7 +120,7 @@ def check_rates(program: Program) -> Iterator[Diagnostic]:
                 yield messages.slower_region(*rates, verb, access.region, region.clock, _fmt(region_clock.rate),
                                              access.span)
                 continue
-            if access.kind == "read" or region.retention.kind == "scratch":
+            if access.kind == "read":
                 continue
             if access.advance is None and region.role == "output":
                 continue  # the module decides the length
@@ -305,7 +305,8 @@ RULES = (check_rates, check_accesses, check_retention, check_roles, check_cycles
 # rules about what is missing would only echo an earlier error when a declaration failed to resolve
 WHOLE_PROGRAM_RULES = (check_roles, check_unused)
 
-_MEMBER = re.compile(r"'([^'\[\]]+)\[\d+\]'")
+# a member's name, quoted ('kv[3]') or inside a quoted snippet (`update kv[3] +1`)
+_MEMBER = re.compile(r"(?<=['`\s])([A-Za-z_][\w.]*)\[\d+\](?=['`\s])")
 
 
 def collapse_family_members(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
@@ -317,8 +318,8 @@ def collapse_family_members(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
     groups: dict[tuple, list[Diagnostic]] = {}
     order: list[tuple] = []
     for diagnostic in diagnostics:
-        key = (diagnostic.code, diagnostic.span, _MEMBER.sub(r"'\1'", diagnostic.message),
-               tuple(_MEMBER.sub(r"'\1'", h) for h in diagnostic.helps))
+        key = (diagnostic.code, diagnostic.span, _MEMBER.sub(r"\1", diagnostic.message),
+               tuple(_MEMBER.sub(r"\1", h) for h in diagnostic.helps))
         if key not in groups:
             groups[key] = []
             order.append(key)
@@ -332,7 +333,7 @@ def collapse_family_members(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
         first = members[0]
         result.append(attrs.evolve(
             first, message=key[2], helps=key[3],
-            notes=tuple(attrs.evolve(n, message=_MEMBER.sub(r"'\1'", n.message)) for n in first.notes)))
+            notes=tuple(attrs.evolve(n, message=_MEMBER.sub(r"\1", n.message)) for n in first.notes)))
     return result
 
 

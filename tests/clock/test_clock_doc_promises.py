@@ -1,8 +1,5 @@
-"""Promises of docs/language.md that `dsl check` does not keep yet (found while writing the tutorial).
-
-Each test states the documented behaviour and is marked `xfail(strict=True)`: it fails today, and the
-day the checker keeps the promise it passes, which fails the run until the marker is removed.
-"""
+"""Promises of docs/language.md that the tutorial found `dsl check` not keeping (now kept): a write's
+advance is checked into an output too, and a family's mistake is reported once."""
 
 from __future__ import annotations
 
@@ -25,9 +22,6 @@ def codes(text: str) -> list[tuple[str, int]]:
     return [(d.code.name, d.span.line if d.span else 0) for d in result.diagnostics]
 
 
-@pytest.mark.xfail(strict=True, reason="checks.check_rates skips every write to a scratch region (and an output "
-                                       "is scratch unless it retains): a wrong +N passes dsl check, then the "
-                                       "runtime fails with a view-shape error or returns stale arena bytes")
 def test_a_write_must_advance_the_units_per_firing_even_into_an_output():
     """language.md 5.2: "A write or update must advance exactly the units per firing". `pcm` is on a
     clock 8 times faster than the stage's, so `write pcm +1` is `rate-inconsistent`."""
@@ -42,7 +36,6 @@ def test_a_write_must_advance_the_units_per_firing_even_into_an_output():
     assert found == [("rate-inconsistent", 9)]
 
 
-@pytest.mark.xfail(strict=True, reason="checks.check_rates reports a missing advance once per family member")
 def test_a_mistake_in_a_family_is_reported_once():
     """language.md 5.6: "A mistake in a family (`update kv +3` on 8 members) is reported once for the
     family." `update kv +3` is; `update kv` without its advance is reported for each member."""

@@ -1,0 +1,83 @@
+"""Add one GPU bench run to docs/benchmarks/<model>.json as a summary entry.
+
+The raw payload is what `dsl bench --json` (or a GPU script's `bench` list) writes; the entry keeps
+its variants and adds the fields the model issues ask for: model, device, torch, stock_ms_per_s,
+cadence_ms_per_s, speedup (stock / cadence), stock_peak_bytes, cadence_peak_bytes, bit_identical,
+ticks, graphs. An entry with the same description and command replaces the old one.
+
+    python scripts/bench_summary.py RAW.json --stock "moshi stock (own graphs)" \\
+        --command "dsl bench moshi --device cuda --batch 32 --seconds 6" [--cadence duplexcadence]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+
+
+def summarize(payload: dict, stock: str, cadence: str, command: str) -> dict:
+    """The summary entry of one harness payload (`interpreter.bench.to_json`)."""
+    variants = {v["name"]: v for v in payload["variants"]}
+    missing = [name for name in (stock, cadence) if name not in variants]
+    if missing:
+        raise SystemExit(f"no variant named {', '.join(map(repr, missing))}; the run has: {', '.join(variants)}")
+    reference = payload["variants"][0]  # stock eager: the harness runs it first, as the bit-identity reference
+    ours, theirs = variants[cadence], variants[stock]
+    info = ours.get("info", {})
+    return {
+        "model": payload["model"],
+        "description": payload["description"],
+        "command": command,
+        "device": payload.get("gpu", payload["device"]),
+        "torch": payload["torch"],
+        "cuda": payload.get("cuda"),
+        "stock_variant": stock,
+        "stock_ms_per_s": round(theirs["ms_per_s_median"], 2),
+        "stock_eager_ms_per_s": round(reference["ms_per_s_median"], 2),
+        "cadence_ms_per_s": round(ours["ms_per_s_median"], 2),
+        "cadence_gpu_busy_ms_per_s": round(ours["gpu_busy_ms_per_s"], 2) if ours["gpu_busy_ms_per_s"] else None,
+        "speedup": round(theirs["ms_per_s_median"] / ours["ms_per_s_median"], 3),
+        "speedup_vs_stock_eager": round(reference["ms_per_s_median"] / ours["ms_per_s_median"], 3),
+        "stock_peak_bytes": theirs["peak_allocated_bytes"],
+        "cadence_peak_bytes": ours["peak_allocated_bytes"],
+        "bit_identical": ours["bit_identical"],
+        "ticks": ours["ticks"],
+        "graphs": info.get("graphs", info.get("graphs_captured")),
+        "stage_graphs": info.get("stage_graphs", info.get("graphs_planned")),
+        "variants": payload["variants"],
+    }
+
+
+def add(entry: dict, path: Path) -> None:
+    """Write `entry` into the JSON list at `path`, replacing one of the same description and command."""
+    document = json.loads(path.read_text()) if path.exists() else []
+    entries = document["bench"] if isinstance(document, dict) else document
+    same = lambda old: old.get("description") == entry["description"] and old.get("command") == entry["command"]  # noqa: E731
+    entries[:] = [old for old in entries if not same(old)] + [entry]
+    path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("raw", type=Path, help="a payload written by `dsl bench --json` or a GPU bench script")
+    parser.add_argument("--stock", required=True, help="the variant that is the model's shipped streaming path")
+    parser.add_argument("--cadence", default="duplexcadence", help="the DuplexCadence variant")
+    parser.add_argument("--command", required=True, help="the command that produced the run")
+    parser.add_argument("--index", type=int, default=0, help="which run of a list of runs (GPU scripts' `bench`)")
+    args = parser.parse_args(argv)
+    raw = json.loads(args.raw.read_text())
+    payload = raw["bench"][args.index] if isinstance(raw, dict) and "bench" in raw else raw
+    entry = summarize(payload, args.stock, args.cadence, args.command)
+    path = DOCS / f"{entry['model']}.json"
+    add(entry, path)
+    print(f"{path}: {entry['description']}: {entry['cadence_ms_per_s']} vs {entry['stock_ms_per_s']} ms/s "
+          f"({entry['speedup']}x), bit-identical {entry['bit_identical']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,15 +11,27 @@ every variant in one process on one device, side by side, with the same inputs:
 * GPU busy vs wall: kernel time from torch.profiler over a few steady ticks, against their wall time;
 * peak memory allocated while the variant is built and run (its weights, state, graph pools and
   activations: every variant builds its own model) and the allocator's reserved high-water;
-* bit-identity: every output of every tick `torch.equal` to stock eager's, under deterministic cuDNN.
+* bit-identity: every output of every tick `torch.equal` to stock eager's, under deterministic cuDNN;
+* per second: every whole second's ms (warm-up included, `warmup_seconds` says how many lead), and
+  peak memory split into weights, state and the rest (graph pools, activations, workspaces).
+
+Opt-in (`run(..., compile=True)`, `dsl bench MODEL --compile`): the subject's `compile_variants`,
+built with `compiled_variant`: the stock step under `torch.compile(mode="reduce-overhead")`, with
+its compile time, compilations after the first call, graph breaks and cudagraph skips reported.
+Such a variant may fail (it is run last, in a time budget): it is then reported as failed with the
+reason instead of stopping the bench.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
+import logging
 import math
+import signal
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping
 from fractions import Fraction
@@ -44,6 +56,8 @@ class Variant:
     reference: bool = False
     info: Callable[[Any], dict] = lambda runner: {}
     compare: bool = True  # False for a variant with another op set (e.g. moshi without its compiled rope)
+    may_fail: bool = False  # a failure is reported (VariantResult.error) instead of raised
+    budget_s: float | None = None  # wall-clock budget of the whole variant (main thread only)
 
 
 @attrs.define
@@ -57,17 +71,18 @@ class Subject:
     device: torch.device
     description: str = ""
     warmup_ticks: int = 0
-    weights_bytes: int = 0
+    weights_bytes: int = 0  # weights built once outside the variants (so outside every variant's peak)
     extra: dict = attrs.field(factory=dict)
+    compile_variants: list[Variant] = attrs.field(factory=list)  # run only with `run(..., compile=True)`
 
 
 @attrs.frozen
 class VariantResult:
     name: str
-    ms_per_s_median: float
-    ms_per_s_p90: float
-    ms_per_s_p99: float
-    tick_ms_median: float
+    ms_per_s_median: float | None  # None only for a failed variant
+    ms_per_s_p90: float | None
+    ms_per_s_p99: float | None
+    tick_ms_median: float | None
     gpu_busy_ms_per_s: float | None
     busy_fraction: float | None
     peak_allocated_bytes: int | None
@@ -78,6 +93,10 @@ class VariantResult:
     first_mismatch: str | None
     ticks: int
     info: dict
+    per_second_ms: list[float] = attrs.field(factory=list)  # every whole second from tick 0
+    warmup_seconds: int = 0  # leading entries of per_second_ms that hold warm-up ticks (not in the statistics)
+    memory: dict | None = None  # see memory_breakdown
+    error: str | None = None  # why a `may_fail` variant failed (its numbers are then None)
 
     def to_json(self) -> dict:
         return attrs.asdict(self)
@@ -125,6 +144,95 @@ def _busy(runner, subject: Subject, first: int, count: int) -> tuple[float | Non
     return per_tick_ms * float(subject.ticks_per_second), min(1.0, busy_s / wall) if wall > 0 else None
 
 
+def _module_bytes(root: Any, device: torch.device, depth: int = 4) -> int:
+    """Bytes of the parameters and buffers of every nn.Module reachable from `root` (attributes,
+    dicts, lists; `depth` levels), each storage counted once, on `device` only."""
+    seen_objects: set[int] = set()
+    storages: dict[int, int] = {}
+
+    def visit(value: Any, level: int) -> None:
+        if level < 0 or id(value) in seen_objects or isinstance(value, (torch.Tensor, str, bytes, int, float)):
+            return
+        seen_objects.add(id(value))
+        if isinstance(value, torch.nn.Module):
+            for tensor in list(value.parameters()) + list(value.buffers()):
+                if tensor.device.type == device.type and tensor.numel():
+                    storage = tensor.untyped_storage()
+                    storages[storage.data_ptr()] = storage.nbytes()
+            return
+        if isinstance(value, Mapping):
+            children = list(value.values())
+        elif isinstance(value, (list, tuple)):
+            children = list(value)
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            children = list(vars(value).values())
+        else:
+            return
+        for child in children:
+            visit(child, level - 1)
+
+    visit(root, depth)
+    return sum(storages.values())
+
+
+def memory_breakdown(subject: Subject, runner: Any, info: dict, peak: int | None, setup: int | None) -> dict | None:
+    """Peak allocated memory split into regions where measurable.
+
+    weights: `subject.weights_bytes` when the subject builds them outside the variants (then not part of
+    the peak), else the parameters and buffers of the modules the variant holds; state: the runtime's
+    arena (`info["arena_bytes"]`) for DuplexCadence, else what the variant's set-up allocated beyond its
+    weights (the model's streaming state / cache buffers); other: the rest of the peak (graph pools,
+    activations, workspaces, allocator rounding).
+    """
+    if peak is None:
+        return None
+    if subject.weights_bytes:
+        weights, weights_in_peak, weights_source = subject.weights_bytes, False, "subject"
+    else:
+        weights, weights_in_peak, weights_source = _module_bytes(runner, subject.device), True, "modules"
+    if info.get("arena_bytes") is not None:
+        state, state_source = int(info["arena_bytes"]), "arena"
+    elif setup is not None:
+        state, state_source = max(0, setup - (weights if weights_in_peak else 0)), "set-up"
+    else:
+        state, state_source = None, None
+    other = peak - (weights if weights_in_peak else 0) - (state or 0)
+    return {"peak_bytes": peak, "weights_bytes": weights, "weights_in_peak": weights_in_peak,
+            "weights_source": weights_source, "state_bytes": state, "state_source": state_source,
+            "other_bytes": other}
+
+
+class VariantBudgetExceeded(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_budget(seconds: float | None, what: str):
+    """Raise VariantBudgetExceeded in the main thread after `seconds` (no limit elsewhere or without one)."""
+    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise VariantBudgetExceeded(f"{what} exceeded its budget of {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def failed_result(variant: Variant, error: BaseException, ticks_done: int = 0) -> VariantResult:
+    text = f"{type(error).__name__}: {error}".strip()
+    if len(text) > 600:
+        text = text[:600] + " ..."
+    return VariantResult(variant.name, None, None, None, None, None, None, None, None, None, 0.0, None, None,
+                         ticks_done, {}, error=text)
+
+
 def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list | None,
                 progress: Callable[[str, int, int], None] | None = None) -> tuple[VariantResult, list]:
     device = subject.device
@@ -135,54 +243,81 @@ def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list 
         base_allocated = torch.cuda.memory_allocated(device)
     started = time.perf_counter()
     runner = variant.make()
-    runner.reset()
-    _sync(device)
-    setup_seconds = time.perf_counter() - started
-    state_bytes = (torch.cuda.memory_allocated(device) - base_allocated) if device.type == "cuda" else None
-    outputs: list = []
-    tick_ms: list[float] = []
-    mismatch = None
-    identical = True if reference is not None and variant.compare else None
-    with torch.no_grad():
-        for tick in range(ticks):
-            inputs = subject.inputs(tick)
-            _sync(device)
-            begin = time.perf_counter()
-            result = runner.step(**inputs)
-            _sync(device)
-            tick_ms.append((time.perf_counter() - begin) * 1000)
-            result = result if isinstance(result, Mapping) else {"output": result}
-            if reference is None and variant.reference:
-                outputs.append({k: v.detach().clone() for k, v in result.items()})
-            elif identical:
-                for name, expected in reference[tick].items():
-                    found = compare(tick, name, expected, result.get(name))
-                    if found is not None:
-                        identical, mismatch = False, f"tick {tick}, {name}: {found.detail}"
-                        break
-            if progress is not None:
-                progress(variant.name, tick + 1, ticks)
-        profiled = min(ticks, max(8, int(subject.ticks_per_second * 2)))
-        busy_ms, busy_fraction = _busy(runner, subject, ticks - profiled, profiled)  # replays the last inputs
-    peak_allocated = peak_reserved = None
-    if device.type == "cuda":
-        peak_allocated = torch.cuda.max_memory_allocated(device) - base_allocated  # weights and state included
-        peak_reserved = torch.cuda.max_memory_reserved(device)
-    per_second = [sum(tick_ms[t] for t in second) for second in seconds_of(ticks, subject.ticks_per_second)
-                  if second.start >= subject.warmup_ticks]
-    steady_ticks = tick_ms[subject.warmup_ticks:] or tick_ms
-    if not per_second:
-        per_second = [statistics.median(steady_ticks) * float(subject.ticks_per_second)]
-    result = VariantResult(
-        variant.name, statistics.median(per_second), _percentile(per_second, 0.9), _percentile(per_second, 0.99),
-        statistics.median(steady_ticks), busy_ms, busy_fraction, peak_allocated, peak_reserved, state_bytes,
-        setup_seconds, identical, mismatch, ticks, variant.info(runner))
+    try:
+        runner.reset()
+        _sync(device)
+        setup_seconds = time.perf_counter() - started
+        state_bytes = (torch.cuda.memory_allocated(device) - base_allocated) if device.type == "cuda" else None
+        outputs: list = []
+        tick_ms: list[float] = []
+        mismatch = None
+        identical = True if reference is not None and variant.compare else None
+        with torch.no_grad():
+            for tick in range(ticks):
+                inputs = subject.inputs(tick)
+                _sync(device)
+                begin = time.perf_counter()
+                result = runner.step(**inputs)
+                _sync(device)
+                tick_ms.append((time.perf_counter() - begin) * 1000)
+                result = result if isinstance(result, Mapping) else {"output": result}
+                if reference is None and variant.reference:
+                    outputs.append({k: v.detach().clone() for k, v in result.items()})
+                elif identical:
+                    for name, expected in reference[tick].items():
+                        found = compare(tick, name, expected, result.get(name))
+                        if found is not None:
+                            identical, mismatch = False, f"tick {tick}, {name}: {found.detail}"
+                            break
+                if progress is not None:
+                    progress(variant.name, tick + 1, ticks)
+            profiled = min(ticks, max(8, int(subject.ticks_per_second * 2)))
+            busy_ms, busy_fraction = _busy(runner, subject, ticks - profiled, profiled)  # replays the last inputs
+        peak_allocated = peak_reserved = None
+        if device.type == "cuda":
+            peak_allocated = torch.cuda.max_memory_allocated(device) - base_allocated  # weights and state included
+            peak_reserved = torch.cuda.max_memory_reserved(device)
+        whole_seconds = seconds_of(ticks, subject.ticks_per_second)
+        every_second = [sum(tick_ms[t] for t in second) for second in whole_seconds]
+        warmup_seconds = sum(1 for second in whole_seconds if second.start < subject.warmup_ticks)
+        per_second = every_second[warmup_seconds:]
+        steady_ticks = tick_ms[subject.warmup_ticks:] or tick_ms
+        if not per_second:
+            per_second = [statistics.median(steady_ticks) * float(subject.ticks_per_second)]
+        info = variant.info(runner)
+        memory = memory_breakdown(subject, runner, info, peak_allocated, state_bytes)
+        result = VariantResult(
+            variant.name, statistics.median(per_second), _percentile(per_second, 0.9), _percentile(per_second, 0.99),
+            statistics.median(steady_ticks), busy_ms, busy_fraction, peak_allocated, peak_reserved, state_bytes,
+            setup_seconds, identical, mismatch, ticks, info, every_second, warmup_seconds, memory)
+    finally:
+        close = getattr(runner, "close", None)
+        if callable(close):
+            close()
     del runner
     return result, outputs
 
 
-def run(subject: Subject, ticks: int, progress: bool = True) -> list[VariantResult]:
-    """Every variant of `subject`, reference first, under deterministic cuDNN."""
+def _run_guarded(subject: Subject, variant: Variant, ticks: int, reference: list | None, report) -> tuple:
+    """run_variant; a `may_fail` variant's exception (or its budget running out) becomes a failed result."""
+    if not variant.may_fail:
+        return run_variant(subject, variant, ticks, reference, report)
+    try:
+        with _time_budget(variant.budget_s, f"variant {variant.name!r}"):
+            return run_variant(subject, variant, ticks, reference, report)
+    except Exception as error:  # noqa: BLE001 - reported, not raised: that is the point of may_fail
+        gc.collect()
+        if subject.device.type == "cuda":
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize(subject.device)
+                torch.cuda.empty_cache()
+        return failed_result(variant, error), []
+
+
+def run(subject: Subject, ticks: int, progress: bool = True, compile: bool = False,
+        compile_budget_s: float | None = None) -> list[VariantResult]:
+    """Every variant of `subject`, reference first, under deterministic cuDNN; with `compile`, the
+    subject's compile variants last (a failed compile cannot disturb the others)."""
     results = []
     reference_outputs = None
     bar = None
@@ -206,8 +341,11 @@ def run(subject: Subject, ticks: int, progress: bool = True) -> list[VariantResu
     try:
         with deterministic_cudnn():
             ordered = sorted(subject.variants, key=lambda v: not v.reference)
+            if compile:
+                ordered += [v if compile_budget_s is None else attrs.evolve(v, budget_s=compile_budget_s)
+                            for v in subject.compile_variants]
             for variant in ordered:
-                result, outputs = run_variant(subject, variant, ticks, reference_outputs, report)
+                result, outputs = _run_guarded(subject, variant, ticks, reference_outputs, report)
                 if variant.reference:
                     reference_outputs = outputs
                     result = attrs.evolve(result, bit_identical=True)
@@ -218,12 +356,199 @@ def run(subject: Subject, ticks: int, progress: bool = True) -> list[VariantResu
     return results
 
 
+COMPILE_MODE = "reduce-overhead"
+DEFAULT_COMPILE_BUDGET_S = 150.0
+
+
+def _dynamo_counts() -> dict:
+    """The torch._dynamo counters this bench reports, as plain numbers (a snapshot)."""
+    from torch._dynamo.utils import counters
+
+    return {"frames": counters["frames"]["total"], "frames_ok": counters["frames"]["ok"],
+            "graphs": counters["stats"]["unique_graphs"],
+            "graph_breaks": dict(counters["graph_break"]),
+            "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}
+
+
+class _WarningLog(logging.Handler):
+    """Keeps the first warnings torch._dynamo / torch._inductor log (recompile limit hit, cudagraph skips...)."""
+
+    def __init__(self, keep: int = 8):
+        super().__init__(logging.WARNING)
+        self.keep = keep
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.messages) < self.keep:
+            with contextlib.suppress(Exception):
+                self.messages.append(record.getMessage().strip().splitlines()[0][:300])
+
+
+def _clone_outputs(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, Mapping):
+        return {k: _clone_outputs(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone_outputs(v) for v in value)
+    return value
+
+
+def _compile_step(runner: Any, compile_fn: Callable) -> Callable[[], None]:
+    """Default `install`: compile the runner's whole `step`; returns the undo."""
+    runner.step = compile_fn(runner.step)
+    return lambda: vars(runner).pop("step", None)
+
+
+class CompiledRunner:
+    """A bench runner whose stock step runs under torch.compile(mode="reduce-overhead").
+
+    `install(runner, compile_fn)` puts compiled code where the runner's step will call it and
+    returns an undo (or None); `dynamo_config` is patched around every call (e.g.
+    `allow_unspec_int_on_nn_module`). Every call starts a cudagraph-trees step and clones its outputs
+    (reduce-overhead overwrites them on the next replay). Per call, torch._dynamo's counters are
+    read: compilations during the first call, compilations after it (recompiles, or frames first
+    reached later), graph breaks with their reasons, cudagraph skips, and the time of the calls
+    that compiled.
+    """
+
+    def __init__(self, runner: Any, install: Callable[[Any, Callable], Any] | None = None,
+                 dynamo_config: Mapping[str, Any] | None = None, compile_options: Mapping[str, Any] | None = None,
+                 note: str = ""):
+        self.runner = runner
+        self.dynamo_config = dict(dynamo_config or {})
+        self.compile_options = dict(compile_options or {})
+        self.note = note
+        self.calls = 0
+        self.first_call_s: float | None = None
+        self.compiling_calls_s = 0.0
+        self.compiling_ticks: list[int] = []
+        self.first_call_compilations = 0
+        self.recompilations = 0
+        self.failed_frames = 0
+        self.graphs = 0
+        self.graph_breaks = 0
+        self.break_reasons: dict[str, int] = {}
+        self.cudagraph_skips = 0
+        self.suppress_errors: bool | None = None
+        self.warnings = _WarningLog()
+        for name in ("torch._dynamo", "torch._inductor"):
+            logging.getLogger(name).addHandler(self.warnings)
+
+        def compile_fn(function):
+            return torch.compile(function, mode=COMPILE_MODE, **self.compile_options)
+
+        self._undo = (install or _compile_step)(runner, compile_fn)
+
+    def reset(self) -> None:
+        self.runner.reset()
+
+    def step(self, **inputs):
+        before = _dynamo_counts()
+        if self.suppress_errors is None:
+            self.suppress_errors = bool(torch._dynamo.config.suppress_errors)
+        torch.compiler.cudagraph_mark_step_begin()
+        begin = time.perf_counter()
+        with torch._dynamo.config.patch(**self.dynamo_config):
+            output = self.runner.step(**inputs)
+        output = _clone_outputs(output)
+        _sync(output_device(output))
+        seconds = time.perf_counter() - begin
+        after = _dynamo_counts()
+        compiled = after["frames"] - before["frames"]
+        if self.calls == 0:
+            self.first_call_s = seconds
+            self.first_call_compilations = compiled
+        else:
+            self.recompilations += compiled
+        if compiled:
+            self.compiling_calls_s += seconds
+            if len(self.compiling_ticks) < 32:
+                self.compiling_ticks.append(self.calls)
+        self.failed_frames += compiled - (after["frames_ok"] - before["frames_ok"])
+        self.graphs += after["graphs"] - before["graphs"]
+        self.cudagraph_skips += after["cudagraph_skips"] - before["cudagraph_skips"]
+        for reason, count in after["graph_breaks"].items():
+            added = count - before["graph_breaks"].get(reason, 0)
+            if added:
+                self.graph_breaks += added
+                key = str(reason)[:200]
+                self.break_reasons[key] = self.break_reasons.get(key, 0) + added
+        self.calls += 1
+        return output
+
+    def stats(self) -> dict:
+        return {"mode": COMPILE_MODE, "compile_options": self.compile_options, "dynamo_config": self.dynamo_config,
+                "note": self.note, "calls": self.calls, "first_call_seconds": self.first_call_s,
+                "compiling_calls_seconds": self.compiling_calls_s, "compiling_ticks": self.compiling_ticks,
+                "compilations_first_call": self.first_call_compilations,
+                "recompilations": self.recompilations, "frames_failed": self.failed_frames,
+                "graphs": self.graphs, "graph_breaks": self.graph_breaks,
+                "graph_break_reasons": dict(sorted(self.break_reasons.items(), key=lambda kv: -kv[1])[:8]),
+                "cudagraph_skips": self.cudagraph_skips, "suppress_errors": self.suppress_errors,
+                "warnings": list(self.warnings.messages)}
+
+    def close(self) -> None:
+        for name in ("torch._dynamo", "torch._inductor"):
+            logging.getLogger(name).removeHandler(self.warnings)
+        if callable(self._undo):
+            self._undo()
+        self._undo = None
+        close = getattr(self.runner, "close", None)
+        if callable(close):
+            close()
+
+
+def output_device(value: Any) -> torch.device:
+    if isinstance(value, torch.Tensor):
+        return value.device
+    items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else ()
+    for item in items:
+        device = output_device(item)
+        if device.type != "cpu":
+            return device
+    return torch.device("cpu")
+
+
+def compiled_variant(name: str, make: Callable[[], Any], *, install: Callable[[Any, Callable], Any] | None = None,
+                     dynamo_config: Mapping[str, Any] | None = None, compile_options: Mapping[str, Any] | None = None,
+                     note: str = "", budget_s: float | None = DEFAULT_COMPILE_BUDGET_S) -> Variant:
+    """A compile variant: `make()` builds the stock runner, `install` compiles (default: its whole
+    step). Compared with stock eager like every variant; may fail (reported, not raised)."""
+    return Variant(name, lambda: CompiledRunner(make(), install, dynamo_config, compile_options, note),
+                   info=lambda runner: {"compile": runner.stats()}, may_fail=True, budget_s=budget_s)
+
+
+def compile_summary(stats: Mapping[str, Any]) -> str:
+    first = stats.get("first_call_seconds")
+    parts = [f"torch.compile({stats.get('mode')!r}"
+             + "".join(f", {k}={v!r}" for k, v in (stats.get("compile_options") or {}).items()) + ")"]
+    if stats.get("dynamo_config"):
+        parts.append("dynamo " + ", ".join(f"{k}={v!r}" for k, v in stats["dynamo_config"].items()))
+    parts.append("first call " + ("-" if first is None else f"{first:.1f} s")
+                 + f", calls that compiled {stats.get('compiling_calls_seconds', 0):.1f} s")
+    parts.append(f"{stats.get('compilations_first_call', 0)} compilations in the first call, "
+                 f"{stats.get('recompilations', 0)} after it, {stats.get('graph_breaks', 0)} graph breaks, "
+                 f"{stats.get('cudagraph_skips', 0)} cudagraph skips")
+    if stats.get("frames_failed"):
+        parts.append(f"{stats['frames_failed']} frames failed to compile (ran eagerly)")
+    if stats.get("suppress_errors"):
+        parts.append("torch._dynamo.config.suppress_errors was on")
+    for message in stats.get("warnings", [])[:3]:
+        parts.append(f"warning: {message}")
+    return "; ".join(parts)
+
+
 def format_table(subject: Subject, results: list[VariantResult]) -> str:
     from .plan_report import human_bytes, table
 
-    reference = next((r for r in results if r.bit_identical and r.first_mismatch is None), results[0])
+    reference = next((r for r in results if r.bit_identical and r.first_mismatch is None and r.error is None),
+                     results[0])
     rows = []
     for r in results:
+        if r.error is not None:
+            rows.append([r.name, "FAILED", "-", "-", "-", "-", "-", "-", "-", "-"])
+            continue
         rows.append([r.name, f"{r.ms_per_s_median:.1f}", f"{r.ms_per_s_p90:.1f}", f"{r.ms_per_s_p99:.1f}",
                      f"{reference.ms_per_s_median / r.ms_per_s_median:.2f}x",
                      "-" if r.gpu_busy_ms_per_s is None else f"{r.gpu_busy_ms_per_s:.1f}",
@@ -236,6 +561,10 @@ def format_table(subject: Subject, results: list[VariantResult]) -> str:
     for r in results:
         if r.first_mismatch:
             lines.append(f"  {r.name}: first mismatch at {r.first_mismatch}")
+        if r.error is not None:
+            lines.append(f"  {r.name}: FAILED: {r.error}")
+        if r.info.get("compile"):
+            lines.append(f"  {r.name}: {compile_summary(r.info['compile'])}")
     return "\n".join(lines)
 
 

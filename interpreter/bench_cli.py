@@ -3,7 +3,8 @@
 MODEL is a registered example (`MODELS`) or a subject of your own, `MODULE:FUNCTION`: a function in a
 module importable from the current folder (or from the installed packages) that takes the options
 below as keywords (`device`, `seconds`, `batch`, `dtype`, and every `--option KEY=VALUE`) and
-returns a `bench.Subject`.
+returns a `bench.Subject`. `--compile` adds the subject's `compile_variants` (torch.compile
+reduce-overhead of the stock step), run last; one that fails is reported as failed.
 """
 
 from __future__ import annotations
@@ -68,7 +69,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     subject = make_subject(device=device, seconds=args.seconds, batch=args.batch, dtype=args.dtype,
                            **_options(args.option))
     ticks = int(subject.ticks_per_second * args.seconds)
-    results = bench.run(subject, ticks, progress=not args.no_progress)
+    if args.compile and not subject.compile_variants:
+        print(f"dsl bench: {subject.name} declares no torch.compile variant; --compile adds nothing", file=sys.stderr)
+    results = bench.run(subject, ticks, progress=not args.no_progress, compile=args.compile,
+                        compile_budget_s=args.compile_budget)
     print(bench.format_table(subject, results))
     if args.json:
         bench.dump(args.json, bench.to_json(subject, results))
@@ -87,6 +91,11 @@ def register_bench(commands) -> None:
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"))
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="model-specific option (e.g. steps=5 for minicpmo45)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also run the stock step under torch.compile(mode='reduce-overhead') (slow: compiles; "
+                             "a variant that fails is reported as failed)")
+    parser.add_argument("--compile-budget", type=float, default=None, metavar="SECONDS",
+                        help=f"wall-clock budget of each compile variant (default {bench.DEFAULT_COMPILE_BUDGET_S:g})")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(handler=cmd_bench)

@@ -10,6 +10,14 @@ noise table, or the runtime's arena.
 Variants: "stock eager" (the reference), "duplexcadence", and "duplexcadence, voice base on host"
 (the set-up state every turn starts from kept in pinned host memory: the same chunks, less GPU memory).
 
+With ``--compile``: stock eager with the flow's ``inference_chunk`` (the conformer encoder and the
+CFM / DiT Euler loop, most of a chunk's GPU time) under ``torch.compile(mode="reduce-overhead")``;
+HiFT stays eager (its iSTFT syncs with the host). Its outputs (the mel chunk and the new caches) are
+cloned as they leave the compiled function, so the caches fed back next second are not graph-owned.
+Note that importing the package's ``upsample_encoder_v2`` sets ``torch._dynamo.config.suppress_errors
+= True`` for the whole process: a frame that fails to compile runs eagerly; the variant reports
+``frames_failed`` and ``suppress_errors``. Never measured before; a failure is reported, not raised.
+
 Options (``--option KEY=VALUE``): ``steps`` (Euler steps, 10 or 5), ``prompt`` (P mel frames, 150),
 ``seed`` (the session seed), ``reduced=1`` (the CI test tail, for a quick CPU run).
 """
@@ -20,7 +28,7 @@ from fractions import Fraction
 
 import torch
 
-from ...interpreter.bench import Subject, Variant
+from ...interpreter.bench import Subject, Variant, compiled_variant
 from .cadence import load_runtime
 from .model import RELEASED, TailConfig, Token2wavTail, build_tail, random_prompt
 from .patches import estimator_cache_frames
@@ -79,6 +87,26 @@ class Runner:
         return chunk
 
 
+def _clone_tree(value):
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _clone_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone_tree(v) for v in value)
+    return value
+
+
+def _compile_flow(tail: Token2wavTail):
+    def install(runner: Runner, compile_fn):
+        flow = tail.flow
+        compiled = compile_fn(flow.inference_chunk)
+        flow.inference_chunk = lambda *args, **kwargs: _clone_tree(compiled(*args, **kwargs))
+        return lambda: vars(flow).pop("inference_chunk", None)
+
+    return install
+
+
 def _runtime_info(runner: Runner) -> dict:
     report = runner.bound.runtime.report()
     return {"graphs_captured": report.graphs_captured, "graphs_planned": report.graphs_planned,
@@ -133,4 +161,7 @@ def subject(device: str = "cuda", seconds: int = 10, batch: int = 1, dtype: str 
                             info=_runtime_info)],
                    device, description=description, warmup_ticks=2, weights_bytes=weights_bytes,
                    extra={"dtype": dtype, "n_timesteps": steps, "prompt_frames": prompt_frames, "seed": seed,
-                          "released": config == RELEASED})
+                          "released": config == RELEASED},
+                   compile_variants=[compiled_variant(
+                       "stock step, torch.compile reduce-overhead", stock, install=_compile_flow(tail),
+                       note="flow.inference_chunk compiled, HiFT eager")])

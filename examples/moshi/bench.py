@@ -10,6 +10,13 @@ Variants, each with its own Mimi (same seeded weights), all decoding the same co
 * moshi fully eager: no graphs, no compile (another op set: not compared bit for bit when moshi
   compiles its rope);
 * duplexcadence: the stdlib clock bound to Mimi, per-stage exact-shape graphs.
+
+With `--compile` (`Subject.compile_variants`): the stock eager step's `mimi.decode` (moshi's graphs
+off, its rope compiled as shipped) under `torch.compile(mode="reduce-overhead")` with
+`torch._dynamo.config.allow_unspec_int_on_nn_module=True`. Without that setting dynamo guards on
+moshi's python-int `offset_cpu`, recompiles every frame and falls back to eager after 8
+(shared/reference/mimi-baseline-h200.md); with it the baseline measured one recompile and no graph
+breaks, not bit-identical to eager (~5e-5).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from fractions import Fraction
 
 import torch
 
-from ...interpreter.bench import Subject, Variant
+from ...interpreter.bench import Subject, Variant, compiled_variant
 from .model import build_mimi, moshi_torch_compile_enabled, random_codes
 
 
@@ -35,6 +42,20 @@ class _Decoder:
 
     def step(self, codes):
         return self.decoder.step(codes)
+
+
+def _compile_decode(runner: _Decoder, compile_fn):
+    """Compile `mimi.decode` (the whole per-frame decode; `step` calls it inside `no_cuda_graph()`)."""
+    mimi = runner.decoder.mimi
+    mimi.decode = compile_fn(mimi.decode)
+    return lambda: vars(mimi).pop("decode", None)
+
+
+def compile_variants(batch: int, device: torch.device, seed: int) -> list[Variant]:
+    return [compiled_variant("stock step, torch.compile reduce-overhead",
+                             lambda: _Decoder(batch, "eager_compiled_rope", device, seed), install=_compile_decode,
+                             dynamo_config={"allow_unspec_int_on_nn_module": True},
+                             note="mimi.decode compiled, moshi's CUDAGraphed off; offset_cpu ints dynamic")]
 
 
 class _Cadence:
@@ -73,4 +94,5 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 
     rope = "compiled rope" if compiled else "eager rope"
     return Subject("moshi", Fraction(25, 2), lambda t: {"codes": codes[:, :, t:t + 1]}, variants, device,
                    description=f"Mimi decoder (moshi 0.2.13), fp32, 8 codebooks, B={batch}, {rope}",
-                   warmup_ticks=13, extra={"batch": batch, "compiled_rope": compiled})
+                   warmup_ticks=13, extra={"batch": batch, "compiled_rope": compiled},
+                   compile_variants=compile_variants(batch, device, seed))

@@ -12,6 +12,11 @@ Variants, each building its own model(s) from the same seeded weights:
   as upstream loads Mimi twice;
 * duplexcadence: `personaplex_mimi_decoder.clock` bound to one model, the two instances as two
   sessions of one runtime, per-stage exact-shape graphs; one copy of the weights.
+
+With `--compile`: the stock eager loop's `step` (both instances, graphs off) under
+`torch.compile(mode="reduce-overhead")`, moshi's python-int offsets made dynamic
+(`allow_unspec_int_on_nn_module`, as moshi needs). Not measured before: its carries are rebuilt with
+`torch.cat` and reassigned each tick, which cudagraph trees may refuse; a failure is reported.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from fractions import Fraction
 
 import torch
 
-from ...interpreter.bench import Subject, Variant
+from ...interpreter.bench import Subject, Variant, compiled_variant
 from ..moshi.model import build_mimi, moshi_torch_compile_enabled, random_codes
 
 
@@ -39,6 +44,12 @@ class _Stock:
     def step(self, codes: torch.Tensor) -> dict[str, torch.Tensor]:
         main, other = self.tail.step(codes)
         return {"main": main, "other": other}
+
+
+def _compile_step(runner: _Stock, compile_fn):
+    tail = runner.tail
+    tail.step = compile_fn(tail.step)
+    return lambda: vars(tail).pop("step", None)
 
 
 class _Cadence:
@@ -74,8 +85,13 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 
                                             "capture_seconds": r.runtime.report().capture_seconds,
                                             "arena_bytes": r.runtime.report().arena_bytes,
                                             "sessions": 2}))
+    compile_variants = [compiled_variant(
+        "stock step, torch.compile reduce-overhead", lambda: _Stock(batch, device, seed, graph_transformers=False),
+        install=_compile_step, dynamo_config={"allow_unspec_int_on_nn_module": True},
+        note="PersonaPlexTail.step compiled (both instances), transformer graphs off")]
     rope = "compiled rope" if compiled else "eager rope"
     return Subject("personaplex", ticks_per_second, lambda t: {"codes": codes[:, :, t:t + 1]}, variants, device,
                    description=f"PersonaPlex Mimi decoder (old-moshi state handling on moshi 0.2.13 weights), "
                                f"2 instances per tick, fp32, 8 codebooks, B={batch}, {rope}",
-                   warmup_ticks=13, extra={"batch": batch, "instances": 2, "compiled_rope": compiled})
+                   warmup_ticks=13, extra={"batch": batch, "instances": 2, "compiled_rope": compiled},
+                   compile_variants=compile_variants)

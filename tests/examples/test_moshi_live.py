@@ -51,6 +51,17 @@ def test_tiny_config_is_the_released_architecture_smaller():
 
 
 @pytest.mark.models
+def test_released_lm_is_built_where_asked_in_bf16():
+    # on the meta device: no memory, but every parameter must land there (nothing initialised on the CPU)
+    import torch
+
+    lm = live.build_lm("released", device="meta")
+    params = list(lm.parameters())
+    assert sum(p.numel() for p in params) == 7_687_729_152
+    assert {p.device.type for p in params} == {"meta"} and {p.dtype for p in params} == {torch.bfloat16}
+
+
+@pytest.mark.models
 @pytest.mark.slow
 def test_cli_tiny_lm_on_cpu(tmp_path):
     out = tmp_path / "live.json"

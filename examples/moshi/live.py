@@ -203,8 +203,10 @@ class LiveDuplex:
         self.lm_params = sum(p.numel() for p in lm.parameters())
         self.lm_bytes = sum(p.numel() * p.element_size() for p in lm.parameters())
         self.setup_s["lm_build"] = time.perf_counter() - started
+        on_device = (f", {torch.cuda.memory_allocated(self.device) / 2**30:.2f} GiB allocated on the device"
+                     if self.device.type == "cuda" else "")
         say(f"LM: {self.lm_params / 1e9:.3f} B parameters, {self.lm_bytes / 2**30:.2f} GiB, "
-            f"built in {self.setup_s['lm_build']:.1f} s")
+            f"built in {self.setup_s['lm_build']:.1f} s{on_device}")
 
         started = time.perf_counter()
         say("building Mimi twice (fp32, same seeded weights): moshi's (encode + stock decode), the runtime's")

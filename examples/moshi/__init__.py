@@ -11,6 +11,8 @@ Modules:
 - :mod:`.cadence`: ``stdlib/models/mimi_decoder.clock`` bound to a streaming Mimi.
 - :mod:`.bench`: the ``dsl bench moshi`` subject.
 - :mod:`.infer`: ``python -m duplexcadence.examples.moshi.infer``, stock vs DuplexCadence.
+- :mod:`.live`: the live duplex loop of moshi's server (Mimi encode, ``LMGen.step`` with the 7B LM, Mimi
+  decode), both decoders on the same tokens (CLI: ``scripts/moshi_live_duplex.py``).
 
 Nothing here imports ``moshi`` at package import time, so that :func:`.model.configure_torch_compile`
 can still set ``NO_TORCH_COMPILE`` before moshi is first imported.

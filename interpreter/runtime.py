@@ -428,8 +428,7 @@ class Session:
     def __init__(self, runtime: Runtime, slot: int, initial: Mapping[str, torch.Tensor] | None, seed: int):
         self.runtime = runtime
         self.slot = slot
-        self.lane = runtime.lane_of(slot)
-        """The lane whose scratch block, graph pool and stream this session uses."""
+        self._lane = runtime.lane_of(slot)
         self.seed = seed
         program = runtime.program
         self.storage: dict[str, RegionStorage] = {}
@@ -454,6 +453,11 @@ class Session:
     @property
     def instant(self) -> int:
         return self._instant
+
+    @property
+    def lane(self) -> int:
+        """The lane whose scratch block, graph pool and CUDA stream this session uses (its slot % lanes)."""
+        return self._lane
 
     def reset(self, initial: Mapping[str, torch.Tensor] | None = None) -> None:
         """Back to the declared start (barge-in, new turn); every address stays where it was."""

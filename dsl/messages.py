@@ -584,12 +584,13 @@ def too_many_firings(seconds: str, firings: int, limit: int, span: Span | None) 
 
 
 def arena_does_not_fit(need: int, sessions: int, session_bytes: int, scratch_bytes: int, free: int, cached: int,
-                       device: str) -> Diagnostic:
+                       device: str, lanes: int = 1) -> Diagnostic:
     plural = "session" if sessions == 1 else "sessions"
+    scratch = f"{scratch_bytes} shared scratch" if lanes == 1 else f"{lanes} lanes x {scratch_bytes} scratch"
     return Diagnostic(BUDGET, f"the arena for {sessions} {plural} needs {need} bytes ({sessions} x {session_bytes} "
-                      f"per session + {scratch_bytes} shared scratch) but {device} has {free + cached} bytes "
+                      f"per session + {scratch}) but {device} has {free + cached} bytes "
                       f"available ({free} free + {cached} cached by PyTorch); nothing was allocated", None,
-                      helps=("load fewer sessions, lower the params that size the largest regions, or free memory",))
+                      helps=("load fewer sessions or lanes, lower the params that size the largest regions, or free memory",))
 
 
 def binding_shape(region: str, attribute: str, declared: str, actual: str, span: Span | None) -> Diagnostic:

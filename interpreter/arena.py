@@ -3,7 +3,9 @@
 Persistent regions are pinned first, one block per session, largest first (ties by name); scratch
 regions and double buffers are shared by all sessions and packed by liveness within an instant
 (greedy by size, lowest offset that overlaps no buffer live at the same time; as TFLite Micro's
-greedy planner). An overlap self-check then proves no two live allocations share a byte.
+greedy planner). An overlap self-check then proves no two live allocations share a byte. A runtime
+loaded with several lanes (sessions stepped concurrently) holds one copy of the scratch block per
+lane; the plan is the same.
 """
 
 from __future__ import annotations
@@ -38,16 +40,17 @@ class Allocation:
 
 @attrs.frozen
 class ArenaPlan:
-    """Offsets inside a session block (persistent) and inside the shared scratch block."""
+    """Offsets inside a session block (persistent) and inside the shared scratch block (one copy per lane)."""
 
     alignment: int
     session_bytes: int
     scratch_bytes: int
     allocations: tuple[Allocation, ...]
 
-    def total_bytes(self, sessions: int) -> int:
-        """One device allocation: `sessions` persistent blocks, then one shared scratch block."""
-        return sessions * self.session_bytes + self.scratch_bytes
+    def total_bytes(self, sessions: int, lanes: int = 1) -> int:
+        """One device allocation: `sessions` persistent blocks, then one scratch block per lane (the
+        sessions of a lane share it; lanes step concurrently, so each needs its own)."""
+        return sessions * self.session_bytes + lanes * self.scratch_bytes
 
     def allocation(self, name: str) -> Allocation:
         for item in self.allocations:

@@ -112,7 +112,8 @@ def format_plan(plan: Plan) -> str:
                   "saving"], rows, right=(4, 5, 6, 7, 8))
     schedule = plan.schedule
     out.append(f"  per session: {human_bytes(plan.arena.session_bytes)} pinned; shared scratch "
-               f"{human_bytes(plan.arena.scratch_bytes)}; arena for 1 session {human_bytes(plan.arena.total_bytes(1))}")
+               f"{human_bytes(plan.arena.scratch_bytes)} (one copy per lane); arena for 1 session "
+               f"{human_bytes(plan.arena.total_bytes(1))}")
     if schedule.stock_bytes:
         saved = schedule.stock_bytes - schedule.compared_demand_bytes
         out.append(f"  regions with a stock allocation: stock {human_bytes(schedule.stock_bytes)}, demand "

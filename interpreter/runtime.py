@@ -21,7 +21,8 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Generator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,18 @@ class StepError(ValueError):
 
 class SessionFailed(RuntimeError):
     """A stage raised during a step: the session refuses further steps until `reset()`."""
+
+
+class SessionsFailed(SessionFailed):
+    """`Runtime.step_many`: one or more sessions failed at their instant, the others completed it.
+
+    `outputs` maps each completed session to its outputs; `failures` each failed session to its
+    `SessionFailed` (that session refuses further steps until `reset()`)."""
+
+    def __init__(self, message: str, outputs: dict, failures: dict):
+        super().__init__(message)
+        self.outputs = outputs
+        self.failures = failures
 
 
 class CaptureWarning(UserWarning):
@@ -70,6 +83,20 @@ class StepTemplate:
     def of(cls, firings: list[Firing], graph_key: dict) -> StepTemplate:
         inputs = {v.region: tuple(v.shape) for f in firings for v in f.views if v.kind == "feed"}
         return cls(tuple(firings), tuple(graph_key.get(f.signature) for f in firings), inputs)
+
+
+@attrs.frozen
+class PendingStep:
+    """A step whose inputs were checked and whose runs were chosen, before anything changed: the
+    runs (fused graph replays and eager firings), the inputs by name, the simulator after an
+    off-plan instant (None on the plan), and the bound lengths at the start of the instant."""
+
+    runs: list = attrs.field(repr=False)
+    inputs: dict[str, torch.Tensor] = attrs.field(repr=False)
+    simulator: Simulator | None = attrs.field(repr=False)
+    off_plan: bool
+    last: bool
+    bound_lengths: dict[str, int] = attrs.field(repr=False)
 
 
 @attrs.define
@@ -109,6 +136,8 @@ class RuntimeReport:
     replays: int
     eager_planned: int
     eager_off_plan: int
+    lanes: int = 1
+    """Scratch copies in the arena: `arena_bytes` = sessions x `session_bytes` + lanes x `scratch_bytes`."""
 
     @property
     def stock_bytes(self) -> int:
@@ -121,9 +150,14 @@ class RuntimeReport:
     def __str__(self) -> str:
         from .plan_report import human_bytes
 
-        lines = [f"DuplexCadence runtime on {self.device}: {self.sessions} session slot(s)",
-                 f"  arena {human_bytes(self.arena_bytes)} in one allocation ({human_bytes(self.session_bytes)} "
-                 f"per session + {human_bytes(self.scratch_bytes)} shared scratch)"]
+        if self.lanes == 1:
+            lines = [f"DuplexCadence runtime on {self.device}: {self.sessions} session slot(s)",
+                     f"  arena {human_bytes(self.arena_bytes)} in one allocation ({human_bytes(self.session_bytes)} "
+                     f"per session + {human_bytes(self.scratch_bytes)} shared scratch)"]
+        else:
+            lines = [f"DuplexCadence runtime on {self.device}: {self.sessions} session slot(s) in {self.lanes} lanes",
+                     f"  arena {human_bytes(self.arena_bytes)} in one allocation ({human_bytes(self.session_bytes)} "
+                     f"per session + {self.lanes} x {human_bytes(self.scratch_bytes)} scratch, one copy per lane)"]
         if self.stock_bytes:
             lines.append(f"  regions with a stock allocation: {human_bytes(self.compared_bytes)} vs stock "
                          f"{human_bytes(self.stock_bytes)} per session")
@@ -156,25 +190,27 @@ def available_bytes(device: torch.device) -> tuple[int, int] | None:
     return free, max(cached, 0)
 
 
-def check_arena_fits(plan: Plan, sessions: int, device: torch.device) -> None:
-    """Raise ClockError (over-budget) when the arena for `sessions` cannot be allocated on `device`;
-    called before anything is allocated."""
+def check_arena_fits(plan: Plan, sessions: int, device: torch.device, lanes: int = 1) -> None:
+    """Raise ClockError (over-budget) when the arena for `sessions` and `lanes` cannot be allocated on
+    `device`; called before anything is allocated."""
     available = available_bytes(device)
     if available is None:
         return
-    needed = plan.arena.total_bytes(sessions)
+    needed = plan.arena.total_bytes(sessions, lanes)
     free, cached = available
     if needed > free + cached:
         raise ClockError([messages.arena_does_not_fit(needed, sessions, plan.arena.session_bytes,
-                                                      plan.arena.scratch_bytes, free, cached, str(device))])
+                                                      plan.arena.scratch_bytes, free, cached, str(device), lanes)])
 
 
 class Runtime:
-    """A plan bound to a model on one device, with an arena for `sessions` session slots."""
+    """A plan bound to a model on one device, with an arena for `sessions` session slots in `lanes`
+    lanes: slot i belongs to lane i % lanes; each lane has its own scratch block, graph memory pool
+    and (on CUDA) stream, so sessions of different lanes can be stepped concurrently (`step_many`)."""
 
     def __init__(self, plan: Plan, model: Any, device: torch.device, callables: dict[str, StageCallable],
                  attributes: dict[str, Attribute], sessions: int, graphs: bool,
-                 on_reset: Callable[[Any], None] | None):
+                 on_reset: Callable[[Any], None] | None, lanes: int = 1):
         self.plan = plan
         self.program: Program = plan.program
         self.model = model
@@ -183,17 +219,29 @@ class Runtime:
         self.attributes = attributes
         self.graphs_enabled = graphs
         self.on_reset = on_reset
+        self.lanes = lanes
         try:
-            self.arena = DeviceArena(plan.arena, sessions, device)
+            self.arena = DeviceArena(plan.arena, sessions, device, lanes)
         except torch.cuda.OutOfMemoryError:  # the free memory was there, but in pieces
             free, cached = available_bytes(device) or (0, 0)
             raise ClockError([messages.arena_does_not_fit(
-                plan.arena.total_bytes(sessions), sessions, plan.arena.session_bytes, plan.arena.scratch_bytes,
-                free, cached, str(device))]) from None
+                plan.arena.total_bytes(sessions, lanes), sessions, plan.arena.session_bytes, plan.arena.scratch_bytes,
+                free, cached, str(device), lanes)]) from None
         self.lock = threading.RLock()
         self.free_slots = list(range(sessions))
         self.blocked: dict[str, Diagnostic] = {}
-        self.pool = torch.cuda.graph_pool_handle() if graphs else None
+        # graphs share a private memory pool only within a lane: the pool's allocator assumes its graphs
+        # replay one after another, which holds within a lane (one stream) but not across lanes
+        self.pools = [torch.cuda.graph_pool_handle() for _ in range(lanes)] if graphs else [None] * lanes
+        self.pool = self.pools[0]
+        # Each lane's graphs draw random numbers through their own CUDA generator state: a replay's
+        # prologue writes the seed and offset into a device tensor of the state its graph was captured
+        # with, so two lanes replaying concurrently through ONE state would race on it. Lane 0 uses the
+        # device's default state (lanes=1 is unchanged); the others a clone, swapped in around their stages.
+        self.lane_rng_states: list[Any] = [None] * lanes
+        if device.type == "cuda" and lanes > 1:
+            generator = torch.cuda.default_generators[device.index]
+            self.lane_rng_states[1:] = [generator.clone_state() for _ in range(lanes - 1)]
         self.first_firing: dict[tuple, Firing] = {}
         for firing in plan.trace.firings:
             self.first_firing.setdefault(firing.signature, firing)
@@ -212,6 +260,14 @@ class Runtime:
         self.capture_seconds = 0.0
         self.graphs_captured = 0
 
+    def lane_of(self, slot: int) -> int:
+        """The lane of session slot `slot`: slots are dealt to lanes round-robin."""
+        return slot % self.lanes
+
+    def lane_stream(self, lane: int):
+        """Lane `lane`'s CUDA stream: its graphs are captured on it and `step_many` runs it on it."""
+        return _lane_stream(self.device, lane)
+
     def counts_before(self, instant: int) -> dict[str, int]:
         """How many times each stage has fired before `instant` (from the clocks alone)."""
         periods, phase = divmod(instant, len(self.plan.clocks.instants))
@@ -225,23 +281,28 @@ class Runtime:
     def load(cls, clock: str | Path | Program, model: Any, params: Mapping[str, Any] | None = None,
              device: str | torch.device | None = None, hooks: Mapping[str, Callable] | None = None,
              sessions: int = 1, graphs: bool | str = "auto", max_graphs: int | None = None,
-             on_reset: Callable[[Any], None] | None = None) -> Runtime:
+             on_reset: Callable[[Any], None] | None = None, lanes: int = 1) -> Runtime:
         """Check the `.clock` file, plan it, bind it to `model`, and allocate the arena.
 
         `params` override the file's params (values as Python numbers or `.clock` text).
         `graphs`: "auto" captures CUDA graphs on a CUDA device; False runs every firing eagerly.
+        `lanes`: how many sessions `step_many` can run at once (1 to `sessions`); each lane adds one
+        copy of the scratch block to the arena and has its own graph pool and CUDA stream.
         Raises `ClockError` with located diagnostics when the file, the binding or the budget fails.
         """
         device = _device(device)
         if sessions < 1:
             raise ValueError(f"sessions must be at least 1, not {sessions}")
+        if not isinstance(lanes, int) or not 1 <= lanes <= sessions:
+            raise ValueError(f"lanes must be a whole number from 1 to sessions ({sessions}), not {lanes!r}: a lane "
+                             "without a session slot would hold a scratch block nothing uses")
         program = clock if isinstance(clock, Program) else load_program(
             clock, {k: str(v) for k, v in (params or {}).items()})
         plan = make_plan(program, max_graphs=max_graphs)
         callables, attributes = bind_program(program, model, hooks, device)
-        check_arena_fits(plan, sessions, device)
+        check_arena_fits(plan, sessions, device, lanes)
         use_graphs = device.type == "cuda" and graphs not in (False, "off", "never")
-        return cls(plan, model, device, callables, attributes, sessions, use_graphs, on_reset)
+        return cls(plan, model, device, callables, attributes, sessions, use_graphs, on_reset, lanes)
 
     def session(self, initial: Mapping[str, torch.Tensor] | None = None, seed: int = 0) -> Session:
         """A new session in a free slot: its regions at their start, its own RNG state from `seed`."""
@@ -260,6 +321,83 @@ class Runtime:
             self.sessions.append(session)
             return session
 
+    def step_many(self, steps: Mapping[Session, Mapping[str, torch.Tensor] | torch.Tensor]) -> dict[Session, Any]:
+        """Run one instant of each session (as `session.step(**inputs)`), sessions of different lanes
+        concurrently; returns {session: outputs} in the order given.
+
+        `steps` maps each session of this runtime to its inputs by name (or to its one input tensor).
+        Every session's inputs are checked first: a bad one raises StepError (naming the session's
+        slot) and no session changes. The host then interleaves the sessions run by run: the first
+        run (a fused graph replay or an eager firing) of every lane's session, then the second, and
+        so on, each on its lane's CUDA stream, so a host synchronisation inside one session's eager
+        stage (`torch.istft`) waits while the other lanes' work is already queued. Sessions of one
+        lane share its scratch block: they run one after another in the lane. Each lane's stream
+        first waits on the caller's current stream, and the caller's current stream waits on every
+        lane before this returns, so the inputs may come from, and the outputs be used on, the
+        current stream. A stage that raises fails its session only: the others complete their
+        instant and `SessionsFailed` is raised with their outputs. Off the CUDA device the sessions
+        run interleaved the same way on the host, one run at a time.
+        """
+        with self.lock:
+            pending: dict[Session, PendingStep] = {}
+            for session, inputs in steps.items():
+                if not isinstance(session, Session) or session.runtime is not self:
+                    raise StepError(f"step_many() takes sessions of this runtime, got {session!r}")
+                args, named = ((inputs,), {}) if isinstance(inputs, torch.Tensor) else ((), dict(inputs or {}))
+                try:
+                    session._check_steppable()
+                    pending[session] = session._begin(args, named, last=False)
+                except (StepError, SessionFailed, RuntimeError) as error:
+                    raise type(error)(f"step_many(), the session in slot {session.slot}: {error}; no session "
+                                      "was stepped") from error
+            lanes: dict[int, deque[Session]] = {}
+            for session in pending:
+                lanes.setdefault(session.lane, deque()).append(session)
+            streams: dict[int, Any] = {}
+            if self.device.type == "cuda":
+                caller = torch.cuda.current_stream(self.device)
+                streams = {lane: self.lane_stream(lane) for lane in lanes}
+                for stream in streams.values():
+                    stream.wait_stream(caller)
+            running: dict[Session, Generator] = {}
+            outputs: dict[Session, Any] = {}
+            failures: dict[Session, SessionFailed] = {}
+            try:
+                while lanes:
+                    for lane in list(lanes):
+                        with torch.cuda.stream(streams[lane]) if streams else contextlib.nullcontext():
+                            self._advance_lane(lanes, lane, pending, running, outputs, failures)
+            finally:
+                if streams:
+                    for stream in streams.values():
+                        caller.wait_stream(stream)
+            if failures:
+                names = ", ".join(f"slot {session.slot}" for session in failures)
+                raise SessionsFailed(f"step_many(): the session(s) in {names} failed; the others completed their "
+                                     f"instant: {next(iter(failures.values()))}",
+                                     {s: outputs[s] for s in steps if s in outputs}, failures) \
+                    from next(iter(failures.values()))
+            return {session: outputs[session] for session in steps}
+
+    @staticmethod
+    def _advance_lane(lanes: dict[int, deque], lane: int, pending: dict, running: dict, outputs: dict,
+                      failures: dict) -> None:
+        """One run of lane `lane`'s current session; a session that is done hands the lane to the next."""
+        queue = lanes[lane]
+        while queue:
+            session = queue[0]
+            if session not in running:
+                running[session] = session._run_step(pending[session])
+            try:
+                next(running[session])
+                return
+            except StopIteration as done:
+                outputs[session] = done.value
+            except SessionFailed as error:
+                failures[session] = error
+            queue.popleft()
+        del lanes[lane]
+
     # --- reporting -------------------------------------------------------------------------------
 
     def report(self) -> RuntimeReport:
@@ -275,7 +413,7 @@ class Runtime:
         return RuntimeReport(str(self.device), self.arena.sessions, self.arena.nbytes, self.plan.arena.session_bytes,
                              self.plan.arena.scratch_bytes, regions, len(self.plan.capture.graphs),
                              self.graphs_captured, len(covered), self.capture_seconds, tuple(self.blocked.values()),
-                             totals.replays, totals.eager_planned, totals.eager_off_plan)
+                             totals.replays, totals.eager_planned, totals.eager_off_plan, self.lanes)
 
     def verify(self, stock, inputs, ticks: int | None = None, seed: int = 0):
         """Run stock eager and a fresh session side by side; see `duplexcadence.interpreter.verify`."""
@@ -290,14 +428,16 @@ class Session:
     def __init__(self, runtime: Runtime, slot: int, initial: Mapping[str, torch.Tensor] | None, seed: int):
         self.runtime = runtime
         self.slot = slot
+        self._lane = runtime.lane_of(slot)
         self.seed = seed
         program = runtime.program
         self.storage: dict[str, RegionStorage] = {}
         for name, region in program.regions.items():
-            flat = runtime.arena.block(name, slot if runtime.plan.schedule.regions[name].persistent else None)
+            persistent = runtime.plan.schedule.regions[name].persistent
+            flat = runtime.arena.block(name, slot if persistent else None, self.lane)
             double = None
             if runtime.plan.schedule.regions[name].double_buffer_bytes:
-                double = runtime.arena.block(f"{name}~double", None)
+                double = runtime.arena.block(f"{name}~double", None, self.lane)
             self.storage[name] = RegionStorage(region, flat, double)
         self.graphs: dict[tuple, StageGraph] = {}
         self.runs: dict[int, list] = {}
@@ -313,6 +453,11 @@ class Session:
     @property
     def instant(self) -> int:
         return self._instant
+
+    @property
+    def lane(self) -> int:
+        """The lane whose scratch block, graph pool and CUDA stream this session uses (its slot % lanes)."""
+        return self._lane
 
     def reset(self, initial: Mapping[str, torch.Tensor] | None = None) -> None:
         """Back to the declared start (barge-in, new turn); every address stays where it was."""
@@ -356,7 +501,16 @@ class Session:
         return self._step(args, inputs, last=True)
 
     def _step(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool):
-        runtime = self.runtime
+        self._check_steppable()
+        with self.runtime.lock:
+            runs = self._run_step(self._begin(args, inputs, last))
+            while True:
+                try:
+                    next(runs)
+                except StopIteration as done:
+                    return done.value
+
+    def _check_steppable(self) -> None:
         if self.closed:
             raise RuntimeError("this session is closed")
         if self.failed is not None:
@@ -365,36 +519,45 @@ class Session:
         if self.finished:
             raise StepError(f"the session finished its stream at instant {self._instant - 1}; call reset() to "
                             "start the next one")
-        with runtime.lock:
-            index = self._template_index(args, inputs) if self.on_plan and not last else None
-            if index is not None:
-                runs, simulator, off_plan = self.runs.get(index) or self._eager_runs(runtime.templates[index].firings), \
-                    None, False
-                self._bound_lengths = dict(runtime.plan.trace.states[index][0])
-            else:
-                self._sync_simulator()
-                self._bound_lengths = dict(self.simulator.length)
-                firings, simulator, off_plan = self._plan_step(args, inputs, last)
-                runs = self._eager_runs(firings)
-            outputs: dict[str, torch.Tensor] = {}
-            try:
-                for kind, key, firings in runs:
-                    firing = firings[0]
-                    self._execute(kind, key, firings, inputs, outputs, off_plan)
-            except Exception as error:
-                self.failed = error
-                raise SessionFailed(f"stage '{firing.stage}' ({self._call_text(firing)}) raised at instant "
-                                    f"{self._instant}: {error!r}; the session refuses further steps until "
-                                    "reset()") from error
-            if simulator is not None:
-                self.simulator = simulator
-                self.simulator_stale = False
-                self.on_plan = self.on_plan and not off_plan
-            else:
-                self.simulator_stale = True
-            self._instant += 1
-            self.counters.steps += 1
-            self.finished = last
+
+    def _begin(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool) -> PendingStep:
+        """Everything a step decides before it changes anything: the inputs checked (StepError), the runs."""
+        runtime = self.runtime
+        index = self._template_index(args, inputs) if self.on_plan and not last else None
+        if index is not None:
+            runs = self.runs.get(index) or self._eager_runs(runtime.templates[index].firings)
+            return PendingStep(runs, inputs, None, False, last, dict(runtime.plan.trace.states[index][0]))
+        self._sync_simulator()
+        lengths = dict(self.simulator.length)
+        firings, simulator, off_plan = self._plan_step(args, inputs, last)
+        return PendingStep(self._eager_runs(firings), inputs, simulator, off_plan, last, lengths)
+
+    def _run_step(self, step: PendingStep) -> Generator[None, None, Any]:
+        """Execute a begun step, yielding between its runs (`Runtime.step_many` interleaves sessions
+        there); returns the step's outputs. A stage that raises fails the session (SessionFailed)."""
+        self._bound_lengths = step.bound_lengths
+        outputs: dict[str, torch.Tensor] = {}
+        firing = None
+        try:
+            for position, (kind, key, firings) in enumerate(step.runs):
+                if position:
+                    yield
+                firing = firings[0]
+                self._execute(kind, key, firings, step.inputs, outputs, step.off_plan)
+        except Exception as error:
+            self.failed = error
+            raise SessionFailed(f"stage '{firing.stage}' ({self._call_text(firing)}) raised at instant "
+                                f"{self._instant}: {error!r}; the session refuses further steps until "
+                                "reset()") from error
+        if step.simulator is not None:
+            self.simulator = step.simulator
+            self.simulator_stale = False
+            self.on_plan = self.on_plan and not step.off_plan
+        else:
+            self.simulator_stale = True
+        self._instant += 1
+        self.counters.steps += 1
+        self.finished = step.last
         if len(outputs) == 1:
             return next(iter(outputs.values()))
         return outputs
@@ -725,6 +888,12 @@ class Session:
             yield
             return
         device = self.runtime.device
+        lane_state = self.runtime.lane_rng_states[self.lane]
+        generator = original = None
+        if lane_state is not None:  # this lane's generator state: its graphs were captured with it
+            generator = torch.cuda.default_generators[device.index]
+            original = generator.graphsafe_get_state()
+            generator.graphsafe_set_state(lane_state)
         saved = _get_rng(device)
         _set_rng(device, self.rng_state)
         try:
@@ -732,6 +901,8 @@ class Session:
         finally:
             self.rng_state = _get_rng(device)
             _set_rng(device, saved)
+            if generator is not None:
+                generator.graphsafe_set_state(original)
 
     # --- graphs ----------------------------------------------------------------------------------
 
@@ -743,7 +914,7 @@ class Session:
         captured as ONE graph (a fused run), so an instant replays with as few launches as possible.
         """
         runtime = self.runtime
-        stream = _capture_stream(runtime.device)
+        stream = runtime.lane_stream(self.lane)  # the lane's cuBLAS workspace is per stream, baked into its graphs
         for graph_plan in runtime.plan.capture.captured:
             firing = runtime.first_firing[graph_plan.signature]
             stage = runtime.program.stages[firing.stage]
@@ -829,7 +1000,7 @@ class Session:
         try:
             with self._rng_scope(any(stage.rng for stage in stages)):
                 self._bound_lengths = dict(runtime.plan.trace.states[firings[0].instant][0])
-                with torch.cuda.graph(graph, pool=runtime.pool, stream=stream):
+                with torch.cuda.graph(graph, pool=runtime.pools[self.lane], stream=stream):
                     for firing in firings:
                         module_outputs.update(self._run_body(firing))
         except Exception as error:
@@ -927,6 +1098,20 @@ def _capture_stream(device: torch.device):
     if device not in _CAPTURE_STREAMS:
         _CAPTURE_STREAMS[device] = torch.cuda.Stream(device=device)
     return _CAPTURE_STREAMS[device]
+
+
+_LANE_STREAMS: dict[tuple[torch.device, int], torch.cuda.Stream] = {}
+
+
+def _lane_stream(device: torch.device, lane: int):
+    """Lane 0 runs on the process's capture stream (so a one-lane runtime captures as before), lane k on
+    a side stream of its own, shared by lane k of every runtime on the device (one cuBLAS workspace
+    each, as for the capture stream; lanes of two runtimes are never stepped in one call)."""
+    if lane == 0:
+        return _capture_stream(device)
+    if (device, lane) not in _LANE_STREAMS:
+        _LANE_STREAMS[(device, lane)] = torch.cuda.Stream(device=device)
+    return _LANE_STREAMS[(device, lane)]
 
 
 def _seeded_rng_state(seed: int, device: torch.device) -> torch.Tensor:

@@ -25,24 +25,29 @@ TORCH_DTYPES = {
 
 
 class DeviceArena:
-    """One `torch.empty` of bytes: `sessions` persistent blocks followed by one shared scratch block."""
+    """One `torch.zeros` of bytes: `sessions` persistent blocks followed by `lanes` scratch blocks
+    (lane i's scratch is shared by the sessions of lane i)."""
 
-    def __init__(self, plan: ArenaPlan, sessions: int, device: torch.device):
+    def __init__(self, plan: ArenaPlan, sessions: int, device: torch.device, lanes: int = 1):
         self.plan = plan
         self.sessions = sessions
+        self.lanes = lanes
         self.device = device
-        self.nbytes = plan.total_bytes(sessions)
+        self.nbytes = plan.total_bytes(sessions, lanes)
         self.buffer = torch.zeros(max(self.nbytes, 1), dtype=torch.uint8, device=device)
 
-    def block(self, name: str, session: int | None) -> torch.Tensor:
-        """The raw bytes of allocation `name` (a region, or `region~double`) for a session slot."""
+    def block(self, name: str, session: int | None, lane: int = 0) -> torch.Tensor:
+        """The raw bytes of allocation `name` (a region, or `region~double`): a persistent one in
+        session slot `session`, a scratch one in lane `lane`'s scratch block."""
         allocation = self.plan.allocation(name)
         if allocation.persistent:
             if session is None:
                 raise InternalError(f"persistent allocation '{name}' needs a session slot")
             base = session * self.plan.session_bytes
         else:
-            base = self.sessions * self.plan.session_bytes
+            if not 0 <= lane < self.lanes:
+                raise InternalError(f"lane {lane} of an arena with {self.lanes} lane(s)")
+            base = self.sessions * self.plan.session_bytes + lane * self.plan.scratch_bytes
         start = base + allocation.offset
         return self.buffer[start:start + allocation.bytes]
 

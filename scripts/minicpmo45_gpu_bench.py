@@ -10,9 +10,15 @@ Two parts, both in one process on one device, under deterministic cuDNN:
   stock (``own_caches``: each session keeps its caches) and for the runtime (N session slots). Every
   runtime chunk is compared with ``torch.equal`` to the same session's chunk from the stock run
   (each stock session served in turn equals its solo run: its own caches and generator state).
+  ``--lanes 1,4``: lanes 1 is the runtime served in turn (``Session.step``, one session after the
+  other); K > 1 loads the runtime with K lanes and serves each round with ONE
+  ``Runtime.step_many`` call over all N sessions (sessions of different lanes run concurrently on
+  K CUDA streams). Every lanes run is compared chunk by chunk with the stock run (the sessions stock
+  reached) and with the first runtime run (every session).
 
     source scripts/device_setup.sh
     python scripts/minicpmo45_gpu_bench.py --json $OUT/minicpmo45.json
+    python scripts/minicpmo45_gpu_bench.py --part sessions --lanes 4 --runtime-sessions 8,12,16,20,24 --json $OUT/l4.json
 """
 
 from __future__ import annotations
@@ -82,18 +88,32 @@ def session_tokens(index: int, chunks: int) -> torch.Tensor:
 
 
 def serve_in_turn(sessions: list, streams: list[torch.Tensor], position: list[int], count: int, rounds: int,
-                  outputs: list[list[torch.Tensor]]) -> list[float]:
-    """`rounds` rounds over the first `count` sessions; returns the wall ms of each round."""
+                  outputs: list[list[torch.Tensor]], together=None) -> list[float]:
+    """`rounds` rounds over the first `count` sessions; returns the wall ms of each round.
+
+    `together` (a runtime's `Token2wavRuntime`): each round is one `step_new_many` over the sessions
+    (the same host work per session as `push_tokens`: tokens to the device, pcm back to the host)."""
     walls = []
     for _ in range(rounds):
         sync()
         start = time.perf_counter()
-        for index in range(count):
-            chunk_index = position[index]
-            window = streams[index][CHUNK_TOKENS * chunk_index : CHUNK_TOKENS * (chunk_index + 1)].tolist()
-            (chunk,) = sessions[index].push_tokens(window)
-            outputs[index].append(chunk)
-            position[index] += 1
+        if together is not None:
+            chunks = {}
+            for index in range(count):
+                chunk_index = position[index]
+                window = streams[index][CHUNK_TOKENS * chunk_index : CHUNK_TOKENS * (chunk_index + 1)].tolist()
+                chunks[sessions[index]] = torch.tensor([window], dtype=torch.int32).to(DEVICE)
+                position[index] += 1
+            pcm = together.step_new_many(chunks)
+            for index in range(count):
+                outputs[index].append(pcm[sessions[index]].cpu())
+        else:
+            for index in range(count):
+                chunk_index = position[index]
+                window = streams[index][CHUNK_TOKENS * chunk_index : CHUNK_TOKENS * (chunk_index + 1)].tolist()
+                (chunk,) = sessions[index].push_tokens(window)
+                outputs[index].append(chunk)
+                position[index] += 1
         sync()
         walls.append((time.perf_counter() - start) * 1000)
     return walls
@@ -104,23 +124,26 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, max(0, -(-99 * len(ordered) // 100) - 1))]
 
 
-def sweep(kind: str, make_session, counts: list[int], rounds: int, warmup: int, chunks: int) -> tuple[dict, list]:
+def sweep(kind: str, make_session, counts: list[int], rounds: int, warmup: int, chunks: int,
+          together=None) -> tuple[dict, list]:
     sessions, streams, position, outputs = [], [], [], []
     rows = []
     best = 0
     for count in counts:
+        started = time.perf_counter()
         while len(sessions) < count:
             index = len(sessions)
             sessions.append(make_session(index))
             streams.append(session_tokens(index, chunks))
             position.append(0)
             outputs.append([])
-        serve_in_turn(sessions, streams, position, count, warmup, outputs)
-        walls = serve_in_turn(sessions, streams, position, count, rounds, outputs)
+        log(f"{kind}: {count} sessions ready ({time.perf_counter() - started:.1f} s to add sessions)")
+        serve_in_turn(sessions, streams, position, count, warmup, outputs, together)
+        walls = serve_in_turn(sessions, streams, position, count, rounds, outputs, together)
         row = {"sessions": count, "round_ms_median": sorted(walls)[len(walls) // 2], "round_ms_p99": p99(walls),
                "round_ms_max": max(walls)}
         rows.append(row)
-        log(f"{kind}: {count} sessions in turn: round median {row['round_ms_median']:.1f} ms, p99 {row['round_ms_p99']:.1f} ms")
+        log(f"{kind}: {count} sessions {'together' if together is not None else 'in turn'}: round median {row['round_ms_median']:.1f} ms, p99 {row['round_ms_p99']:.1f} ms")
         if row["round_ms_p99"] >= 1000:
             break
         best = count
@@ -128,8 +151,48 @@ def sweep(kind: str, make_session, counts: list[int], rounds: int, warmup: int, 
             "sweep": rows}, outputs
 
 
+def compare_chunks(mine: list[list[torch.Tensor]], theirs: list[list[torch.Tensor]]) -> tuple[int, int]:
+    """(chunks compared, chunks not torch.equal): chunk j of session i in both runs."""
+    compared = mismatched = 0
+    for chunks_mine, chunks_theirs in zip(mine, theirs):
+        for chunk_mine, chunk_theirs in zip(chunks_mine, chunks_theirs):
+            compared += 1
+            mismatched += not torch.equal(chunk_mine, chunk_theirs)
+    return compared, mismatched
+
+
+def run_lanes(dtype: str, steps: int, lanes: int, runtime_counts: list[int], rounds: int, warmup: int, chunks: int,
+              prompt, references: dict[str, list]) -> dict:
+    """The runtime with `lanes` lanes, every round one `step_new_many` over all sessions."""
+    log(f"sessions together, duplexcadence with {lanes} lanes, {dtype} n={steps}")
+    reset_peak()
+    sessions = max(runtime_counts)
+    bound = load_runtime(build_tail(CONFIG, seed=1234, device=DEVICE, float16=dtype == "fp16"), PROMPT_FRAMES, steps,
+                         sessions=sessions, lanes=lanes)
+    result, outputs = sweep(f"duplexcadence {lanes} lanes", lambda i: bound.session(prompt, seed=i), runtime_counts,
+                            rounds, warmup, chunks, together=bound)
+    report = bound.runtime.report()
+    peak = peak_allocated()
+    result.update({"lanes": lanes, "session_slots": sessions, "peak_allocated_bytes": peak,
+                   "arena_bytes": report.arena_bytes, "session_bytes": report.session_bytes,
+                   "scratch_bytes_per_lane": report.scratch_bytes,
+                   "arena_bytes_per_session": report.arena_bytes / sessions,
+                   "peak_allocated_bytes_per_session": None if peak is None else peak / sessions,
+                   "graphs_captured": report.graphs_captured, "capture_seconds": report.capture_seconds})
+    for name, reference in references.items():
+        compared, mismatched = compare_chunks(outputs, reference)
+        result[f"chunks_compared_with_{name}"] = compared
+        result[f"chunks_not_equal_to_{name}"] = mismatched
+        log(f"{lanes} lanes vs {name}: {compared} chunks compared, {mismatched} differ")
+    log(f"{lanes} lanes: {result['max_sessions_p99_under_1s']} sessions at 1 s (p99); arena "
+        f"{report.arena_bytes / 2**20:.0f} MiB ({report.arena_bytes / sessions / 2**20:.1f} MiB per session slot)")
+    bound = None
+    free_device()
+    return result
+
+
 def run_sessions(dtype: str, steps: int, stock_counts: list[int], runtime_counts: list[int], rounds: int,
-                 warmup: int) -> dict:
+                 warmup: int, lanes: list[int] = (1,)) -> dict:
     float16 = dtype == "fp16"
     prompt = random_prompt(PROMPT_FRAMES, seed=4321, device=DEVICE)
     chunks = (rounds + warmup) * (len(runtime_counts) + 1)
@@ -142,27 +205,37 @@ def run_sessions(dtype: str, steps: int, stock_counts: list[int], runtime_counts
     stock_result["peak_allocated_bytes"] = peak_allocated()
     stock_tail = None
     free_device()
-    log(f"sessions in turn, duplexcadence, {dtype} n={steps}")
-    reset_peak()
-    bound = load_runtime(build_tail(CONFIG, seed=1234, device=DEVICE, float16=float16), PROMPT_FRAMES, steps,
-                         sessions=max(runtime_counts))
-    runtime_result, runtime_outputs = sweep("duplexcadence", lambda i: bound.session(prompt, seed=i),
-                                            runtime_counts, rounds, warmup, chunks)
-    runtime_result["peak_allocated_bytes"] = peak_allocated()
-    compared = mismatched = 0
-    for mine, theirs in zip(runtime_outputs, stock_outputs):
-        for chunk_mine, chunk_theirs in zip(mine, theirs):
-            compared += 1
-            mismatched += not torch.equal(chunk_mine, chunk_theirs)
-    report = bound.runtime.report()
     result = {"dtype": dtype, "n_timesteps": steps, "prompt_frames": PROMPT_FRAMES, "stock": stock_result,
-              "duplexcadence": runtime_result, "chunks_compared": compared, "chunks_not_equal": mismatched,
-              "arena_bytes": report.arena_bytes, "graphs_captured": report.graphs_captured}
-    ratio = runtime_result["max_sessions_p99_under_1s"] / max(1, stock_result["max_sessions_p99_under_1s"])
-    log(f"sessions per GPU at 1 s (p99): stock {stock_result['max_sessions_p99_under_1s']}, duplexcadence "
-        f"{runtime_result['max_sessions_p99_under_1s']} ({ratio:.1f}x); {compared} chunks compared, {mismatched} differ")
-    bound = None
-    free_device()
+              "chunks_compared": 0, "chunks_not_equal": 0}
+    stock_best = max(1, stock_result["max_sessions_p99_under_1s"])
+    references = {"stock": stock_outputs}
+    if 1 in lanes:
+        log(f"sessions in turn, duplexcadence, {dtype} n={steps}")
+        reset_peak()
+        bound = load_runtime(build_tail(CONFIG, seed=1234, device=DEVICE, float16=float16), PROMPT_FRAMES, steps,
+                             sessions=max(runtime_counts))
+        runtime_result, runtime_outputs = sweep("duplexcadence", lambda i: bound.session(prompt, seed=i),
+                                                runtime_counts, rounds, warmup, chunks)
+        runtime_result["peak_allocated_bytes"] = peak_allocated()
+        compared, mismatched = compare_chunks(runtime_outputs, stock_outputs)
+        report = bound.runtime.report()
+        result.update({"duplexcadence": runtime_result, "chunks_compared": compared, "chunks_not_equal": mismatched,
+                       "arena_bytes": report.arena_bytes, "graphs_captured": report.graphs_captured})
+        ratio = runtime_result["max_sessions_p99_under_1s"] / stock_best
+        log(f"sessions per GPU at 1 s (p99): stock {stock_result['max_sessions_p99_under_1s']}, duplexcadence "
+            f"{runtime_result['max_sessions_p99_under_1s']} ({ratio:.1f}x); {compared} chunks compared, "
+            f"{mismatched} differ")
+        references["duplexcadence in turn"] = runtime_outputs
+        bound = None
+        free_device()
+    result["duplexcadence_lanes"] = {}
+    for count in (k for k in lanes if k > 1):
+        lane_result = run_lanes(dtype, steps, count, runtime_counts, rounds, warmup, chunks, prompt, references)
+        lane_result["ratio_to_stock"] = lane_result["max_sessions_p99_under_1s"] / stock_best
+        result["duplexcadence_lanes"][str(count)] = lane_result
+        result["chunks_not_equal"] += sum(v for k, v in lane_result.items() if k.startswith("chunks_not_equal"))
+        log(f"sessions per GPU at 1 s (p99): stock {stock_result['max_sessions_p99_under_1s']}, duplexcadence with "
+            f"{count} lanes {lane_result['max_sessions_p99_under_1s']} ({lane_result['ratio_to_stock']:.1f}x)")
     return result
 
 
@@ -174,6 +247,9 @@ def main() -> int:
     parser.add_argument("--sessions-config", default="fp32:10", help="DTYPE:STEPS for sessions in turn")
     parser.add_argument("--stock-sessions", default="1,2,3,4,5,6")
     parser.add_argument("--runtime-sessions", default="1,2,4,6,8,10,12,14,16,18,20")
+    parser.add_argument("--lanes", default="1",
+                        help="K,... for the runtime: 1 = sessions in turn (Session.step); K > 1 = K lanes, each round "
+                             "one Runtime.step_many over all sessions")
     parser.add_argument("--rounds", type=int, default=8, help="measured rounds per session count")
     parser.add_argument("--warmup-rounds", type=int, default=1)
     parser.add_argument("--cpu-dry-run", action="store_true",
@@ -199,7 +275,8 @@ def main() -> int:
             dtype, steps = args.sessions_config.split(":")
             payload["sessions_in_turn"] = run_sessions(
                 dtype, int(steps), [int(v) for v in args.stock_sessions.split(",")],
-                [int(v) for v in args.runtime_sessions.split(",")], args.rounds, args.warmup_rounds)
+                [int(v) for v in args.runtime_sessions.split(",")], args.rounds, args.warmup_rounds,
+                [int(v) for v in args.lanes.split(",")])
     payload["wall_seconds"] = time.perf_counter() - started
     with open(args.json, "w") as handle:
         json.dump(payload, handle, indent=1, sort_keys=True, default=str)

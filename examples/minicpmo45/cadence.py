@@ -35,7 +35,7 @@ of a turn, :meth:`~CadenceToken2wavSession.reset` starts the next one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,17 +223,30 @@ class Token2wavRuntime:
             }
 
     def scratch_view(self, name: str) -> torch.Tensor:
-        """The arena's shared working buffer of a fixed ``retain scratch`` region, at its declared shape."""
+        """The arena's working buffer (lane 0's) of a fixed ``retain scratch`` region, at its declared shape."""
         region = self.runtime.program.regions[name]
         return RegionStorage(region, self.runtime.arena.block(name, None), None).view()
 
     def session(self, prompt: PromptConditioning, seed: int = 0, base_on_host: bool = False) -> CadenceToken2wavSession:
         return CadenceToken2wavSession(self, prompt, seed, base_on_host)
 
+    def step_new_many(self, chunks: Mapping[CadenceToken2wavSession, torch.Tensor]) -> dict[CadenceToken2wavSession,
+                                                                                               torch.Tensor]:
+        """One planned chunk of each session (``new_tokens`` int32 [1, 25] on the device, as
+        :meth:`CadenceToken2wavSession.step_new`), stepped together by ``Runtime.step_many``: sessions of
+        different lanes run concurrently. Returns each session's pcm [1, samples] on the device."""
+        outputs = self.runtime.step_many({chunk_session.session: {"tokens": tokens}
+                                          for chunk_session, tokens in chunks.items()})
+        for chunk_session in chunks:
+            chunk_session._record(outputs[chunk_session.session], last=False)
+        return {chunk_session: outputs[chunk_session.session] for chunk_session in chunks}
+
 
 def load_runtime(tail: Token2wavTail, prompt_frames: int = 150, n_timesteps: int = 10, sessions: int = 1,
-                 graphs: bool | str = "auto", max_graphs: int | None = None) -> Token2wavRuntime:
-    """Bind ``step_audio2_token2wav.clock`` to ``tail`` (see the module docstring); the tail is the runtime's now."""
+                 graphs: bool | str = "auto", max_graphs: int | None = None, lanes: int = 1) -> Token2wavRuntime:
+    """Bind ``step_audio2_token2wav.clock`` to ``tail`` (see the module docstring); the tail is the runtime's now.
+
+    ``lanes``: sessions that :meth:`Token2wavRuntime.step_new_many` can run concurrently (see ``Runtime.load``)."""
     if "timestep_embedding" not in vars(tail.flow.decoder.estimator.t_embedder):  # not patched yet
         apply_constant_patches(tail)
     decoder = tail.flow.decoder
@@ -253,7 +266,7 @@ def load_runtime(tail: Token2wavTail, prompt_frames: int = 150, n_timesteps: int
     hooks = Token2wavHooks(tail)
     try:
         runtime = Runtime.load(program, tail, device=tail.device, hooks=hooks.as_dict(), sessions=sessions,
-                               graphs=graphs, max_graphs=max_graphs)
+                               graphs=graphs, max_graphs=max_graphs, lanes=lanes)
     except Exception:
         for name, (owner, attribute) in BUFFER_REGIONS.items():
             owners[owner]._buffers[attribute] = stock_buffers[name]
@@ -335,6 +348,9 @@ class CadenceToken2wavSession:
 
     def _run(self, tokens: torch.Tensor, last: bool, new_tokens: tuple[int, ...] = ()) -> torch.Tensor:
         pcm = self.session.finish(tokens=tokens) if last else self.session.step(tokens=tokens)
+        return self._record(pcm, last, new_tokens)
+
+    def _record(self, pcm: torch.Tensor, last: bool, new_tokens: tuple[int, ...] = ()) -> torch.Tensor:
         self.history.append(ChunkRecord(self.chunk_count, self.turn_chunk_count, new_tokens, last, int(pcm.shape[-1])))
         self.chunk_count += 1
         self.turn_chunk_count += 1

@@ -11,7 +11,10 @@ Variants, each building its own model(s) from the same seeded weights:
   `CUDAGraphed` around each instance's decoder transformer, SEANet eager; two copies of the weights,
   as upstream loads Mimi twice;
 * duplexcadence: `personaplex_mimi_decoder.clock` bound to one model, the two instances as two
-  sessions of one runtime, per-stage exact-shape graphs; one copy of the weights.
+  sessions of one runtime, per-stage exact-shape graphs; one copy of the weights;
+* duplexcadence, 2 lanes: the same with the two sessions in two lanes, stepped together by
+  `Runtime.step_many` (on CUDA their graphs replay concurrently on two streams; one more copy of
+  the scratch block).
 
 With `--compile`: the stock eager loop's `step` (both instances, graphs off) under
 `torch.compile(mode="reduce-overhead")`, moshi's python-int offsets made dynamic
@@ -53,10 +56,10 @@ def _compile_step(runner: _Stock, compile_fn):
 
 
 class _Cadence:
-    def __init__(self, batch: int, device: torch.device, seed: int):
+    def __init__(self, batch: int, device: torch.device, seed: int, lanes: int = 1):
         from .cadence import PersonaPlexCadenceTail
 
-        self.tail = PersonaPlexCadenceTail(build_mimi(seed=seed, device=device), batch, device=device)
+        self.tail = PersonaPlexCadenceTail(build_mimi(seed=seed, device=device), batch, device=device, lanes=lanes)
         self.runtime = self.tail.runtime
 
     def reset(self) -> None:
@@ -80,11 +83,14 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 
     variants = [Variant("stock eager", lambda: _Stock(batch, device, seed, graph_transformers=False), reference=True)]
     if device.type == "cuda":
         variants.append(Variant("personaplex stock", lambda: _Stock(batch, device, seed, graph_transformers=True)))
-    variants.append(Variant("duplexcadence", lambda: _Cadence(batch, device, seed),
-                            info=lambda r: {"graphs": r.runtime.report().graphs_captured,
-                                            "capture_seconds": r.runtime.report().capture_seconds,
-                                            "arena_bytes": r.runtime.report().arena_bytes,
-                                            "sessions": 2}))
+
+    def info(r) -> dict:
+        report = r.runtime.report()
+        return {"graphs": report.graphs_captured, "capture_seconds": report.capture_seconds,
+                "arena_bytes": report.arena_bytes, "sessions": 2, "lanes": report.lanes}
+
+    variants.append(Variant("duplexcadence", lambda: _Cadence(batch, device, seed), info=info))
+    variants.append(Variant("duplexcadence, 2 lanes", lambda: _Cadence(batch, device, seed, lanes=2), info=info))
     compile_variants = [compiled_variant(
         "stock step, torch.compile reduce-overhead", lambda: _Stock(batch, device, seed, graph_transformers=False),
         install=_compile_step, dynamo_config={"allow_unspec_int_on_nn_module": True},

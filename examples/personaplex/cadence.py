@@ -24,6 +24,8 @@ PersonaPlex decodes every tick with two Mimi instances loaded from one checkpoin
 state left (`offset_cpu` counters) is never read on the decode path, so the two instances are served
 as two sessions of ONE runtime over ONE model (:class:`PersonaPlexCadenceTail`): one copy of the
 weights instead of two, each session's state in its own arena slot, each slot with its own graphs.
+With `lanes=2` the two sessions are in two lanes and each tick steps them with `Runtime.step_many`:
+their graphs replay concurrently on two CUDA streams (stock runs the instances one after another).
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ HOOKS = {
 
 
 def load_runtime(mimi, batch_size: int = 1, device: str | torch.device | None = None, sessions: int = 1,
-                 graphs: bool | str = "auto", max_graphs: int | None = None) -> Runtime:
+                 graphs: bool | str = "auto", max_graphs: int | None = None, lanes: int = 1) -> Runtime:
     """A runtime for one PersonaPlex Mimi instance's decode tail over `mimi`'s weights.
 
     Each session is one instance (its own KV rings, carries and offsets). `mimi` is a moshi 0.2.13
@@ -122,7 +124,7 @@ def load_runtime(mimi, batch_size: int = 1, device: str | torch.device | None = 
     materialize_codebook_tables(mimi)  # eagerly, so no capture ever creates a codebook table
     model = PersonaPlexCadenceModel(mimi, batch_size)
     return Runtime.load(clock_path(), model, params={"B": batch_size}, device=device, hooks=HOOKS,
-                        sessions=sessions, graphs=graphs, max_graphs=max_graphs)
+                        sessions=sessions, graphs=graphs, max_graphs=max_graphs, lanes=lanes)
 
 
 class PersonaPlexCadenceTail:
@@ -130,17 +132,22 @@ class PersonaPlexCadenceTail:
 
     `step(codes)` decodes one tick with both instances, as `server.py` does (main PCM first, then
     other_mimi's, which the server discards); it returns (main PCM, other PCM), like
-    :meth:`~.stock.PersonaPlexTail.step`.
+    :meth:`~.stock.PersonaPlexTail.step`. With `lanes=2` the instances are in two lanes and are
+    stepped together by `Runtime.step_many` (concurrently, on two CUDA streams).
     """
 
     def __init__(self, mimi, batch_size: int = 1, device: str | torch.device | None = None,
-                 graphs: bool | str = "auto", max_graphs: int | None = None) -> None:
+                 graphs: bool | str = "auto", max_graphs: int | None = None, lanes: int = 1) -> None:
         self.runtime = load_runtime(mimi, batch_size, device=device, sessions=2, graphs=graphs,
-                                    max_graphs=max_graphs)
+                                    max_graphs=max_graphs, lanes=lanes)
         self.main: Session = self.runtime.session()
         self.other: Session = self.runtime.session()
+        self.lanes = lanes
 
     def step(self, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.lanes > 1:
+            outputs = self.runtime.step_many({self.main: {"codes": codes}, self.other: {"codes": codes}})
+            return outputs[self.main], outputs[self.other]
         return self.main.step(codes=codes), self.other.step(codes=codes)
 
     def reset(self) -> None:

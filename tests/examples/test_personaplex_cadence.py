@@ -203,5 +203,48 @@ def test_gpu_bench_subject_runs_and_is_bit_identical() -> None:
 
     subj = subject(device="cuda", seconds=2, batch=1)
     results = bench.run(subj, int(subj.ticks_per_second * 2), progress=False)
-    assert [r.name for r in results] == ["stock eager", "personaplex stock", "duplexcadence"]
+    assert [r.name for r in results] == ["stock eager", "personaplex stock", "duplexcadence",
+                                         "duplexcadence, 2 lanes"]
     assert all(r.bit_identical for r in results), [(r.name, r.first_mismatch) for r in results]
+
+
+LANE_FRAMES = 10
+
+
+def _lanes_mismatches(device: str, frames: int) -> tuple[list, PersonaPlexCadenceTail]:
+    mimi = mimi_model.build_mimi(seed=1234, device=device)
+    codes = mimi_model.random_codes(1, frames, seed=7).to(device)
+    stock = PersonaPlexTail(mimi)
+    tail = PersonaPlexCadenceTail(mimi, device=device, lanes=2)
+    assert (tail.main.lane, tail.other.lane) == (0, 1)
+    mismatches = []
+    for t in range(frames):
+        frame = codes[:, :, t : t + 1]
+        expected = stock.step(frame)
+        actual = tail.step(frame)
+        for name, a, b in zip(("main", "other"), actual, expected):
+            if not torch.equal(a, b):
+                mismatches.append((t, name, float((a - b).abs().max())))
+    return mismatches, tail
+
+
+def test_two_lanes_step_both_instances_together_bit_identical_to_stock() -> None:
+    """The two instances in two lanes, stepped by `Runtime.step_many` (on CPU: interleaved stage by stage)."""
+    with torch.no_grad():
+        mismatches, tail = _lanes_mismatches("cpu", LANE_FRAMES)
+    assert mismatches == []
+    report = tail.runtime.report()
+    assert report.lanes == 2 and report.arena_bytes == 2 * report.session_bytes + 2 * report.scratch_bytes
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_two_lanes_concurrent_streams_bit_identical() -> None:
+    """Both instances' graphs replayed on two CUDA streams by `step_many`: torch.equal to stock for 130 ticks."""
+    from duplexcadence.interpreter.verify import deterministic_cudnn
+
+    with deterministic_cudnn(), torch.no_grad():
+        mismatches, tail = _lanes_mismatches("cuda", FRAMES)
+    assert mismatches == []
+    report = tail.runtime.report()
+    assert report.replays == 3 * 2 * FRAMES and report.eager_planned == 0 and report.eager_off_plan == 0

@@ -46,7 +46,8 @@ class PerCodeEager:
 
 
 def codes_for(seconds, device="cpu", batch=1):
-    total = second_bounds(seconds)[1]
+    """`seconds` whole seconds of seeded codes: 87 for 7 s."""
+    total = second_bounds(seconds - 1)[1]
     return torch.randint(0, 2048, (batch, 16, total), generator=torch.Generator().manual_seed(5)).to(device)
 
 

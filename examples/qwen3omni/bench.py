@@ -8,6 +8,13 @@ With `--compile`: the stock decoder's Code2Wav forward under `torch.compile(mode
 dynamic=False)`: one specialised graph per input length (12, 25, 37, 38: four compilations, under
 dynamo's recompile limit of 8). transformers' mask builder syncs with the host; how dynamo treats
 that (graph break or not) is what the variant reports.
+
+`--option streaming=1` adds the OPT-IN true-streaming mode (issue 11, item 3), never part of the
+default run: "streaming (eager, opt-in)" (`StreamingCode2Wav`, one call per second) and "streaming
+under DuplexCadence (opt-in)" (`qwen3_omni_code2wav_streaming.clock`, one graph replay per code).
+They carry the whole context that the chunked stock decode throws away, so they are not compared
+for bit-identity (`compare=False`); each reports `max_abs_diff_vs_reference`, its largest
+difference from stock eager on the samples both emit (the streams run 555 samples behind it).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import torch
 from ...interpreter.bench import Subject, Variant, compiled_variant
 from .model import build_code2wav
 from .stock import StockSecondDecoder, second_bounds
+from .streaming import StreamingCode2Wav
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -55,8 +63,46 @@ class _Cadence:
         return self.session.step(codes=codes)
 
 
+class _StreamingEager:
+    def __init__(self, dtype, device, seed):
+        self.decoder = StreamingCode2Wav(build_code2wav(dtype=dtype, device=device, seed=seed))
+
+    def reset(self):
+        self.decoder.reset()
+
+    def step(self, codes):
+        return self.decoder.step(codes)
+
+
+class _StreamingCadence:
+    def __init__(self, dtype, device, seed, batch):
+        from .streaming_cadence import StreamingSecondDecoder, load_streaming_runtime
+
+        model = build_code2wav(dtype=dtype, device=device, seed=seed)
+        self.runtime = load_streaming_runtime(model, batch, device=device)
+        self.decoder = StreamingSecondDecoder(self.runtime)
+
+    def reset(self):
+        self.decoder.reset()
+
+    def step(self, codes):
+        return self.decoder.step(codes)
+
+
+def stream_difference(tick: int, expected, found) -> float:
+    """Max abs difference of a streamed second from stock eager's on the samples both emit: from
+    second 1 on the stream is 555 samples behind (stock drops them at every boundary)."""
+    ours, theirs = found["output"], expected["output"]
+    ours = ours[..., ours.shape[-1] - theirs.shape[-1]:]
+    return (ours.float() - theirs.float()).abs().max().item()
+
+
+def _flag(value) -> bool:
+    return str(value).lower() in ("1", "true", "yes", "on")
+
+
 def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, dtype: str = "fp32", seed: int = 1234,
-            **_) -> Subject:
+            streaming: str | bool = False, **_) -> Subject:
     device = torch.device(device)
     torch_dtype = DTYPES[dtype]
     total = second_bounds(seconds + 8)[1]
@@ -70,11 +116,18 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, dtype: str =
                               "stage_graphs": r.runtime.report().stage_graphs_covered,
                               "capture_seconds": r.runtime.report().capture_seconds,
                               "arena_bytes": r.runtime.report().arena_bytes}
-    return Subject("qwen3omni", Fraction(1), inputs,
-                   [Variant("stock eager", lambda: _Stock(torch_dtype, device, seed), reference=True),
-                    Variant("duplexcadence", lambda: _Cadence(torch_dtype, device, seed, batch), info=cadence_info)],
-                   device, description=f"Code2Wav (transformers), {dtype}, B={batch}, 1 s cadence, 25-code context",
-                   warmup_ticks=2, extra={"batch": batch, "dtype": dtype},
+    variants = [Variant("stock eager", lambda: _Stock(torch_dtype, device, seed), reference=True),
+                Variant("duplexcadence", lambda: _Cadence(torch_dtype, device, seed, batch), info=cadence_info)]
+    description = f"Code2Wav (transformers), {dtype}, B={batch}, 1 s cadence, 25-code context"
+    if _flag(streaming):
+        variants += [Variant("streaming (eager, opt-in)", lambda: _StreamingEager(torch_dtype, device, seed),
+                             compare=False, difference=stream_difference),
+                     Variant("streaming under DuplexCadence (opt-in)",
+                             lambda: _StreamingCadence(torch_dtype, device, seed, batch), info=cadence_info,
+                             compare=False, difference=stream_difference)]
+        description += "; opt-in streaming: KV window 72 + conv carries, not bit-identical to chunked decode"
+    return Subject("qwen3omni", Fraction(1), inputs, variants, device, description=description,
+                   warmup_ticks=2, extra={"batch": batch, "dtype": dtype, "streaming": _flag(streaming)},
                    compile_variants=[compiled_variant(
                        "stock step, torch.compile reduce-overhead", lambda: _Stock(torch_dtype, device, seed),
                        install=_compile_forward, compile_options={"dynamic": False},

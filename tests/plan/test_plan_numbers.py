@@ -93,3 +93,38 @@ def test_graph_budget_keeps_steady_graphs_first():
     kept = [g for g in plan.capture.graphs if g.captured]
     assert [g.steady for g in kept] == [True, True]
     assert plan.capture.eager_firings == 2  # the two start-up chunks
+
+
+def test_qwen_code2wav_streaming_state_is_state_md():
+    """The opt-in streaming clock: every region at examples/qwen3omni/STATE.md's shape, one firing per code."""
+    plan = plan_file(STDLIB / "qwen3_omni_code2wav_streaming.clock")
+    regions = plan.schedule.regions
+    assert plan.clocks.rates["code"] == Fraction(25, 2) and plan.clocks.rates["dec8k"] == 8000
+    assert plan.clocks.hyperperiod == 2 and plan.trace.period_instants == 25
+    assert plan.trace.warmup_instants == 71  # the KV window fills one code per firing
+    assert all(regions[f"{kv}[{i}]"].shape == (1, 16, 71, 64) for kv in ("keys", "values") for i in range(8))
+    carries = {name: regions[name].shape for name in regions
+               if name.startswith(("dwconv", "conv_", "res_", "frame_"))}
+    assert carries == {
+        "dwconv_25hz": (1, 1024, 6), "dwconv_50hz": (1, 1024, 6), "conv_in": (1, 1024, 6), "conv_out": (1, 96, 6),
+        **{f"res_{rate}[{unit}]": (1, channels, 6 * dilation)
+           for rate, channels in (("400hz", 768), ("2khz", 384), ("8khz", 192), ("24khz", 96))
+           for unit, dilation in enumerate((1, 3, 9))},
+        "frame_50hz": (1, 1536, 1), "frame_400hz": (1, 768, 1), "frame_2khz": (1, 384, 1), "frame_8khz": (1, 192, 1),
+    }
+    state = [r for r in regions.values() if r.persistent and r.name != "position"]
+    assert not any(r.double_buffer_bytes for r in state)
+    elements = sum(r.bytes for r in state) // 4
+    assert elements == 8 * 2 * 16 * 71 * 64 + 131_328 + 2_880 == 1_297_472  # STATE.md's totals
+    assert regions["position"].bytes == 8
+    assert regions["wav"].capacity == 1920 + 555 and regions["codes"].capacity == 1
+    steady = [g for g in plan.capture.graphs if g.steady]
+    assert len(plan.capture.graphs) == 72 and len(steady) == 1  # KV fill 0..70, then one shape forever
+    wav = [next(v for v in f.views if v.region == "wav") for f in plan.trace.firings[:3]]
+    assert [v.length for v in wav] == [1920 - 555, 1920, 1920]
+
+
+def test_qwen_code2wav_streaming_batch_scales_state():
+    plan = plan_file(STDLIB / "qwen3_omni_code2wav_streaming.clock", {"B": "8"})
+    assert plan.schedule.regions["keys[0]"].shape == (8, 16, 71, 64)
+    assert plan.schedule.regions["res_24khz[2]"].shape == (8, 96, 54)

@@ -66,3 +66,33 @@ def test_an_unknown_subject_is_a_usage_error(user_folder, capsys, model, message
     code, out, err = run(capsys, "bench", model, "--device", "cpu")
     assert code == 2 and out == ""
     assert err.startswith(f"dsl bench: {message}")
+
+
+def test_a_variant_not_meant_to_be_identical_reports_its_difference(user_folder):
+    """compare=False with `difference`: no bit-identity verdict, the largest difference in `info`."""
+    from duplexcadence.examples.toy.bench import subject as toy_subject
+    from duplexcadence.interpreter import bench
+
+    made = toy_subject(device="cpu", seconds=1)
+    reference = next(v for v in made.variants if v.reference)
+
+    class Shifted:
+        def __init__(self):
+            self.inner = reference.make()
+
+        def reset(self):
+            self.inner.reset()
+
+        def step(self, **inputs):
+            result = self.inner.step(**inputs)
+            result = result if isinstance(result, dict) else {"output": result}
+            return {name: value + 0.25 for name, value in result.items()}
+
+    made.variants = [reference, bench.Variant(
+        "shifted", Shifted, compare=False,
+        difference=lambda tick, expected, found: max(
+            (found[name] - expected[name]).abs().max().item() for name in expected))]
+    results = bench.run(made, 3, progress=False)
+    assert results[1].bit_identical is None
+    assert results[1].info["max_abs_diff_vs_reference"] == pytest.approx(0.25)
+    assert "max abs difference from stock" in bench.format_table(made, results)

@@ -170,7 +170,13 @@ def check_arena_fits(plan: Plan, sessions: int, device: torch.device) -> None:
 
 
 class Runtime:
-    """A plan bound to a model on one device, with an arena for `sessions` session slots."""
+    """A plan bound to a model on one device, with an arena for `sessions` session slots.
+
+    Threads: the sessions of one runtime share its scratch block, its double buffers and the model's
+    bound attributes, so `lock` serialises their steps (and resets, closes, captures, reports): any
+    thread may step any session, one step at a time. For steps that run in parallel, load one
+    runtime per thread, each on its own model instance (binding sets the model's attributes).
+    """
 
     def __init__(self, plan: Plan, model: Any, device: torch.device, callables: dict[str, StageCallable],
                  attributes: dict[str, Attribute], sessions: int, graphs: bool,
@@ -263,6 +269,10 @@ class Runtime:
     # --- reporting -------------------------------------------------------------------------------
 
     def report(self) -> RuntimeReport:
+        with self.lock:
+            return self._report()
+
+    def _report(self) -> RuntimeReport:
         schedule = self.plan.schedule
         regions = tuple(RegionReport(r.name, r.bytes, r.stock_bytes, r.double_buffer_bytes)
                         for r in schedule.regions.values())
@@ -357,15 +367,15 @@ class Session:
 
     def _step(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool):
         runtime = self.runtime
-        if self.closed:
-            raise RuntimeError("this session is closed")
-        if self.failed is not None:
-            raise SessionFailed(f"the session failed at instant {self._instant} ({self.failed!r}); "
-                                "call reset() to start it again") from self.failed
-        if self.finished:
-            raise StepError(f"the session finished its stream at instant {self._instant - 1}; call reset() to "
-                            "start the next one")
         with runtime.lock:
+            if self.closed:
+                raise RuntimeError("this session is closed")
+            if self.failed is not None:
+                raise SessionFailed(f"the session failed at instant {self._instant} ({self.failed!r}); "
+                                    "call reset() to start it again") from self.failed
+            if self.finished:
+                raise StepError(f"the session finished its stream at instant {self._instant - 1}; call reset() to "
+                                "start the next one")
             index = self._template_index(args, inputs) if self.on_plan and not last else None
             if index is not None:
                 runs, simulator, off_plan = self.runs.get(index) or self._eager_runs(runtime.templates[index].firings), \
@@ -400,15 +410,17 @@ class Session:
         return outputs
 
     def region(self, name: str) -> torch.Tensor:
-        """The current exact view of a region (for inspection; do not keep it across steps)."""
-        self._sync_simulator()
-        storage = self.storage[name]
-        region = self.runtime.program.regions[name]
-        if region.fixed:
-            return storage.view()
-        if region.retention.kind == "ring":
-            return storage.view(region.retention.last)
-        return storage.view(self.simulator.length.get(name, 0))
+        """The current exact view of a region (for inspection; do not keep it across steps: a scratch
+        region's view is shared by the runtime's sessions)."""
+        with self.runtime.lock:
+            self._sync_simulator()
+            storage = self.storage[name]
+            region = self.runtime.program.regions[name]
+            if region.fixed:
+                return storage.view()
+            if region.retention.kind == "ring":
+                return storage.view(region.retention.last)
+            return storage.view(self.simulator.length.get(name, 0))
 
     def data_ptrs(self) -> dict[str, int]:
         """The base address of every region (stable for the life of the session)."""
@@ -725,13 +737,14 @@ class Session:
             yield
             return
         device = self.runtime.device
-        saved = _get_rng(device)
-        _set_rng(device, self.rng_state)
-        try:
-            yield
-        finally:
-            self.rng_state = _get_rng(device)
-            _set_rng(device, saved)
+        with _RNG_LOCK:
+            saved = _get_rng(device)
+            _set_rng(device, self.rng_state)
+            try:
+                yield
+            finally:
+                self.rng_state = _get_rng(device)
+                _set_rng(device, saved)
 
     # --- graphs ----------------------------------------------------------------------------------
 
@@ -917,6 +930,10 @@ def _as_tuple(result: Any, count: int, stage: str) -> tuple:
                         f"declared order), got {type(result).__name__}")
     return tuple(result)
 
+
+_RNG_LOCK = threading.RLock()
+"""Held while a session's RNG state is swapped into the device's default generator: that generator
+is one per process, so runtimes stepped from several threads take turns at their `rng` stages."""
 
 _CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 

@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> dict:
         "no_memory_growth": growth <= 0 if device.type == "cuda" else None,
     }
     return {
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": args.command,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
         "moshi": _version("moshi"),
@@ -208,7 +208,9 @@ def summary(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    args.command = " ".join(["python scripts/mimi_long_session.py", *argv])
     out = Path(args.out or Path(os.environ.get("OUT", ".")) / "mimi_long_session.json")
     result = run(args)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ every frame, not only spot windows; the JSON also gives the mismatches inside th
 first `--window` frames, those ending at the half-way mark, the last ones), as the spot checks.
 
 Recorded: `torch.cuda.memory_allocated()` every `--every` frames (on CPU: the process's resident
-set), the runtime's graph counters at the start and the end, the address of every region of the
+set; both sides run in this process, so it counts moshi's allocations too), the runtime's graph counters at the start and the end, the address of every region of the
 session and of every state tensor moshi keeps, at the start and the end. The result is written as
 JSON to `--out` (default `$OUT/mimi_long_session.json`, else `./mimi_long_session.json`) and
 summarised on stdout; the exit status is 0 when every check holds, 1 otherwise.

@@ -206,7 +206,14 @@ def check_arena_fits(plan: Plan, sessions: int, device: torch.device, lanes: int
 class Runtime:
     """A plan bound to a model on one device, with an arena for `sessions` session slots in `lanes`
     lanes: slot i belongs to lane i % lanes; each lane has its own scratch block, graph memory pool
-    and (on CUDA) stream, so sessions of different lanes can be stepped concurrently (`step_many`)."""
+    and (on CUDA) stream, so sessions of different lanes can be stepped concurrently (`step_many`).
+
+    Threads: the sessions of one lane share its scratch block, and all sessions share the double
+    buffers and the model's bound attributes, so `lock` serialises steps (and resets, closes,
+    captures, reports): any thread may step any session, one call at a time. For steps that run in
+    parallel, use lanes and `step_many` from one thread, or load one runtime per thread, each on its
+    own model instance (binding sets the model's attributes).
+    """
 
     def __init__(self, plan: Plan, model: Any, device: torch.device, callables: dict[str, StageCallable],
                  attributes: dict[str, Attribute], sessions: int, graphs: bool,
@@ -401,6 +408,10 @@ class Runtime:
     # --- reporting -------------------------------------------------------------------------------
 
     def report(self) -> RuntimeReport:
+        with self.lock:
+            return self._report()
+
+    def _report(self) -> RuntimeReport:
         schedule = self.plan.schedule
         regions = tuple(RegionReport(r.name, r.bytes, r.stock_bytes, r.double_buffer_bytes)
                         for r in schedule.regions.values())
@@ -501,8 +512,8 @@ class Session:
         return self._step(args, inputs, last=True)
 
     def _step(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool):
-        self._check_steppable()
         with self.runtime.lock:
+            self._check_steppable()
             runs = self._run_step(self._begin(args, inputs, last))
             while True:
                 try:
@@ -563,15 +574,17 @@ class Session:
         return outputs
 
     def region(self, name: str) -> torch.Tensor:
-        """The current exact view of a region (for inspection; do not keep it across steps)."""
-        self._sync_simulator()
-        storage = self.storage[name]
-        region = self.runtime.program.regions[name]
-        if region.fixed:
-            return storage.view()
-        if region.retention.kind == "ring":
-            return storage.view(region.retention.last)
-        return storage.view(self.simulator.length.get(name, 0))
+        """The current exact view of a region (for inspection; do not keep it across steps: a scratch
+        region's view is shared by the runtime's sessions)."""
+        with self.runtime.lock:
+            self._sync_simulator()
+            storage = self.storage[name]
+            region = self.runtime.program.regions[name]
+            if region.fixed:
+                return storage.view()
+            if region.retention.kind == "ring":
+                return storage.view(region.retention.last)
+            return storage.view(self.simulator.length.get(name, 0))
 
     def data_ptrs(self) -> dict[str, int]:
         """The base address of every region (stable for the life of the session)."""
@@ -888,21 +901,22 @@ class Session:
             yield
             return
         device = self.runtime.device
-        lane_state = self.runtime.lane_rng_states[self.lane]
-        generator = original = None
-        if lane_state is not None:  # this lane's generator state: its graphs were captured with it
-            generator = torch.cuda.default_generators[device.index]
-            original = generator.graphsafe_get_state()
-            generator.graphsafe_set_state(lane_state)
-        saved = _get_rng(device)
-        _set_rng(device, self.rng_state)
-        try:
-            yield
-        finally:
-            self.rng_state = _get_rng(device)
-            _set_rng(device, saved)
-            if generator is not None:
-                generator.graphsafe_set_state(original)
+        with _RNG_LOCK:
+            lane_state = self.runtime.lane_rng_states[self.lane]
+            generator = original = None
+            if lane_state is not None:  # this lane's generator state: its graphs were captured with it
+                generator = torch.cuda.default_generators[device.index]
+                original = generator.graphsafe_get_state()
+                generator.graphsafe_set_state(lane_state)
+            saved = _get_rng(device)
+            _set_rng(device, self.rng_state)
+            try:
+                yield
+            finally:
+                self.rng_state = _get_rng(device)
+                _set_rng(device, saved)
+                if generator is not None:
+                    generator.graphsafe_set_state(original)
 
     # --- graphs ----------------------------------------------------------------------------------
 
@@ -1088,6 +1102,10 @@ def _as_tuple(result: Any, count: int, stage: str) -> tuple:
                         f"declared order), got {type(result).__name__}")
     return tuple(result)
 
+
+_RNG_LOCK = threading.RLock()
+"""Held while a session's RNG state is swapped into the device's default generator: that generator
+is one per process, so runtimes stepped from several threads take turns at their `rng` stages."""
 
 _CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 

@@ -55,6 +55,8 @@ def summarize(payload: dict, stock: str, cadence: str, command: str) -> dict:
 def add(entry: dict, path: Path) -> None:
     """Write `entry` into the JSON list at `path`, replacing one of the same description and command."""
     document = json.loads(path.read_text()) if path.exists() else []
+    if isinstance(document, dict) and "bench" not in document:  # a file that holds one run
+        document = [document]
     entries = document["bench"] if isinstance(document, dict) else document
     same = lambda old: old.get("description") == entry["description"] and old.get("command") == entry["command"]  # noqa: E731
     entries[:] = [old for old in entries if not same(old)] + [entry]

@@ -119,7 +119,7 @@ def test_every_diagnostic_code_has_an_example_that_prints_it():
 def test_every_runtime_exception_is_documented():
     defined = {name for name, value in vars(runtime_module).items()
                if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == runtime_module.__name__}
-    assert defined == {"StepError", "SessionFailed", "CaptureWarning"}
+    assert defined == {"StepError", "SessionFailed", "SessionsFailed", "CaptureWarning"}
     found = sections(PAGE.read_text())
     for name in defined | {ClockError.__name__, InternalError.__name__, "RuntimeError"}:
         assert name in found, f"docs/reliability.md has no section ### `{name}`"

@@ -211,14 +211,14 @@ class VariantBudgetExceeded(Exception):
 
 
 @contextlib.contextmanager
-def _time_budget(seconds: float | None, what: str):
-    """Raise VariantBudgetExceeded in the main thread after `seconds` (no limit elsewhere or without one)."""
+def time_budget(seconds: float | None, what: str, error: type[BaseException] = VariantBudgetExceeded):
+    """Raise `error` in the main thread after `seconds` (no limit elsewhere or without one)."""
     if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
         yield
         return
 
     def expire(signum, frame):
-        raise VariantBudgetExceeded(f"{what} exceeded its budget of {seconds:g} s")
+        raise error(f"{what} exceeded its budget of {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -313,7 +313,7 @@ def _run_guarded(subject: Subject, variant: Variant, ticks: int, reference: list
     if not variant.may_fail:
         return run_variant(subject, variant, ticks, reference, report)
     try:
-        with _time_budget(variant.budget_s, f"variant {variant.name!r}"):
+        with time_budget(variant.budget_s, f"variant {variant.name!r}"):
             return run_variant(subject, variant, ticks, reference, report)
     except Exception as error:  # noqa: BLE001 - reported, not raised: that is the point of may_fail
         gc.collect()

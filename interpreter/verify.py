@@ -66,6 +66,16 @@ def compare(tick: int, name: str, expected: torch.Tensor, actual: torch.Tensor) 
     return Mismatch(tick, name, largest, first, f"max abs diff {largest:.3g}, first differing element {first}")
 
 
+def count_unequal(mine: Iterable[Iterable[torch.Tensor]], theirs: Iterable[Iterable[torch.Tensor]]) -> tuple[int, int]:
+    """(outputs compared, outputs not `torch.equal`): output j of session i in both runs, per session."""
+    compared = unequal = 0
+    for outputs_mine, outputs_theirs in zip(mine, theirs):
+        for output_mine, output_theirs in zip(outputs_mine, outputs_theirs):
+            compared += 1
+            unequal += not torch.equal(output_mine, output_theirs)
+    return compared, unequal
+
+
 @contextlib.contextmanager
 def deterministic_cudnn():
     previous = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)

@@ -37,7 +37,7 @@ from duplexcadence.examples.minicpmo45.cadence import load_runtime
 from duplexcadence.examples.minicpmo45.model import RELEASED, build_tail, random_prompt
 from duplexcadence.examples.minicpmo45.stock import CHUNK_TOKENS, StockToken2wavSession
 from duplexcadence.interpreter import bench
-from duplexcadence.interpreter.verify import deterministic_cudnn
+from duplexcadence.interpreter.verify import count_unequal, deterministic_cudnn
 
 PROMPT_FRAMES = 150
 DEVICE = "cuda"
@@ -151,15 +151,6 @@ def sweep(kind: str, make_session, counts: list[int], rounds: int, warmup: int, 
             "sweep": rows}, outputs
 
 
-def compare_chunks(mine: list[list[torch.Tensor]], theirs: list[list[torch.Tensor]]) -> tuple[int, int]:
-    """(chunks compared, chunks not torch.equal): chunk j of session i in both runs."""
-    compared = mismatched = 0
-    for chunks_mine, chunks_theirs in zip(mine, theirs):
-        for chunk_mine, chunk_theirs in zip(chunks_mine, chunks_theirs):
-            compared += 1
-            mismatched += not torch.equal(chunk_mine, chunk_theirs)
-    return compared, mismatched
-
 
 def run_lanes(dtype: str, steps: int, lanes: int, runtime_counts: list[int], rounds: int, warmup: int, chunks: int,
               prompt, references: dict[str, list]) -> dict:
@@ -180,7 +171,7 @@ def run_lanes(dtype: str, steps: int, lanes: int, runtime_counts: list[int], rou
                    "peak_allocated_bytes_per_session": None if peak is None else peak / sessions,
                    "graphs_captured": report.graphs_captured, "capture_seconds": report.capture_seconds})
     for name, reference in references.items():
-        compared, mismatched = compare_chunks(outputs, reference)
+        compared, mismatched = count_unequal(outputs, reference)
         result[f"chunks_compared_with_{name}"] = compared
         result[f"chunks_not_equal_to_{name}"] = mismatched
         log(f"{lanes} lanes vs {name}: {compared} chunks compared, {mismatched} differ")
@@ -217,7 +208,7 @@ def run_sessions(dtype: str, steps: int, stock_counts: list[int], runtime_counts
         runtime_result, runtime_outputs = sweep("duplexcadence", lambda i: bound.session(prompt, seed=i),
                                                 runtime_counts, rounds, warmup, chunks)
         runtime_result["peak_allocated_bytes"] = peak_allocated()
-        compared, mismatched = compare_chunks(runtime_outputs, stock_outputs)
+        compared, mismatched = count_unequal(runtime_outputs, stock_outputs)
         report = bound.runtime.report()
         result.update({"duplexcadence": runtime_result, "chunks_compared": compared, "chunks_not_equal": mismatched,
                        "arena_bytes": report.arena_bytes, "graphs_captured": report.graphs_captured})

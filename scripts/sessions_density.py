@@ -33,7 +33,7 @@ import torch
 from duplexcadence.examples.moshi.model import build_mimi, random_codes
 from duplexcadence.examples.personaplex.cadence import load_runtime
 from duplexcadence.examples.personaplex.stock import PersonaPlexMimiDecoder
-from duplexcadence.interpreter.verify import deterministic_cudnn
+from duplexcadence.interpreter.verify import count_unequal, deterministic_cudnn
 
 DEVICE = "cuda"
 DRY_RUN = False
@@ -133,14 +133,6 @@ def sweep(served: Served, counts: list[int], rounds: int, warmup: int) -> dict:
             "max_sessions_p99_under_1s": best, "sweep": rows}
 
 
-def compare(mine: list[list[torch.Tensor]], theirs: list[list[torch.Tensor]]) -> tuple[int, int]:
-    compared = mismatched = 0
-    for a_frames, b_frames in zip(mine, theirs):
-        for a, b in zip(a_frames, b_frames):
-            compared += 1
-            mismatched += not torch.equal(a, b)
-    return compared, mismatched
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -204,7 +196,7 @@ def main() -> int:
                            "graphs_captured": report.graphs_captured, "capture_seconds": report.capture_seconds,
                            "eager_off_plan": report.eager_off_plan})
             for name, reference in outputs.items():
-                compared, mismatched = compare(served.outputs, reference)
+                compared, mismatched = count_unequal(served.outputs, reference)
                 result[f"frames_compared_with_{name}"] = compared
                 result[f"frames_not_equal_to_{name}"] = mismatched
                 log(f"{kind} vs {name}: {compared} frames compared, {mismatched} differ")

@@ -25,7 +25,6 @@ import io
 import json
 import math
 import re
-import signal
 from pathlib import Path
 
 import pytest
@@ -36,6 +35,7 @@ from duplexcadence.dsl import cli, messages
 from duplexcadence.dsl.compiler import check_file
 from duplexcadence.interpreter import clocks as clocks_module
 from duplexcadence.interpreter import trace as trace_module
+from duplexcadence.interpreter.bench import time_budget
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("clock_fuzz_strategies", HERE / "test_clock_fuzz.py")
@@ -75,29 +75,12 @@ class TooSlow(BaseException):
     """Raised by the alarm: a BaseException, so that the CLI's last line of defence does not catch it."""
 
 
-@contextlib.contextmanager
-def time_bound(seconds: float):
-    def alarm(signum, frame):
-        raise TooSlow(f"the command ran over {seconds} s")
-
-    if not hasattr(signal, "setitimer"):
-        yield
-        return
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def run_dsl(*argv: str) -> tuple[int, str, str]:
     """`dsl ARGV` in-process, within the time bound: (exit code, stdout, stderr)."""
     raw = io.BytesIO()
     stdout = io.TextIOWrapper(raw, encoding="utf-8")
     stderr = io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), time_bound(TIME_BOUND_S):
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), time_budget(TIME_BOUND_S, "the command", error=TooSlow):
         code = cli.main(list(argv))
         stdout.flush()
     return code, raw.getvalue().decode("utf-8", "replace"), stderr.getvalue()

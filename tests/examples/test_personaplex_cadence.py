@@ -181,15 +181,7 @@ def test_gpu_graphs_for_every_stage_bit_identical(stock_graphs: bool) -> None:
         assert report.graphs_planned == 5 and report.stage_graphs_covered == 5
         assert report.graphs_captured == distinct_ticks == 2
         assert not report.blocked
-        mismatches = []
-        for t in range(FRAMES):
-            frame = codes[:, :, t : t + 1]
-            expected = stock.step(frame)
-            actual = tail.step(frame)
-            for name, a, b in zip(("main", "other"), actual, expected):
-                if not torch.equal(a, b):
-                    mismatches.append((t, name, float((a - b).abs().max())))
-        assert mismatches == []
+        assert _mismatches(stock, tail, codes, FRAMES) == []
         report = tail.runtime.report()
         assert report.replays == 3 * 2 * FRAMES and report.eager_planned == 0 and report.eager_off_plan == 0
 
@@ -217,6 +209,11 @@ def _lanes_mismatches(device: str, frames: int) -> tuple[list, PersonaPlexCadenc
     stock = PersonaPlexTail(mimi)
     tail = PersonaPlexCadenceTail(mimi, device=device, lanes=2)
     assert (tail.main.lane, tail.other.lane) == (0, 1)
+    return _mismatches(stock, tail, codes, frames), tail
+
+
+def _mismatches(stock: PersonaPlexTail, tail: PersonaPlexCadenceTail, codes: torch.Tensor, frames: int) -> list:
+    """(tick, instance, max abs difference) of every frame where the two tails' outputs differ."""
     mismatches = []
     for t in range(frames):
         frame = codes[:, :, t : t + 1]
@@ -225,7 +222,7 @@ def _lanes_mismatches(device: str, frames: int) -> tuple[list, PersonaPlexCadenc
         for name, a, b in zip(("main", "other"), actual, expected):
             if not torch.equal(a, b):
                 mismatches.append((t, name, float((a - b).abs().max())))
-    return mismatches, tail
+    return mismatches
 
 
 def test_two_lanes_step_both_instances_together_bit_identical_to_stock() -> None:

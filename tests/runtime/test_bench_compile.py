@@ -119,10 +119,10 @@ def test_every_variant_has_its_per_second_series(user_folder, capsys):
 
 
 def test_a_budget_interrupts_a_running_variant():
-    from duplexcadence.interpreter.bench import VariantBudgetExceeded, _time_budget
+    from duplexcadence.interpreter.bench import VariantBudgetExceeded, time_budget
 
     started = time.perf_counter()
-    with pytest.raises(VariantBudgetExceeded), _time_budget(0.1, "waiting"):
+    with pytest.raises(VariantBudgetExceeded), time_budget(0.1, "waiting"):
         while time.perf_counter() - started < 5:
             pass
     assert time.perf_counter() - started < 2

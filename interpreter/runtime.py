@@ -474,6 +474,8 @@ class Session:
         """Back to the declared start (barge-in, new turn); every address stays where it was."""
         runtime = self.runtime
         with runtime.lock:
+            if self.closed:  # its slot may be another session's now: resetting would overwrite that one
+                raise RuntimeError("this session is closed")
             if initial is not None:
                 self._check_initial(initial)
                 self.initial = dict(initial)
@@ -577,6 +579,8 @@ class Session:
         """The current exact view of a region (for inspection; do not keep it across steps: a scratch
         region's view is shared by the runtime's sessions)."""
         with self.runtime.lock:
+            if self.closed:  # its slot may be another session's now
+                raise RuntimeError("this session is closed")
             self._sync_simulator()
             storage = self.storage[name]
             region = self.runtime.program.regions[name]

@@ -286,3 +286,23 @@ def test_a_stage_raising_mid_stream_fails_its_session_only_and_reset_restores_st
     for tick in range(40):  # through the warm-up again, into the steady state
         frame = codes[:, tick:tick + 1]
         assert torch.equal(broken.step(codes=frame), fresh.step(frame)), f"after reset, tick {tick}"
+
+
+# --- a closed session: its slot may be another session's now ----------------------------------------
+
+
+def test_a_closed_session_refuses_reset_and_region_and_leaves_its_slots_new_owner_alone():
+    runtime, prompt = toy(sessions=1)
+    old = runtime.session(initial={"cache": prompt}, seed=1)
+    old.close()
+    new = runtime.session(initial={"cache": prompt}, seed=1)  # the same slot, the same addresses
+    assert new.slot == old.slot and new.data_ptrs() == old.data_ptrs()
+    stock = ToyStock(prompt, seed=1)
+    codes = codes_for(10)
+    for tick in range(10):
+        frame = codes[:, tick:tick + 1]
+        if tick == 5:
+            for call in (old.reset, lambda: old.region("cache")):
+                with pytest.raises(RuntimeError, match="this session is closed"):
+                    call()
+        assert torch.equal(new.step(codes=frame), stock.step(frame)), f"tick {tick}"

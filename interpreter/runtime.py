@@ -1137,17 +1137,12 @@ def _lane_stream(device: torch.device, lane: int):
 
 
 def _seeded_rng_state(seed: int, device: torch.device) -> torch.Tensor:
-    if device.type == "cuda":
-        saved = torch.cuda.get_rng_state(device)
-        torch.cuda.manual_seed(seed)
-        state = torch.cuda.get_rng_state(device)
-        torch.cuda.set_rng_state(saved, device)
-        return state
-    saved = torch.get_rng_state()
-    torch.manual_seed(seed)
-    state = torch.get_rng_state()
-    torch.set_rng_state(saved)
-    return state
+    """The default generator's state after `manual_seed(seed)`, from a generator of our own: seeding the
+    process's default generator and restoring it would race with another thread's `rng` stage drawing
+    from it (and `torch.manual_seed` reseeds every device; `torch.cuda.manual_seed` the current one,
+    not necessarily `device`)."""
+    generator = torch.Generator(device=device) if device.type == "cuda" else torch.Generator()  # as _get_rng
+    return generator.manual_seed(seed).get_state()
 
 
 def _get_rng(device: torch.device) -> torch.Tensor:

@@ -159,3 +159,37 @@ def test_runtimes_stepped_in_parallel_keep_their_own_random_draws():
         expected = stock_outputs(prompt, codes[index], seed=index)
         differing = [t for t in range(TICKS) if not torch.equal(results[index][t], expected[t])]
         assert differing == [], f"runtime {index} differs from its solo stock run at ticks {differing[:5]}..."
+
+
+def test_a_reset_on_another_thread_does_not_touch_the_generator_an_rng_stage_draws_from():
+    """`reset()` seeds the session's RNG state; it must not do so through the process's default generator,
+    which another runtime's `rng` stage may be drawing from at that moment on another thread."""
+    prompt = make_prompt(build_toy(), PROMPT)
+    codes = codes_for(0)
+    stepped, reset = (Runtime.load(CLOCK, build_toy(), device="cpu") for _ in range(2))
+    session = stepped.session(initial={"cache": prompt}, seed=0)
+    other = reset.session(initial={"cache": prompt}, seed=7)
+
+    def work(index, barrier):
+        barrier.wait()
+        if index == 1:
+            for _ in range(20 * TICKS):
+                other.reset()
+            return None
+        return [session.step(codes=codes[:, t:t + 1]) for t in range(TICKS)]
+
+    results = run_threads(work, 2)[0]
+    expected = stock_outputs(prompt, codes, seed=0)
+    differing = [t for t in range(TICKS) if not torch.equal(results[t], expected[t])]
+    assert differing == [], f"the stepped session differs from its solo stock run at ticks {differing[:5]}..."
+
+
+@pytest.mark.gpu
+def test_gpu_seeded_rng_state_is_the_default_generators_after_manual_seed():
+    from duplexcadence.interpreter.runtime import _seeded_rng_state
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    with torch.random.fork_rng(devices=[device]):
+        for seed in (0, 7, 2**40 + 3):
+            torch.cuda.manual_seed(seed)
+            assert torch.equal(_seeded_rng_state(seed, device), torch.cuda.get_rng_state(device))

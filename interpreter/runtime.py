@@ -17,6 +17,7 @@ execute the same arithmetic.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import time
 import warnings
@@ -374,6 +375,10 @@ class Runtime:
                     for lane in list(lanes):
                         with torch.cuda.stream(streams[lane]) if streams else contextlib.nullcontext():
                             self._advance_lane(lanes, lane, pending, running, outputs, failures)
+            except BaseException as error:  # not a stage's (those fail their session): e.g. KeyboardInterrupt
+                for session, runs in running.items():
+                    session._abandon(runs, error)
+                raise
             finally:
                 if streams:
                     for stream in streams.values():
@@ -517,11 +522,22 @@ class Session:
         with self.runtime.lock:
             self._check_steppable()
             runs = self._run_step(self._begin(args, inputs, last))
-            while True:
-                try:
-                    next(runs)
-                except StopIteration as done:
-                    return done.value
+            try:
+                while True:
+                    try:
+                        next(runs)
+                    except StopIteration as done:
+                        return done.value
+            except BaseException as error:
+                self._abandon(runs, error)
+                raise
+
+    def _abandon(self, runs: Generator, error: BaseException) -> None:
+        """A step stopped between two of its runs by an exception that is not a stage's (KeyboardInterrupt,
+        a signal handler's): part of the instant ran, so the session fails as if a stage had raised."""
+        if inspect.getgeneratorstate(runs) == inspect.GEN_SUSPENDED:
+            self.failed = error
+            runs.close()
 
     def _check_steppable(self) -> None:
         if self.closed:
@@ -562,6 +578,10 @@ class Session:
             raise SessionFailed(f"stage '{firing.stage}' ({self._call_text(firing)}) raised at instant "
                                 f"{self._instant}: {error!r}; the session refuses further steps until "
                                 "reset()") from error
+        except BaseException as error:  # KeyboardInterrupt inside a run, or closed by _abandon (already failed)
+            if self.failed is None:
+                self.failed = error
+            raise
         if step.simulator is not None:
             self.simulator = step.simulator
             self.simulator_stale = False

@@ -239,3 +239,51 @@ def test_gpu_step_many_equals_sequential_steps_of_the_same_runtime():
     for t in range(100):
         outputs = runtime.step_many({a: {"codes": codes[0][:, t:t + 1]}, b: {"codes": codes[1][:, t:t + 1]}})
         assert torch.equal(outputs[a], sequential[0][t]) and torch.equal(outputs[b], sequential[1][t]), t
+
+
+class Interrupt(BaseException):
+    """Not a stage's error: as KeyboardInterrupt, or an exception a signal handler raises between runs."""
+
+
+def test_an_interrupt_fails_the_sessions_it_left_half_stepped_and_no_other():
+    """A BaseException escapes step_many and step (it does not fail one session as a stage's error does);
+    every session that had run part of its instant then refuses steps until reset(), instead of running
+    the instant's first runs a second time; a session that had not started, or had finished, goes on."""
+    runtime, prompt = make(sessions=3, lanes=2)
+    sessions = [runtime.session(initial={"cache": prompt}, seed=s) for s in range(3)]  # lanes 0, 1, 0
+    solo = [SoloStock(prompt, s) for s in range(3)]
+    codes = codes_of(50, 10)
+    original = runtime.callables["attend"]
+    victim = sessions[1]
+
+    def interrupt_the_victim(*args, **kwargs):
+        if args[0].data_ptr() == victim.storage["hidden"].flat.data_ptr():
+            raise Interrupt()
+        return original.fn(*args, **kwargs)
+
+    for tick in range(2):
+        outputs = runtime.step_many({s: {"codes": codes[:, tick:tick + 1]} for s in sessions})
+        assert all(torch.equal(outputs[s], solo[i].step(codes[:, tick:tick + 1])) for i, s in enumerate(sessions))
+    runtime.callables["attend"] = attrs.evolve(original, fn=interrupt_the_victim)
+    with pytest.raises(Interrupt):  # session 0 ran 'encode', then session 1 was interrupted in 'attend'
+        runtime.step_many({s: {"codes": codes[:, 2:3]} for s in sessions})
+    runtime.callables["attend"] = original
+    for session in sessions[:2]:
+        with pytest.raises(SessionFailed, match=r"the session failed at instant 2 \(Interrupt\(\)\)"):
+            session.step(codes=codes[:, 2:3])
+    for tick in range(2, 10):  # session 2 (lane 0, after session 0) had not started: it goes on
+        assert torch.equal(sessions[2].step(codes=codes[:, tick:tick + 1]), solo[2].step(codes[:, tick:tick + 1]))
+
+    runtime.callables["attend"] = attrs.evolve(original, fn=interrupt_the_victim)
+    victim.reset()
+    with pytest.raises(Interrupt):  # step: 'encode' ran, 'attend' was interrupted
+        victim.step(codes=codes[:, :1])
+    runtime.callables["attend"] = original
+    with pytest.raises(SessionFailed, match="the session failed at instant 0"):
+        victim.step(codes=codes[:, :1])
+    for session in sessions[:2]:
+        session.reset()
+    fresh = [SoloStock(prompt, s) for s in range(2)]
+    for tick in range(5):
+        outputs = runtime.step_many({s: {"codes": codes[:, tick:tick + 1]} for s in sessions[:2]})
+        assert all(torch.equal(outputs[s], fresh[i].step(codes[:, tick:tick + 1])) for i, s in enumerate(sessions[:2]))

@@ -320,12 +320,12 @@ class Runtime:
                                    f"the runtime with sessions={self.arena.sessions + 1}")
             slot = self.free_slots[0]
             session = Session(self, slot, initial, seed)  # raises before taking the slot on bad initial values
-            self.free_slots.pop(0)
             if self.graphs_enabled:
                 if slot not in self.slot_graphs:
-                    session._capture_graphs()
+                    session._capture_graphs()  # an error here leaves the slot free
                     self.slot_graphs[slot] = (session.graphs, session.runs)
                 session.graphs, session.runs = self.slot_graphs[slot]
+            self.free_slots.remove(slot)
             self.sessions.append(session)
             return session
 

@@ -254,3 +254,23 @@ def test_mimi_loaded_for_another_batch_names_every_bound_state():
         "region 'kv[0]' is declared f32[2, 2, 8, time, 64] but 'decoder_transformer.transformer.layers.0.self_attn."
         "_streaming_state.kv_cache.cache' is f32[2, 1, 8, 250, 64] on cpu")
     assert all(d.span is not None and d.span.path.endswith("mimi_decoder.clock") for d in caught.value.diagnostics)
+
+
+def test_a_session_whose_graph_capture_raises_leaves_its_slot_free(monkeypatch):
+    """An error while a new session captures its graphs (a CUDA error, say) is raised as it is, and the
+    slot stays free: the next session() gets it."""
+    model = build_toy()
+    runtime = Runtime.load(CLOCK, model, device="cpu", sessions=2)
+    free = list(runtime.free_slots)
+
+    def broken(session):
+        raise RuntimeError("CUDA error: out of memory")
+
+    runtime.graphs_enabled = True  # as on CUDA, where each new slot captures its graphs
+    monkeypatch.setattr(runtime_module.Session, "_capture_graphs", broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        runtime.session(initial={"cache": make_prompt(model, 6)})
+    assert runtime.free_slots == free and runtime.sessions == []
+    runtime.graphs_enabled = False
+    session = runtime.session(initial={"cache": make_prompt(model, 6)})
+    assert session.slot == free[0]

@@ -932,13 +932,15 @@ class Session:
                 generator = torch.cuda.default_generators[device.index]
                 original = generator.graphsafe_get_state()
                 generator.graphsafe_set_state(lane_state)
-            saved = _get_rng(device)
-            _set_rng(device, self.rng_state)
             try:
-                yield
-            finally:
-                self.rng_state = _get_rng(device)
-                _set_rng(device, saved)
+                saved = _get_rng(device)
+                _set_rng(device, self.rng_state)
+                try:
+                    yield
+                finally:
+                    self.rng_state = _get_rng(device)
+                    _set_rng(device, saved)
+            finally:  # the lane's state never stays installed, whatever raised
                 if generator is not None:
                     generator.graphsafe_set_state(original)
 

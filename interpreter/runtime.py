@@ -383,6 +383,11 @@ class Runtime:
                 if streams:
                     for stream in streams.values():
                         caller.wait_stream(stream)
+            if streams:  # made on a lane's stream, used on the caller's: freed only after the caller's use
+                for value in outputs.values():
+                    for tensor in value.values() if isinstance(value, dict) else (value,):
+                        if isinstance(tensor, torch.Tensor):
+                            tensor.record_stream(caller)
             if failures:
                 names = ", ".join(f"slot {session.slot}" for session in failures)
                 raise SessionsFailed(f"step_many(): the session(s) in {names} failed; the others completed their "

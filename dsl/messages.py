@@ -278,7 +278,7 @@ def bad_cadence(problem: str, span: Span | None) -> Diagnostic:
 
 
 def long_hyperperiod(seconds: str, firings: int, span: Span | None) -> Diagnostic:
-    return Diagnostic(HYPERPERIOD, f"the clocks repeat only every {seconds} s ({firings} firings)", span,
+    return Diagnostic(HYPERPERIOD, f"the clocks repeat only every {seconds} s ({firings} firing{'s' if firings != 1 else ''})", span,
                       helps=("rates with a small common period keep the plan short; check for a typo in a rate",))
 
 

@@ -1065,7 +1065,6 @@ class Session:
     def _check_initial(self, initial: Mapping[str, torch.Tensor]) -> None:
         runtime = self.runtime
         given = {n: r for n, r in runtime.program.regions.items() if r.start == "given"}
-        family_given = {r.family for r in given.values() if r.family}
         for name in initial:
             if name not in given:
                 raise StepError(f"initial value for '{name}', which is not a region declared `start given`; "
@@ -1081,7 +1080,6 @@ class Session:
                     or tensor.dtype != TORCH_DTYPES[region.dtype]):
                 raise StepError(f"initial value for '{name}' is {describe(tensor)}; expected {region.dtype}"
                                 f"[{', '.join(map(str, want))}]")
-        del family_given
 
 
 def _fits(region, value: Any) -> bool:

@@ -217,14 +217,20 @@ def time_budget(seconds: float | None, what: str, error: type[BaseException] = V
         yield
         return
 
+    leaving = False
+
     def expire(signum, frame):
-        raise error(f"{what} exceeded its budget of {seconds:g} s")
+        if not leaving:
+            raise error(f"{what} exceeded its budget of {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    # The alarm repeats every 50 ms after the budget: one raised inside a finaliser (a `__del__` run by
+    # `gc.collect()`) is printed and dropped by Python, and the next one gets out.
+    signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
     try:
         yield
     finally:
+        leaving = True
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
 

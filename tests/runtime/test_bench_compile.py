@@ -126,3 +126,23 @@ def test_a_budget_interrupts_a_running_variant():
         while time.perf_counter() - started < 5:
             pass
     assert time.perf_counter() - started < 2
+
+
+def test_a_budget_that_runs_out_inside_a_finaliser_still_stops_the_variant():
+    """Python drops an exception raised in a `__del__` (run by `gc.collect()`, which the harness calls
+    first): the alarm repeats, so the budget still ends the variant."""
+    import gc
+
+    from duplexcadence.interpreter.bench import VariantBudgetExceeded, time_budget
+
+    class SlowToFinalise:
+        def __init__(self):
+            self.cycle = self
+
+        def __del__(self):
+            time.sleep(0.3)
+
+    SlowToFinalise()
+    with pytest.raises(VariantBudgetExceeded, match="exceeded its budget of 0.1 s"), time_budget(0.1, "waiting"):
+        gc.collect()
+        time.sleep(2)

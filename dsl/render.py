@@ -33,8 +33,8 @@ import graphviz
 
 from ..interpreter.plan import Plan, make_plan
 from ..interpreter.plan_report import human_bytes, seconds
-from .cli import EXIT_CLEAN, EXIT_PROBLEMS, EXIT_USAGE, non_negative, parse_params, positive, print_diagnostics
-from .compiler import check_file, load_program
+from .cli import EXIT_CLEAN, EXIT_PROBLEMS, EXIT_USAGE, non_negative, positive, print_diagnostics
+from .compiler import load_program
 from .diagnostics import ClockError
 from .program import Access, Program, RegionInfo
 
@@ -1256,16 +1256,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     except RenderError as error:
         print(f"dsl render: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    overrides, problems = parse_params(args.param)
-    result = check_file(args.file, overrides)
-    diagnostics = problems + list(result.errors)
-    if diagnostics or result.program is None:
-        print_diagnostics(diagnostics, result.sources, "full", False, sys.stderr, args.file)
-        return EXIT_PROBLEMS
-    try:
-        plan = make_plan(result.program, max_graphs=args.max_graphs)
-    except ClockError as error:
-        print_diagnostics(error.diagnostics, result.sources, "full", False, sys.stderr, args.file)
+    from ..interpreter.cli import plan_of_file  # here: interpreter.cli registers this command
+
+    plan, sources = plan_of_file(args, max_graphs=args.max_graphs)
+    if plan is None:
         return EXIT_PROBLEMS
     try:
         data = to_bytes(render_plan(plan, args.view, args.ticks), chosen)

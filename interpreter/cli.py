@@ -5,26 +5,34 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from ..dsl.cli import EXIT_CLEAN, EXIT_PROBLEMS, non_negative, parse_params, print_diagnostics
 from ..dsl.compiler import check_file
 from ..dsl.diagnostics import ClockError
-from .plan import make_plan, to_json
+from .plan import Plan, make_plan, to_json
 from .plan_report import format_plan
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def plan_of_file(args: argparse.Namespace, **plan_options) -> tuple[Plan | None, Any]:
+    """The plan of `args.file` under its `--param` overrides, and the sources for later diagnostics;
+    (None, sources) once the checker's or the planner's diagnostics are printed to stderr."""
     overrides, problems = parse_params(args.param)
     result = check_file(args.file, overrides)
     diagnostics = problems + list(result.errors)
-    if diagnostics or result.program is None:
-        print_diagnostics(diagnostics, result.sources, "full", False, sys.stderr, args.file)
-        return EXIT_PROBLEMS
-    try:
-        plan = make_plan(result.program, max_graphs=args.max_graphs, max_arena_bytes=args.max_arena_bytes,
-                         sessions=args.sessions)
-    except ClockError as error:
-        print_diagnostics(error.diagnostics, result.sources, "full", False, sys.stderr, args.file)
+    if not diagnostics and result.program is not None:
+        try:
+            return make_plan(result.program, **plan_options), result.sources
+        except ClockError as error:
+            diagnostics = list(error.diagnostics)
+    print_diagnostics(diagnostics, result.sources, "full", False, sys.stderr, args.file)
+    return None, result.sources
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    plan, _ = plan_of_file(args, max_graphs=args.max_graphs, max_arena_bytes=args.max_arena_bytes,
+                           sessions=args.sessions)
+    if plan is None:
         return EXIT_PROBLEMS
     if args.json:
         print(json.dumps(to_json(plan), indent=1, sort_keys=True))

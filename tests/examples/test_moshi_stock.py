@@ -44,16 +44,6 @@ def _no_grad():
 
 
 @pytest.fixture(scope="module")
-def mimi():
-    return mimi_model.build_mimi(seed=1234)
-
-
-@pytest.fixture(scope="module")
-def codes() -> torch.Tensor:
-    return mimi_model.random_codes(1, FRAMES, seed=7)
-
-
-@pytest.fixture(scope="module")
 def stock_run(mimi, codes) -> StockRun:
     """Stock decode of FRAMES frames, then ``reset`` and the first RESET_FRAMES frames again."""
     with MoshiStockDecoder(mimi, batch_size=1, mode="stock") as decoder:

@@ -45,16 +45,6 @@ def _no_grad():
 
 
 @pytest.fixture(scope="module")
-def mimi():
-    return mimi_model.build_mimi(seed=1234)
-
-
-@pytest.fixture(scope="module")
-def codes() -> torch.Tensor:
-    return mimi_model.random_codes(1, FRAMES, seed=7)
-
-
-@pytest.fixture(scope="module")
 def tail_run(mimi, codes) -> TailRun:
     tail = PersonaPlexTail(mimi)
     initial = dict(tail.mimi.state_tensors())

@@ -106,9 +106,21 @@ class VariantResult:
         return attrs.asdict(self)
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (nothing to wait for off CUDA)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def fresh_peak(device: torch.device) -> int:
+    """Collect garbage and restart the device's peak-memory statistics; returns the bytes allocated
+    now (0 off CUDA), the base that a later `max_memory_allocated` is measured from."""
+    gc.collect()
+    if device.type != "cuda":
+        return 0
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
 
 
 def seconds_of(ticks: int, ticks_per_second: Fraction) -> list[range]:
@@ -134,12 +146,12 @@ def _busy(runner, subject: Subject, first: int, count: int) -> tuple[float | Non
     if subject.device.type != "cuda":
         return None, None
     activities = [torch.profiler.ProfilerActivity.CUDA]
-    _sync(subject.device)
+    sync(subject.device)
     start = time.perf_counter()
     with torch.profiler.profile(activities=activities) as profile:
         for tick in range(first, first + count):
             runner.step(**subject.inputs(tick))
-        _sync(subject.device)
+        sync(subject.device)
     wall = time.perf_counter() - start
     kernel_us = sum(event.device_time_total for event in profile.key_averages())
     # device_time_total of the top-level averages counts every kernel once
@@ -246,16 +258,12 @@ def failed_result(variant: Variant, error: BaseException, ticks_done: int = 0) -
 def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list | None,
                 progress: Callable[[str, int, int], None] | None = None) -> tuple[VariantResult, list]:
     device = subject.device
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        base_allocated = torch.cuda.memory_allocated(device)
+    base_allocated = fresh_peak(device)
     started = time.perf_counter()
     runner = variant.make()
     try:
         runner.reset()
-        _sync(device)
+        sync(device)
         setup_seconds = time.perf_counter() - started
         state_bytes = (torch.cuda.memory_allocated(device) - base_allocated) if device.type == "cuda" else None
         outputs: list = []
@@ -266,10 +274,10 @@ def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list 
         with torch.no_grad():
             for tick in range(ticks):
                 inputs = subject.inputs(tick)
-                _sync(device)
+                sync(device)
                 begin = time.perf_counter()
                 result = runner.step(**inputs)
-                _sync(device)
+                sync(device)
                 tick_ms.append((time.perf_counter() - begin) * 1000)
                 result = result if isinstance(result, Mapping) else {"output": result}
                 if reference is None and variant.reference:
@@ -468,7 +476,7 @@ class CompiledRunner:
         with torch._dynamo.config.patch(**self.dynamo_config):
             output = self.runner.step(**inputs)
         output = _clone_outputs(output)
-        _sync(output_device(output))
+        sync(output_device(output))
         seconds = time.perf_counter() - begin
         after = _dynamo_counts()
         compiled = after["frames"] - before["frames"]

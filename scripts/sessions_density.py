@@ -22,7 +22,6 @@ reached) and to the lanes-1 runtime (every session). JSON to --out.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -33,6 +32,7 @@ import torch
 from duplexcadence.examples.moshi.model import build_mimi, random_codes
 from duplexcadence.examples.personaplex.cadence import load_runtime
 from duplexcadence.examples.personaplex.stock import PersonaPlexMimiDecoder
+from duplexcadence.interpreter.bench import fresh_peak
 from duplexcadence.interpreter.verify import count_unequal, deterministic_cudnn
 
 DEVICE = "cuda"
@@ -49,10 +49,7 @@ def sync() -> None:
 
 
 def reset_peak() -> None:
-    if DEVICE == "cuda":
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    fresh_peak(torch.device(DEVICE))
 
 
 def peak() -> int | None:

@@ -21,7 +21,6 @@ chunks and deterministic cuDNN (which bit-identity needs).
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...interpreter.bench import fresh_peak, sync
 from ...interpreter.plan_report import human_bytes
 from ...interpreter.verify import deterministic_cudnn
 from .cadence import load_runtime
@@ -77,11 +77,6 @@ def conversation(seed: int) -> list[list[Push]]:
     ]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def run_turns(session, turns: list[list[Push]], device: torch.device) -> list[ChunkResult]:
     """Feed every turn (``reset`` before each but the first); time each ``push_tokens`` call per chunk."""
     results: list[ChunkResult] = []
@@ -90,10 +85,10 @@ def run_turns(session, turns: list[list[Push]], device: torch.device) -> list[Ch
             session.reset()
         turn_chunks = 0
         for push in pushes:
-            _sync(device)
+            sync(device)
             start = time.perf_counter()
             chunks = session.push_tokens(push.tokens, flush=push.flush, end_of_turn=push.end_of_turn)
-            _sync(device)
+            sync(device)
             elapsed = (time.perf_counter() - start) * 1000
             for index, chunk in enumerate(chunks):
                 last = push.end_of_turn and index == len(chunks) - 1
@@ -113,10 +108,7 @@ class Side:
 
 
 def run_side(name: str, make_session: Callable, workloads: dict[str, list[list[Push]]], device: torch.device) -> Side:
-    if device.type == "cuda":
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
+    fresh_peak(device)
     start = time.perf_counter()
     session = make_session()
     setup = time.perf_counter() - start

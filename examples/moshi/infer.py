@@ -15,7 +15,6 @@ frames, past the KV ring's wrap at frame 125) takes a minute or two on a 2-core 
 from __future__ import annotations
 
 import argparse
-import gc
 import resource
 import statistics
 import sys
@@ -25,6 +24,8 @@ from typing import Any
 
 import attrs
 import torch
+
+from ...interpreter.bench import fresh_peak, sync
 
 FRAMES_PER_SECOND = 12.5
 
@@ -42,11 +43,6 @@ class SideResult:
     note: str = ""
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _on_cpu(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)
@@ -56,23 +52,19 @@ def _on_cpu(value: Any) -> Any:
 def run_side(name: str, device: torch.device, make: Callable[[], Any], step: Callable[[Any, torch.Tensor], Any],
              state_bytes: Callable[[Any], int | None], codes: torch.Tensor) -> SideResult:
     """Build with `make()`, then decode every frame of `codes` [B, K, T] with `step(runner, frame)`."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
+    base = fresh_peak(device)
     started = time.perf_counter()
     runner = make()
-    _sync(device)
+    sync(device)
     setup = time.perf_counter() - started
     outputs, frame_ms = [], []
     with torch.no_grad():
         for t in range(codes.shape[-1]):
             frame = codes[:, :, t : t + 1]
-            _sync(device)
+            sync(device)
             begin = time.perf_counter()
             output = step(runner, frame)
-            _sync(device)
+            sync(device)
             frame_ms.append((time.perf_counter() - begin) * 1000)
             outputs.append(_on_cpu(output))
     peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else None

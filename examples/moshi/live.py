@@ -53,6 +53,7 @@ from typing import Any
 import attrs
 import torch
 
+from ...interpreter.bench import sync
 from .model import FRAME_RATE, FRAME_SIZE, SAMPLE_RATE
 
 LM_CONFIGS = ("released", "tiny")
@@ -133,11 +134,6 @@ def listen_pcm(frames: int, seed: int = 0, amplitude: float = 0.1) -> torch.Tens
     return amplitude * torch.randn(frames, FRAME_SIZE, generator=generator)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _to_host(pcm: torch.Tensor) -> torch.Tensor:
     # a copy even on CPU: the runtime's output may be a view of its arena
     return pcm.detach().to("cpu", copy=True)
@@ -198,7 +194,7 @@ class LiveDuplex:
         if lm is None:
             say(f"building the LM ({lm_config} config, bf16, seeded random weights) on {self.device}")
             lm = build_lm(lm_config, seed=lm_seed, device=self.device)
-            _sync(self.device)
+            sync(self.device)
         self.lm = lm
         self.lm_params = sum(p.numel() for p in lm.parameters())
         self.lm_bytes = sum(p.numel() * p.element_size() for p in lm.parameters())
@@ -212,7 +208,7 @@ class LiveDuplex:
         say("building Mimi twice (fp32, same seeded weights): moshi's (encode + stock decode), the runtime's")
         self.mimi = build_mimi(seed, self.device)
         mimi_cadence = build_mimi(seed, self.device)
-        _sync(self.device)
+        sync(self.device)
         self.setup_s["mimi_build"] = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -225,7 +221,7 @@ class LiveDuplex:
         say("loading the DuplexCadence runtime of the decode tail (graph capture on CUDA)")
         self.runtime = load_runtime(mimi_cadence, 1, device=self.device)
         self.session = self.runtime.session()
-        _sync(self.device)
+        sync(self.device)
         self.setup_s["runtime_load"] = time.perf_counter() - started
 
     @torch.no_grad()
@@ -244,10 +240,10 @@ class LiveDuplex:
                     continue
                 self.mimi.decode(tokens[:, 1:])
                 self.session.step(codes=tokens[:, 1:])
-            _sync(self.device)
+            sync(self.device)
             say(f"warm-up frame {index + 1}/{frames} done ({time.perf_counter() - started:.1f} s)")
         self.reset()
-        _sync(self.device)
+        sync(self.device)
         self.setup_s["warmup"] = time.perf_counter() - started
 
     @torch.no_grad()
@@ -270,18 +266,18 @@ class LiveDuplex:
         counted = ("replays", "eager_planned", "eager_off_plan")
         before = {name: getattr(self.session.counters, name) for name in counted}
         for t in range(pcm.shape[0]):
-            _sync(device)
+            sync(device)
             begin = time.perf_counter()
             chunk = pcm[t].to(device=device)[None, None]
             codes = self.mimi.encode(chunk)
             if skip_frames:
                 self.mimi.reset_streaming()
                 skip_frames -= 1
-            _sync(device)
+            sync(device)
             listened = time.perf_counter()
             assert codes.shape[-1] == 1, codes.shape
             tokens = self.lm_gen.step(codes[:, :, :1])
-            _sync(device)
+            sync(device)
             thought = time.perf_counter()
             frame = Frame((listened - begin) * 1000, (thought - listened) * 1000)
             if tokens is None:
@@ -292,7 +288,7 @@ class LiveDuplex:
                 audio = tokens[:, 1:]
                 order = ("stock", "cadence") if t % 2 == 0 else ("cadence", "stock")
                 for side in order:
-                    _sync(device)
+                    sync(device)
                     start = time.perf_counter()
                     if side == "stock":
                         out = _to_host(self.mimi.decode(audio))

@@ -33,9 +33,8 @@ import graphviz
 
 from ..interpreter.plan import Plan, make_plan
 from ..interpreter.plan_report import human_bytes, seconds
-from .cli import EXIT_CLEAN, EXIT_PROBLEMS, EXIT_USAGE, non_negative, positive, print_diagnostics
+from .cli import EXIT_CLEAN, EXIT_PROBLEMS, EXIT_USAGE, non_negative, positive
 from .compiler import load_program
-from .diagnostics import ClockError
 from .program import Access, Program, RegionInfo
 
 VIEWS = ("timeline", "graph", "arena")
@@ -1258,7 +1257,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     from ..interpreter.cli import plan_of_file  # here: interpreter.cli registers this command
 
-    plan, sources = plan_of_file(args, max_graphs=args.max_graphs)
+    plan, _ = plan_of_file(args, max_graphs=args.max_graphs)
     if plan is None:
         return EXIT_PROBLEMS
     try:

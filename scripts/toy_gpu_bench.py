@@ -1,5 +1,7 @@
 """Toy tail on the GPU: stock eager vs DuplexCadence (graphs), ms per tick, same process."""
-import time, json, sys
+import json
+import time
+
 import torch
 from duplexcadence.examples.toy.model import build_toy, make_prompt, ToyStockStream
 from duplexcadence.interpreter.runtime import Runtime

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import textwrap
 
-import pytest
-
 from duplexcadence.dsl.compiler import check_file
 
 HEADER = """\

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from duplexcadence.dsl import render
 from duplexcadence.dsl.cli import main
 from duplexcadence.dsl.render import VIEWS, DotMissing, build_timeline, render_file, render_plan
 from duplexcadence.interpreter import trace as trace_module

@@ -160,7 +160,6 @@ def test_interleaved_sessions_each_equal_their_solo_stock_run():
             if tick >= 5 * s:  # staggered starts
                 outputs[s].append(sessions[s].step(**feeds[s](tick - 5 * s)))
     for s in range(3):
-        solo = runtime.plan  # noqa: F841 - the solo run uses a fresh runtime below
         rt, _ = make()
         report = rt.verify(stock_for(prompt), feeds[s], ticks=len(outputs[s]), seed=s)
         assert report.equal

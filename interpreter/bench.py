@@ -112,6 +112,11 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def option_flag(value) -> bool:
+    """An on/off `--option KEY=VALUE` of `dsl bench` (1, true, yes, on) as a bool."""
+    return str(value).lower() in ("1", "true", "yes", "on")
+
+
 def fresh_peak(device: torch.device) -> int:
     """Collect garbage and restart the device's peak-memory statistics; returns the bytes allocated
     now (0 off CUDA), the base that a later `max_memory_allocated` is measured from."""

@@ -72,9 +72,10 @@ class MoshiStockDecoder:
         return self._graphed(codes).clone()
 
     @torch.no_grad()
-    def reset(self) -> None:
-        """Start a new conversation on the same streaming state (moshi's ``reset_streaming``)."""
-        self.mimi.reset_streaming()
+    def reset(self, rows: torch.Tensor | None = None) -> None:
+        """Start a new conversation on the same streaming state (moshi's ``reset_streaming``): every
+        batch row, or only those where the bool mask ``rows`` [B] is True."""
+        self.mimi.reset_streaming(rows)
 
     def close(self) -> None:
         """Leave streaming mode (drops the state)."""

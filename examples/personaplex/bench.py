@@ -14,7 +14,10 @@ Variants, each building its own model(s) from the same seeded weights:
   sessions of one runtime, per-stage exact-shape graphs; one copy of the weights;
 * duplexcadence, 2 lanes: the same with the two sessions in two lanes, stepped together by
   `Runtime.step_many` (on CUDA their graphs replay concurrently on two streams; one more copy of
-  the scratch block).
+  the scratch block);
+* duplexcadence, lockstep B=2 (only with `--option lockstep=1`): the two instances as the two rows
+  of one B=2 session (`PersonaPlexCadenceTail(..., lockstep=True)`), one replay per tick. Its rows
+  are computed by batch-2 kernels: its `== stock eager` column says whether that changed the bits.
 
 With `--compile`: the stock eager loop's `step` (both instances, graphs off) under
 `torch.compile(mode="reduce-overhead")`, moshi's python-int offsets made dynamic
@@ -28,7 +31,7 @@ from fractions import Fraction
 
 import torch
 
-from ...interpreter.bench import Subject, Variant, compiled_variant
+from ...interpreter.bench import Subject, Variant, compiled_variant, option_flag
 from ..moshi.model import build_mimi, moshi_torch_compile_enabled, random_codes
 
 
@@ -56,10 +59,11 @@ def _compile_step(runner: _Stock, compile_fn):
 
 
 class _Cadence:
-    def __init__(self, batch: int, device: torch.device, seed: int, lanes: int = 1):
+    def __init__(self, batch: int, device: torch.device, seed: int, lanes: int = 1, lockstep: bool = False):
         from .cadence import PersonaPlexCadenceTail
 
-        self.tail = PersonaPlexCadenceTail(build_mimi(seed=seed, device=device), batch, device=device, lanes=lanes)
+        self.tail = PersonaPlexCadenceTail(build_mimi(seed=seed, device=device), batch, device=device, lanes=lanes,
+                                           lockstep=lockstep)
         self.runtime = self.tail.runtime
 
     def reset(self) -> None:
@@ -71,7 +75,7 @@ class _Cadence:
 
 
 def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 1234, dtype: str = "fp32",
-            **_) -> Subject:
+            lockstep: str | bool = False, **_) -> Subject:
     if dtype != "fp32":
         raise ValueError(f"the PersonaPlex tail is benchmarked in fp32 (as PersonaPlex runs Mimi), not {dtype}")
     device = torch.device(device)
@@ -87,10 +91,14 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 
     def info(r) -> dict:
         report = r.runtime.report()
         return {"graphs": report.graphs_captured, "capture_seconds": report.capture_seconds,
-                "arena_bytes": report.arena_bytes, "sessions": 2, "lanes": report.lanes}
+                "arena_bytes": report.arena_bytes, "sessions": report.sessions, "lanes": report.lanes,
+                "lockstep_rows": r.tail.group.rows if r.tail.group is not None else None}
 
     variants.append(Variant("duplexcadence", lambda: _Cadence(batch, device, seed), info=info))
     variants.append(Variant("duplexcadence, 2 lanes", lambda: _Cadence(batch, device, seed, lanes=2), info=info))
+    if option_flag(lockstep):
+        variants.append(Variant("duplexcadence, lockstep B=2", lambda: _Cadence(batch, device, seed, lockstep=True),
+                                info=info))
     compile_variants = [compiled_variant(
         "stock step, torch.compile reduce-overhead", lambda: _Stock(batch, device, seed, graph_transformers=False),
         install=_compile_step, dynamo_config={"allow_unspec_int_on_nn_module": True},

@@ -26,6 +26,11 @@ as two sessions of ONE runtime over ONE model (:class:`PersonaPlexCadenceTail`):
 weights instead of two, each session's state in its own arena slot, each slot with its own graphs.
 With `lanes=2` the two sessions are in two lanes and each tick steps them with `Runtime.step_many`:
 their graphs replay concurrently on two CUDA streams (stock runs the instances one after another).
+With `lockstep=True` the two instances are the two rows of ONE session at B=2
+(:class:`~duplexcadence.interpreter.lockstep.LockstepGroup`): one replay per tick decodes both. The
+instances are always in lockstep (same tick, same reset), which the old code's one `end_offset` per
+batch needs. The rows are computed by kernels chosen for batch 2, so whether they equal the batch-1
+stock instances is a property of the device's kernels, measured in docs/benchmarks.md; opt-in.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any
 import torch
 from moshi.utils.compile import no_compile
 
+from ...interpreter.lockstep import LockstepGroup, Member
 from ...interpreter.runtime import Runtime, Session
 from .stock import AddCarry, ConvCarry, PersonaPlexMimiDecoder
 
@@ -133,18 +139,33 @@ class PersonaPlexCadenceTail:
     `step(codes)` decodes one tick with both instances, as `server.py` does (main PCM first, then
     other_mimi's, which the server discards); it returns (main PCM, other PCM), like
     :meth:`~.stock.PersonaPlexTail.step`. With `lanes=2` the instances are in two lanes and are
-    stepped together by `Runtime.step_many` (concurrently, on two CUDA streams).
+    stepped together by `Runtime.step_many` (concurrently, on two CUDA streams). With `lockstep=True`
+    they are the two rows of one B=2 session, decoded by one replay (batch 1 only; not with lanes).
     """
 
     def __init__(self, mimi, batch_size: int = 1, device: str | torch.device | None = None,
-                 graphs: bool | str = "auto", max_graphs: int | None = None, lanes: int = 1) -> None:
+                 graphs: bool | str = "auto", max_graphs: int | None = None, lanes: int = 1,
+                 lockstep: bool = False) -> None:
+        self.lanes = lanes
+        self.group: LockstepGroup | None = None
+        if lockstep:
+            if batch_size != 1 or lanes != 1:
+                raise ValueError(f"lockstep=True decodes the two instances of one batch-1 stream as the rows of one "
+                                 f"B=2 session: it takes batch_size=1 and lanes=1, not {batch_size} and {lanes}")
+            self.runtime = load_runtime(mimi, 2, device=device, sessions=1, graphs=graphs, max_graphs=max_graphs)
+            self.group = LockstepGroup(self.runtime)
+            self.main: Session | Member = self.group.join()
+            self.other: Session | Member = self.group.join()
+            return
         self.runtime = load_runtime(mimi, batch_size, device=device, sessions=2, graphs=graphs,
                                     max_graphs=max_graphs, lanes=lanes)
-        self.main: Session = self.runtime.session()
-        self.other: Session = self.runtime.session()
-        self.lanes = lanes
+        self.main = self.runtime.session()
+        self.other = self.runtime.session()
 
     def step(self, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.group is not None:
+            outputs = self.group.step({self.main: codes, self.other: codes})
+            return outputs[self.main], outputs[self.other]
         if self.lanes > 1:
             outputs = self.runtime.step_many({self.main: {"codes": codes}, self.other: {"codes": codes}})
             return outputs[self.main], outputs[self.other]
@@ -152,9 +173,15 @@ class PersonaPlexCadenceTail:
 
     def reset(self) -> None:
         """A new conversation: both instances back to their start (the server's reset_streaming)."""
+        if self.group is not None:
+            self.group.reset()
+            return
         self.main.reset()
         self.other.reset()
 
     def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            return
         self.main.close()
         self.other.close()

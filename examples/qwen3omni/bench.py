@@ -23,7 +23,7 @@ from fractions import Fraction
 
 import torch
 
-from ...interpreter.bench import Subject, Variant, compiled_variant
+from ...interpreter.bench import Subject, Variant, compiled_variant, option_flag
 from .model import build_code2wav
 from .stock import StockSecondDecoder, second_bounds
 from .streaming import StreamingCode2Wav
@@ -97,10 +97,6 @@ def stream_difference(tick: int, expected, found) -> float:
     return (ours.float() - theirs.float()).abs().max().item()
 
 
-def _flag(value) -> bool:
-    return str(value).lower() in ("1", "true", "yes", "on")
-
-
 def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, dtype: str = "fp32", seed: int = 1234,
             streaming: str | bool = False, **_) -> Subject:
     device = torch.device(device)
@@ -119,7 +115,7 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, dtype: str =
     variants = [Variant("stock eager", lambda: _Stock(torch_dtype, device, seed), reference=True),
                 Variant("duplexcadence", lambda: _Cadence(torch_dtype, device, seed, batch), info=cadence_info)]
     description = f"Code2Wav (transformers), {dtype}, B={batch}, 1 s cadence, 25-code context"
-    if _flag(streaming):
+    if option_flag(streaming):
         variants += [Variant("streaming (eager, opt-in)", lambda: _StreamingEager(torch_dtype, device, seed),
                              compare=False, difference=stream_difference),
                      Variant("streaming under DuplexCadence (opt-in)",
@@ -127,7 +123,7 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, dtype: str =
                              compare=False, difference=stream_difference)]
         description += "; opt-in streaming: KV window 72 + conv carries, not bit-identical to chunked decode"
     return Subject("qwen3omni", Fraction(1), inputs, variants, device, description=description,
-                   warmup_ticks=2, extra={"batch": batch, "dtype": dtype, "streaming": _flag(streaming)},
+                   warmup_ticks=2, extra={"batch": batch, "dtype": dtype, "streaming": option_flag(streaming)},
                    compile_variants=[compiled_variant(
                        "stock step, torch.compile reduce-overhead", lambda: _Stock(torch_dtype, device, seed),
                        install=_compile_forward, compile_options={"dynamic": False},

@@ -245,3 +245,73 @@ def test_gpu_two_lanes_concurrent_streams_bit_identical() -> None:
     assert mismatches == []
     report = tail.runtime.report()
     assert report.replays == 3 * 2 * FRAMES and report.eager_planned == 0 and report.eager_off_plan == 0
+
+
+LOCKSTEP_FRAMES = 130
+
+
+def _lockstep_vs_reproduction_at_batch_2(device: str, frames: int) -> tuple[list, list, PersonaPlexCadenceTail]:
+    """(frames where a row differs from PersonaPlex's decode at B=2, frames where it differs from the
+    batch-1 stock instances, the tail): the instances as the rows of one B=2 session."""
+    from duplexcadence.examples.personaplex.stock import PersonaPlexMimiDecoder
+
+    mimi = mimi_model.build_mimi(seed=1234, device=device)
+    codes = mimi_model.random_codes(1, frames, seed=7).to(device)
+    batched = PersonaPlexMimiDecoder(mimi, 2, graph_transformer=False)
+    stock = PersonaPlexTail(mimi)
+    tail = PersonaPlexCadenceTail(mimi, device=device, lockstep=True)
+    against_batch_2, against_stock = [], []
+    for t in range(frames):
+        frame = codes[:, :, t : t + 1]
+        expected = batched.decode(torch.cat([frame, frame]))
+        solo = stock.step(frame)
+        for row, (name, actual) in enumerate(zip(("main", "other"), tail.step(frame))):
+            if not torch.equal(actual, expected[row:row + 1]):
+                against_batch_2.append((t, name))
+            if not torch.equal(actual, solo[row]):
+                against_stock.append((t, name))
+    return against_batch_2, against_stock, tail
+
+
+def test_lockstep_decodes_both_instances_as_the_rows_of_one_batch_2_session() -> None:
+    """`lockstep=True`: one B=2 session, one step per tick; each row is PersonaPlex's own decode at B=2
+    (past the ring's wrap). Equality with the batch-1 instances is not promised (other kernels may be
+    chosen at B=2); the GPU benchmark measures it."""
+    with torch.no_grad():
+        against_batch_2, _, tail = _lockstep_vs_reproduction_at_batch_2("cpu", LOCKSTEP_FRAMES)
+    assert against_batch_2 == []
+    report = tail.runtime.report()
+    assert report.sessions == 1 and tail.group.session.counters.steps == LOCKSTEP_FRAMES
+    tail.close()
+
+
+def test_lockstep_members_cannot_join_late_since_the_old_offsets_are_shared_by_the_batch() -> None:
+    from duplexcadence.interpreter.lockstep import LockstepError, LockstepGroup
+
+    group = LockstepGroup(load_runtime(mimi_model.build_mimi(seed=1234), 2))
+    member = group.join()
+    with torch.no_grad():
+        group.step({member: mimi_model.random_codes(1, 1, seed=7)})
+    with pytest.raises(LockstepError) as error:
+        group.join()
+    shared = ", ".join([f"kv_end[{i}]" for i in range(8)] + [f"rope_offset[{i}]" for i in range(8)]
+                       + ["transformer_offset"])
+    assert str(error.value) == (
+        f"a member cannot join at instant 1: region(s) {shared} are shared by all rows (no dimension follows 'B'), "
+        "so one row cannot start over alone; members join at the group's start")
+    with pytest.raises(ValueError, match=r"it takes batch_size=1 and lanes=1, not 1 and 2"):
+        PersonaPlexCadenceTail(mimi_model.build_mimi(seed=1234), lanes=2, lockstep=True)
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_lockstep_rows_equal_the_batch_2_decode() -> None:
+    """On CUDA with graphs: the rows equal PersonaPlex's B=2 decode; the count of frames that differ from the
+    batch-1 stock instances is printed (measured, not asserted)."""
+    from duplexcadence.interpreter.verify import deterministic_cudnn
+
+    with deterministic_cudnn(), torch.no_grad():
+        against_batch_2, against_stock, tail = _lockstep_vs_reproduction_at_batch_2("cuda", LOCKSTEP_FRAMES)
+    assert against_batch_2 == []
+    print(f"lockstep rows vs batch-1 stock: {len(against_stock)} of {2 * LOCKSTEP_FRAMES} frames differ")
+    assert tail.runtime.report().eager_off_plan == 0

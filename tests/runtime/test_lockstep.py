@@ -1,0 +1,154 @@
+"""Lockstep groups on the toy tail: members in the rows of one batched session.
+
+The toy's attention cache grows to its window during warm-up (and starts from a given prompt), so its
+plan takes members only at the group's start. Each row must equal the same row of the toy's stock
+stream run at the same batch; every refusal must name its cause and leave the group steppable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
+from duplexcadence.interpreter.lockstep import LockstepError, LockstepGroup, batch_axes
+from duplexcadence.interpreter.runtime import Runtime, StepError, _get_rng, _seeded_rng_state, _set_rng
+
+CLOCK = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
+PROMPT, WINDOW, ROWS = 6, 20, 3
+TICKS = 40  # past the window fill (prompt 6 + window 20)
+
+
+def codes_of(seed: int) -> torch.Tensor:
+    return torch.randint(0, 64, (1, TICKS), generator=torch.Generator().manual_seed(seed))
+
+
+def make_group(rows: int = ROWS, seed: int = 5):
+    model = build_toy(batch=rows)
+    runtime = Runtime.load(CLOCK, model, params={"B": rows}, device="cpu")
+    prompt = make_prompt(model, PROMPT, batch=rows)
+    return LockstepGroup(runtime, seed=seed, initial={"cache": prompt}), prompt
+
+
+class BatchedStock:
+    """The toy's stock stream at batch `rows`, with the generator state the group's session draws from."""
+
+    def __init__(self, prompt: torch.Tensor, seed: int, rows: int = ROWS):
+        self.stock = ToyStockStream(build_toy(batch=rows), prompt, WINDOW)
+        self.rng = _seeded_rng_state(seed, torch.device("cpu"))
+
+    def step(self, codes: torch.Tensor) -> torch.Tensor:
+        saved = _get_rng(torch.device("cpu"))
+        _set_rng(torch.device("cpu"), self.rng)
+        out = self.stock.step(codes)
+        self.rng = _get_rng(torch.device("cpu"))
+        _set_rng(torch.device("cpu"), saved)
+        return out
+
+
+def test_batch_axes_follow_the_batch_param():
+    group, _ = make_group()
+    assert group.axes == {"codes": 0, "pcm": 0, "carry": 0, "hidden": 0, "cache": 1, "attended": 0, "partial": 0}
+    assert group.rows == ROWS
+
+
+def test_rows_equal_the_batched_stock_run_and_addresses_stay():
+    group, prompt = make_group()
+    members = [group.join() for _ in range(ROWS)]
+    stock = BatchedStock(prompt, seed=5)
+    streams = [codes_of(seed) for seed in range(ROWS)]
+    pointers = group.session.data_ptrs()
+    unequal = []
+    for t in range(TICKS):
+        expected = stock.step(torch.cat([s[:, t:t + 1] for s in streams]))
+        outputs = group.step({m: streams[m.row][:, t:t + 1] for m in members})
+        for m in members:
+            assert outputs[m].shape == (1, 4, 2)
+            if not torch.equal(outputs[m], expected[m.row:m.row + 1]):
+                unequal.append((t, m.row))
+        assert group.session.data_ptrs() == pointers
+    assert unequal == []
+    assert [m.instant for m in members] == [TICKS] * ROWS
+    assert group.session.counters.steps == TICKS
+
+
+def test_a_late_join_on_a_plan_whose_shapes_grow_is_refused_and_names_why():
+    group, _ = make_group()
+    first = group.join()
+    group.step({first: codes_of(0)[:, :1]})
+    with pytest.raises(LockstepError) as error:
+        group.join()
+    assert str(error.value) == (
+        "a member cannot join at instant 1: region(s) cache do not start as zeros, so a zeroed row is not a fresh "
+        "one; members join at the group's start")
+
+
+def test_a_full_group_refuses_a_member_and_a_freed_row_is_reused_at_the_start():
+    group, _ = make_group(rows=2)
+    a, b = group.join(), group.join()
+    with pytest.raises(LockstepError, match=r"^all 2 rows of the group are taken; load the runtime with a larger "
+                                            r"'B' or wait for a member to leave$"):
+        group.join()
+    a.leave()
+    with pytest.raises(LockstepError, match="is not an active member of this group"):
+        a.leave()
+    c = group.join()
+    assert (c.row, c.joined_at, b.row) == (0, 0, 1)
+
+
+def test_bad_steps_raise_step_error_and_change_nothing():
+    group, prompt = make_group()
+    a, b = group.join(), group.join()
+    stock = BatchedStock(prompt, seed=5)
+    stream = codes_of(3)
+    zeros = torch.zeros(1, 1, dtype=torch.long)
+    with pytest.raises(StepError, match=r"^lockstep step: missing the inputs of row\(s\) 1; every active member "
+                                        r"steps at every instant$"):
+        group.step({a: stream[:, :1]})
+    with pytest.raises(StepError, match=r"row 1's 'codes' is \(2, 1\); a member's input has a batch of 1 on axis 0"):
+        group.step({a: stream[:, :1], b: torch.zeros(2, 1, dtype=torch.long)})
+    with pytest.raises(StepError, match=r"row 1's 'codes' is \(1, 2\) where another row's is \(1, 1\)"):
+        group.step({a: stream[:, :1], b: torch.zeros(1, 2, dtype=torch.long)})
+    other, _ = make_group()
+    stranger = other.join()
+    with pytest.raises(StepError, match=r"1 input\(s\) for something that is not an active member"):
+        group.step({a: stream[:, :1], b: zeros, stranger: zeros})
+    assert group.instant == 0
+    for t in range(3):  # the group goes on as if nothing had been tried (row 2 idle: zeros)
+        expected = stock.step(torch.cat([stream[:, t:t + 1], zeros, zeros]))
+        outputs = group.step({a: stream[:, t:t + 1], b: {"codes": zeros}})
+        assert torch.equal(outputs[a], expected[0:1]) and torch.equal(outputs[b], expected[1:2])
+
+
+def test_reset_restarts_every_row():
+    group, prompt = make_group()
+    members = [group.join() for _ in range(ROWS)]
+    stream = codes_of(4)
+    for t in range(5):
+        group.step({m: stream[:, t:t + 1] for m in members})
+    group.reset()
+    assert [m.instant for m in members] == [0] * ROWS
+    stock = BatchedStock(prompt, seed=5)
+    for t in range(5):
+        expected = stock.step(torch.cat([stream[:, t:t + 1]] * ROWS))
+        outputs = group.step({m: stream[:, t:t + 1] for m in members})
+        assert all(torch.equal(outputs[m], expected[m.row:m.row + 1]) for m in members)
+
+
+def test_a_program_without_the_batch_param_is_refused():
+    group, _ = make_group()
+    with pytest.raises(LockstepError) as error:
+        batch_axes(group.runtime.program, "batch")
+    assert str(error.value).endswith("has no param 'batch' (its params: B, C, H, K, P, W); name the param that "
+                                     "sets the batch")
+
+
+def test_close_gives_the_slot_back_and_members_stop():
+    group, _ = make_group()
+    member = group.join()
+    group.close()
+    assert group.runtime.free_slots == [0]
+    with pytest.raises(StepError, match="not an active member"):
+        group.step({member: codes_of(0)[:, :1]})

@@ -3,7 +3,7 @@
 The raw payload is what `dsl bench --json` (or a GPU script's `bench` list) writes; the entry keeps
 its variants and adds the fields the model issues ask for: model, device, torch, stock_ms_per_s,
 cadence_ms_per_s, speedup (stock / cadence), stock_peak_bytes, cadence_peak_bytes, bit_identical,
-ticks, graphs. An entry with the same description and command replaces the old one.
+ticks, graphs. An entry with the same description, command and DuplexCadence variant replaces the old one.
 
     python scripts/bench_summary.py RAW.json --stock "moshi stock (own graphs)" \\
         --command "dsl bench moshi --device cuda --batch 32 --seconds 6" [--cadence duplexcadence]
@@ -36,6 +36,7 @@ def summarize(payload: dict, stock: str, cadence: str, command: str) -> dict:
         "torch": payload["torch"],
         "cuda": payload.get("cuda"),
         "stock_variant": stock,
+        "cadence_variant": cadence,
         "stock_ms_per_s": round(theirs["ms_per_s_median"], 2),
         "stock_eager_ms_per_s": round(reference["ms_per_s_median"], 2),
         "cadence_ms_per_s": round(ours["ms_per_s_median"], 2),
@@ -53,12 +54,14 @@ def summarize(payload: dict, stock: str, cadence: str, command: str) -> dict:
 
 
 def add(entry: dict, path: Path) -> None:
-    """Write `entry` into the JSON list at `path`, replacing one of the same description and command."""
+    """Write `entry` into the JSON list at `path`, replacing one of the same description, command and
+    DuplexCadence variant (entries written before `cadence_variant` existed summarised "duplexcadence")."""
     document = json.loads(path.read_text()) if path.exists() else []
     if isinstance(document, dict) and "bench" not in document:  # a file that holds one run
         document = [document]
     entries = document["bench"] if isinstance(document, dict) else document
-    same = lambda old: old.get("description") == entry["description"] and old.get("command") == entry["command"]  # noqa: E731
+    key = lambda e: (e.get("description"), e.get("command"), e.get("cadence_variant", "duplexcadence"))  # noqa: E731
+    same = lambda old: key(old) == key(entry)  # noqa: E731
     entries[:] = [old for old in entries if not same(old)] + [entry]
     path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
 

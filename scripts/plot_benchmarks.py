@@ -9,7 +9,8 @@ Draws, per model:
   (``per_second_ms`` of `dsl bench --json`; warm-up seconds shaded), one panel per run in the file;
 * ``<model>-density.png``: sessions vs p99 round time for every sweep found in the file (any object
   with a ``sweep`` list of ``{"sessions", "round_ms_p99"}``, e.g. MiniCPM-o's sessions in turn; each
-  series is named by where it sits in the JSON);
+  series is named by the object's ``kind``, else by where it sits in the JSON; a log sessions axis
+  when the counts span more than 10x);
 
 and, from the plans alone (no GPU, no JSON), ``memory-by-region.png``: each stdlib model clock's
 per-session bytes per region family (what DuplexCadence allocates) against the stock allocation of the
@@ -36,7 +37,8 @@ PLANS = {
     "qwen3omni": ("qwen3_omni_code2wav.clock", {"B": "1"}),
 }
 LABELS = {"moshi": "Moshi (Mimi decoder)", "personaplex": "PersonaPlex (Mimi decoder, per instance)",
-          "minicpmo45": "MiniCPM-o 4.5 (token2wav, n=10, P=150)", "qwen3omni": "Qwen3-Omni (Code2Wav)"}
+          "minicpmo45": "MiniCPM-o 4.5 (token2wav, n=10, P=150)", "qwen3omni": "Qwen3-Omni (Code2Wav)",
+          "mimi_lockstep_density": "Moshi's Mimi decoder: in turn vs batched (lockstep B=32)"}
 
 
 def pyplot():
@@ -68,7 +70,7 @@ def sweeps(payload, path: str = "") -> Iterator[tuple[str, list[dict]]]:
     """(name, points) for every object holding a `sweep` list, anywhere in the JSON."""
     if isinstance(payload, dict):
         if isinstance(payload.get("sweep"), list):
-            yield path or "sweep", payload["sweep"]
+            yield payload.get("kind") or path or "sweep", payload["sweep"]
         for key, value in payload.items():
             if key != "sweep":
                 yield from sweeps(value, f"{path}.{key}" if path else str(key))
@@ -144,6 +146,14 @@ def plot_density(model: str, payload, out_dir: Path) -> Path | None:
     for name, points in series:
         axis.plot([s for s, _ in points], [p for _, p in points], marker="o", label=name)
     axis.axhline(1000, color="red", linestyle="--", linewidth=1, label="1 s cadence")
+    counts = [s for _, points in series for s, _ in points]
+    if max(counts) > 10 * min(counts):
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+        axis.set_xscale("log")
+        axis.set_xticks(sorted(set(counts)))
+        axis.xaxis.set_major_formatter(ScalarFormatter())
+        axis.xaxis.set_minor_formatter(NullFormatter())
     axis.set_xlabel("sessions (served in turn or concurrently, as the series says)")
     axis.set_ylabel("p99 round (ms)")
     axis.set_title(f"{LABELS.get(model, model)}: sessions vs p99", fontsize=10)

@@ -61,3 +61,18 @@ def test_an_entry_replaces_the_same_run_and_keeps_the_others(tmp_path, existing)
     assert entries == expected
     if existing == "bench key":
         assert document["sessions_in_turn"] == {"sweep": []}
+
+
+def test_two_duplexcadence_variants_of_one_run_are_two_entries(tmp_path):
+    """One run summarised against two DuplexCadence variants (one lane, lanes) keeps both; an entry written
+    before `cadence_variant` existed counts as the "duplexcadence" one and is replaced by it."""
+    path = tmp_path / "toy.json"
+    payload = {**PAYLOAD, "variants": PAYLOAD["variants"] + [variant("duplexcadence, 2 lanes", 15.0, 500, True)]}
+    first = bench_summary.summarize(payload, "stock graphs", "duplexcadence", "dsl bench toy")
+    old = {k: v for k, v in first.items() if k != "cadence_variant"}
+    path.write_text(json.dumps([old]))
+    lanes = bench_summary.summarize(payload, "stock graphs", "duplexcadence, 2 lanes", "dsl bench toy")
+    bench_summary.add(lanes, path)
+    bench_summary.add(first, path)
+    assert [e["cadence_variant"] for e in json.loads(path.read_text())] == ["duplexcadence, 2 lanes", "duplexcadence"]
+    assert lanes["speedup"] == 2.0

@@ -15,7 +15,9 @@ frames fill the KV ring) while others are steady. A round is one second of audio
 
 Bits: the lockstep rows are compared with moshi's batched rows (same batch, same joins: they must be
 equal) and with the same sessions decoded in turn at B=1 (reported: batch-R kernels may differ); the
-in-turn runtime with moshi in turn. JSON to --out.
+in-turn runtime with moshi in turn. `peak_allocated_bytes`: the peak of each kind above what was allocated
+before it (its weights, state, arena and graph pools; the base model every kind copies from is not
+counted). JSON to --out.
 
     source scripts/device_setup.sh
     python scripts/lockstep_density.py --rows 32 --out $OUT/mimi_lockstep_density.json
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import importlib.util
 import json
 import os
@@ -149,11 +152,19 @@ def main() -> int:
         outputs[kind] = served.outputs
         payload["results"].append(result)
 
-    def measure(kind: str, lanes: int, make, step_one, step_all, counts: list[int]):
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        peak_from = torch.cuda.memory_allocated() if device == "cuda" else 0
+    def start_peak() -> int:
+        """Collect the previous kind's garbage first (moshi's streaming state holds cycles): otherwise it
+        is freed during this kind's sweep and hides this kind's allocations from the peak."""
+        gc.collect()
+        if device != "cuda":
+            return 0
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+
+    def measure(kind: str, lanes: int, make, step_one, step_all, counts: list[int], peak_from: int | None = None):
+        peak_from = start_peak() if peak_from is None else peak_from
         served = density.Served(kind, lanes, make, step_one, step_all, codes_of)
         return density.sweep(served, counts, args.rounds, args.warmup_rounds), served, peak_from
 
@@ -166,9 +177,10 @@ def main() -> int:
         del served
 
         kind = "duplexcadence, in turn"
+        peak_from = start_peak()  # the peak counts the runtime's weights and arena
         runtime = load_runtime(copy.deepcopy(base), 1, device=device, sessions=max(in_turn))
         result, served, peak_from = measure(kind, 1, lambda i, runtime=runtime: runtime.session(),
-                                            lambda s, codes: s.step(codes=codes), None, in_turn)
+                                            lambda s, codes: s.step(codes=codes), None, in_turn, peak_from)
         report = runtime.report()
         result.update({"arena_bytes": report.arena_bytes, "session_bytes": report.session_bytes,
                        "graphs_captured": report.graphs_captured, "eager_off_plan": report.eager_off_plan})
@@ -186,9 +198,10 @@ def main() -> int:
 
         kind = f"duplexcadence, lockstep B={args.rows}"
         group_count = -(-max(batched) // args.rows)
+        peak_from = start_peak()
         runtime = load_runtime(copy.deepcopy(base), args.rows, device=device, sessions=group_count)
         groups = Batched(lambda g, runtime=runtime: LockstepGroup(runtime), lambda group, index: group.join())
-        result, served, peak_from = measure(kind, 1, groups.make, None, groups.step_all, batched)
+        result, served, peak_from = measure(kind, 1, groups.make, None, groups.step_all, batched, peak_from)
         report = runtime.report()
         result.update({"groups": len(groups.groups), "arena_bytes": report.arena_bytes,
                        "session_bytes_per_group": report.session_bytes,

@@ -25,6 +25,7 @@ import pytest
 
 from duplexcadence.dsl import cli, messages
 from duplexcadence.dsl.diagnostics import ClockError, InternalError
+from duplexcadence.interpreter import lockstep as lockstep_module
 from duplexcadence.interpreter import runtime as runtime_module
 
 HERE = Path(__file__).resolve().parent
@@ -117,9 +118,9 @@ def test_every_diagnostic_code_has_an_example_that_prints_it():
 
 
 def test_every_runtime_exception_is_documented():
-    defined = {name for name, value in vars(runtime_module).items()
-               if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == runtime_module.__name__}
-    assert defined == {"StepError", "SessionFailed", "SessionsFailed", "CaptureWarning"}
+    defined = {name for module in (runtime_module, lockstep_module) for name, value in vars(module).items()
+               if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == module.__name__}
+    assert defined == {"StepError", "SessionFailed", "SessionsFailed", "CaptureWarning", "LockstepError"}
     found = sections(PAGE.read_text())
     for name in defined | {ClockError.__name__, InternalError.__name__, "RuntimeError"}:
         assert name in found, f"docs/reliability.md has no section ### `{name}`"

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from duplexcadence.examples.moshi.cadence import load_runtime
-from duplexcadence.examples.moshi.model import build_mimi, random_codes
+from duplexcadence.examples.moshi.model import build_mimi
 from duplexcadence.examples.moshi.stock import MoshiStockDecoder
 from duplexcadence.interpreter.lockstep import LockstepGroup
 from duplexcadence.interpreter.verify import count_unequal, deterministic_cudnn
@@ -126,13 +126,8 @@ def main() -> int:
         print("needs a CUDA device (or --cpu-dry-run)", file=sys.stderr)
         return 2
     device = density.DEVICE
-    in_turn = [int(v) for v in args.in_turn_sessions.split(",")]
-    batched = [int(v) for v in args.batched_sessions.split(",")]
-    rounds_total = (args.rounds + args.warmup_rounds) * (max(len(in_turn), len(batched)) + 1)
-    frames = 13 * rounds_total + 1
-
-    def codes_of(index: int) -> torch.Tensor:
-        return random_codes(1, frames, seed=100 + index).to(device)
+    in_turn, batched = density.parse_counts(args.in_turn_sessions), density.parse_counts(args.batched_sessions)
+    codes_of = density.session_codes([in_turn, batched], args.rounds, args.warmup_rounds)
 
     payload: dict = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
                      "tail": "Moshi's Mimi decoder (moshi 0.2.13), fp32, 8 codebooks, one conversation per session",

@@ -109,6 +109,16 @@ class Served:
         return (time.perf_counter() - start) * 1000
 
 
+def parse_counts(text: str) -> list[int]:
+    return [int(value) for value in text.split(",")]
+
+
+def session_codes(sweeps: list[list[int]], rounds: int, warmup: int):
+    """`codes_of(i)`: session i's own seeded codes, long enough for every round the sweeps can run."""
+    frames = 13 * (rounds + warmup) * (max(len(counts) for counts in sweeps) + 1) + 1
+    return lambda index: random_codes(1, frames, seed=100 + index).to(DEVICE)
+
+
 def sweep(served: Served, counts: list[int], rounds: int, warmup: int) -> dict:
     rows, best = [], 0
     for count in counts:
@@ -151,14 +161,8 @@ def main() -> int:
     elif not torch.cuda.is_available():
         print("needs a CUDA device (or --cpu-dry-run)", file=sys.stderr)
         return 2
-    stock_counts = [int(v) for v in args.stock_sessions.split(",")]
-    counts = [int(v) for v in args.sessions.split(",")]
-    lanes_list = [int(v) for v in args.lanes.split(",")]
-    rounds_total = (args.rounds + args.warmup_rounds) * (max(len(counts), len(stock_counts)) + 1)
-    frames = 13 * rounds_total + 1
-
-    def codes_of(index: int) -> torch.Tensor:
-        return random_codes(1, frames, seed=100 + index).to(DEVICE)
+    stock_counts, counts, lanes_list = map(parse_counts, (args.stock_sessions, args.sessions, args.lanes))
+    codes_of = session_codes([counts, stock_counts], args.rounds, args.warmup_rounds)
 
     payload: dict = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else None,
                      "tail": "PersonaPlex Mimi decoder, fp32, B=1, one instance per session",
@@ -182,8 +186,9 @@ def main() -> int:
             runtime = load_runtime(build_mimi(seed=1234, device=DEVICE), 1, device=DEVICE, sessions=slots,
                                    lanes=lanes)
             kind = f"duplexcadence, {lanes} lane{'s' if lanes > 1 else ''}"
-            served = Served(kind, lanes, lambda i: runtime.session(), lambda s, codes: s.step(codes=codes),
-                            None if lanes == 1 else lambda steps: runtime.step_many(
+            served = Served(kind, lanes, lambda i, runtime=runtime: runtime.session(),
+                            lambda s, codes: s.step(codes=codes),
+                            None if lanes == 1 else lambda steps, runtime=runtime: runtime.step_many(
                                 {s: {"codes": c} for s, c in steps.items()}), codes_of)
             result = sweep(served, counts, args.rounds, args.warmup_rounds)
             report = runtime.report()

@@ -100,6 +100,11 @@ class LockstepGroup:
         self.row_state = [name for name in persistent if self.axes[name] is not None]
         self.session: Session = runtime.session(initial, seed=seed)
         self.members: list[Member | None] = [None] * self.rows
+        self.closed = False
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this lockstep group is closed")
 
     # --- members ---------------------------------------------------------------------------------
 
@@ -108,6 +113,7 @@ class LockstepGroup:
         at its start already; later, the row's state is zeroed, which the plan must allow (see the
         module docstring); raises LockstepError when it does not or when every row is taken."""
         with self.runtime.lock:
+            self._check_open()
             free = [row for row, member in enumerate(self.members) if member is None]
             if not free:
                 raise LockstepError(f"all {self.rows} rows of the group are taken; load the runtime with a larger "
@@ -164,7 +170,10 @@ class LockstepGroup:
         group's session at batch `rows`; returns {member: outputs} (a tensor, or a dict by output
         name), each a view of the member's row. Rows without a member are fed zeros."""
         with self.runtime.lock:
+            self._check_open()
             active = [m for m in self.members if m is not None]
+            if not active:
+                raise StepError("lockstep step: the group has no member; join() one first")
             foreign = [m for m in inputs if not isinstance(m, Member) or m not in active]
             missing = [m for m in active if m not in inputs]
             if foreign or missing:
@@ -217,9 +226,9 @@ class LockstepGroup:
                 shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
                 raise StepError(f"lockstep step: row {member.row}'s '{name}' is {shape}; a member's input has a batch "
                                 f"of 1 on axis {axis}")
-            if tensor.shape != first.shape:
-                raise StepError(f"lockstep step: row {member.row}'s '{name}' is {tuple(tensor.shape)} where another "
-                                f"row's is {tuple(first.shape)}; members step in lockstep, with equal shapes")
+            if (tensor.shape, tensor.dtype, tensor.device) != (first.shape, first.dtype, first.device):
+                raise StepError(f"lockstep step: row {member.row}'s '{name}' is {_described(tensor)} where another "
+                                f"row's is {_described(first)}; members step in lockstep, with equal shapes")
         parts = [rows[m] if m is not None and m in rows else torch.zeros_like(first) for m in self.members]
         return torch.cat(parts, dim=axis)
 
@@ -232,16 +241,22 @@ class LockstepGroup:
     def reset(self) -> None:
         """Every row back to its start (the members keep their rows and start over at instant 0)."""
         with self.runtime.lock:
+            self._check_open()
             self.session.reset()
             for member in self.members:
                 if member is not None:
                     member.joined_at = 0
 
     def close(self) -> None:
-        """Give the session slot back; the members can no longer step."""
+        """Give the session slot back; the group and its members can no longer step."""
         with self.runtime.lock:
+            self.closed = True
             for member in self.members:
                 if member is not None:
                     member.active = False
             self.members = [None] * self.rows
             self.session.close()
+
+
+def _described(tensor: torch.Tensor) -> str:
+    return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)} on {tensor.device}"

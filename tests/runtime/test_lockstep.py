@@ -109,8 +109,11 @@ def test_bad_steps_raise_step_error_and_change_nothing():
         group.step({a: stream[:, :1]})
     with pytest.raises(StepError, match=r"row 1's 'codes' is \(2, 1\); a member's input has a batch of 1 on axis 0"):
         group.step({a: stream[:, :1], b: torch.zeros(2, 1, dtype=torch.long)})
-    with pytest.raises(StepError, match=r"row 1's 'codes' is \(1, 2\) where another row's is \(1, 1\)"):
+    with pytest.raises(StepError, match=r"row 1's 'codes' is int64\[1, 2\] on cpu where another row's is "
+                                        r"int64\[1, 1\] on cpu; members step in lockstep, with equal shapes"):
         group.step({a: stream[:, :1], b: torch.zeros(1, 2, dtype=torch.long)})
+    with pytest.raises(StepError, match=r"row 1's 'codes' is int32\[1, 1\] on cpu where another row's is int64"):
+        group.step({a: stream[:, :1], b: torch.zeros(1, 1, dtype=torch.int32)})
     other, _ = make_group()
     stranger = other.join()
     with pytest.raises(StepError, match=r"1 input\(s\) for something that is not an active member"):
@@ -120,6 +123,13 @@ def test_bad_steps_raise_step_error_and_change_nothing():
         expected = stock.step(torch.cat([stream[:, t:t + 1], zeros, zeros]))
         outputs = group.step({a: stream[:, t:t + 1], b: {"codes": zeros}})
         assert torch.equal(outputs[a], expected[0:1]) and torch.equal(outputs[b], expected[1:2])
+
+
+def test_a_group_without_members_says_so():
+    group, _ = make_group()
+    with pytest.raises(StepError, match=r"^lockstep step: the group has no member; join\(\) one first$"):
+        group.step({})
+    assert group.instant == 0
 
 
 def test_reset_restarts_every_row():
@@ -150,5 +160,7 @@ def test_close_gives_the_slot_back_and_members_stop():
     member = group.join()
     group.close()
     assert group.runtime.free_slots == [0]
-    with pytest.raises(StepError, match="not an active member"):
-        group.step({member: codes_of(0)[:, :1]})
+    for action in (lambda: group.step({member: codes_of(0)[:, :1]}), group.join, group.reset):
+        with pytest.raises(RuntimeError, match=r"^this lockstep group is closed$"):
+            action()
+    assert not member.active

@@ -66,8 +66,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"dsl bench: {make_subject}", file=sys.stderr)
         return 2
     device = args.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
-    subject = make_subject(device=device, seconds=args.seconds, batch=args.batch, dtype=args.dtype,
-                           **_options(args.option))
+    try:
+        subject = make_subject(device=device, seconds=args.seconds, batch=args.batch, dtype=args.dtype,
+                               **_options(args.option))
+    except ValueError as error:  # an option the subject does not take (a dtype, a batch for a mode)
+        print(f"dsl bench: {args.model}: {error}", file=sys.stderr)
+        return 2
     ticks = int(subject.ticks_per_second * args.seconds)
     if args.compile and not subject.compile_variants:
         print(f"dsl bench: {subject.name} declares no torch.compile variant; --compile adds nothing", file=sys.stderr)

@@ -37,22 +37,28 @@ class LockstepError(ValueError):
 
 
 def batch_axes(program: Program, batch_param: str) -> dict[str, int | None]:
-    """Each region's batch axis: the dimension that follows `batch_param` (None for a region whose
-    shape does not depend on it). Found by resolving the same file with the param one larger."""
+    """Each region's batch axis: the dimension that is `batch_param` itself, found by resolving the
+    same file with the param one larger (None for a region without one). A region whose dimensions
+    follow the param without one of them being it (`2 * B`, `B * H`) has no row either: it counts as
+    shared by the rows."""
     if batch_param not in program.params:
         raise LockstepError(f"{program.path} has no param '{batch_param}' (its params: "
                             f"{', '.join(sorted(program.params)) or 'none'}); name the param that sets the batch")
-    overrides = {name: str(value) for name, value in program.params.items() if "." not in name}  # not imported ones
-    overrides[batch_param] = str(program.params[batch_param] + 1)
+    rows = program.params[batch_param]
+    # Keep what the runtime was loaded with: a param that differs from the file's own value at this batch was
+    # overridden (re-applied below); one that does not follows the file, so a param derived from the batch
+    # (`param N = B`) follows it into the wider program.
+    as_filed = load_program(program.path, {batch_param: str(rows)})
+    overrides = {name: str(value) for name, value in program.params.items()
+                 if "." not in name and as_filed.params.get(name) != value}
+    overrides[batch_param] = str(rows + 1)
     wider = load_program(program.path, overrides)
     axes: dict[str, int | None] = {}
     for name, region in program.regions.items():
         changed = [axis for axis, (a, b) in enumerate(zip(region.shape, wider.regions[name].shape)) if a != b]
-        if len(changed) > 1:
-            raise LockstepError(f"region '{name}' has {len(changed)} dimensions that follow '{batch_param}' "
-                                f"({region.shape} at {batch_param}={program.params[batch_param]}); a lockstep row "
-                                "needs exactly one")
-        axes[name] = changed[0] if changed else None
+        is_row = (len(changed) == 1 and region.shape[changed[0]] == rows
+                  and wider.regions[name].shape[changed[0]] == rows + 1)
+        axes[name] = changed[0] if is_row else None
     return axes
 
 
@@ -64,10 +70,12 @@ class Member:
     row: int
     joined_at: int
     active: bool = True
+    left_at: int | None = None
 
     @property
     def instant(self) -> int:
-        return self.group.session.instant - self.joined_at
+        end = self.group.session.instant if self.left_at is None else self.left_at
+        return end - self.joined_at
 
     def leave(self) -> None:
         """Give the row back (its row keeps being computed, on zero inputs, until a member joins it)."""
@@ -101,6 +109,7 @@ class LockstepGroup:
         self.session: Session = runtime.session(initial, seed=seed)
         self.members: list[Member | None] = [None] * self.rows
         self.closed = False
+        self._signatures = [tuple(f.signature for f in firings) for firings in runtime.plan.trace.by_instant()]
 
     def _check_open(self) -> None:
         if self.closed:
@@ -132,25 +141,37 @@ class LockstepGroup:
     def join_problem(self, instant: int) -> str | None:
         """Why a member could not start at group instant `instant` (None: it can)."""
         if self.shared_state:
-            return (f"region(s) {', '.join(self.shared_state)} are shared by all rows (no dimension follows "
+            return (f"region(s) {', '.join(self.shared_state)} are shared by all rows (no dimension is "
                     f"'{self.batch_param}'), so one row cannot start over alone; members join at the group's start")
         bad_start = [name for name in self.row_state if self.runtime.program.regions[name].start != "zeros"]
         if bad_start:
             return (f"region(s) {', '.join(bad_start)} do not start as zeros, so a zeroed row is not a fresh one; "
                     "members join at the group's start")
+        # State a zeroed row cannot restart: what hooks read from the clock, what on_reset rebuilds in the model
+        clocked = [name for name, call in self.runtime.callables.items() if call.is_hook and call.wants_firing]
+        if clocked:
+            return (f"stage(s) {', '.join(clocked)} take the firing (the group's instant and counts, not a new "
+                    "member's); members join at the group's start")
+        if self.runtime.on_reset is not None:
+            return ("the runtime has an on_reset callback (model state outside the regions, reset for all rows "
+                    "at once); members join at the group's start")
+        if not self._repeats_instant_0(instant):
+            following = next((n for n in range(instant + 1, instant + 1 + len(self._signatures))
+                              if self._repeats_instant_0(n)), None)
+            when = f"the next instant that does is {following}" if following is not None else \
+                "no later instant of the plan does"
+            return (f"the plan's shapes and lengths from instant {instant} on are not those from instant 0 ({when}); "
+                    "members join at the group's start, or at an instant that repeats instant 0")
+        return None
+
+    def _repeats_instant_0(self, instant: int) -> bool:
+        """Whether the plan runs the same shapes, with the same region lengths, from `instant` as from 0."""
         trace = self.runtime.plan.trace
         index = trace.planned_index(instant)
-        if index is None:
-            return "the group's session is past what its plan traces"
-        signatures = [tuple(f.signature for f in firings) for firings in trace.by_instant()]
-        ahead = [trace.planned_index(instant + k) for k in range(len(signatures))]
-        same_shapes = all(i is not None and signatures[i] == signatures[k] for k, i in enumerate(ahead))
-        if not (same_shapes and trace.states[index][0] == trace.states[0][0]):
-            when = (f"its shapes repeat every {trace.period_instants} instant(s) from instant "
-                    f"{trace.shape_warmup_instants}" if trace.periodic else "its shapes never repeat")
-            return (f"the plan's shapes and lengths from there on are not those from instant 0 ({when}); members "
-                    "join at the group's start, or at an instant that repeats instant 0")
-        return None
+        if index is None or trace.states[index][0] != trace.states[0][0]:
+            return False
+        ahead = (trace.planned_index(instant + k) for k in range(len(self._signatures)))
+        return all(i is not None and self._signatures[i] == signature for i, signature in zip(ahead, self._signatures))
 
     def _zero_row(self, row: int) -> None:
         for name in self.row_state:
@@ -158,9 +179,11 @@ class LockstepGroup:
 
     def _leave(self, member: Member) -> None:
         with self.runtime.lock:
+            self._check_open()
             if member.group is not self or not member.active or self.members[member.row] is not member:
                 raise LockstepError(f"{member!r} is not an active member of this group")
             member.active = False
+            member.left_at = self.session.instant
             self.members[member.row] = None
 
     # --- stepping --------------------------------------------------------------------------------
@@ -254,6 +277,7 @@ class LockstepGroup:
             for member in self.members:
                 if member is not None:
                     member.active = False
+                    member.left_at = self.session.instant
             self.members = [None] * self.rows
             self.session.close()
 

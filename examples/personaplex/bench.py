@@ -17,7 +17,8 @@ Variants, each building its own model(s) from the same seeded weights:
   the scratch block);
 * duplexcadence, lockstep B=2 (only with `--option lockstep=1`): the two instances as the two rows
   of one B=2 session (`PersonaPlexCadenceTail(..., lockstep=True)`), one replay per tick. Its rows
-  are computed by batch-2 kernels: its `== stock eager` column says whether that changed the bits.
+  are computed by batch-2 kernels: its `== stock eager` column says whether that changed the bits (on
+  the H200 it does, so the command exits 1, as for any DuplexCadence variant that is not bit-identical).
 
 With `--compile`: the stock eager loop's `step` (both instances, graphs off) under
 `torch.compile(mode="reduce-overhead")`, moshi's python-int offsets made dynamic
@@ -97,6 +98,9 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 
     variants.append(Variant("duplexcadence", lambda: _Cadence(batch, device, seed), info=info))
     variants.append(Variant("duplexcadence, 2 lanes", lambda: _Cadence(batch, device, seed, lanes=2), info=info))
     if option_flag(lockstep):
+        if batch != 1:
+            raise ValueError(f"--option lockstep=1 decodes the two instances of one batch-1 stream as one B=2 "
+                             f"session: run it with --batch 1, not {batch}")
         variants.append(Variant("duplexcadence, lockstep B=2", lambda: _Cadence(batch, device, seed, lockstep=True),
                                 info=info))
     compile_variants = [compiled_variant(

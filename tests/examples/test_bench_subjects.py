@@ -29,3 +29,11 @@ def test_personaplex_lockstep_is_opt_in():
     assert _names(subject(device="cpu", seconds=1)) == ["stock eager", "duplexcadence", "duplexcadence, 2 lanes"]
     assert _names(subject(device="cpu", seconds=1, lockstep="yes"))[-1] == "duplexcadence, lockstep B=2"
     assert _names(subject(device="cpu", seconds=1, lockstep="0"))[-1] == "duplexcadence, 2 lanes"
+
+
+def test_personaplex_lockstep_needs_batch_1_before_anything_runs():
+    pytest.importorskip("moshi")
+    from duplexcadence.examples.personaplex.bench import subject
+
+    with pytest.raises(ValueError, match=r"run it with --batch 1, not 2$"):
+        subject(device="cpu", seconds=1, batch=2, lockstep="1")

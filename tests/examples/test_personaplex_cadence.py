@@ -297,7 +297,7 @@ def test_lockstep_members_cannot_join_late_since_the_old_offsets_are_shared_by_t
     shared = ", ".join([f"kv_end[{i}]" for i in range(8)] + [f"rope_offset[{i}]" for i in range(8)]
                        + ["transformer_offset"])
     assert str(error.value) == (
-        f"a member cannot join at instant 1: region(s) {shared} are shared by all rows (no dimension follows 'B'), "
+        f"a member cannot join at instant 1: region(s) {shared} are shared by all rows (no dimension is 'B'), "
         "so one row cannot start over alone; members join at the group's start")
     with pytest.raises(ValueError, match=r"it takes batch_size=1 and lanes=1, not 1 and 2"):
         PersonaPlexCadenceTail(mimi_model.build_mimi(seed=1234), lanes=2, lockstep=True)

@@ -96,3 +96,11 @@ def test_a_variant_not_meant_to_be_identical_reports_its_difference(user_folder)
     assert results[1].bit_identical is None
     assert results[1].info["max_abs_diff_vs_reference"] == pytest.approx(0.25)
     assert "max abs difference from stock" in bench.format_table(made, results)
+
+
+def test_an_option_the_subject_refuses_is_a_usage_error_before_anything_runs(user_folder, capsys):
+    pytest.importorskip("moshi")
+    code, out, err = run(capsys, "bench", "personaplex", "--device", "cpu", "--batch", "2", "--option", "lockstep=1")
+    assert code == 2 and out == ""
+    assert err == ("dsl bench: personaplex: --option lockstep=1 decodes the two instances of one batch-1 stream as "
+                   "one B=2 session: run it with --batch 1, not 2\n")

@@ -164,3 +164,124 @@ def test_close_gives_the_slot_back_and_members_stop():
         with pytest.raises(RuntimeError, match=r"^this lockstep group is closed$"):
             action()
     assert not member.active
+
+
+# --- what decides a late join, on small programs of their own ---------------------------------------------
+
+HEADER = """cadence 1 s
+param B = 2
+clock frame = 12.5 Hz
+region x : f32[B, time] on frame input
+region y : f32[B, time] on frame output
+"""
+ACCUMULATE = HEADER + """region acc : f32[B, 1] start zeros
+stage s on frame {
+    hook step
+    read x
+    update acc
+    write y +1
+}
+"""
+
+
+def accumulate(model, x, acc):
+    return acc + x, acc + x
+
+
+def group_of(tmp_path, text: str, hooks: dict, **load) -> LockstepGroup:
+    path = tmp_path / "p.clock"
+    path.write_text(text)
+    return LockstepGroup(Runtime.load(path, torch.nn.Module(), device="cpu", hooks=hooks, **load))
+
+
+def test_a_late_member_of_a_stationary_plan_starts_fresh(tmp_path):
+    group = group_of(tmp_path, ACCUMULATE, {"step": accumulate})
+    a = group.join()
+    for _ in range(3):
+        group.step({a: torch.ones(1, 1)})
+    b = group.join()
+    out = group.step({a: torch.ones(1, 1), b: torch.full((1, 1), 5.0)})
+    assert (out[a].item(), out[b].item()) == (4.0, 5.0)
+
+
+def test_a_hook_that_reads_the_clock_keeps_members_at_the_start(tmp_path):
+    def counted(model, x, acc, firing):
+        return acc + x, acc + firing.count
+
+    group = group_of(tmp_path, ACCUMULATE, {"step": counted})
+    group.step({group.join(): torch.ones(1, 1)})
+    assert group.join_problem(1) == ("stage(s) s take the firing (the group's instant and counts, not a new member's); "
+                                     "members join at the group's start")
+
+
+def test_an_on_reset_callback_keeps_members_at_the_start(tmp_path):
+    group = group_of(tmp_path, ACCUMULATE, {"step": accumulate}, on_reset=lambda model: None)
+    assert group.join_problem(1).startswith("the runtime has an on_reset callback")
+
+
+def test_a_doubled_batch_is_not_a_row(tmp_path):
+    """`f32[2 * B, 1]` (classifier-free guidance) follows B without being it: the region is shared by the rows."""
+    text = ACCUMULATE.replace("region acc : f32[B, 1]", "region acc : f32[2 * B, 1]")
+
+    def doubled(model, x, acc):
+        return acc + x.repeat(2, 1), (acc + x.repeat(2, 1))[:2]
+
+    group = group_of(tmp_path, text, {"step": doubled})
+    assert group.axes["acc"] is None and group.shared_state == ["acc"]
+    member = group.join()
+    assert group.step({member: torch.ones(1, 1)})[member].item() == 1.0
+    assert group.join_problem(1).startswith("region(s) acc are shared by all rows (no dimension is 'B')")
+
+
+def test_a_batch_named_by_a_derived_param_and_other_overrides_are_kept(tmp_path):
+    text = ACCUMULATE.replace("param B = 2\n", "param B = 2\nparam N = B\nparam W = 1\n").replace(
+        "f32[B, time]", "f32[N, time]").replace("region acc : f32[B, 1]", "region acc : f32[N, W]")
+    group = group_of(tmp_path, text, {"step": accumulate}, params={"B": 3, "W": 4})
+    assert group.rows == 3 and group.axes == {"x": 0, "y": 0, "acc": 0}
+
+
+def test_a_member_that_left_stops_counting(tmp_path):
+    group = group_of(tmp_path, ACCUMULATE, {"step": accumulate})
+    a, b = group.join(), group.join()
+    group.step({a: torch.ones(1, 1), b: torch.ones(1, 1)})
+    b.leave()
+    for _ in range(3):
+        group.step({a: torch.ones(1, 1)})
+    group.reset()
+    assert (a.instant, b.instant) == (0, 1)
+    group.close()
+    with pytest.raises(RuntimeError, match=r"^this lockstep group is closed$"):
+        a.leave()
+
+
+PHASED = HEADER + """clock slow = frame / 2
+region acc : f32[B, 1] start zeros
+region tick : f32[B, 1] start zeros
+stage s on frame {
+    hook step
+    read x
+    update acc
+    write y +1
+}
+stage t on slow {
+    hook slow
+    update tick
+}
+"""
+
+
+def test_a_member_joins_only_where_the_plan_repeats_instant_0(tmp_path):
+    """A stage at half the frame rate: odd instants run other stages than instant 0."""
+    group = group_of(tmp_path, PHASED, {"step": accumulate, "slow": lambda model, tick: tick + 1})
+    a = group.join()
+    group.step({a: torch.ones(1, 1)})
+    assert group.join_problem(1) == (
+        "the plan's shapes and lengths from instant 1 on are not those from instant 0 (the next instant that does "
+        "is 2); members join at the group's start, or at an instant that repeats instant 0")
+    with pytest.raises(LockstepError, match=r"^a member cannot join at instant 1: the plan's shapes"):
+        group.join()
+    group.step({a: torch.ones(1, 1)})
+    b = group.join()
+    out = group.step({a: torch.ones(1, 1), b: torch.full((1, 1), 7.0)})
+    assert (out[a].item(), out[b].item()) == (3.0, 7.0)
+    assert group.session.region("tick")[:, 0].tolist() == [2.0, 1.0]

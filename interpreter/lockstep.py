@@ -123,6 +123,9 @@ class LockstepGroup:
         module docstring); raises LockstepError when it does not or when every row is taken."""
         with self.runtime.lock:
             self._check_open()
+            if self.session.failed is not None:
+                raise LockstepError(f"a member cannot join a failed group ({self.session.failed!r}); reset() the "
+                                    "group first")
             free = [row for row, member in enumerate(self.members) if member is None]
             if not free:
                 raise LockstepError(f"all {self.rows} rows of the group are taken; load the runtime with a larger "
@@ -237,6 +240,9 @@ class LockstepGroup:
                 raise StepError(f"lockstep step: pass row {member.row}'s inputs by name: this instant takes "
                                 f"{', '.join(expected) or 'no input'}")
             return {expected[0]: value}
+        if not isinstance(value, Mapping):
+            raise StepError(f"lockstep step: row {member.row}'s inputs are a {type(value).__name__}; give a tensor or a "
+                            "dict of tensors by input name")
         return dict(value)
 
     def _batch(self, name: str, rows: dict[Member, torch.Tensor]) -> torch.Tensor:
@@ -244,7 +250,12 @@ class LockstepGroup:
         if axis is None:
             raise StepError(f"lockstep step: '{name}' is not an input region with a batch axis")
         first = next(iter(rows.values()))
+        declared = self.runtime.storage_dtypes.get(name)
         for member, tensor in rows.items():
+            if isinstance(tensor, torch.Tensor) and (tensor.dtype != declared or tensor.device != self.runtime.device):
+                region = self.runtime.program.regions[name]
+                raise StepError(f"lockstep step: row {member.row}'s '{name}' is {_described(tensor)}; the region is "
+                                f"{region.dtype} on {self.runtime.device}")
             if not isinstance(tensor, torch.Tensor) or tensor.dim() <= axis or tensor.shape[axis] != 1:
                 shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
                 raise StepError(f"lockstep step: row {member.row}'s '{name}' is {shape}; a member's input has a batch "

@@ -14,7 +14,8 @@ import torch
 
 from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
 from duplexcadence.interpreter.lockstep import LockstepError, LockstepGroup, batch_axes
-from duplexcadence.interpreter.runtime import Runtime, StepError, _get_rng, _seeded_rng_state, _set_rng
+from duplexcadence.interpreter.runtime import (
+    Runtime, SessionFailed, StepError, _get_rng, _seeded_rng_state, _set_rng)
 
 CLOCK = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 PROMPT, WINDOW, ROWS = 6, 20, 3
@@ -112,8 +113,11 @@ def test_bad_steps_raise_step_error_and_change_nothing():
     with pytest.raises(StepError, match=r"row 1's 'codes' is int64\[1, 2\] on cpu where another row's is "
                                         r"int64\[1, 1\] on cpu; members step in lockstep, with equal shapes"):
         group.step({a: stream[:, :1], b: torch.zeros(1, 2, dtype=torch.long)})
-    with pytest.raises(StepError, match=r"row 1's 'codes' is int32\[1, 1\] on cpu where another row's is int64"):
+    with pytest.raises(StepError, match=r"^lockstep step: row 1's 'codes' is int32\[1, 1\] on cpu; the region is i64 "
+                                        r"on cpu$"):
         group.step({a: stream[:, :1], b: torch.zeros(1, 1, dtype=torch.int32)})
+    with pytest.raises(StepError, match=r"^lockstep step: row 1's inputs are a NoneType; give a tensor or a dict"):
+        group.step({a: stream[:, :1], b: None})
     other, _ = make_group()
     stranger = other.join()
     with pytest.raises(StepError, match=r"1 input\(s\) for something that is not an active member"):
@@ -285,3 +289,22 @@ def test_a_member_joins_only_where_the_plan_repeats_instant_0(tmp_path):
     out = group.step({a: torch.ones(1, 1), b: torch.full((1, 1), 7.0)})
     assert (out[a].item(), out[b].item()) == (3.0, 7.0)
     assert group.session.region("tick")[:, 0].tolist() == [2.0, 1.0]
+
+
+def test_a_failed_group_takes_no_member_until_reset(tmp_path):
+    def failing(model, x, acc):
+        if bool((x < 0).any()):
+            raise RuntimeError("bad frame")
+        return acc + x, acc + x
+
+    group = group_of(tmp_path, ACCUMULATE, {"step": failing})
+    a = group.join()
+    with pytest.raises(SessionFailed):
+        group.step({a: -torch.ones(1, 1)})
+    with pytest.raises(LockstepError, match=r"^a member cannot join a failed group \(RuntimeError\('bad frame'\)\); "
+                                            r"reset\(\) the group first$"):
+        group.join()
+    group.reset()
+    b = group.join()
+    out = group.step({a: torch.ones(1, 1), b: torch.full((1, 1), 2.0)})
+    assert (out[a].item(), out[b].item(), a.instant, b.instant) == (1.0, 2.0, 1, 1)

@@ -5,11 +5,12 @@ together. A :class:`LockstepGroup` serves independent conversations from those r
 :class:`Member` owns one row of every batched region, and one `step` of the group runs one instant of
 every member with a single graph replay at batch B, instead of B replays at batch 1.
 
-Members may join later than the group's start when the plan allows it. The plan allows it at an
-instant whose planned shapes and region lengths are the same as at instant 0: then a fresh member
-differs from a fresh session only in its data (its row of every state region is zeroed, the
-`start zeros` the clock declares), and everything that tells instants apart (ring offsets,
-positions) lives in that data. Mimi's decoder is such a plan (its ring keeps its shapes from the
+Members may join later than the group's start when the program and its plan allow it
+(`LockstepGroup.join_problem` says why not): every state region has a row and starts as zeros, no
+hook reads the clock's firing and no `on_reset` rebuilds model state, and the planned shapes and
+region lengths from that instant on are those from instant 0. Then a fresh member differs from a
+fresh session only in its data (its row of every state region is zeroed), and everything that tells
+instants apart (ring offsets, positions) lives in that data. Mimi's decoder is such a plan (its ring keeps its shapes from the
 first frame and keeps per-row offsets), so a member may join at any instant. A plan whose shapes
 change during warm-up (a cache that grows to its window) takes members only at the group's start.
 
@@ -101,7 +102,7 @@ class LockstepGroup:
         io = [name for name, region in program.regions.items() if region.role in ("input", "output")]
         unbatched_io = [name for name in io if self.axes[name] is None]
         if unbatched_io:
-            raise LockstepError(f"input/output region(s) {', '.join(unbatched_io)} have no dimension that follows "
+            raise LockstepError(f"input/output region(s) {', '.join(unbatched_io)} have no dimension that is "
                                 f"'{batch_param}': a lockstep group cannot hand each member its row")
         persistent = [name for name in program.regions if runtime.plan.schedule.regions[name].persistent]
         self.shared_state = [name for name in persistent if self.axes[name] is None]

@@ -308,3 +308,12 @@ def test_a_failed_group_takes_no_member_until_reset(tmp_path):
     b = group.join()
     out = group.step({a: torch.ones(1, 1), b: torch.full((1, 1), 2.0)})
     assert (out[a].item(), out[b].item(), a.instant, b.instant) == (1.0, 2.0, 1, 1)
+
+
+def test_an_output_without_a_row_is_refused(tmp_path):
+    """`y` holds both rows side by side (`2 * B`): no member can be handed its own row of it."""
+    text = ACCUMULATE.replace("region y : f32[B, time]", "region y : f32[2 * B, time]")
+    with pytest.raises(LockstepError) as error:
+        group_of(tmp_path, text, {"step": accumulate})
+    assert str(error.value) == ("input/output region(s) y have no dimension that is 'B': a lockstep group cannot "
+                                "hand each member its row")

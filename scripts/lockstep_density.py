@@ -31,7 +31,6 @@ import copy
 import gc
 import importlib.util
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -110,14 +109,9 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=32, help="R: sessions per batched replay")
     parser.add_argument("--in-turn-sessions", default="16,24,32,40,48", help="counts for the in-turn kinds")
     parser.add_argument("--batched-sessions", default="64,128,192,256,320,384", help="counts for the batched kinds")
-    parser.add_argument("--rounds", type=int, default=4, help="measured rounds (seconds of audio) per count")
-    parser.add_argument("--warmup-rounds", type=int, default=1)
     parser.add_argument("--stock-mode", default="stock", help="MoshiStockDecoder mode of the moshi kinds")
-    parser.add_argument("--cpu-dry-run", action="store_true",
-                        help="CPU, 1 then 3 sessions (a late join), rows 2, rounds of 2 frames: checks the script (times mean nothing)")
-    default_out = (os.path.join(os.environ["OUT"], "mimi_lockstep_density.json") if os.environ.get("OUT")
-                   else "mimi_lockstep_density.json")
-    parser.add_argument("--out", default=default_out)
+    density.add_round_arguments(parser, 4, "1 then 3 sessions (a late join), rows 2, rounds of 2 frames",
+                                "mimi_lockstep_density.json")
     args = parser.parse_args()
     if args.cpu_dry_run:
         density.DEVICE, density.DRY_RUN = "cpu", True

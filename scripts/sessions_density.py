@@ -109,6 +109,15 @@ class Served:
         return (time.perf_counter() - start) * 1000
 
 
+def add_round_arguments(parser: argparse.ArgumentParser, rounds: int, dry_run: str, json_name: str) -> None:
+    """The options every density script shares: rounds per count, the CPU dry run, the JSON path."""
+    parser.add_argument("--rounds", type=int, default=rounds, help="measured rounds (seconds of audio) per count")
+    parser.add_argument("--warmup-rounds", type=int, default=1)
+    parser.add_argument("--cpu-dry-run", action="store_true", help=f"CPU, {dry_run}: checks the script (times mean nothing)")
+    default_out = os.path.join(os.environ["OUT"], json_name) if os.environ.get("OUT") else json_name
+    parser.add_argument("--out", default=default_out)
+
+
 def parse_counts(text: str) -> list[int]:
     return [int(value) for value in text.split(",")]
 
@@ -146,13 +155,8 @@ def main() -> int:
     parser.add_argument("--stock-sessions", default="1,2,4,6,8,10,12")
     parser.add_argument("--sessions", default="4,8,12,16,24,32", help="session counts for the runtime")
     parser.add_argument("--lanes", default="1,2,4", help="K,...: 1 = in turn with Session.step; K > 1 = step_many")
-    parser.add_argument("--rounds", type=int, default=6, help="measured rounds (seconds of audio) per count")
-    parser.add_argument("--warmup-rounds", type=int, default=1)
     parser.add_argument("--no-stock", action="store_true", help="skip stock (frames compared with lanes 1 only)")
-    parser.add_argument("--cpu-dry-run", action="store_true",
-                        help="CPU, 3 sessions, 2 rounds of 2 frames: checks the script (times mean nothing)")
-    default_out = os.path.join(os.environ["OUT"], "mimi_density.json") if os.environ.get("OUT") else "mimi_density.json"
-    parser.add_argument("--out", default=default_out)
+    add_round_arguments(parser, 6, "3 sessions, 2 rounds of 2 frames", "mimi_density.json")
     args = parser.parse_args()
     global DEVICE, DRY_RUN
     if args.cpu_dry_run:

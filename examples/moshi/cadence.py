@@ -5,6 +5,10 @@ binds `stdlib/models/mimi_decoder.clock` to it: every decode-path state tensor m
 KV caches and their offsets, the upsample and SEANet carries) becomes a view in DuplexCadence's
 arena, and the three stages call moshi's own modules (`stages.py`), so the arithmetic is moshi's.
 moshi's `CUDAGraphed` wrappers are bypassed: the runtime captures its own per-stage graphs.
+
+The latents between the stages are stored time-major (`[B, time, 512]`), the layout moshi itself hands
+over: the hooks transpose at the boundary, so the transformer and SEANet see views with moshi's
+strides. Bits do not depend on it (`stages.py`); speed does (see the clock file).
 """
 
 from __future__ import annotations
@@ -17,9 +21,27 @@ import torch
 from ...interpreter.runtime import Runtime
 from .stages import decode_codes_to_latent, run_decoder_transformer
 
+
+def codes_to_time_major_latent(mimi, codes: torch.Tensor) -> torch.Tensor:
+    """Stage `upsample`: codes [B, 8, 1] -> latent [B, 2, 512] (a view; the runtime copies it into `embedded`)."""
+    return decode_codes_to_latent(mimi, codes).transpose(1, 2)
+
+
+def time_major_decoder_transformer(mimi, latent: torch.Tensor) -> torch.Tensor:
+    """Stage `transformer`: latent [B, 2, 512] -> latent [B, 2, 512], moshi's transformer on the [B, 512, 2] view."""
+    return run_decoder_transformer(mimi, latent.transpose(1, 2)).transpose(1, 2)
+
+
+def time_major_seanet_decoder(mimi, latent: torch.Tensor) -> torch.Tensor:
+    """Stage `seanet`: latent [B, 2, 512] -> PCM [B, 1, 1920] (moshi's SEANet decoder on the [B, 512, 2] view;
+    no clone: the runtime copies the PCM into its `pcm` region)."""
+    return mimi.decoder(latent.transpose(1, 2))
+
+
 HOOKS = {
-    "mimi_codes_to_latent": decode_codes_to_latent,
-    "mimi_decoder_transformer": run_decoder_transformer,
+    "mimi_codes_to_latent": codes_to_time_major_latent,
+    "mimi_decoder_transformer": time_major_decoder_transformer,
+    "mimi_seanet_decoder": time_major_seanet_decoder,
 }
 
 

@@ -89,23 +89,26 @@ class PersonaPlexCadenceModel:
 
 
 def personaplex_codes_to_latent(model: PersonaPlexCadenceModel, codes: torch.Tensor) -> torch.Tensor:
-    """Codebook decode and the 2x upsample (its `partial` bound): codes [B, 8, 1] -> latent [B, 512, 2]."""
+    """Codebook decode and the 2x upsample (its `partial` bound): codes [B, 8, 1] -> latent [B, 2, 512]
+    (time-major, the layout of the upsample's own output: see the clock file)."""
     decoder = model.decoder
     latent = decoder.mimi.decode_latent(codes)
-    return decoder._conv_transpose("upsample.convtr", decoder.mimi.upsample.convtr, latent)
+    return decoder._conv_transpose("upsample.convtr", decoder.mimi.upsample.convtr, latent).transpose(1, 2)
 
 
 def personaplex_decoder_transformer(model: PersonaPlexCadenceModel, latent: torch.Tensor) -> torch.Tensor:
-    """The decoder transformer (ring KV and offsets bound): latent [B, 512, 2] -> latent [B, 512, 2]."""
-    (latent,) = model.decoder._run_decoder_transformer(latent)
-    return latent
+    """The decoder transformer (ring KV and offsets bound): latent [B, 2, 512] -> latent [B, 2, 512]; the
+    stock code runs it on the [B, 512, 2] view."""
+    (latent,) = model.decoder._run_decoder_transformer(latent.transpose(1, 2))
+    return latent.transpose(1, 2)
 
 
 def personaplex_seanet_decoder(model: PersonaPlexCadenceModel, latent: torch.Tensor) -> torch.Tensor:
-    """The SEANet decoder, eager ops as stock (conv carries and convtr partials bound): -> PCM [B, 1, 1920]."""
+    """The SEANet decoder, eager ops as stock (conv carries and convtr partials bound): latent [B, 2, 512]
+    (run on its [B, 512, 2] view, as stock) -> PCM [B, 1, 1920]."""
     model.clear_empty_carries()
     with no_compile():
-        pcm = model.decoder._run_seanet_decoder(latent)
+        pcm = model.decoder._run_seanet_decoder(latent.transpose(1, 2))
     model.clear_empty_carries()
     return pcm
 

@@ -87,6 +87,19 @@ class StepTemplate:
 
 
 @attrs.frozen
+class GraphReplay:
+    """One fused graph run of a planned instant with its addresses resolved once per session: the views
+    its inputs are copied into, the graph, and the views its outputs are cloned from. An on-plan step
+    made only of such runs skips re-deriving them from the firings (`Session._replay`)."""
+
+    feeds: tuple[tuple[str, torch.Tensor], ...] = attrs.field(repr=False)
+    graph: StageGraph = attrs.field(repr=False)
+    firings: tuple[Firing, ...]
+    rng: bool
+    outputs: tuple[tuple[str, torch.Tensor], ...] = attrs.field(repr=False)
+
+
+@attrs.frozen
 class PendingStep:
     """A step whose inputs were checked and whose runs were chosen, before anything changed: the
     runs (fused graph replays and eager firings), the inputs by name, the simulator after an
@@ -354,7 +367,7 @@ class Runtime:
                 args, named = ((inputs,), {}) if isinstance(inputs, torch.Tensor) else ((), dict(inputs or {}))
                 try:
                     session._check_steppable()
-                    pending[session] = session._begin(args, named, last=False)
+                    pending[session] = session._begin(args, named, False, session._planned_index(args, named, False))
                 except (StepError, SessionFailed, RuntimeError) as error:
                     raise type(error)(f"step_many(), the session in slot {session.slot}: {error}; no session "
                                       "was stepped") from error
@@ -462,6 +475,7 @@ class Session:
             self.storage[name] = RegionStorage(region, flat, double)
         self.graphs: dict[tuple, StageGraph] = {}
         self.runs: dict[int, list] = {}
+        self.replays: dict[int, tuple[GraphReplay, ...] | None] = {}  # by template index, resolved on first use
         self.counters = Counters()
         self.failed: BaseException | None = None
         self.closed = False
@@ -526,7 +540,11 @@ class Session:
     def _step(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool):
         with self.runtime.lock:
             self._check_steppable()
-            runs = self._run_step(self._begin(args, inputs, last))
+            index = self._planned_index(args, inputs, last)
+            replays = self._replays_at(index)
+            if replays is not None:
+                return self._replay(replays, inputs)
+            runs = self._run_step(self._begin(args, inputs, last, index))
             try:
                 while True:
                     try:
@@ -554,10 +572,14 @@ class Session:
             raise StepError(f"the session finished its stream at instant {self._instant - 1}; call reset() to "
                             "start the next one")
 
-    def _begin(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool) -> PendingStep:
-        """Everything a step decides before it changes anything: the inputs checked (StepError), the runs."""
+    def _planned_index(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool) -> int | None:
+        """The planned instant this step repeats (`_template_index`), None when it takes the general path."""
+        return self._template_index(args, inputs) if self.on_plan and not last else None
+
+    def _begin(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool, index: int | None) -> PendingStep:
+        """Everything a step decides before it changes anything: the inputs checked (StepError), the runs.
+        `index`: `_planned_index` of the same arguments (it names positional inputs in `inputs`)."""
         runtime = self.runtime
-        index = self._template_index(args, inputs) if self.on_plan and not last else None
         if index is not None:
             runs = self.runs.get(index) or self._eager_runs(runtime.templates[index].firings)
             return PendingStep(runs, inputs, None, False, last, dict(runtime.plan.trace.states[index][0]))
@@ -580,9 +602,7 @@ class Session:
                 self._execute(kind, key, firings, step.inputs, outputs, step.off_plan)
         except Exception as error:
             self.failed = error
-            raise SessionFailed(f"stage '{firing.stage}' ({self._call_text(firing)}) raised at instant "
-                                f"{self._instant}: {error!r}; the session refuses further steps until "
-                                "reset()") from error
+            raise self._stage_failed(firing, error) from error
         except BaseException as error:  # KeyboardInterrupt inside a run, or closed by _abandon (already failed)
             if self.failed is None:
                 self.failed = error
@@ -593,12 +613,84 @@ class Session:
             self.on_plan = self.on_plan and not step.off_plan
         else:
             self.simulator_stale = True
+        return self._advance(outputs, step.last)
+
+    def _replay(self, replays: tuple[GraphReplay, ...], inputs: Mapping[str, torch.Tensor]):
+        """An on-plan step made only of graph runs, on addresses resolved before (see `_replays_at`):
+        per run, copy the inputs in, replay, clone the outputs out; what `_run_step` does for such a step,
+        on the same views, with the same counters and failure handling."""
+        outputs: dict[str, torch.Tensor] = {}
+        counters = self.counters
+        run = None
+        try:
+            for run in replays:
+                for name, target in run.feeds:
+                    tensor = inputs[name]
+                    target.copy_(tensor.detach() if tensor.requires_grad else tensor)
+                if run.rng:
+                    with self._rng_scope(True):
+                        run.graph.graph.replay()
+                else:
+                    run.graph.graph.replay()
+                counters.replays += len(run.firings)
+                counters.per_graph[run.graph.key] += 1
+                for name, source in run.outputs:
+                    outputs[name] = source.clone()
+        except Exception as error:
+            self.failed = error
+            raise self._stage_failed(run.firings[0], error) from error
+        except BaseException as error:  # KeyboardInterrupt between two runs: part of the instant ran
+            self.failed = error
+            raise
+        self.simulator_stale = True
+        return self._advance(outputs, last=False)
+
+    def _advance(self, outputs: dict[str, torch.Tensor], last: bool):
+        """Count a completed step and return its outputs: a tensor, or a dict when there are several."""
         self._instant += 1
         self.counters.steps += 1
-        self.finished = step.last
+        self.finished = last
         if len(outputs) == 1:
             return next(iter(outputs.values()))
         return outputs
+
+    def _stage_failed(self, firing: Firing, error: Exception) -> SessionFailed:
+        return SessionFailed(f"stage '{firing.stage}' ({self._call_text(firing)}) raised at instant "
+                             f"{self._instant}: {error!r}; the session refuses further steps until reset()")
+
+    def _replays_at(self, index: int | None) -> tuple[GraphReplay, ...] | None:
+        """The resolved graph runs of planned instant `index`, or None when it has an eager firing (or a
+        feed that goes through a staging copy): such an instant takes the general path."""
+        if index is None:
+            return None
+        if index not in self.replays:
+            self.replays[index] = self._resolve_replays(self.runs.get(index))
+        return self.replays[index]
+
+    def _resolve_replays(self, runs: list | None) -> tuple[GraphReplay, ...] | None:
+        if not runs or any(kind != "graph" for kind, _, _ in runs):
+            return None
+        program = self.runtime.program
+        resolved = []
+        for _, key, firings in runs:
+            graph = self.graphs[key]
+            feeds, outputs = [], []
+            for firing in firings:
+                for view in firing.views:
+                    if view.kind == "feed":
+                        target = self.storage[view.region].append_target(view.offset, view.length)
+                        if target is None:
+                            return None
+                        feeds.append((view.region, target))
+                    elif view.kind == "write" and program.regions[view.region].role == "output":
+                        region = program.regions[view.region]
+                        source = (graph.module_outputs[view.region] if view.length is None else
+                                  self.storage[view.region].view(view.transient).narrow(
+                                      region.time_axis, view.offset, view.length))
+                        outputs.append((view.region, source))
+            rng = any(program.stages[f.stage].rng for f in firings)
+            resolved.append(GraphReplay(tuple(feeds), graph, tuple(firings), rng, tuple(outputs)))
+        return tuple(resolved)
 
     def region(self, name: str) -> torch.Tensor:
         """The current exact view of a region (for inspection; do not keep it across steps: a scratch

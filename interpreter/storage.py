@@ -95,6 +95,13 @@ class RegionStorage:
             return self.double[: self.unit * length].view(shape)
         return torch.empty(shape, dtype=self.dtype, device=self.flat.device)  # off-plan: a temporary
 
+    def append_target(self, current: int, units: int) -> torch.Tensor | None:
+        """The view that `append(current, 0, new)` copies `units` new units into, when it is one copy (the
+        units already held stay where they are); None when that append goes through a staging copy."""
+        if current and not self._time_outermost():
+            return None
+        return self.view(current + units).narrow(self.time_axis, current, units)
+
     def append(self, current: int, keep_from: int, new: torch.Tensor) -> int:
         """Keep units [keep_from, current) and append `new` after them; returns the new length."""
         axis = self.time_axis

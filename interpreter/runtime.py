@@ -17,6 +17,7 @@ execute the same arithmetic.
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import threading
 import time
@@ -1137,7 +1138,7 @@ class Session:
         try:
             with self._rng_scope(any(stage.rng for stage in stages)):
                 self._bound_lengths = dict(runtime.plan.trace.states[firings[0].instant][0])
-                with torch.cuda.graph(graph, pool=runtime.pools[self.lane], stream=stream):
+                with _collector_paused(), torch.cuda.graph(graph, pool=runtime.pools[self.lane], stream=stream):
                     for firing in firings:
                         module_outputs.update(self._run_body(firing))
         except Exception as error:
@@ -1271,6 +1272,22 @@ def _set_rng(device: torch.device, state: torch.Tensor) -> None:
         torch.cuda.set_rng_state(state, device)
     else:
         torch.set_rng_state(state)
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """No automatic garbage collection inside the block (a capture). A collection there may destroy the
+    CUDA graphs of a runtime that became garbage; destroying a graph during a capture invalidates that
+    capture, and its failed end leaves the default generator marked as capturing, so every later replay
+    of a graph that draws random numbers raises 'Offset increment outside graph capture'.
+    (`torch.cuda.graph` collects once before it begins, so nothing is held back for long.)"""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @contextlib.contextmanager

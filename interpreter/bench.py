@@ -119,10 +119,19 @@ def option_flag(value) -> bool:
 
 def fresh_peak(device: torch.device) -> int:
     """Collect garbage and restart the device's peak-memory statistics; returns the bytes allocated
-    now (0 off CUDA), the base that a later `max_memory_allocated` is measured from."""
+    now (0 off CUDA), the base that a later `max_memory_allocated` is measured from.
+
+    cuBLAS keeps a workspace per stream (32 MiB on this GPU) for the life of the process. They are
+    dropped here, so that each variant pays for the workspaces of the streams it uses, as it would alone
+    in a process, rather than reusing those an earlier variant allocated (moshi's `CUDAGraphed` and
+    DuplexCadence capture on different side streams)."""
     gc.collect()
     if device.type != "cuda":
         return 0
+    torch.cuda.synchronize(device)
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_workspaces is not None:
+        clear_workspaces()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     return torch.cuda.memory_allocated(device)

@@ -269,6 +269,65 @@ def failed_result(variant: Variant, error: BaseException, ticks_done: int = 0) -
                          ticks_done, {}, error=text)
 
 
+@attrs.frozen
+class SecondStatistics:
+    """Per-tick wall times grouped into duplex seconds: median, p90 and p99 over the seconds after warm-up,
+    the median steady tick, and every whole second from tick 0 (`warmup_seconds` of them lead)."""
+
+    median: float
+    p90: float
+    p99: float
+    tick_median: float
+    every_second: list[float]
+    warmup_seconds: int
+
+
+def second_statistics(subject: Subject, tick_ms: list[float]) -> SecondStatistics:
+    whole_seconds = seconds_of(len(tick_ms), subject.ticks_per_second)
+    every_second = [sum(tick_ms[t] for t in second) for second in whole_seconds]
+    warmup_seconds = sum(1 for second in whole_seconds if second.start < subject.warmup_ticks)
+    per_second = every_second[warmup_seconds:]
+    steady_ticks = tick_ms[subject.warmup_ticks:] or tick_ms
+    if not per_second:
+        per_second = [statistics.median(steady_ticks) * float(subject.ticks_per_second)]
+    return SecondStatistics(statistics.median(per_second), _percentile(per_second, 0.9),
+                            _percentile(per_second, 0.99), statistics.median(steady_ticks), every_second,
+                            warmup_seconds)
+
+
+def run_interleaved(subject: Subject, variants: list[Variant], ticks: int,
+                    progress: Callable[[str, int, int], None] | None = None) -> dict[str, SecondStatistics]:
+    """Time `variants` again, all built at once and stepped in turn: tick t of the first, of the second, ...,
+    each between two synchronisations. Every variant is then timed over the same stretch of wall-clock
+    time, so drift of the machine over a run (clocks, neighbours) is shared, where the sequential pass
+    gives each variant its own stretch. Needs the memory of every variant at once."""
+    runners = []
+    try:
+        for variant in variants:
+            runners.append((variant.name, variant.make()))
+            runners[-1][1].reset()
+        tick_ms: dict[str, list[float]] = {name: [] for name, _ in runners}
+        device = subject.device
+        with torch.no_grad():
+            for tick in range(ticks):
+                inputs = subject.inputs(tick)
+                for name, runner in runners:
+                    sync(device)
+                    begin = time.perf_counter()
+                    runner.step(**inputs)
+                    sync(device)
+                    tick_ms[name].append((time.perf_counter() - begin) * 1000)
+                if progress is not None:
+                    progress("interleaved", tick + 1, ticks)
+    finally:
+        for _, runner in runners:
+            close = getattr(runner, "close", None)
+            if callable(close):
+                close()
+        del runners
+    return {name: second_statistics(subject, times) for name, times in tick_ms.items()}
+
+
 def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list | None,
                 progress: Callable[[str, int, int], None] | None = None) -> tuple[VariantResult, list]:
     device = subject.device
@@ -313,21 +372,15 @@ def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list 
         if device.type == "cuda":
             peak_allocated = torch.cuda.max_memory_allocated(device) - base_allocated  # weights and state included
             peak_reserved = torch.cuda.max_memory_reserved(device)
-        whole_seconds = seconds_of(ticks, subject.ticks_per_second)
-        every_second = [sum(tick_ms[t] for t in second) for second in whole_seconds]
-        warmup_seconds = sum(1 for second in whole_seconds if second.start < subject.warmup_ticks)
-        per_second = every_second[warmup_seconds:]
-        steady_ticks = tick_ms[subject.warmup_ticks:] or tick_ms
-        if not per_second:
-            per_second = [statistics.median(steady_ticks) * float(subject.ticks_per_second)]
+        timing = second_statistics(subject, tick_ms)
         info = variant.info(runner)
         if largest_difference is not None:
             info = {**info, "max_abs_diff_vs_reference": largest_difference}
         memory = memory_breakdown(subject, runner, info, peak_allocated, state_bytes)
         result = VariantResult(
-            variant.name, statistics.median(per_second), _percentile(per_second, 0.9), _percentile(per_second, 0.99),
-            statistics.median(steady_ticks), busy_ms, busy_fraction, peak_allocated, peak_reserved, state_bytes,
-            setup_seconds, identical, mismatch, ticks, info, every_second, warmup_seconds, memory)
+            variant.name, timing.median, timing.p90, timing.p99, timing.tick_median, busy_ms, busy_fraction,
+            peak_allocated, peak_reserved, state_bytes, setup_seconds, identical, mismatch, ticks, info,
+            timing.every_second, timing.warmup_seconds, memory)
     finally:
         close = getattr(runner, "close", None)
         if callable(close):
@@ -353,9 +406,11 @@ def _run_guarded(subject: Subject, variant: Variant, ticks: int, reference: list
 
 
 def run(subject: Subject, ticks: int, progress: bool = True, compile: bool = False,
-        compile_budget_s: float | None = None) -> list[VariantResult]:
+        compile_budget_s: float | None = None, interleave: bool = False) -> list[VariantResult]:
     """Every variant of `subject`, reference first, under deterministic cuDNN; with `compile`, the
-    subject's compile variants last (a failed compile cannot disturb the others)."""
+    subject's compile variants last (a failed compile cannot disturb the others). With `interleave`, the
+    subject's own variants that ran are then timed again by `run_interleaved`, into each result's
+    `info["interleaved"]` (median, p90, p99 ms per second and the median tick)."""
     results = []
     reference_outputs = None
     bar = None
@@ -388,6 +443,16 @@ def run(subject: Subject, ticks: int, progress: bool = True, compile: bool = Fal
                     reference_outputs = outputs
                     result = attrs.evolve(result, bit_identical=True)
                 results.append(result)
+            if interleave:
+                ran = {r.name for r in results if r.error is None}
+                again = [v for v in ordered if v.name in ran and v in subject.variants]
+                del reference_outputs
+                fresh_peak(subject.device)
+                timed = run_interleaved(subject, again, ticks, report)
+                results = [attrs.evolve(r, info={**r.info, "interleaved": {
+                    "ms_per_s_median": timed[r.name].median, "ms_per_s_p90": timed[r.name].p90,
+                    "ms_per_s_p99": timed[r.name].p99, "tick_ms_median": timed[r.name].tick_median}})
+                    if r.name in timed else r for r in results]
     finally:
         if bar is not None:
             bar.stop()
@@ -596,6 +661,16 @@ def format_table(subject: Subject, results: list[VariantResult]) -> str:
     lines = [f"{subject.name} on {subject.device}: {subject.description}".rstrip(": ")]
     lines += table(["variant", "ms/s median", "p90", "p99", "vs first", "GPU busy ms/s", "busy", "peak alloc",
                     "peak reserved", "== stock eager"], rows, right=tuple(range(1, 9)))
+    interleaved = [r for r in results if "interleaved" in r.info]
+    if interleaved:
+        first = interleaved[0].info["interleaved"]["ms_per_s_median"]
+        lines.append("  timed again, every variant built at once and stepped in turn each tick:")
+        lines += table(["variant", "ms/s median", "p90", "p99", "vs first", "tick ms median"],
+                       [[r.name, *(f"{r.info['interleaved'][key]:.1f}" for key in
+                                   ("ms_per_s_median", "ms_per_s_p90", "ms_per_s_p99")),
+                         f"{first / r.info['interleaved']['ms_per_s_median']:.2f}x",
+                         f"{r.info['interleaved']['tick_ms_median']:.3f}"] for r in interleaved],
+                       right=tuple(range(1, 6)))
     for r in results:
         if r.first_mismatch:
             lines.append(f"  {r.name}: first mismatch at {r.first_mismatch}")

@@ -76,7 +76,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.compile and not subject.compile_variants:
         print(f"dsl bench: {subject.name} declares no torch.compile variant; --compile adds nothing", file=sys.stderr)
     results = bench.run(subject, ticks, progress=not args.no_progress, compile=args.compile,
-                        compile_budget_s=args.compile_budget)
+                        compile_budget_s=args.compile_budget, interleave=args.interleave)
     print(bench.format_table(subject, results))
     if args.json:
         bench.dump(args.json, bench.to_json(subject, results))
@@ -100,6 +100,10 @@ def register_bench(commands) -> None:
                              "a variant that fails is reported as failed)")
     parser.add_argument("--compile-budget", type=float, default=None, metavar="SECONDS",
                         help=f"wall-clock budget of each compile variant (default {bench.DEFAULT_COMPILE_BUDGET_S:g})")
+    parser.add_argument("--interleave", action="store_true",
+                        help="then time the variants again, all built at once and stepped in turn each tick, so "
+                             "that drift of the machine over the run is shared (needs every variant's memory "
+                             "at once; compile variants are left out)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(handler=cmd_bench)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+import attrs
 import pytest
 import torch
 
@@ -104,3 +105,55 @@ def test_an_option_the_subject_refuses_is_a_usage_error_before_anything_runs(use
     assert code == 2 and out == ""
     assert err == ("dsl bench: personaplex: --option lockstep=1 decodes the two instances of one batch-1 stream as "
                    "one B=2 session: run it with --batch 1, not 2\n")
+
+
+def test_interleave_times_every_variant_again_stepped_in_turn(user_folder, capsys):
+    """`--interleave`: after the sequential pass, every variant that ran is built again and they are stepped
+    in turn, tick by tick (one variant's tick t, then the next one's); each gets a second set of timings."""
+    from duplexcadence.examples.toy.bench import subject as toy_subject
+    from duplexcadence.interpreter import bench
+
+    made = toy_subject(device="cpu", seconds=1)
+    calls: list[str] = []
+
+    def logged(variant):
+        def make():
+            runner = variant.make()
+            step = runner.step
+
+            def logged_step(**inputs):
+                calls.append(variant.name)
+                return step(**inputs)
+
+            runner.step = logged_step
+            return runner
+
+        return attrs.evolve(variant, make=make)
+
+    made.variants = [logged(v) for v in made.variants]
+    names = [v.name for v in made.variants]
+    ticks = 4
+    results = bench.run(made, ticks, progress=False, interleave=True)
+    assert calls[:len(names) * ticks] == [name for name in names for _ in range(ticks)]  # the sequential pass
+    assert calls[len(names) * ticks:] == names * ticks  # then in turn
+    for result in results:
+        timed = result.info["interleaved"]
+        assert timed["ms_per_s_median"] > 0 and timed["tick_ms_median"] > 0
+        assert timed["ms_per_s_p90"] >= timed["ms_per_s_median"]
+    table = bench.format_table(made, results)
+    assert "timed again, every variant built at once and stepped in turn each tick:" in table
+
+    code, out, err = run(capsys, "bench", "my_bench:subject", "--device", "cpu", "--seconds", "1", "--no-progress",
+                         "--interleave")
+    assert code == 0, err
+    assert "stepped in turn each tick:" in out
+
+
+def test_without_interleave_there_is_no_second_timing(user_folder):
+    from duplexcadence.examples.toy.bench import subject as toy_subject
+    from duplexcadence.interpreter import bench
+
+    made = toy_subject(device="cpu", seconds=1)
+    results = bench.run(made, 3, progress=False)
+    assert all("interleaved" not in r.info for r in results)
+    assert "stepped in turn" not in bench.format_table(made, results)

@@ -297,10 +297,12 @@ def second_statistics(subject: Subject, tick_ms: list[float]) -> SecondStatistic
 
 def run_interleaved(subject: Subject, variants: list[Variant], ticks: int,
                     progress: Callable[[str, int, int], None] | None = None) -> dict[str, SecondStatistics]:
-    """Time `variants` again, all built at once and stepped in turn: tick t of the first, of the second, ...,
-    each between two synchronisations. Every variant is then timed over the same stretch of wall-clock
-    time, so drift of the machine over a run (clocks, neighbours) is shared, where the sequential pass
-    gives each variant its own stretch. Needs the memory of every variant at once."""
+    """Time `variants` again, all built at once and stepped in turn: tick t of each, each between two
+    synchronisations. Every variant is then timed over the same stretch of wall-clock time, so drift of the
+    machine over a run (clocks, neighbours) is shared, where the sequential pass gives each variant its own
+    stretch. The order rotates by one each tick (tick t starts with variant t mod n), so each variant
+    follows each other one equally often: a tick right after a fully eager one (thousands of launches) is
+    slower than one after a graph replay. Needs the memory of every variant at once."""
     runners = []
     try:
         for variant in variants:
@@ -311,7 +313,8 @@ def run_interleaved(subject: Subject, variants: list[Variant], ticks: int,
         with torch.no_grad():
             for tick in range(ticks):
                 inputs = subject.inputs(tick)
-                for name, runner in runners:
+                turn = tick % len(runners)
+                for name, runner in runners[turn:] + runners[:turn]:
                     sync(device)
                     begin = time.perf_counter()
                     runner.step(**inputs)

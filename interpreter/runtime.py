@@ -278,7 +278,7 @@ class Runtime:
         self.sessions: list[Session] = []
         self.closed_counters = Counters()
         # graphs bake in addresses, and addresses belong to a slot: a later session in the slot reuses them
-        self.slot_graphs: dict[int, tuple[dict, dict]] = {}
+        self.slot_graphs: dict[int, tuple[dict, dict, dict]] = {}  # slot -> its graphs, runs and resolved replays
         self.capture_seconds = 0.0
         self.graphs_captured = 0
 
@@ -337,8 +337,8 @@ class Runtime:
             if self.graphs_enabled:
                 if slot not in self.slot_graphs:
                     session._capture_graphs()  # an error here leaves the slot free
-                    self.slot_graphs[slot] = (session.graphs, session.runs)
-                session.graphs, session.runs = self.slot_graphs[slot]
+                    self.slot_graphs[slot] = (session.graphs, session.runs, session.replays)
+                session.graphs, session.runs, session.replays = self.slot_graphs[slot]
             self.free_slots.remove(slot)
             self.sessions.append(session)
             return session
@@ -444,7 +444,7 @@ class Runtime:
             totals.replays += session.counters.replays
             totals.eager_planned += session.counters.eager_planned
             totals.eager_off_plan += session.counters.eager_off_plan
-        covered = {signature for graphs, _ in self.slot_graphs.values() for key in graphs for signature in key}
+        covered = {signature for graphs, _, _ in self.slot_graphs.values() for key in graphs for signature in key}
         return RuntimeReport(str(self.device), self.arena.sessions, self.arena.nbytes, self.plan.arena.session_bytes,
                              self.plan.arena.scratch_bytes, regions, len(self.plan.capture.graphs),
                              self.graphs_captured, len(covered), self.capture_seconds, tuple(self.blocked.values()),
@@ -476,7 +476,7 @@ class Session:
             self.storage[name] = RegionStorage(region, flat, double)
         self.graphs: dict[tuple, StageGraph] = {}
         self.runs: dict[int, list] = {}
-        self.replays: dict[int, tuple[GraphReplay, ...] | None] = {}  # by template index, resolved on first use
+        self.replays: dict[int, tuple[GraphReplay, ...] | None] = {}  # by template index, resolved after capture
         self.counters = Counters()
         self.failed: BaseException | None = None
         self.closed = False
@@ -662,11 +662,13 @@ class Session:
     def _replays_at(self, index: int | None) -> tuple[GraphReplay, ...] | None:
         """The resolved graph runs of planned instant `index`, or None when it has an eager firing (or a
         feed that goes through a staging copy): such an instant takes the general path."""
-        if index is None:
-            return None
-        if index not in self.replays:
-            self.replays[index] = self._resolve_replays(self.runs.get(index))
-        return self.replays[index]
+        return None if index is None else self.replays.get(index)
+
+    def _resolve_all_replays(self) -> dict[int, tuple[GraphReplay, ...] | None]:
+        """`_resolve_replays` of every planned instant, once, when the slot's graphs are captured: each
+        warm-up instant is stepped once per session, so resolving on first use would cost every warm-up
+        step (the same views serve every later session of the slot: its addresses do not change)."""
+        return {index: self._resolve_replays(runs) for index, runs in self.runs.items()}
 
     def _resolve_replays(self, runs: list | None) -> tuple[GraphReplay, ...] | None:
         if not runs or any(kind != "graph" for kind, _, _ in runs):
@@ -1075,6 +1077,7 @@ class Session:
         for index, template in enumerate(runtime.templates):
             self.runs[index] = self._capture_template(
                 template, lambda key, firings: self._capture_run(key, firings, stream))
+        self.replays = self._resolve_all_replays()
         self.reset()
 
     def _capture_template(self, template: StepTemplate,

@@ -109,7 +109,7 @@ def test_an_option_the_subject_refuses_is_a_usage_error_before_anything_runs(use
 
 def test_interleave_times_every_variant_again_stepped_in_turn(user_folder, capsys):
     """`--interleave`: after the sequential pass, every variant that ran is built again and they are stepped
-    in turn, tick by tick (one variant's tick t, then the next one's); each gets a second set of timings."""
+    in turn, tick by tick, the order rotating by one each tick; each gets a second set of timings."""
     from duplexcadence.examples.toy.bench import subject as toy_subject
     from duplexcadence.interpreter import bench
 
@@ -135,7 +135,8 @@ def test_interleave_times_every_variant_again_stepped_in_turn(user_folder, capsy
     ticks = 4
     results = bench.run(made, ticks, progress=False, interleave=True)
     assert calls[:len(names) * ticks] == [name for name in names for _ in range(ticks)]  # the sequential pass
-    assert calls[len(names) * ticks:] == names * ticks  # then in turn
+    rotated = [names[(tick + i) % len(names)] for tick in range(ticks) for i in range(len(names))]
+    assert calls[len(names) * ticks:] == rotated  # then in turn, starting one further each tick
     for result in results:
         timed = result.info["interleaved"]
         assert timed["ms_per_s_median"] > 0 and timed["tick_ms_median"] > 0

@@ -41,6 +41,7 @@ def install_eager_graphs(session, fail_at_instant=None):
                 graph = EagerGraph(session, firings, lengths, fail_at_instant)
                 session.graphs[key] = StageGraph(len(session.graphs), graph, {}, 0.0)
         session.runs[index] = runs
+    session.replays = session._resolve_all_replays()  # as the capture does, once
 
 
 def sessions_pair():

@@ -261,6 +261,20 @@ def test_gpu_no_automatic_garbage_collection_inside_a_capture():
 
 
 @pytest.mark.gpu
+def test_gpu_replays_are_resolved_at_capture_and_shared_by_the_slots_next_sessions():
+    """Every planned instant's graph runs are resolved when the slot captures (a warm-up instant is stepped
+    once per session: resolving on first use would cost each warm-up step), and a later session of the
+    same slot steps on the same resolved views."""
+    runtime, prompt = make(device="cuda")
+    first = runtime.session(initial={"cache": prompt})
+    assert set(first.replays) == set(range(len(runtime.templates)))
+    assert all(replays is not None for replays in first.replays.values())
+    first.close()
+    second = runtime.session(initial={"cache": prompt})
+    assert second.replays is first.replays
+
+
+@pytest.mark.gpu
 def test_gpu_graph_budget_sends_the_rest_eager_and_still_matches():
     runtime, prompt = make(device="cuda", max_graphs=4)
     report = runtime.verify(stock_for(prompt, "cuda"), codes_stream(device="cuda"), ticks=80)

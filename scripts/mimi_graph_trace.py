@@ -8,7 +8,11 @@ replays are traced by CUPTI) and reports, per frame:
 * kernels and memcpy/memset operations, and their summed GPU time;
 * the span from the frame's first GPU operation to its last, and the idle time inside it (span minus
   the union of the operations' intervals);
-* the largest gaps between consecutive GPU operations, with the operations on both sides.
+* the largest gaps between consecutive GPU operations, with the operations on both sides;
+
+then the operations whose count or summed time differ between the two sides' median frames. (Its first
+run found the in-graph gap: 17 more copy kernels and 16 unvectorised adds on our side, from a
+channel-major latent between the stages; docs/benchmarks.md.)
 
 Each frame is profiled on its own (one profiler session around one step and its synchronisation), so
 the profiler's start and stop stay outside the frame's GPU timeline. JSON to --out; a table to stdout.
@@ -55,7 +59,12 @@ def frame_summary(operations: list[tuple[float, float, str]], top: int) -> dict:
         lowered = name.lower()
         kinds["memcpy" if "memcpy" in lowered else "memset" if "memset" in lowered else "kernel"] += 1
     gaps.sort(reverse=True)
-    return {"operations": len(operations), **kinds, "busy_us": busy, "span_us": span, "idle_us": span - busy,
+    by_name: dict[str, list[float]] = {}
+    for start, end, name in operations:
+        entry = by_name.setdefault(name[:160], [0, 0.0])
+        entry[0] += 1
+        entry[1] += end - start
+    return {"operations": len(operations), **kinds, "by_name": by_name, "busy_us": busy, "span_us": span, "idle_us": span - busy,
             "largest_gaps": [{"us": round(gap, 2), "after": before[:80], "before": after[:80]}
                              for gap, before, after in gaps[:top]]}
 
@@ -74,6 +83,17 @@ def trace(step, frames: int, warmup: int, top: int) -> list[dict]:
             torch.cuda.synchronize()
         summaries.append(frame_summary(gpu_operations(recorded), top))
     return summaries
+
+
+def operation_difference(ours: dict, theirs: dict) -> list[dict]:
+    """Operation names whose count or summed time differ between two frames' `by_name`, largest time first."""
+    rows = []
+    for name in set(ours) | set(theirs):
+        count_ours, us_ours = ours.get(name, (0, 0.0))
+        count_theirs, us_theirs = theirs.get(name, (0, 0.0))
+        if count_ours != count_theirs or abs(us_ours - us_theirs) > 1.0:
+            rows.append({"name": name, "count": [count_ours, count_theirs], "us": [round(us_ours, 2), round(us_theirs, 2)]})
+    return sorted(rows, key=lambda row: -abs(row["us"][0] - row["us"][1]))
 
 
 def median_of(summaries: list[dict], key: str) -> float:
@@ -112,10 +132,15 @@ def main() -> int:
               f"{median_of(summaries, 'span_us'):8.1f} {median_of(summaries, 'idle_us'):8.1f}")
         for gap in summaries[len(summaries) // 2].get("largest_gaps", [])[:3]:
             print(f"    gap {gap['us']:7.2f} us after {gap['after']!r} before {gap['before']!r}")
+    ours, theirs = (summaries[len(summaries) // 2].get("by_name", {}) for summaries in sides.values())
+    difference = operation_difference(ours, theirs)
+    print("operations that differ (count ours/theirs, us ours/theirs):")
+    for row in difference[:25]:
+        print(f"  {row['count'][0]:3d}/{row['count'][1]:<3d} {row['us'][0]:8.2f}/{row['us'][1]:<8.2f} {row['name'][:110]}")
     if args.out:
         with open(args.out, "w") as handle:
             json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "frames": args.frames,
-                       "sides": sides}, handle, indent=1)
+                       "difference": difference, "sides": sides}, handle, indent=1)
         print(f"wrote {args.out}")
     return 0
 

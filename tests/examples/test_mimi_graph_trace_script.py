@@ -32,3 +32,13 @@ def test_without_cuda_it_says_so():
     done = subprocess.run([sys.executable, str(SCRIPT), "--frames", "1"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr == "mimi_graph_trace: needs a CUDA device (it traces graph replays on the GPU)\n"
+
+
+def test_operation_difference_lists_what_differs_in_count_or_time_largest_first():
+    ours = {"copy": [27, 36.3], "add": [45, 70.4], "gemv": [24, 150.0], "same": [8, 260.0]}
+    theirs = {"copy": [10, 13.5], "add": [29, 48.8], "gemv": [24, 150.5], "same": [8, 260.4], "memcpy": [29, 26.2]}
+    assert graph_trace.operation_difference(ours, theirs) == [
+        {"name": "memcpy", "count": [0, 29], "us": [0.0, 26.2]},
+        {"name": "copy", "count": [27, 10], "us": [36.3, 13.5]},
+        {"name": "add", "count": [45, 29], "us": [70.4, 48.8]},
+    ]

@@ -18,6 +18,7 @@ from . import depgraph, messages
 from .diagnostics import Diagnostic, Note
 from .printer import number_text
 from .program import Access, Program, Retention, StageInfo, lcm_fractions
+from .source import Span
 
 
 def _fmt(value: Fraction) -> str:
@@ -244,12 +245,27 @@ def check_roles(program: Program) -> Iterator[Diagnostic]:
                 yield messages.write_to_input(stage.name, access.region, access.span, region.span)
             elif access.kind == "write" and region.retention.kind == "ring":
                 yield messages.ring_written(stage.name, access.region, access.span, region.retention.span)
+    first_reader: dict[str, tuple[str, Span | None]] = {}
+    for stage in program.stages.values():
+        for access in stage.accesses:
+            region = program.regions[access.region]
+            if access.kind != "read" or region.role != "input":
+                continue
+            if access.region not in first_reader:
+                first_reader[access.region] = (stage.name, access.span)
+            elif first_reader[access.region][0] != stage.name:  # a stage may read its input in several windows
+                first_stage, first_span = first_reader[access.region]
+                yield messages.input_read_twice(access.region, stage.name, first_stage, access.span, first_span)
     reported: set[str] = set()
     for name, region in program.regions.items():
         key = region.family or name
         if region.role == "output" and name not in written and key not in reported:
             reported.add(key)
             yield messages.output_never_written(key, region.span)
+        elif (region.role == "output" and region.retention.kind not in ("io", "scratch")
+              and key not in reported):  # the runtime clones an output's units after the trim would move them
+            reported.add(key)
+            yield messages.output_retained(key, region.retention.describe(), region.retention.span or region.span)
 
 
 def check_cycles(program: Program) -> Iterator[Diagnostic]:
@@ -269,6 +285,17 @@ def check_cycles(program: Program) -> Iterator[Diagnostic]:
 def check_unused(program: Program) -> Iterator[Diagnostic]:
     """Regions no stage uses (outputs are left to `check_roles`, which makes that an error)."""
     used = {a.region for s in program.stages.values() for a in s.accesses}
+    first_reader: dict[str, tuple[str, Span | None]] = {}
+    for stage in program.stages.values():
+        for access in stage.accesses:
+            region = program.regions[access.region]
+            if access.kind != "read" or region.role != "input":
+                continue
+            if access.region not in first_reader:
+                first_reader[access.region] = (stage.name, access.span)
+            elif first_reader[access.region][0] != stage.name:  # a stage may read its input in several windows
+                first_stage, first_span = first_reader[access.region]
+                yield messages.input_read_twice(access.region, stage.name, first_stage, access.span, first_span)
     reported: set[str] = set()
     for name, region in program.regions.items():
         key = region.family or name

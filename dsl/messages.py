@@ -38,7 +38,8 @@ SHAPE = ErrorCode("bad-shape", "a shape with two time axes, an input/output with
 SHAPE_ARITY = ErrorCode("shape-arity", "a stock shape with the wrong number of dimensions")
 MISSING_CLOCK = ErrorCode("missing-clock", "a region without `on CLOCK`")
 STAGE_CALLABLE = ErrorCode("stage-callable", "a stage without exactly one `module` or `hook`")
-ROLE = ErrorCode("bad-role", "an input written by a stage, an output no stage writes, or a ring that is appended to")
+ROLE = ErrorCode("bad-role", "an input written by a stage or read by two, an output no stage writes or that keeps "
+                 "units, or a ring that is appended to")
 BAD_INDEX = ErrorCode("bad-index", "a family member index out of range, or an index on a plain region")
 BAD_BIND = ErrorCode("bad-bind", "a binding or module path that is malformed, shared, or names an unknown placeholder")
 BAD_ACCESS = ErrorCode("bad-access", "a read or write that does not fit its region (a window on a ring, a "
@@ -408,6 +409,20 @@ def ring_written(stage: str, region: str, span: Span | None, declared: Span | No
                       span, notes=(Note(f"'{region}' is declared `retain ring` here", declared),),
                       helps=(f"write `update {region} +N` (the module updates the ring), or keep a window: "
                              "`retain last N`",))
+
+
+def input_read_twice(region: str, stage: str, first_stage: str, span: Span | None, first: Span | None) -> Diagnostic:
+    return Diagnostic(ROLE, f"stage '{stage}' reads input region '{region}', which stage '{first_stage}' reads too",
+                      span, notes=(Note(f"'{first_stage}' reads it here", first),),
+                      helps=("`step()` feeds an input's units to the one stage that reads it; let that stage write "
+                             "what the others need into a region they read",))
+
+
+def output_retained(region: str, retention: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(ROLE, f"output region '{region}' declares `retain {retention}`: an output keeps nothing between "
+                            "instants", span,
+                      helps=("`step()` returns the units a stage writes in the instant; drop the `retain` clause, or "
+                             "keep the history in a state region the stage also writes",))
 
 
 def output_never_written(region: str, span: Span | None) -> Diagnostic:

@@ -124,9 +124,9 @@ def test_every_problem_is_reported_at_once(tmp_path):
 
 def test_a_module_called_with_one_argument_too_many_is_refused_at_load(tmp_path):
     clock = variant(tmp_path, "    read hidden\n    write attended +1\n",
-                    "    read hidden\n    read codes\n    write attended +1\n")
+                    "    read hidden\n    read hidden\n    write attended +1\n")
     [diagnostic] = load_error(clock, build_toy())
-    assert diagnostic.message == ("stage 'attend' calls module 'attention' as (hidden, codes, cache), but it is "
+    assert diagnostic.message == ("stage 'attend' calls module 'attention' as (hidden, hidden, cache), but it is "
                                   "WindowAttention.forward(x, cache): too many positional arguments")
     assert line_of(diagnostic, clock).startswith('module "attention"')
 

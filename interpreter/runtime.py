@@ -1282,8 +1282,8 @@ def _collector_paused():
     """No automatic garbage collection inside the block (a capture). A collection there may destroy the
     CUDA graphs of a runtime that became garbage; destroying a graph during a capture invalidates that
     capture, and its failed end leaves the default generator marked as capturing, so every later replay
-    of a graph that draws random numbers raises 'Offset increment outside graph capture'.
-    (`torch.cuda.graph` collects once before it begins, so nothing is held back for long.)"""
+    of a graph that draws random numbers raises 'Offset increment outside graph capture'. (Since torch 2.x
+    `torch.cuda.graph` collects before a capture only with `torch.compiler.config.force_cudagraph_gc`.)"""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -285,17 +285,6 @@ def check_cycles(program: Program) -> Iterator[Diagnostic]:
 def check_unused(program: Program) -> Iterator[Diagnostic]:
     """Regions no stage uses (outputs are left to `check_roles`, which makes that an error)."""
     used = {a.region for s in program.stages.values() for a in s.accesses}
-    first_reader: dict[str, tuple[str, Span | None]] = {}
-    for stage in program.stages.values():
-        for access in stage.accesses:
-            region = program.regions[access.region]
-            if access.kind != "read" or region.role != "input":
-                continue
-            if access.region not in first_reader:
-                first_reader[access.region] = (stage.name, access.span)
-            elif first_reader[access.region][0] != stage.name:  # a stage may read its input in several windows
-                first_stage, first_span = first_reader[access.region]
-                yield messages.input_read_twice(access.region, stage.name, first_stage, access.span, first_span)
     reported: set[str] = set()
     for name, region in program.regions.items():
         key = region.family or name

@@ -101,6 +101,7 @@ class VariantResult:
     warmup_seconds: int = 0  # leading entries of per_second_ms that hold warm-up ticks (not in the statistics)
     memory: dict | None = None  # see memory_breakdown
     error: str | None = None  # why a `may_fail` variant failed (its numbers are then None)
+    host_ms_median: float | None = None  # a steady tick's time until `step` returns, before the synchronisation
 
     def to_json(self) -> dict:
         return attrs.asdict(self)
@@ -344,6 +345,7 @@ def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list 
         state_bytes = (torch.cuda.memory_allocated(device) - base_allocated) if device.type == "cuda" else None
         outputs: list = []
         tick_ms: list[float] = []
+        host_ms: list[float] = []
         mismatch = None
         identical = True if reference is not None and variant.compare else None
         largest_difference = None
@@ -353,8 +355,10 @@ def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list 
                 sync(device)
                 begin = time.perf_counter()
                 result = runner.step(**inputs)
+                returned = time.perf_counter()
                 sync(device)
                 tick_ms.append((time.perf_counter() - begin) * 1000)
+                host_ms.append((returned - begin) * 1000)
                 result = result if isinstance(result, Mapping) else {"output": result}
                 if reference is None and variant.reference:
                     outputs.append({k: v.detach().clone() for k, v in result.items()})
@@ -383,7 +387,8 @@ def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list 
         result = VariantResult(
             variant.name, timing.median, timing.p90, timing.p99, timing.tick_median, busy_ms, busy_fraction,
             peak_allocated, peak_reserved, state_bytes, setup_seconds, identical, mismatch, ticks, info,
-            timing.every_second, timing.warmup_seconds, memory)
+            timing.every_second, timing.warmup_seconds, memory,
+            host_ms_median=statistics.median(host_ms[subject.warmup_ticks:] or host_ms))
     finally:
         close = getattr(runner, "close", None)
         if callable(close):
@@ -653,17 +658,18 @@ def format_table(subject: Subject, results: list[VariantResult]) -> str:
     rows = []
     for r in results:
         if r.error is not None:
-            rows.append([r.name, "FAILED", "-", "-", "-", "-", "-", "-", "-", "-"])
+            rows.append([r.name, "FAILED", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
             continue
         rows.append([r.name, f"{r.ms_per_s_median:.1f}", f"{r.ms_per_s_p90:.1f}", f"{r.ms_per_s_p99:.1f}",
                      f"{reference.ms_per_s_median / r.ms_per_s_median:.2f}x",
+                     "-" if r.host_ms_median is None else f"{r.host_ms_median:.3f}",
                      "-" if r.gpu_busy_ms_per_s is None else f"{r.gpu_busy_ms_per_s:.1f}",
                      "-" if r.busy_fraction is None else f"{r.busy_fraction:.0%}",
                      human_bytes(r.peak_allocated_bytes), human_bytes(r.peak_reserved_bytes),
                      {True: "yes", False: "NO", None: "-"}[r.bit_identical]])
     lines = [f"{subject.name} on {subject.device}: {subject.description}".rstrip(": ")]
-    lines += table(["variant", "ms/s median", "p90", "p99", "vs first", "GPU busy ms/s", "busy", "peak alloc",
-                    "peak reserved", "== stock eager"], rows, right=tuple(range(1, 9)))
+    lines += table(["variant", "ms/s median", "p90", "p99", "vs first", "host ms/tick", "GPU busy ms/s", "busy",
+                    "peak alloc", "peak reserved", "== stock eager"], rows, right=tuple(range(1, 10)))
     interleaved = [r for r in results if "interleaved" in r.info]
     if interleaved:
         first = interleaved[0].info["interleaved"]["ms_per_s_median"]

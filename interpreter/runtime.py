@@ -116,13 +116,15 @@ class PendingStep:
 
 @attrs.define
 class Counters:
-    """What a session did: graph replays, eager firings (planned, e.g. over budget; or off-plan)."""
+    """What a session did: steps, graph replays, eager firings (planned, e.g. over budget; or off-plan), and
+    the steps that took the short replay path (`Session._replay`)."""
 
     steps: int = 0
     replays: int = 0
     eager_planned: int = 0
     eager_off_plan: int = 0
     per_graph: Counter = attrs.field(factory=Counter)
+    short_path_steps: int = 0
 
 
 @attrs.frozen
@@ -153,6 +155,7 @@ class RuntimeReport:
     eager_off_plan: int
     lanes: int = 1
     """Scratch copies in the arena: `arena_bytes` = sessions x `session_bytes` + lanes x `scratch_bytes`."""
+    short_path_steps: int = 0
 
     @property
     def stock_bytes(self) -> int:
@@ -179,7 +182,7 @@ class RuntimeReport:
         lines.append(f"  graphs: {self.stage_graphs_covered} of {self.graphs_planned} planned stage graphs captured, "
                      f"fused into {self.graphs_captured} instant graphs in {self.capture_seconds:.2f} s; stage "
                      f"replays {self.replays}; eager firings {self.eager_planned} planned + {self.eager_off_plan} "
-                     "outside the plan")
+                     f"outside the plan; {self.short_path_steps} steps on the short replay path")
         for diagnostic in self.blocked:
             lines.append(f"  blocked: {diagnostic.message}")
         return "\n".join(lines)
@@ -444,11 +447,13 @@ class Runtime:
             totals.replays += session.counters.replays
             totals.eager_planned += session.counters.eager_planned
             totals.eager_off_plan += session.counters.eager_off_plan
+            totals.short_path_steps += session.counters.short_path_steps
         covered = {signature for graphs, _, _ in self.slot_graphs.values() for key in graphs for signature in key}
         return RuntimeReport(str(self.device), self.arena.sessions, self.arena.nbytes, self.plan.arena.session_bytes,
                              self.plan.arena.scratch_bytes, regions, len(self.plan.capture.graphs),
                              self.graphs_captured, len(covered), self.capture_seconds, tuple(self.blocked.values()),
-                             totals.replays, totals.eager_planned, totals.eager_off_plan, self.lanes)
+                             totals.replays, totals.eager_planned, totals.eager_off_plan, self.lanes,
+                             totals.short_path_steps)
 
     def verify(self, stock, inputs, ticks: int | None = None, seed: int = 0):
         """Run stock eager and a fresh session side by side; see `duplexcadence.interpreter.verify`."""
@@ -644,6 +649,7 @@ class Session:
             self.failed = error
             raise
         self.simulator_stale = True
+        counters.short_path_steps += 1
         return self._advance(outputs, last=False)
 
     def _advance(self, outputs: dict[str, torch.Tensor], last: bool):
@@ -727,6 +733,7 @@ class Session:
                     runtime.closed_counters.replays += self.counters.replays
                     runtime.closed_counters.eager_planned += self.counters.eager_planned
                     runtime.closed_counters.eager_off_plan += self.counters.eager_off_plan
+                    runtime.closed_counters.short_path_steps += self.counters.short_path_steps
 
     # --- one step --------------------------------------------------------------------------------
 

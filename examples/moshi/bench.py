@@ -72,6 +72,14 @@ class _Cadence:
         return self.session.step(codes=codes)
 
 
+def _cadence_info(runner: _Cadence) -> dict:
+    report = runner.runtime.report()
+    return {"graphs": report.graphs_captured, "stage_graphs": report.stage_graphs_covered,
+            "capture_seconds": report.capture_seconds, "arena_bytes": report.arena_bytes,
+            "steps": runner.session.counters.steps, "short_path_steps": report.short_path_steps,
+            "eager_planned": report.eager_planned, "eager_off_plan": report.eager_off_plan}
+
+
 def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 1234, **_) -> Subject:
     device = torch.device(device)
     # the harness runs `seconds` of ticks, then up to 2 s more for the GPU-busy profile
@@ -86,11 +94,7 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 
             Variant("moshi fully eager (no compile)", lambda: _Decoder(batch, "eager", device, seed),
                     compare=not compiled),
         ]
-    variants.append(Variant("duplexcadence", lambda: _Cadence(batch, device, seed),
-                            info=lambda r: {"graphs": r.runtime.report().graphs_captured,
-                                            "stage_graphs": r.runtime.report().stage_graphs_covered,
-                                            "capture_seconds": r.runtime.report().capture_seconds,
-                                            "arena_bytes": r.runtime.report().arena_bytes}))
+    variants.append(Variant("duplexcadence", lambda: _Cadence(batch, device, seed), info=_cadence_info))
     rope = "compiled rope" if compiled else "eager rope"
     return Subject("moshi", Fraction(25, 2), lambda t: {"codes": codes[:, :, t:t + 1]}, variants, device,
                    description=f"Mimi decoder (moshi 0.2.13), fp32, 8 codebooks, B={batch}, {rope}",

@@ -157,4 +157,7 @@ def test_without_interleave_there_is_no_second_timing(user_folder):
     made = toy_subject(device="cpu", seconds=1)
     results = bench.run(made, 3, progress=False)
     assert all("interleaved" not in r.info for r in results)
+    assert all(r.host_ms_median > 0 for r in results)  # on CPU a tick is host time only
+    assert all(r.host_ms_median <= r.tick_ms_median for r in results)  # each tick: host time, then the sync
+    assert "host ms/tick" in bench.format_table(made, results)
     assert "stepped in turn" not in bench.format_table(made, results)

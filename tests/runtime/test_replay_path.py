@@ -75,6 +75,8 @@ def test_replayed_steps_equal_the_general_path_and_skip_it(monkeypatch):
     assert replayed.counters.replays == 3 * TICKS  # three firings an instant, each replayed
     assert sum(replayed.counters.per_graph.values()) == TICKS  # one fused run an instant
     assert replayed.counters.eager_planned == replayed.counters.eager_off_plan == 0
+    assert replayed.counters.short_path_steps == TICKS and general.counters.short_path_steps == 0
+    assert replayed.runtime.report().short_path_steps == TICKS
     assert all(replays is not None for replays in replayed.replays.values())
     assert set(replayed.replays) == set(range(len(replayed.runtime.templates)))
     assert torch.equal(replayed.region("cache"), general.region("cache"))  # the simulator catches up

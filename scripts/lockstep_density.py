@@ -30,7 +30,6 @@ import argparse
 import copy
 import gc
 import importlib.util
-import json
 import sys
 import time
 from pathlib import Path
@@ -198,14 +197,7 @@ def main() -> int:
         record(result, served, kind, [f"moshi stock, batched B={args.rows}", "duplexcadence, in turn"], peak_from)
         del served, groups, runtime
 
-    in_turn_best = next(r["max_sessions_p99_under_1s"] for r in payload["results"] if r["kind"] == "moshi stock, in turn")
-    for result in payload["results"]:
-        if in_turn_best:
-            result["ratio_to_moshi_stock_in_turn"] = result["max_sessions_p99_under_1s"] / in_turn_best
-    payload["wall_seconds"] = time.perf_counter() - started
-    with open(args.out, "w") as handle:
-        json.dump(payload, handle, indent=1, sort_keys=True, default=str)
-    log(f"wrote {args.out}")
+    density.write_results(payload, "moshi stock, in turn", "ratio_to_moshi_stock_in_turn", started, args.out)
     must_equal = [r.get(f"frames_not_equal_to_moshi stock, batched B={args.rows}", 0) for r in payload["results"]]
     must_equal += [r.get("frames_not_equal_to_moshi stock, in turn", 0) for r in payload["results"]]
     return 0 if sum(must_equal) == 0 else 1

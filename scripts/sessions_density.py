@@ -128,6 +128,19 @@ def session_codes(sweeps: list[list[int]], rounds: int, warmup: int):
     return lambda index: random_codes(1, frames, seed=100 + index).to(DEVICE)
 
 
+def write_results(payload: dict, baseline_kind: str, ratio_key: str, started: float, path: str) -> None:
+    """Each result's sessions at 1 s as a ratio to `baseline_kind`'s (under `ratio_key`), the run's wall time,
+    then the JSON to `path`."""
+    best = next((r["max_sessions_p99_under_1s"] for r in payload["results"] if r["kind"] == baseline_kind), None)
+    for result in payload["results"]:
+        if best:
+            result[ratio_key] = result["max_sessions_p99_under_1s"] / best
+    payload["wall_seconds"] = time.perf_counter() - started
+    with open(path, "w") as handle:
+        json.dump(payload, handle, indent=1, sort_keys=True, default=str)
+    log(f"wrote {path}")
+
+
 def sweep(served: Served, counts: list[int], rounds: int, warmup: int) -> dict:
     rows, best = [], 0
     for count in counts:
@@ -212,14 +225,7 @@ def main() -> int:
             log(f"{kind}: {result['max_sessions_p99_under_1s']} sessions at 1 s (p99); arena "
                 f"{report.arena_bytes / 2**20:.1f} MiB for {slots} slots")
             del served, runtime
-    stock_best = next((r["max_sessions_p99_under_1s"] for r in payload["results"] if r["kind"] == "stock"), None)
-    for result in payload["results"]:
-        if stock_best:
-            result["ratio_to_stock"] = result["max_sessions_p99_under_1s"] / stock_best
-    payload["wall_seconds"] = time.perf_counter() - started
-    with open(args.out, "w") as handle:
-        json.dump(payload, handle, indent=1, sort_keys=True, default=str)
-    log(f"wrote {args.out}")
+    write_results(payload, "stock", "ratio_to_stock", started, args.out)
     differ = sum(v for r in payload["results"] for k, v in r.items() if k.startswith("frames_not_equal"))
     return 0 if differ == 0 else 1
 

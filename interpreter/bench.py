@@ -456,11 +456,17 @@ def run(subject: Subject, ticks: int, progress: bool = True, compile: bool = Fal
                 again = [v for v in ordered if v.name in ran and v in subject.variants]
                 del reference_outputs
                 fresh_peak(subject.device)
-                timed = run_interleaved(subject, again, ticks, report)
-                results = [attrs.evolve(r, info={**r.info, "interleaved": {
-                    "ms_per_s_median": timed[r.name].median, "ms_per_s_p90": timed[r.name].p90,
-                    "ms_per_s_p99": timed[r.name].p99, "tick_ms_median": timed[r.name].tick_median}})
-                    if r.name in timed else r for r in results]
+                try:
+                    timed = run_interleaved(subject, again, ticks, report)
+                except Exception as error:  # e.g. every variant at once does not fit: keep the sequential results
+                    text = f"{type(error).__name__}: {error}".strip()[:600]
+                    results = [attrs.evolve(r, info={**r.info, "interleaved": {"error": text}})
+                               if r.name in {v.name for v in again} else r for r in results]
+                else:
+                    results = [attrs.evolve(r, info={**r.info, "interleaved": {
+                        "ms_per_s_median": timed[r.name].median, "ms_per_s_p90": timed[r.name].p90,
+                        "ms_per_s_p99": timed[r.name].p99, "tick_ms_median": timed[r.name].tick_median}})
+                        if r.name in timed else r for r in results]
     finally:
         if bar is not None:
             bar.stop()
@@ -670,7 +676,10 @@ def format_table(subject: Subject, results: list[VariantResult]) -> str:
     lines = [f"{subject.name} on {subject.device}: {subject.description}".rstrip(": ")]
     lines += table(["variant", "ms/s median", "p90", "p99", "vs first", "host ms/tick", "GPU busy ms/s", "busy",
                     "peak alloc", "peak reserved", "== stock eager"], rows, right=tuple(range(1, 10)))
-    interleaved = [r for r in results if "interleaved" in r.info]
+    interleaved = [r for r in results if "interleaved" in r.info and "error" not in r.info["interleaved"]]
+    failed = next((r.info["interleaved"]["error"] for r in results if "error" in r.info.get("interleaved", {})), None)
+    if failed is not None:
+        lines.append(f"  the interleaved pass FAILED: {failed}")
     if interleaved:
         first = interleaved[0].info["interleaved"]["ms_per_s_median"]
         lines.append("  timed again, every variant built at once and stepped in turn each tick:")

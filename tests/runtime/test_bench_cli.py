@@ -161,3 +161,29 @@ def test_without_interleave_there_is_no_second_timing(user_folder):
     assert all(r.host_ms_median <= r.tick_ms_median for r in results)  # each tick: host time, then the sync
     assert "host ms/tick" in bench.format_table(made, results)
     assert "stepped in turn" not in bench.format_table(made, results)
+
+
+def test_a_failed_interleaved_pass_keeps_the_sequential_results(user_folder):
+    """The interleaved pass builds every variant again, all at once: if that fails (out of memory, a
+    variant that cannot be built twice), the sequential results stand and the table says why."""
+    from duplexcadence.examples.toy.bench import subject as toy_subject
+    from duplexcadence.interpreter import bench
+
+    made = toy_subject(device="cpu", seconds=1)
+    builds = []
+    cadence = next(v for v in made.variants if v.name == "duplexcadence")
+
+    def make_once():
+        builds.append(1)
+        if len(builds) > 1:
+            raise RuntimeError("CUDA out of memory (made up)")
+        return cadence.make()
+
+    made.variants = [v if v is not cadence else attrs.evolve(cadence, make=make_once) for v in made.variants]
+    results = bench.run(made, 3, progress=False, interleave=True)
+    assert [r.error for r in results] == [None, None]
+    assert all(r.ms_per_s_median > 0 and r.bit_identical for r in results)
+    assert all(r.info["interleaved"] == {"error": "RuntimeError: CUDA out of memory (made up)"} for r in results)
+    table = bench.format_table(made, results)
+    assert "  the interleaved pass FAILED: RuntimeError: CUDA out of memory (made up)" in table.splitlines()
+    assert "stepped in turn" not in table

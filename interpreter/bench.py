@@ -8,7 +8,9 @@ every variant in one process on one device, side by side, with the same inputs:
 * ms per duplex second: per-tick wall time with a synchronisation around each tick (CUDA events
   agree within noise), grouped into duplex seconds by the clock (12 or 13 Mimi frames a second);
   median, p90 and p99 over seconds, warm-up ticks excluded;
-* GPU busy vs wall: kernel time from torch.profiler over a few steady ticks, against their wall time;
+* GPU busy vs wall: kernel time from torch.profiler over the last two seconds of ticks, against their wall
+  time, in a pass of its own after every timed pass (`profile_busy`): a profiler with CUDA activity leaves
+  CUPTI attached to the process when it stops, which slows every later launch;
 * peak memory allocated while the variant is built and run (its weights, state, graph pools and
   activations: every variant builds its own model) and the allocator's reserved high-water;
 * bit-identity: every output of every tick `torch.equal` to stock eager's, under deterministic cuDNN;
@@ -102,6 +104,7 @@ class VariantResult:
     memory: dict | None = None  # see memory_breakdown
     error: str | None = None  # why a `may_fail` variant failed (its numbers are then None)
     host_ms_median: float | None = None  # a steady tick's time until `step` returns, before the synchronisation
+    sm_clock_mhz_median: float | None = None  # the SM clock read after each steady tick (NVML; None off CUDA)
 
     def to_json(self) -> dict:
         return attrs.asdict(self)
@@ -111,6 +114,24 @@ def sync(device: torch.device) -> None:
     """Wait for the device's queued work (nothing to wait for off CUDA)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def sm_clock_reader(device: torch.device) -> Callable[[], float] | None:
+    """A reader of the device's current SM clock in MHz (`torch.cuda.clock_rate`, through NVML), or None
+    where it cannot be read (off CUDA, no nvidia-ml-py). The clock moves with the GPU's boost and power
+    state over a run, and with it every kernel's time: it is read after each tick, outside the timed span,
+    so that the table can say at what clock each variant was timed."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.clock_rate(device)
+    except Exception:  # noqa: BLE001 - no NVML here: the column stays empty
+        return None
+    return lambda: float(torch.cuda.clock_rate(device))
+
+
+def _median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def option_flag(value) -> bool:
@@ -157,8 +178,9 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _busy(runner, subject: Subject, first: int, count: int) -> tuple[float | None, float | None]:
-    """Kernel time per duplex second and the busy fraction of the wall time, by torch.profiler."""
-    if subject.device.type != "cuda":
+    """Kernel time per duplex second and the busy fraction of the wall time of ticks [first, first + count)
+    stepped back to back, by torch.profiler."""
+    if not kernel_time_measurable(subject.device):
         return None, None
     activities = [torch.profiler.ProfilerActivity.CUDA]
     sync(subject.device)
@@ -173,6 +195,47 @@ def _busy(runner, subject: Subject, first: int, count: int) -> tuple[float | Non
     busy_s = kernel_us / 1e6
     per_tick_ms = busy_s * 1000 / count
     return per_tick_ms * float(subject.ticks_per_second), min(1.0, busy_s / wall) if wall > 0 else None
+
+
+def kernel_time_measurable(device: torch.device) -> bool:
+    """Whether torch.profiler reports kernel times on `device` (CUDA only)."""
+    return device.type == "cuda"
+
+
+def profiled_ticks(subject: Subject, ticks: int) -> int:
+    """How many of a run's last ticks the GPU-busy profile covers: two duplex seconds, at least 8."""
+    return min(ticks, max(8, int(subject.ticks_per_second * 2)))
+
+
+def profile_busy(subject: Subject, variant: Variant, ticks: int,
+                 progress: Callable[[str, int, int], None] | None = None) -> tuple[float | None, float | None]:
+    """GPU busy ms per duplex second and busy fraction of `variant`, built afresh: its first ticks are
+    stepped unprofiled (no synchronisation between them), the last `profiled_ticks` under torch.profiler,
+    so the profile covers the same ticks, inputs and state as the end of the timed run.
+
+    This runs after every timed pass of a bench. A torch.profiler with CUDA activity leaves CUPTI attached
+    to the process when it stops (kineto finalises CUPTI only with TEARDOWN_CUPTI=1, which torch turns off
+    around CUDA graphs), and every kernel or graph launched afterwards pays CUPTI's callbacks: timed after
+    a profile, each variant's host time per tick rose from about 0.05 to 0.2-0.3 ms on the H200, more for
+    a step of several launches than for one."""
+    profiled = profiled_ticks(subject, ticks)
+    runner = variant.make()
+    try:
+        runner.reset()
+        with torch.no_grad():
+            for tick in range(ticks - profiled):
+                runner.step(**subject.inputs(tick))
+                if progress is not None:
+                    progress(f"{variant.name} (GPU busy profile)", tick + 1, ticks)
+            busy = _busy(runner, subject, ticks - profiled, profiled)
+            if progress is not None:
+                progress(f"{variant.name} (GPU busy profile)", ticks, ticks)
+    finally:
+        close = getattr(runner, "close", None)
+        if callable(close):
+            close()
+    del runner
+    return busy
 
 
 def _module_bytes(root: Any, device: torch.device, depth: int = 4) -> int:
@@ -281,6 +344,7 @@ class SecondStatistics:
     tick_median: float
     every_second: list[float]
     warmup_seconds: int
+    sm_clock_mhz_median: float | None = None  # see sm_clock_reader
 
 
 def second_statistics(subject: Subject, tick_ms: list[float]) -> SecondStatistics:
@@ -310,7 +374,9 @@ def run_interleaved(subject: Subject, variants: list[Variant], ticks: int,
             runners.append((variant.name, variant.make()))
             runners[-1][1].reset()
         tick_ms: dict[str, list[float]] = {name: [] for name, _ in runners}
+        clocks: dict[str, list[float]] = {name: [] for name, _ in runners}
         device = subject.device
+        read_clock = sm_clock_reader(device)
         with torch.no_grad():
             for tick in range(ticks):
                 inputs = subject.inputs(tick)
@@ -321,6 +387,8 @@ def run_interleaved(subject: Subject, variants: list[Variant], ticks: int,
                     runner.step(**inputs)
                     sync(device)
                     tick_ms[name].append((time.perf_counter() - begin) * 1000)
+                    if read_clock is not None and tick >= subject.warmup_ticks:
+                        clocks[name].append(read_clock())
                 if progress is not None:
                     progress("interleaved", tick + 1, ticks)
     finally:
@@ -329,7 +397,8 @@ def run_interleaved(subject: Subject, variants: list[Variant], ticks: int,
             if callable(close):
                 close()
         del runners
-    return {name: second_statistics(subject, times) for name, times in tick_ms.items()}
+    return {name: attrs.evolve(second_statistics(subject, times), sm_clock_mhz_median=_median_or_none(clocks[name]))
+            for name, times in tick_ms.items()}
 
 
 def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list | None,
@@ -346,6 +415,8 @@ def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list 
         outputs: list = []
         tick_ms: list[float] = []
         host_ms: list[float] = []
+        clocks: list[float] = []
+        read_clock = sm_clock_reader(device)
         mismatch = None
         identical = True if reference is not None and variant.compare else None
         largest_difference = None
@@ -359,6 +430,8 @@ def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list 
                 sync(device)
                 tick_ms.append((time.perf_counter() - begin) * 1000)
                 host_ms.append((returned - begin) * 1000)
+                if read_clock is not None and tick >= subject.warmup_ticks:
+                    clocks.append(read_clock())
                 result = result if isinstance(result, Mapping) else {"output": result}
                 if reference is None and variant.reference:
                     outputs.append({k: v.detach().clone() for k, v in result.items()})
@@ -373,8 +446,6 @@ def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list 
                             break
                 if progress is not None:
                     progress(variant.name, tick + 1, ticks)
-            profiled = min(ticks, max(8, int(subject.ticks_per_second * 2)))
-            busy_ms, busy_fraction = _busy(runner, subject, ticks - profiled, profiled)  # replays the last inputs
         peak_allocated = peak_reserved = None
         if device.type == "cuda":
             peak_allocated = torch.cuda.max_memory_allocated(device) - base_allocated  # weights and state included
@@ -385,10 +456,11 @@ def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list 
             info = {**info, "max_abs_diff_vs_reference": largest_difference}
         memory = memory_breakdown(subject, runner, info, peak_allocated, state_bytes)
         result = VariantResult(
-            variant.name, timing.median, timing.p90, timing.p99, timing.tick_median, busy_ms, busy_fraction,
+            variant.name, timing.median, timing.p90, timing.p99, timing.tick_median, None, None,
             peak_allocated, peak_reserved, state_bytes, setup_seconds, identical, mismatch, ticks, info,
             timing.every_second, timing.warmup_seconds, memory,
-            host_ms_median=statistics.median(host_ms[subject.warmup_ticks:] or host_ms))
+            host_ms_median=statistics.median(host_ms[subject.warmup_ticks:] or host_ms),
+            sm_clock_mhz_median=_median_or_none(clocks))
     finally:
         close = getattr(runner, "close", None)
         if callable(close):
@@ -405,12 +477,42 @@ def _run_guarded(subject: Subject, variant: Variant, ticks: int, reference: list
         with time_budget(variant.budget_s, f"variant {variant.name!r}"):
             return run_variant(subject, variant, ticks, reference, report)
     except Exception as error:  # noqa: BLE001 - reported, not raised: that is the point of may_fail
-        gc.collect()
-        if subject.device.type == "cuda":
-            with contextlib.suppress(Exception):
-                torch.cuda.synchronize(subject.device)
-                torch.cuda.empty_cache()
+        _recover(subject.device)
         return failed_result(variant, error), []
+
+
+def _recover(device: torch.device) -> None:
+    """Free what a failed variant left behind, so the variants after it start clean."""
+    gc.collect()
+    if device.type == "cuda":
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+
+
+def _profile_all(subject: Subject, variants: list[Variant], results: list[VariantResult], ticks: int,
+                 report) -> list[VariantResult]:
+    """Every result that ran, with its GPU busy time from `profile_busy`. A `may_fail` variant that fails
+    here (or runs out of its budget) keeps its timings, with the reason in `info["busy_error"]`."""
+    by_name = {variant.name: variant for variant in variants}
+    profiled = []
+    for result in results:
+        variant = by_name.get(result.name)
+        if result.error is None and variant is not None:
+            try:
+                with time_budget(variant.budget_s if variant.may_fail else None,
+                                 f"variant {variant.name!r} (GPU busy profile)"):
+                    busy_ms, busy_fraction = profile_busy(subject, variant, ticks, report)
+            except Exception as error:
+                if not variant.may_fail:
+                    raise
+                _recover(subject.device)
+                text = f"{type(error).__name__}: {error}".strip()[:600]
+                result = attrs.evolve(result, info={**result.info, "busy_error": text})
+            else:
+                result = attrs.evolve(result, gpu_busy_ms_per_s=busy_ms, busy_fraction=busy_fraction)
+        profiled.append(result)
+    return profiled
 
 
 def run(subject: Subject, ticks: int, progress: bool = True, compile: bool = False,
@@ -418,7 +520,8 @@ def run(subject: Subject, ticks: int, progress: bool = True, compile: bool = Fal
     """Every variant of `subject`, reference first, under deterministic cuDNN; with `compile`, the
     subject's compile variants last (a failed compile cannot disturb the others). With `interleave`, the
     subject's own variants that ran are then timed again by `run_interleaved`, into each result's
-    `info["interleaved"]` (median, p90, p99 ms per second and the median tick)."""
+    `info["interleaved"]` (median, p90, p99 ms per second and the median tick). On CUDA every variant
+    that ran is finally built once more for its GPU busy profile (`profile_busy`), after all timing."""
     results = []
     reference_outputs = None
     bar = None
@@ -465,8 +568,11 @@ def run(subject: Subject, ticks: int, progress: bool = True, compile: bool = Fal
                 else:
                     results = [attrs.evolve(r, info={**r.info, "interleaved": {
                         "ms_per_s_median": timed[r.name].median, "ms_per_s_p90": timed[r.name].p90,
-                        "ms_per_s_p99": timed[r.name].p99, "tick_ms_median": timed[r.name].tick_median}})
+                        "ms_per_s_p99": timed[r.name].p99, "tick_ms_median": timed[r.name].tick_median,
+                        "sm_clock_mhz_median": timed[r.name].sm_clock_mhz_median}})
                         if r.name in timed else r for r in results]
+            if kernel_time_measurable(subject.device):  # last: see profile_busy
+                results = _profile_all(subject, ordered, results, ticks, report)
     finally:
         if bar is not None:
             bar.stop()
@@ -661,45 +767,58 @@ def format_table(subject: Subject, results: list[VariantResult]) -> str:
 
     reference = next((r for r in results if r.bit_identical and r.first_mismatch is None and r.error is None),
                      results[0])
+    clocked = any(r.sm_clock_mhz_median is not None for r in results)  # CUDA with NVML
     rows = []
     for r in results:
         if r.error is not None:
-            rows.append([r.name, "FAILED", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
+            rows.append([r.name, "FAILED", *["-"] * (10 + clocked)])
             continue
         rows.append([r.name, f"{r.ms_per_s_median:.1f}", f"{r.ms_per_s_p90:.1f}", f"{r.ms_per_s_p99:.1f}",
                      f"{reference.ms_per_s_median / r.ms_per_s_median:.2f}x",
                      "-" if r.host_ms_median is None else f"{r.host_ms_median:.3f}",
                      "-" if r.gpu_busy_ms_per_s is None else f"{r.gpu_busy_ms_per_s:.1f}",
                      "-" if r.busy_fraction is None else f"{r.busy_fraction:.0%}",
+                     *([_mhz(r.sm_clock_mhz_median)] if clocked else []),
                      human_bytes(r.peak_allocated_bytes), human_bytes(r.peak_reserved_bytes),
                      {True: "yes", False: "NO", None: "-"}[r.bit_identical]])
     lines = [f"{subject.name} on {subject.device}: {subject.description}".rstrip(": ")]
-    lines += table(["variant", "ms/s median", "p90", "p99", "vs first", "host ms/tick", "GPU busy ms/s", "busy",
-                    "peak alloc", "peak reserved", "== stock eager"], rows, right=tuple(range(1, 10)))
+    header = ["variant", "ms/s median", "p90", "p99", "vs first", "host ms/tick", "GPU busy ms/s", "busy",
+              *(["SM MHz"] if clocked else []), "peak alloc", "peak reserved", "== stock eager"]
+    lines += table(header, rows, right=tuple(range(1, len(header) - 1)))
     interleaved = [r for r in results if "interleaved" in r.info and "error" not in r.info["interleaved"]]
     failed = next((r.info["interleaved"]["error"] for r in results if "error" in r.info.get("interleaved", {})), None)
     if failed is not None:
         lines.append(f"  the interleaved pass FAILED: {failed}")
     if interleaved:
         first = interleaved[0].info["interleaved"]["ms_per_s_median"]
+        clocked = any(r.info["interleaved"].get("sm_clock_mhz_median") is not None for r in interleaved)
         lines.append("  timed again, every variant built at once and stepped in turn each tick:")
-        lines += table(["variant", "ms/s median", "p90", "p99", "vs first", "tick ms median"],
+        lines += table(["variant", "ms/s median", "p90", "p99", "vs first", "tick ms median",
+                        *(["SM MHz"] if clocked else [])],
                        [[r.name, *(f"{r.info['interleaved'][key]:.1f}" for key in
                                    ("ms_per_s_median", "ms_per_s_p90", "ms_per_s_p99")),
                          f"{first / r.info['interleaved']['ms_per_s_median']:.2f}x",
-                         f"{r.info['interleaved']['tick_ms_median']:.3f}"] for r in interleaved],
-                       right=tuple(range(1, 6)))
+                         f"{r.info['interleaved']['tick_ms_median']:.3f}",
+                         *([_mhz(r.info["interleaved"].get("sm_clock_mhz_median"))] if clocked else [])]
+                        for r in interleaved],
+                       right=tuple(range(1, 6 + clocked)))
     for r in results:
         if r.first_mismatch:
             lines.append(f"  {r.name}: first mismatch at {r.first_mismatch}")
         if r.error is not None:
             lines.append(f"  {r.name}: FAILED: {r.error}")
+        if "busy_error" in r.info:
+            lines.append(f"  {r.name}: the GPU busy profile FAILED: {r.info['busy_error']}")
         if r.info.get("compile"):
             lines.append(f"  {r.name}: {compile_summary(r.info['compile'])}")
         if "max_abs_diff_vs_reference" in r.info:
             lines.append(f"  {r.name}: not bit-identical by design; max abs difference from "
                          f"{results[0].name} {r.info['max_abs_diff_vs_reference']:.3g}")
     return "\n".join(lines)
+
+
+def _mhz(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def to_json(subject: Subject, results: list[VariantResult]) -> dict:

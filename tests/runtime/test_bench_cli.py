@@ -4,6 +4,7 @@ error with the registered names."""
 
 from __future__ import annotations
 
+import statistics
 import sys
 
 import attrs
@@ -107,6 +108,22 @@ def test_an_option_the_subject_refuses_is_a_usage_error_before_anything_runs(use
                    "one B=2 session: run it with --batch 1, not 2\n")
 
 
+def logged(variant, calls: list[str]):
+    """`variant`, its steps appended by name to `calls`."""
+    def make():
+        runner = variant.make()
+        step = runner.step
+
+        def logged_step(**inputs):
+            calls.append(variant.name)
+            return step(**inputs)
+
+        runner.step = logged_step
+        return runner
+
+    return attrs.evolve(variant, make=make)
+
+
 def test_interleave_times_every_variant_again_stepped_in_turn(user_folder, capsys):
     """`--interleave`: after the sequential pass, every variant that ran is built again and they are stepped
     in turn, tick by tick, the order rotating by one each tick; each gets a second set of timings."""
@@ -115,22 +132,7 @@ def test_interleave_times_every_variant_again_stepped_in_turn(user_folder, capsy
 
     made = toy_subject(device="cpu", seconds=1)
     calls: list[str] = []
-
-    def logged(variant):
-        def make():
-            runner = variant.make()
-            step = runner.step
-
-            def logged_step(**inputs):
-                calls.append(variant.name)
-                return step(**inputs)
-
-            runner.step = logged_step
-            return runner
-
-        return attrs.evolve(variant, make=make)
-
-    made.variants = [logged(v) for v in made.variants]
+    made.variants = [logged(v, calls) for v in made.variants]
     names = [v.name for v in made.variants]
     ticks = 4
     results = bench.run(made, ticks, progress=False, interleave=True)
@@ -187,3 +189,128 @@ def test_a_failed_interleaved_pass_keeps_the_sequential_results(user_folder):
     table = bench.format_table(made, results)
     assert "  the interleaved pass FAILED: RuntimeError: CUDA out of memory (made up)" in table.splitlines()
     assert "stepped in turn" not in table
+
+
+@pytest.fixture
+def profiled(monkeypatch):
+    """The GPU busy profile on CPU: `_busy` records which variant it profiled and from which tick (each
+    profiled tick is still stepped), and returns a made-up busy time that names the variant."""
+    from duplexcadence.interpreter import bench
+
+    profiles: list[tuple[str, int, int]] = []
+
+    def fake_busy(runner, subject, first, count):
+        for tick in range(first, first + count):
+            runner.step(**subject.inputs(tick))
+        profiles.append((runner.name, first, count))
+        return float(len(profiles)), 0.5
+
+    monkeypatch.setattr(bench, "kernel_time_measurable", lambda device: True)
+    monkeypatch.setattr(bench, "_busy", fake_busy)
+    return profiles
+
+
+def named(variant):
+    def make():
+        runner = variant.make()
+        runner.name = variant.name
+        return runner
+
+    return attrs.evolve(variant, make=make)
+
+
+def test_the_gpu_busy_profile_runs_after_every_timed_tick_on_a_fresh_build(user_folder, profiled):
+    """A profiler with CUDA activity leaves CUPTI attached and slows every later launch, so no timed tick
+    may follow it: each variant is built again after the sequential and interleaved passes, stepped to the
+    last two seconds' ticks unprofiled, and those ticks are profiled."""
+    from duplexcadence.examples.toy.bench import subject as toy_subject
+    from duplexcadence.interpreter import bench
+
+    made = toy_subject(device="cpu", seconds=2)
+    calls: list[str] = []
+    made.variants = [logged(named(v), calls) for v in made.variants]
+    names = [v.name for v in made.variants]
+    ticks = int(made.ticks_per_second * 3)
+    window = bench.profiled_ticks(made, ticks)
+    assert window == int(made.ticks_per_second * 2) < ticks
+    results = bench.run(made, ticks, progress=False, interleave=True)
+    timed = 2 * len(names) * ticks  # the sequential pass, then the interleaved one
+    assert calls[timed:] == [name for name in names for _ in range(ticks)]  # then a fresh full run each
+    assert profiled == [(name, ticks - window, window) for name in names]
+    assert [(r.gpu_busy_ms_per_s, r.busy_fraction) for r in results] == [(1.0, 0.5), (2.0, 0.5)]
+    assert all(r.bit_identical and "busy_error" not in r.info for r in results)
+
+
+def test_a_may_fail_variant_that_fails_its_profile_keeps_its_timings(user_folder, profiled):
+    from duplexcadence.examples.toy.bench import subject as toy_subject
+    from duplexcadence.interpreter import bench
+
+    made = toy_subject(device="cpu", seconds=1)
+    cadence = next(v for v in made.variants if v.name == "duplexcadence")
+    builds = []
+
+    def make_once():
+        builds.append(1)
+        if len(builds) > 1:
+            raise RuntimeError("cannot build twice (made up)")
+        return cadence.make()
+
+    made.variants = [named(v) if v is not cadence else attrs.evolve(cadence, make=make_once, may_fail=True)
+                     for v in made.variants]
+    results = bench.run(made, 4, progress=False)
+    stock, ours = results
+    assert stock.gpu_busy_ms_per_s == 1.0 and "busy_error" not in stock.info
+    assert ours.error is None and ours.ms_per_s_median > 0 and ours.bit_identical
+    assert ours.gpu_busy_ms_per_s is None
+    assert ours.info["busy_error"] == "RuntimeError: cannot build twice (made up)"
+    assert ("  duplexcadence: the GPU busy profile FAILED: RuntimeError: cannot build twice (made up)"
+            in bench.format_table(made, results).splitlines())
+
+    made.variants = [attrs.evolve(v, may_fail=False) for v in made.variants]
+    builds.clear()
+    with pytest.raises(RuntimeError, match="cannot build twice"):
+        bench.run(made, 4, progress=False)
+
+
+def test_the_sm_clock_read_after_each_steady_tick_is_reported_beside_the_timings(user_folder, monkeypatch):
+    """Where NVML reads the SM clock, its median over the steady ticks of each pass gets a column: the
+    clock drifts with the GPU's boost state, and every kernel's time with it."""
+    from duplexcadence.examples.toy.bench import subject as toy_subject
+    from duplexcadence.interpreter import bench
+
+    made = toy_subject(device="cpu", seconds=1)
+    readings = iter(range(1000, 2000))
+    read = []
+
+    def reader(device):
+        def read_one():
+            read.append(next(readings))
+            return float(read[-1])
+        return read_one
+
+    monkeypatch.setattr(bench, "sm_clock_reader", reader)
+    ticks = made.warmup_ticks + 5
+    results = bench.run(made, ticks, progress=False, interleave=True)
+    steady = ticks - made.warmup_ticks
+    assert len(read) == 2 * len(results) * steady  # steady ticks only, sequential then interleaved
+    first, second = results
+    assert first.sm_clock_mhz_median == 1002.0 and second.sm_clock_mhz_median == 1007.0
+    turns = [1010 + i for i in range(2 * steady)]  # in turn: tick t starts with variant t mod 2
+    mine = [turns[2 * k + (made.warmup_ticks + k) % 2] for k in range(steady)]
+    assert first.info["interleaved"]["sm_clock_mhz_median"] == statistics.median(mine)
+    lines = bench.format_table(made, results).splitlines()
+    assert "SM MHz" in lines[1] and "SM MHz" in lines[lines.index(
+        "  timed again, every variant built at once and stepped in turn each tick:") + 1]
+    assert lines[3].split()[-4] == "1002"
+
+
+def test_without_a_clock_reading_there_is_no_clock_column(user_folder):
+    from duplexcadence.examples.toy.bench import subject as toy_subject
+    from duplexcadence.interpreter import bench
+
+    made = toy_subject(device="cpu", seconds=1)
+    assert bench.sm_clock_reader(made.device) is None
+    results = bench.run(made, 3, progress=False, interleave=True)
+    assert all(r.sm_clock_mhz_median is None for r in results)
+    assert "SM MHz" not in bench.format_table(made, results)
+

@@ -72,6 +72,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except ValueError as error:  # an option the subject does not take (a dtype, a batch for a mode)
         print(f"dsl bench: {args.model}: {error}", file=sys.stderr)
         return 2
+    if args.variants is not None:
+        chosen = select_variants(subject, args.variants)
+        if isinstance(chosen, str):
+            print(f"dsl bench: {subject.name}: {chosen}", file=sys.stderr)
+            return 2
+        subject.variants = chosen
     ticks = int(subject.ticks_per_second * args.seconds)
     if args.compile and not subject.compile_variants:
         print(f"dsl bench: {subject.name} declares no torch.compile variant; --compile adds nothing", file=sys.stderr)
@@ -82,6 +88,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bench.dump(args.json, bench.to_json(subject, results))
         print(f"wrote {args.json}")
     return 0 if all(r.bit_identical is not False for r in results if "duplexcadence" in r.name) else 1
+
+
+def select_variants(subject: bench.Subject, names: str) -> list[bench.Variant] | str:
+    """`--variants A,B`: the subject's reference variant (stock eager, which bit-identity is checked
+    against), then A and B in that order; or an error message naming the variants there are."""
+    by_name = {variant.name: variant for variant in subject.variants}
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in by_name]
+    if unknown or not wanted:
+        return (f"--variants {names!r}: {'no variant named ' + repr(unknown[0]) if unknown else 'names no variant'}; "
+                f"the variants are {', '.join(repr(name) for name in by_name)}")
+    reference = [variant for variant in subject.variants if variant.reference]
+    return reference + [by_name[name] for name in dict.fromkeys(wanted) if not by_name[name].reference]
 
 
 def register_bench(commands) -> None:
@@ -104,6 +123,9 @@ def register_bench(commands) -> None:
                         help="then time the variants again, all built at once and stepped in turn each tick, so "
                              "that drift of the machine over the run is shared (needs every variant's memory "
                              "at once; compile variants are left out)")
+    parser.add_argument("--variants", default=None, metavar="NAME,NAME",
+                        help="run only these variants, in this order, after the reference (stock eager, always "
+                             "first): the order matters on a GPU, see docs/benchmarks.md")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(handler=cmd_bench)

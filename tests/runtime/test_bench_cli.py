@@ -314,3 +314,28 @@ def test_without_a_clock_reading_there_is_no_clock_column(user_folder):
     assert all(r.sm_clock_mhz_median is None for r in results)
     assert "SM MHz" not in bench.format_table(made, results)
 
+
+def test_variants_chooses_and_orders_the_variants_after_the_reference(user_folder, capsys):
+    code, out, err = run(capsys, "bench", "my_bench:subject", "--device", "cpu", "--seconds", "1", "--no-progress",
+                         "--variants", "duplexcadence")
+    assert code == 0, err
+    rows = [line.split()[0] for line in out.splitlines()[3:]]
+    assert rows == ["stock", "duplexcadence"]  # the reference stays, first
+
+    code, out, err = run(capsys, "bench", "my_bench:subject", "--device", "cpu", "--variants", "duplexcadence,fast")
+    assert code == 2 and out == ""
+    assert err == ("dsl bench: my tail: --variants 'duplexcadence,fast': no variant named 'fast'; the variants are "
+                   "'stock eager', 'duplexcadence'\n")
+
+
+def test_variants_puts_them_in_the_order_given():
+    from duplexcadence.examples.toy.bench import subject as toy_subject
+    from duplexcadence.interpreter import bench, bench_cli
+
+    made = toy_subject(device="cpu", seconds=1)
+    extra = bench.Variant("another", made.variants[1].make)
+    made.variants.append(extra)
+    chosen = bench_cli.select_variants(made, "another, duplexcadence, another")
+    assert [v.name for v in chosen] == ["stock eager", "another", "duplexcadence"]
+    assert bench_cli.select_variants(made, " , ") == ("--variants ' , ': names no variant; the variants are "
+                                                      "'stock eager', 'duplexcadence', 'another'")

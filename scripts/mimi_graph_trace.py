@@ -107,6 +107,9 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=8, help="largest gaps listed per frame")
     default_out = os.path.join(os.environ["OUT"], "mimi_graph_trace.json") if os.environ.get("OUT") else None
     parser.add_argument("--out", default=default_out)
+    parser.add_argument("--order", default="ours,theirs",
+                        help="the sides to build and trace, in order, repeats allowed (ours = DuplexCadence, "
+                             "theirs = moshi's whole-step graph); the first and last are compared")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("mimi_graph_trace: needs a CUDA device (it traces graph replays on the GPU)", file=sys.stderr)
@@ -117,14 +120,28 @@ def main() -> int:
     from duplexcadence.interpreter.verify import deterministic_cudnn
 
     codes = random_codes(1, args.warmup + args.frames + 1, seed=3).cuda()
+    from torch._dynamo.utils import counters
+
+    def ours():
+        session = load_runtime(build_mimi(device="cuda"), 1, device="cuda").session()
+        return "duplexcadence step", lambda t: session.step(codes=codes[:, :, t:t + 1])
+
+    def theirs():
+        stock = MoshiStockDecoder(build_mimi(device="cuda"), 1, mode="graphed_compiled_rope")
+        return "moshi whole-step graph", lambda t: stock.step(codes[:, :, t:t + 1])
+
+    builders = {"ours": ours, "theirs": theirs}
+    order = args.order.split(",")
+    if not order or any(side not in builders for side in order):
+        parser.error(f"--order: a comma-separated list of {', '.join(builders)}, not {args.order!r}")
     sides = {}
     with deterministic_cudnn(), torch.no_grad():
-        session = load_runtime(build_mimi(device="cuda"), 1, device="cuda").session()
-        sides["duplexcadence step"] = trace(lambda t: session.step(codes=codes[:, :, t:t + 1]),
-                                            args.frames, args.warmup, args.top)
-        stock = MoshiStockDecoder(build_mimi(device="cuda"), 1, mode="graphed_compiled_rope")
-        sides["moshi whole-step graph"] = trace(lambda t: stock.step(codes[:, :, t:t + 1]),
-                                                args.frames, args.warmup, args.top)
+        for number, side in enumerate(order, 1):
+            name, step = builders[side]()
+            name = name if len(order) == 2 and len(set(order)) == 2 else f"{name} (build {number})"
+            sides[name] = trace(step, args.frames, args.warmup, args.top)
+            print(f"after {name}: dynamo {dict(counters['stats'])}", flush=True)
+            del step
     print(f"{'side':24s} {'ops':>5s} {'kernels':>8s} {'memcpy':>7s} {'busy us':>8s} {'span us':>8s} {'idle us':>8s}")
     for name, summaries in sides.items():
         print(f"{name:24s} {median_of(summaries, 'operations'):5.0f} {median_of(summaries, 'kernel'):8.0f} "
@@ -132,9 +149,10 @@ def main() -> int:
               f"{median_of(summaries, 'span_us'):8.1f} {median_of(summaries, 'idle_us'):8.1f}")
         for gap in summaries[len(summaries) // 2].get("largest_gaps", [])[:3]:
             print(f"    gap {gap['us']:7.2f} us after {gap['after']!r} before {gap['before']!r}")
-    ours, theirs = (summaries[len(summaries) // 2].get("by_name", {}) for summaries in sides.values())
-    difference = operation_difference(ours, theirs)
-    print("operations that differ (count ours/theirs, us ours/theirs):")
+    first, last = (summaries[len(summaries) // 2].get("by_name", {})
+                   for summaries in (list(sides.values())[0], list(sides.values())[-1]))
+    difference = operation_difference(first, last)
+    print(f"operations that differ (count first/last, us first/last: {list(sides)[0]} / {list(sides)[-1]}):")
     for row in difference[:25]:
         print(f"  {row['count'][0]:3d}/{row['count'][1]:<3d} {row['us'][0]:8.2f}/{row['us'][1]:<8.2f} {row['name'][:110]}")
     if args.out:

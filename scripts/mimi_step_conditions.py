@@ -9,8 +9,12 @@ bench's ticks mostly fall in.
 once with the bench's between-tick work (each output compared with `torch.equal` to the other side's):
 `dsl bench` shows our step about 0.15 ms a frame behind that the plain measurement does not.
 
+`--profiler-aftereffect` times both sides in turn, then runs a torch.profiler session with CUDA activity
+around a few steps of each (as `dsl bench` used to for its GPU-busy column after each variant's timed run),
+then times them again over as many frames: CUPTI stays attached after the profiler stops.
+
     source scripts/device_setup.sh
-    python scripts/mimi_step_conditions.py [--first 150 --last 300] [--harness]
+    python scripts/mimi_step_conditions.py [--first 150 --last 300] [--harness | --profiler-aftereffect]
 """
 import argparse
 import statistics
@@ -37,6 +41,143 @@ def timed(step, codes: torch.Tensor) -> tuple[float, float, float]:
     return (returned - start) * 1e6, begin.elapsed_time(end) * 1e3, (done - start) * 1e6
 
 
+def print_medians(title: str, samples: dict[str, list[tuple[float, float, float]]]) -> None:
+    print(title)
+    for name, rows in samples.items():
+        host, events, wall = (statistics.median(column) for column in zip(*rows))
+        print(f"  {name:24s} host {host:7.1f} us  events {events:7.1f} us  wall {wall:7.1f} us")
+
+
+def profiler_aftereffect(first: int, last: int) -> None:
+    """Both sides stepped in turn over frames [first, last), a CUDA-activity profiler session around 8
+    frames of each, then as many frames again, timed the same way."""
+    frames = 2 * last - first + 8
+    codes = random_codes(1, frames, seed=3).cuda()
+    whole = MoshiStockDecoder(build_mimi(device="cuda"), 1, mode="graphed_compiled_rope")
+    session = load_runtime(build_mimi(device="cuda"), 1, device="cuda").session()
+    sides = {"moshi whole-step": whole.step, "duplexcadence": lambda c: session.step(codes=c)}
+
+    def stepped(begin: int, end: int, keep_from: int) -> dict[str, list[tuple[float, float, float]]]:
+        samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sides}
+        for t in range(begin, end):
+            for name, step in sides.items():
+                sample = timed(step, codes[:, :, t:t + 1])
+                if t >= keep_from:
+                    samples[name].append(sample)
+        return samples
+
+    with torch.no_grad():
+        print_medians("before any profiler", stepped(0, last, first))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+            for t in range(last, last + 8):
+                for step in sides.values():
+                    step(codes[:, :, t:t + 1])
+            torch.cuda.synchronize()
+        print_medians("after a torch.profiler session (CUDA activity) has stopped",
+                      stepped(last + 8, frames, last + 8))
+
+
+def graph_phases(first: int, last: int, stock: str = "moshi whole-step graph") -> None:
+    """The bench subject's runners, each alone (as `dsl bench` times them one after the other) and then in
+    turn: per frame, CUDA events before and after every `CUDAGraph.replay` (both sides replay one graph
+    per steady frame) split the frame's GPU time into before the replay (the input copy), the replay,
+    and after it (the output copy), with the host's offset of the replay call from the step's start."""
+    from duplexcadence.examples.moshi.bench import subject
+
+    marks: list[tuple[float, torch.cuda.Event, torch.cuda.Event]] = []
+    replay = torch.cuda.CUDAGraph.replay
+
+    def marked_replay(graph):
+        entered = time.perf_counter()
+        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before.record()
+        replay(graph)
+        after.record()
+        marks.append((entered, before, after))
+
+    made = subject(device="cuda", seconds=last // 12 + 1)
+    by_name = {variant.name: variant for variant in made.variants}
+    runners = {name: by_name[name].make() for name in (stock, "duplexcadence")}
+    torch.cuda.CUDAGraph.replay = marked_replay
+    try:
+        for arrangement in ("alone", "in turn"):
+            rows: dict[str, list[tuple[float, ...]]] = {name: [] for name in runners}
+            order = [[name] for name in runners] if arrangement == "alone" else [list(runners)]
+            for names in order:
+                for name in names:
+                    runners[name].reset()
+                with torch.no_grad():
+                    for t in range(last):
+                        inputs = made.inputs(t)
+                        for name in names:
+                            marks.clear()
+                            torch.cuda.synchronize()
+                            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                            began = time.perf_counter()
+                            start.record()
+                            runners[name].step(**inputs)
+                            returned = time.perf_counter()
+                            end.record()
+                            torch.cuda.synchronize()
+                            done = time.perf_counter()
+                            if t >= first and len(marks) == 1:
+                                entered, before, after = marks[0]
+                                rows[name].append(((entered - began) * 1e6, start.elapsed_time(before) * 1e3,
+                                                   before.elapsed_time(after) * 1e3, after.elapsed_time(end) * 1e3,
+                                                   (returned - began) * 1e6, (done - began) * 1e6))
+            print(f"{arrangement}: medians over frames [{first}, {last}) with one replay "
+                  "(replay called at host us; GPU us before / in / after the replay; host us; wall us)")
+            for name, frames in rows.items():
+                if not frames:
+                    print(f"  {name:24s} no frame with exactly one replay")
+                    continue
+                called, before, during, after, host, wall = (statistics.median(c) for c in zip(*frames))
+                print(f"  {name:24s} called {called:6.1f}  GPU {before:6.1f} / {during:7.1f} / {after:6.1f}  "
+                      f"host {host:6.1f}  wall {wall:7.1f}  ({len(frames)} frames)")
+    finally:
+        torch.cuda.CUDAGraph.replay = replay
+
+
+def builds(first: int, last: int, count: int, stock: str = "moshi whole-step graph", ours_first: bool = False) -> None:
+    """Each side of the bench subject built `count` times in turn, each build freed before the next and
+    timed alone (synchronised per frame, as `dsl bench` does): how much a variant's time moves from one
+    build to the next, at the same clocks, with the same kernels, on other addresses."""
+    import gc
+
+    from duplexcadence.examples.moshi.bench import subject
+
+    made = subject(device="cuda", seconds=last // 12 + 1)
+    by_name = {variant.name: variant for variant in made.variants}
+    sides = ["duplexcadence", stock] if ours_first else [stock, "duplexcadence"]
+    walls: dict[str, list[float]] = {name: [] for name in sides}
+    for build in range(count):
+        for name in walls:
+            runner = by_name[name].make()
+            runner.reset()
+            frames = []
+            with torch.no_grad():
+                for t in range(last):
+                    inputs = made.inputs(t)
+                    torch.cuda.synchronize()
+                    began = time.perf_counter()
+                    runner.step(**inputs)
+                    torch.cuda.synchronize()
+                    if t >= first:
+                        frames.append((time.perf_counter() - began) * 1e6)
+            walls[name].append(statistics.median(frames))
+            print(f"build {build}: {name:24s} wall {walls[name][-1]:7.1f} us (median of frames [{first}, {last}))",
+                  flush=True)
+            close = getattr(runner, "close", None)
+            if callable(close):
+                close()
+            del runner
+            gc.collect()
+            torch.cuda.empty_cache()
+    for name, values in walls.items():
+        print(f"{name:24s} over {count} builds: min {min(values):7.1f}  median {statistics.median(values):7.1f}  "
+              f"max {max(values):7.1f} us")
+
+
 def harness(first: int, last: int, stock: str = "moshi whole-step graph") -> None:
     """The bench subject's runners (`stock` and DuplexCadence), stepped in turn, without and with the bench's
     between-tick comparison."""
@@ -60,10 +201,7 @@ def harness(first: int, last: int, stock: str = "moshi whole-step graph") -> Non
                         samples[name].append(sample)
                 if compare and not torch.equal(*outputs.values()):
                     raise SystemExit(f"frame {t}: the two sides differ")
-        print("bench runners, " + ("each tick's outputs compared" if compare else "plain"))
-        for name, rows in samples.items():
-            host, events, wall = (statistics.median(column) for column in zip(*rows))
-            print(f"  {name:24s} host {host:7.1f} us  events {events:7.1f} us  wall {wall:7.1f} us")
+        print_medians("bench runners, " + ("each tick's outputs compared" if compare else "plain"), samples)
         for runner in runners.values():
             close = getattr(runner, "close", None)
             if callable(close):
@@ -75,12 +213,28 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=150)
     parser.add_argument("--last", type=int, default=300)
     parser.add_argument("--harness", action="store_true", help="time the bench subject's own runners instead")
+    parser.add_argument("--builds", type=int, default=0, metavar="N",
+                        help="build each side N times in turn, each timed alone")
+    parser.add_argument("--ours-first", action="store_true", help="with --builds: build DuplexCadence first")
+    parser.add_argument("--graph-phases", action="store_true",
+                        help="split each side's frame around its graph replay, alone and in turn")
+    parser.add_argument("--profiler-aftereffect", action="store_true",
+                        help="time both sides before and after a torch.profiler session")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("mimi_step_conditions: needs a CUDA device (it times CUDA graph replays)")
     torch.backends.cudnn.deterministic = True
     if args.harness:
         harness(args.first, args.last)
+        return
+    if args.builds:
+        builds(args.first, args.last, args.builds, ours_first=args.ours_first)
+        return
+    if args.graph_phases:
+        graph_phases(args.first, args.last)
+        return
+    if args.profiler_aftereffect:
+        profiler_aftereffect(args.first, args.last)
         return
     codes = random_codes(1, args.last, seed=3).cuda()
     for after_eager in (False, True):
@@ -98,10 +252,7 @@ def main() -> None:
                     sample = timed(step, frame)
                     if t >= args.first:
                         samples[name].append(sample)
-        print("after a stock eager frame" if after_eager else "back to back")
-        for name, rows in samples.items():
-            host, events, wall = (statistics.median(column) for column in zip(*rows))
-            print(f"  {name:18s} host {host:7.1f} us  events {events:7.1f} us  wall {wall:7.1f} us")
+        print_medians("after a stock eager frame" if after_eager else "back to back", samples)
 
 
 if __name__ == "__main__":

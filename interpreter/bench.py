@@ -490,10 +490,15 @@ def _recover(device: torch.device) -> None:
             torch.cuda.empty_cache()
 
 
-def _profile_all(subject: Subject, variants: list[Variant], results: list[VariantResult], ticks: int,
-                 report) -> list[VariantResult]:
-    """Every result that ran, with its GPU busy time from `profile_busy`. A `may_fail` variant that fails
-    here (or runs out of its budget) keeps its timings, with the reason in `info["busy_error"]`."""
+def profile_all(subject: Subject, results: list[VariantResult], ticks: int, report=None,
+                variants: list[Variant] | None = None) -> list[VariantResult]:
+    """`results` (of `run(subject, ticks, ...)`), each that ran with its GPU busy time from `profile_busy`
+    (nothing off CUDA). A `may_fail` variant that fails here (or runs out of its budget) keeps its
+    timings, with the reason in `info["busy_error"]`. Call it after the process's last timed tick.
+    `variants`: those the results came from, by name (default: the subject's, compile variants included)."""
+    if not kernel_time_measurable(subject.device):
+        return results
+    variants = subject.variants + subject.compile_variants if variants is None else variants
     by_name = {variant.name: variant for variant in variants}
     profiled = []
     for result in results:
@@ -516,12 +521,14 @@ def _profile_all(subject: Subject, variants: list[Variant], results: list[Varian
 
 
 def run(subject: Subject, ticks: int, progress: bool = True, compile: bool = False,
-        compile_budget_s: float | None = None, interleave: bool = False) -> list[VariantResult]:
+        compile_budget_s: float | None = None, interleave: bool = False, profile: bool = True) -> list[VariantResult]:
     """Every variant of `subject`, reference first, under deterministic cuDNN; with `compile`, the
     subject's compile variants last (a failed compile cannot disturb the others). With `interleave`, the
     subject's own variants that ran are then timed again by `run_interleaved`, into each result's
     `info["interleaved"]` (median, p90, p99 ms per second and the median tick). On CUDA every variant
-    that ran is finally built once more for its GPU busy profile (`profile_busy`), after all timing."""
+    that ran is finally built once more for its GPU busy profile (`profile_busy`), after all timing;
+    with `profile=False` it is not, and a caller that times more afterwards (several subjects in one
+    process) calls `profile_all` once it has timed everything."""
     results = []
     reference_outputs = None
     bar = None
@@ -571,8 +578,8 @@ def run(subject: Subject, ticks: int, progress: bool = True, compile: bool = Fal
                         "ms_per_s_p99": timed[r.name].p99, "tick_ms_median": timed[r.name].tick_median,
                         "sm_clock_mhz_median": timed[r.name].sm_clock_mhz_median}})
                         if r.name in timed else r for r in results]
-            if kernel_time_measurable(subject.device):  # last: see profile_busy
-                results = _profile_all(subject, ordered, results, ticks, report)
+            if profile and kernel_time_measurable(subject.device):  # last: see profile_busy
+                results = profile_all(subject, results, ticks, report, variants=ordered)
     finally:
         if bar is not None:
             bar.stop()

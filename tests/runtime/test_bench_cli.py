@@ -339,3 +339,19 @@ def test_variants_puts_them_in_the_order_given():
     assert [v.name for v in chosen] == ["stock eager", "another", "duplexcadence"]
     assert bench_cli.select_variants(made, " , ") == ("--variants ' , ': names no variant; the variants are "
                                                       "'stock eager', 'duplexcadence', 'another'")
+
+
+def test_without_profile_run_leaves_the_busy_pass_to_a_later_profile_all(user_folder, profiled):
+    """Several subjects timed in one process: each `run(..., profile=False)`, then `profile_all` for each
+    once everything is timed, so no timed tick follows a profile."""
+    from duplexcadence.examples.toy.bench import subject as toy_subject
+    from duplexcadence.interpreter import bench
+
+    made = toy_subject(device="cpu", seconds=1)
+    made.variants = [named(v) for v in made.variants]
+    ticks = 4
+    results = bench.run(made, ticks, progress=False, profile=False)
+    assert profiled == [] and all(r.gpu_busy_ms_per_s is None for r in results)
+    results = bench.profile_all(made, results, ticks)
+    assert [name for name, _, _ in profiled] == [v.name for v in made.variants]
+    assert [r.gpu_busy_ms_per_s for r in results] == [1.0, 2.0]

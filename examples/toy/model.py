@@ -99,8 +99,12 @@ class ToyTail(nn.Module):
 
 
 def build_toy(seed: int = 0, device: str | torch.device = "cpu", batch: int = 1, **sizes) -> ToyTail:
-    torch.manual_seed(seed)
-    model = ToyTail(**sizes).to(device).eval()
+    """The toy tail with weights drawn under `torch.manual_seed(seed)`; the caller's global RNG state is
+    left as it was (the tail's random draw at each step reads it)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = ToyTail(**sizes)
+    model = model.to(device).eval()
     model.upsample.partial = torch.zeros(batch, model.upsample.convtr.out_channels, 2, device=device)
     return model
 

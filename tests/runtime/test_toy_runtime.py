@@ -27,6 +27,16 @@ def make(device="cpu", sessions=1, graphs="auto", max_graphs=None):
     return runtime, prompt
 
 
+def test_build_toy_draws_its_weights_from_its_seed_and_leaves_the_global_rng_alone():
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    first, again, other = build_toy(seed=0), build_toy(seed=0), build_toy(seed=1)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    weights = [dict(model.state_dict()) for model in (first, again, other)]
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
+    assert not all(torch.equal(weights[0][name], weights[2][name]) for name in weights[0])
+
+
 def stock_for(prompt, device="cpu"):
     stock = ToyStockStream(build_toy(device=device), prompt, WINDOW)
     stock.initial = {"cache": prompt}

@@ -388,11 +388,13 @@ class UpdateItem:
 @attrs.frozen
 class WriteItem:
     """New units produced into a region per firing: `write pcm +1920`, `write pcm +24000 latency 3840`
-    (the first firing emits `advance - latency`), or `write pcm` (advance derived from the clocks)."""
+    (the first firing emits `advance - latency`, the end of the stream releases it), `write wav +1920
+    latency 555 dropped` (never released), or `write pcm` (advance derived from the clocks)."""
 
     region: RegionRef
     advance: Expr | None = None
     latency: Expr | None = None
+    latency_dropped: bool = False
     span: Span | None = _span_field()
 
 

@@ -478,8 +478,9 @@ class _ToAst(Transformer):
         region, *rest = children
         rest = [p for p in rest if p is not None]
         advance = next((p[1] for p in rest if p[0] == "advance"), None)
-        latency = next((p[1] for p in rest if p[0] == "latency"), None)
-        return ast.WriteItem(region, advance, latency, span=self._span(meta))
+        latency = next((p for p in rest if p[0] == "latency"), None)
+        return ast.WriteItem(region, advance, latency[1] if latency else None,
+                             latency_dropped=bool(latency and latency[2]), span=self._span(meta))
 
     def rng_item(self, meta, children):
         return ast.RngItem(span=self._span(meta))
@@ -506,7 +507,8 @@ class _ToAst(Transformer):
         return ("advance", children[0])
 
     def latency(self, meta, children):
-        return ("latency", children[0])
+        value, *dropped = children
+        return ("latency", value, any(d is not None for d in dropped))
 
     # expressions
     def number(self, meta, children):

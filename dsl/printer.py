@@ -124,7 +124,7 @@ def _item(node: ast.StageItem) -> str:
     if node.advance is not None:
         parts.append(f"+{expr(node.advance, 3)}")
     if node.latency is not None:
-        parts.append(f"latency {expr(node.latency)}")
+        parts.append(f"latency {expr(node.latency)}" + (" dropped" if node.latency_dropped else ""))
     return " ".join(parts)
 
 

@@ -149,7 +149,8 @@ class Access:
     kind: `read`, `update` (read-modify-write) or `write`. For reads, `window` is `all` (the whole
     retained content), `last` (the newest `count` units) or `new` (the units that arrived for this
     firing, plus up to `context` older ones). `advance` is the units written per firing (None:
-    the module decides, for outputs only); `latency` is held back on the first firing.
+    the module decides, for outputs only); `latency` is held back on the first firing, and released
+    by the end of the stream (`Session.finish`) unless `latency_dropped`.
     """
 
     kind: str
@@ -162,6 +163,7 @@ class Access:
     prev: bool = False
     advance: int | None = None
     latency: int = 0
+    latency_dropped: bool = False
     span: Span | None = _span_field()
 
 

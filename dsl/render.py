@@ -871,7 +871,7 @@ def _write_label(access: Access) -> str:
         return f"{verb} (in place)" if verb == "update" else f"{verb} (length set by the module)"
     text = f"{verb} +{access.advance}"
     if access.latency:
-        text += f" (first firing −{access.latency})"
+        text += f" (first firing −{access.latency}{', never released' if access.latency_dropped else ''})"
     return text
 
 

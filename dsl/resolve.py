@@ -664,7 +664,8 @@ class _Resolver:
                 latency = 0
                 if item.latency is not None:
                     latency = count_of(self.evaluate_in(item.latency), rate, item.latency, "a latency", 0)
-                result.append(Access("write", member, advance=advance, latency=latency, span=item.span))
+                result.append(Access("write", member, advance=advance, latency=latency,
+                                     latency_dropped=item.latency_dropped, span=item.span))
         return result
 
 class _Skip(Exception):

@@ -539,8 +539,8 @@ class Session:
 
     def finish(self, *args: torch.Tensor, **inputs: torch.Tensor):
         """Run the last instant of the stream: like `step`, and the lookahead the reads held back is
-        consumed too and every write's latency is released (stages see `firing.last`). The session
-        then refuses steps until `reset()`."""
+        consumed too and every write's latency is released, except a `latency L dropped` (stages see
+        `firing.last`). The session then refuses steps until `reset()`."""
         return self._step(args, inputs, last=True)
 
     def _step(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool):

@@ -347,7 +347,7 @@ class Simulator:
         if access.advance is None:  # an output whose length the module decides
             return View(name, "write", 0, None, None)
         units = self.scaled(stage, name, access.advance) - (access.latency if k == 0 else 0)
-        if self.last:
+        if self.last and not access.latency_dropped:
             units += access.latency  # the end of the stream releases what the latency held back
         return self._append(name, units, "write")
 
@@ -390,7 +390,8 @@ def _last_instant(simulator: Simulator, index: int) -> list[Firing]:
 def trace(program: Program, clocks: ClockPlan) -> Trace:
     period = clocks.instants_per_hyperperiod
     simulator = Simulator(program, clocks)
-    releases = any(a.lookahead or a.latency for stage in program.stages.values() for a in stage.accesses)
+    releases = any(a.lookahead or (a.latency and not a.latency_dropped)
+                   for stage in program.stages.values() for a in stage.accesses)
     states: list[tuple] = []
     snapshots: list[tuple] = []
     by_instant: list[list[Firing]] = []

@@ -78,7 +78,7 @@ def test_every_construct_parses_to_its_node() -> None:
             read c new
             update kv[3] +2
             write b +1 latency 1
-            write c
+            write c +2 latency 1 dropped
             rng
         }
     ''')
@@ -96,6 +96,8 @@ def test_every_construct_parses_to_its_node() -> None:
     assert stage.items[3].span_clause == ast.SpanNew(ast.Number(2))
     assert stage.items[5].region == ast.RegionRef("kv", ast.Number(3))
     assert (stage.items[6].advance, stage.items[6].latency) == (ast.Number(1), ast.Number(1))
+    assert not stage.items[6].latency_dropped
+    assert (stage.items[7].latency, stage.items[7].latency_dropped) == (ast.Number(1), True)
 
 
 def test_spans_are_kept_out_of_equality() -> None:

@@ -23,6 +23,7 @@ from transformers.masking_utils import create_sliding_window_causal_mask  # noqa
 from duplexcadence.examples.qwen3omni.model import Qwen3OmniMoeCode2WavConfig, build_code2wav  # noqa: E402
 from duplexcadence.examples.qwen3omni.stock import StockSecondDecoder, second_bounds, split_into_seconds  # noqa: E402
 from duplexcadence.examples.qwen3omni.streaming import StreamingCode2Wav, streaming_window_mask  # noqa: E402
+from duplexcadence.interpreter.runtime import StepError  # noqa: E402
 from duplexcadence.examples.qwen3omni.streaming_cadence import (  # noqa: E402
     StreamingSecondDecoder,
     load_streaming_runtime,
@@ -142,6 +143,26 @@ def test_session_reset_restarts_the_utterance_at_the_same_addresses():
         again = decoder.step(codes)
     assert torch.equal(first, again) and first.shape[-1] == 3 * 1920 - DEFICIT
     assert decoder.session.data_ptrs() == pointers
+
+
+@pytest.mark.models
+def test_finish_ends_the_utterance_with_a_whole_code_and_releases_nothing():
+    """`write wav +1920 latency 555 dropped`: the last code gives 1920 samples like any other, equal to
+    the eager class's, and the utterance is as long as the whole-utterance forward (T * 1920 - 555)."""
+    model = build_code2wav(torch.float32, device="cpu", seed=1234)
+    codes = codes_for(1)[..., :4]
+    session = load_streaming_runtime(model).session()
+    eager = PerCodeEager(model)
+    with torch.no_grad():
+        pieces = [session.step(codes=codes[..., index:index + 1]) for index in range(3)]
+        pieces.append(session.finish(codes=codes[..., 3:4]))
+        expected = [eager.step(codes[..., index:index + 1]) for index in range(4)]
+        whole = model(codes)
+    assert [piece.shape[-1] for piece in pieces] == [1920 - DEFICIT, 1920, 1920, 1920]
+    assert all(torch.equal(mine, theirs) for mine, theirs in zip(pieces, expected, strict=True))
+    assert torch.cat(pieces, dim=-1).shape == whole.shape
+    with pytest.raises(StepError, match="finished its stream"):
+        session.step(codes=codes[..., :1])
 
 
 @pytest.mark.gpu

@@ -80,9 +80,9 @@ def reference(chunks: list[list[int]], last_index: int | None = None) -> list[to
     return outputs
 
 
-def load(tmp_path) -> tuple[Runtime, Model]:
+def load(tmp_path, text: str = CLOCK) -> tuple[Runtime, Model]:
     path = tmp_path / "chunked.clock"
-    path.write_text(CLOCK)
+    path.write_text(text)
     model = Model()
     return Runtime.load(path, model, hooks={"chunk": chunk_hook}, device="cpu"), model
 
@@ -151,6 +151,20 @@ def test_finish_on_the_first_instant_releases_what_its_latency_held(tmp_path):
     got = session.finish(**feed([1]))
     (expected,) = reference([[1]], last_index=0)
     assert got.shape[1] == 4 and torch.equal(got, expected)
+
+
+def test_a_dropped_latency_is_not_released_at_the_end_of_the_stream(tmp_path):
+    """`latency 2 dropped`: the first firing is 2 short as before, and `finish` emits what a firing of its
+    input emits, with nothing released (a tail whose whole-utterance output is that much shorter)."""
+    runtime, model = load(tmp_path, CLOCK.replace("latency 2", "latency 2 dropped"))
+    session = runtime.session(initial=initial())
+    chunks = [[1, 2, 3, 4], [5, 6, 7, 8], [9]]
+    got = [session.step(**feed(chunks[0])), session.step(**feed(chunks[1])), session.finish(**feed(chunks[2]))]
+    expected = reference(chunks, last_index=2)
+    assert [g.shape[1] for g in got] == [6, 8, 2 * 2]
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert torch.equal(got[2], expected[2][:, :4])  # the 2 held frames and the first converted token's 2
+    assert model.seen_last == [False, False, True]
 
 
 def test_capacities_cover_a_last_instant_with_a_full_input(tmp_path):

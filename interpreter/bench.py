@@ -809,6 +809,9 @@ def format_table(subject: Subject, results: list[VariantResult]) -> str:
                          *([_mhz(r.info["interleaved"].get("sm_clock_mhz_median"))] if clocked else [])]
                         for r in interleaved],
                        right=tuple(range(1, 6 + clocked)))
+        for faster, other, sequential, again in pass_disagreements(results):
+            lines.append(f"  the passes disagree: {faster} is {1 / sequential:.2f}x as fast as {other} sequentially, "
+                         f"{1 / again:.2f}x interleaved; the interleaved pass is the fairer (docs/benchmarks.md)")
     for r in results:
         if r.first_mismatch:
             lines.append(f"  {r.name}: first mismatch at {r.first_mismatch}")
@@ -824,6 +827,34 @@ def format_table(subject: Subject, results: list[VariantResult]) -> str:
     return "\n".join(lines)
 
 
+PASS_DISAGREEMENT = 0.03
+"""How much faster one variant must be than another in one timed pass for `pass_disagreements` to report
+a pass where it is not (3 %: more than two runs of one command on the H200 differ by in steady state)."""
+
+
+def pass_disagreements(results: list[VariantResult]) -> list[tuple[str, str, float, float]]:
+    """Pairs of variants that the sequential and the interleaved pass rank in opposite orders, where one
+    pass has the first at least `PASS_DISAGREEMENT` faster: (faster sequentially, other, ms/s ratio
+    sequential, ms/s ratio interleaved), each ratio the first's over the second's. The sequential pass
+    gives each variant its own stretch of time and its own place in the order (moshi's whole-step graph,
+    for one, runs faster when it is captured before another graph of its kind); the interleaved pass
+    shares both."""
+    timed = [r for r in results if r.error is None and "ms_per_s_median" in r.info.get("interleaved", {})]
+    found = []
+    for index, first in enumerate(timed):
+        for second in timed[index + 1:]:
+            sequential = first.ms_per_s_median / second.ms_per_s_median
+            interleaved = first.info["interleaved"]["ms_per_s_median"] / second.info["interleaved"]["ms_per_s_median"]
+            opposite = (sequential - 1) * (interleaved - 1) < 0
+            if not opposite or max(abs(sequential - 1), abs(interleaved - 1)) < PASS_DISAGREEMENT:
+                continue
+            if sequential > 1:  # name first the variant that was faster sequentially
+                found.append((second.name, first.name, 1 / sequential, 1 / interleaved))
+            else:
+                found.append((first.name, second.name, sequential, interleaved))
+    return found
+
+
 def _mhz(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
@@ -833,7 +864,10 @@ def to_json(subject: Subject, results: list[VariantResult]) -> dict:
             "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(subject.device)
             if subject.device.type == "cuda" else None, "description": subject.description,
             "ticks_per_second": str(subject.ticks_per_second), "extra": subject.extra,
-            "variants": [r.to_json() for r in results]}
+            "variants": [r.to_json() for r in results],
+            "pass_disagreements": [{"faster_sequentially": faster, "other": other, "ratio_sequential": sequential,
+                                    "ratio_interleaved": again}
+                                   for faster, other, sequential, again in pass_disagreements(results)]}
 
 
 def dump(path: str, payload: dict) -> None:

@@ -7,7 +7,8 @@ bench's ticks mostly fall in.
 `--harness` times instead the bench's own runners (`dsl bench moshi`'s "moshi whole-step graph" and
 "duplexcadence" variants, built by its subject with its seeds and inputs) stepped in turn, once plainly and
 once with the bench's between-tick work (each output compared with `torch.equal` to the other side's):
-`dsl bench` shows our step about 0.15 ms a frame behind that the plain measurement does not.
+it found no gap: the 0.15 ms a frame that `dsl bench` showed came from its profiler and its order
+(docs/benchmarks.md, Moshi, fifth session).
 
 `--profiler-aftereffect` times both sides in turn, then runs a torch.profiler session with CUDA activity
 around a few steps of each (as `dsl bench` used to for its GPU-busy column after each variant's timed run),
@@ -15,8 +16,15 @@ then times them again over as many frames: CUPTI stays attached after the profil
 
     source scripts/device_setup.sh
     python scripts/mimi_step_conditions.py [--first 150 --last 300] [--harness | --profiler-aftereffect]
+    python scripts/mimi_step_conditions.py --builds 6 [--ours-first] [--private-pools] --first 13 --last 250
+    python scripts/mimi_step_conditions.py --graph-phases [--theirs-first] --first 150 --last 300
+
+`--builds` times each side built again and again, alone; `--graph-phases` splits each side's frame around
+its one graph replay. They found the whole-step graph's fast first capture (docs/benchmarks.md, Moshi, fifth
+session); `--theirs-first` and `--private-pools` are the next measurements of it.
 """
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -77,11 +85,13 @@ def profiler_aftereffect(first: int, last: int) -> None:
                       stepped(last + 8, frames, last + 8))
 
 
-def graph_phases(first: int, last: int, stock: str = "moshi whole-step graph") -> None:
+def graph_phases(first: int, last: int, stock: str = "moshi whole-step graph", theirs_first: bool = False) -> None:
     """The bench subject's runners, each alone (as `dsl bench` times them one after the other) and then in
     turn: per frame, CUDA events before and after every `CUDAGraph.replay` (both sides replay one graph
     per steady frame) split the frame's GPU time into before the replay (the input copy), the replay,
-    and after it (the output copy), with the host's offset of the replay call from the step's start."""
+    and after it (the output copy), with the host's offset of the replay call from the step's start.
+    DuplexCadence captures when it is built; with `theirs_first` the whole-step graph is captured (three
+    steps) before that, the order in which it runs ~180 us a frame faster (docs/benchmarks.md)."""
     from duplexcadence.examples.moshi.bench import subject
 
     marks: list[tuple[float, torch.cuda.Event, torch.cuda.Event]] = []
@@ -97,7 +107,13 @@ def graph_phases(first: int, last: int, stock: str = "moshi whole-step graph") -
 
     made = subject(device="cuda", seconds=last // 12 + 1)
     by_name = {variant.name: variant for variant in made.variants}
-    runners = {name: by_name[name].make() for name in (stock, "duplexcadence")}
+    runners = {stock: by_name[stock].make()}
+    if theirs_first:
+        with torch.no_grad():
+            for t in range(3):
+                runners[stock].step(**made.inputs(t))
+        torch.cuda.synchronize()
+    runners["duplexcadence"] = by_name["duplexcadence"].make()
     torch.cuda.CUDAGraph.replay = marked_replay
     try:
         for arrangement in ("alone", "in turn"):
@@ -138,10 +154,28 @@ def graph_phases(first: int, last: int, stock: str = "moshi whole-step graph") -
         torch.cuda.CUDAGraph.replay = replay
 
 
-def builds(first: int, last: int, count: int, stock: str = "moshi whole-step graph", ours_first: bool = False) -> None:
+@contextlib.contextmanager
+def private_pools():
+    """Every `torch.cuda.graph` capture inside gets a fresh private memory pool (the `pool` argument is
+    dropped): DuplexCadence's captures of one lane otherwise share one pool."""
+    original = torch.cuda.graph.__init__
+
+    def without_pool(self, cuda_graph, pool=None, *args, **kwargs):
+        original(self, cuda_graph, None, *args, **kwargs)
+
+    torch.cuda.graph.__init__ = without_pool
+    try:
+        yield
+    finally:
+        torch.cuda.graph.__init__ = original
+
+
+def builds(first: int, last: int, count: int, stock: str = "moshi whole-step graph", ours_first: bool = False,
+           ours_in_private_pools: bool = False) -> None:
     """Each side of the bench subject built `count` times in turn, each build freed before the next and
     timed alone (synchronised per frame, as `dsl bench` does): how much a variant's time moves from one
-    build to the next, at the same clocks, with the same kernels, on other addresses."""
+    build to the next, at the same clocks, with the same kernels, on other addresses. With
+    `ours_in_private_pools`, DuplexCadence's graphs are captured each into a pool of its own."""
     import gc
 
     from duplexcadence.examples.moshi.bench import subject
@@ -152,7 +186,9 @@ def builds(first: int, last: int, count: int, stock: str = "moshi whole-step gra
     walls: dict[str, list[float]] = {name: [] for name in sides}
     for build in range(count):
         for name in walls:
-            runner = by_name[name].make()
+            pools = private_pools() if ours_in_private_pools and name == "duplexcadence" else contextlib.nullcontext()
+            with pools:
+                runner = by_name[name].make()
             runner.reset()
             frames = []
             with torch.no_grad():
@@ -216,6 +252,10 @@ def main() -> None:
     parser.add_argument("--builds", type=int, default=0, metavar="N",
                         help="build each side N times in turn, each timed alone")
     parser.add_argument("--ours-first", action="store_true", help="with --builds: build DuplexCadence first")
+    parser.add_argument("--private-pools", action="store_true",
+                        help="with --builds: capture each of DuplexCadence's graphs into a pool of its own")
+    parser.add_argument("--theirs-first", action="store_true",
+                        help="with --graph-phases: capture the whole-step graph before DuplexCadence is built")
     parser.add_argument("--graph-phases", action="store_true",
                         help="split each side's frame around its graph replay, alone and in turn")
     parser.add_argument("--profiler-aftereffect", action="store_true",
@@ -228,10 +268,10 @@ def main() -> None:
         harness(args.first, args.last)
         return
     if args.builds:
-        builds(args.first, args.last, args.builds, ours_first=args.ours_first)
+        builds(args.first, args.last, args.builds, ours_first=args.ours_first, ours_in_private_pools=args.private_pools)
         return
     if args.graph_phases:
-        graph_phases(args.first, args.last)
+        graph_phases(args.first, args.last, theirs_first=args.theirs_first)
         return
     if args.profiler_aftereffect:
         profiler_aftereffect(args.first, args.last)

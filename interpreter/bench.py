@@ -215,9 +215,9 @@ def profile_busy(subject: Subject, variant: Variant, ticks: int,
 
     This runs after every timed pass of a bench. A torch.profiler with CUDA activity leaves CUPTI attached
     to the process when it stops (kineto finalises CUPTI only with TEARDOWN_CUPTI=1, which torch turns off
-    around CUDA graphs), and every kernel or graph launched afterwards pays CUPTI's callbacks: timed after
-    a profile, each variant's host time per tick rose from about 0.05 to 0.2-0.3 ms on the H200, more for
-    a step of several launches than for one."""
+    around CUDA graphs), and every kernel or graph launched afterwards pays CUPTI's callbacks: on the H200
+    a Mimi frame's host time rose by about 85 us and its wall time by about 80 us after one profile
+    (`scripts/mimi_step_conditions.py --profiler-aftereffect`), on moshi's graph and ours alike."""
     profiled = profiled_ticks(subject, ticks)
     runner = variant.make()
     try:

@@ -10,9 +10,10 @@ Members may join later than the group's start when the program and its plan allo
 hook reads the clock's firing and no `on_reset` rebuilds model state, and the planned shapes and
 region lengths from that instant on are those from instant 0. Then a fresh member differs from a
 fresh session only in its data (its row of every state region is zeroed), and everything that tells
-instants apart (ring offsets, positions) lives in that data. Mimi's decoder is such a plan (its ring keeps its shapes from the
-first frame and keeps per-row offsets), so a member may join at any instant. A plan whose shapes
-change during warm-up (a cache that grows to its window) takes members only at the group's start.
+instants apart (ring offsets, positions) lives in that data. Mimi's decoder is such a plan (its ring
+keeps its shapes from the first frame and keeps per-row offsets), so a member may join at any instant.
+A plan whose shapes change during warm-up (a cache that grows to its window) takes members only at the
+group's start.
 
 Bits: the rows are computed by kernels chosen for batch B. Whether a row equals the same
 conversation decoded alone at batch 1 depends on those kernels (cuDNN and cuBLAS may pick other

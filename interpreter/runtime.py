@@ -126,6 +126,13 @@ class Counters:
     per_graph: Counter = attrs.field(factory=Counter)
     short_path_steps: int = 0
 
+    def add_totals(self, other: Counters) -> None:
+        """Add `other`'s replays, eager firings and short-path steps (what the runtime's report sums)."""
+        self.replays += other.replays
+        self.eager_planned += other.eager_planned
+        self.eager_off_plan += other.eager_off_plan
+        self.short_path_steps += other.short_path_steps
+
 
 @attrs.frozen
 class RegionReport:
@@ -444,10 +451,7 @@ class Runtime:
                         for r in schedule.regions.values())
         totals = attrs.evolve(self.closed_counters)
         for session in self.sessions:
-            totals.replays += session.counters.replays
-            totals.eager_planned += session.counters.eager_planned
-            totals.eager_off_plan += session.counters.eager_off_plan
-            totals.short_path_steps += session.counters.short_path_steps
+            totals.add_totals(session.counters)
         covered = {signature for graphs, _, _ in self.slot_graphs.values() for key in graphs for signature in key}
         return RuntimeReport(str(self.device), self.arena.sessions, self.arena.nbytes, self.plan.arena.session_bytes,
                              self.plan.arena.scratch_bytes, regions, len(self.plan.capture.graphs),
@@ -730,10 +734,7 @@ class Session:
                 runtime.free_slots.sort()
                 if self in runtime.sessions:
                     runtime.sessions.remove(self)
-                    runtime.closed_counters.replays += self.counters.replays
-                    runtime.closed_counters.eager_planned += self.counters.eager_planned
-                    runtime.closed_counters.eager_off_plan += self.counters.eager_off_plan
-                    runtime.closed_counters.short_path_steps += self.counters.short_path_steps
+                    runtime.closed_counters.add_totals(self.counters)
 
     # --- one step --------------------------------------------------------------------------------
 

@@ -80,6 +80,9 @@ def test_replayed_steps_equal_the_general_path_and_skip_it(monkeypatch):
     assert all(replays is not None for replays in replayed.replays.values())
     assert set(replayed.replays) == set(range(len(replayed.runtime.templates)))
     assert torch.equal(replayed.region("cache"), general.region("cache"))  # the simulator catches up
+    replayed.close()  # a closed session's counts stay in its runtime's report
+    report = replayed.runtime.report()
+    assert (report.short_path_steps, report.replays, report.eager_planned) == (TICKS, 3 * TICKS, 0)
 
 
 def test_resolved_feeds_and_outputs_are_views_of_the_session_regions():

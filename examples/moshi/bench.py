@@ -82,7 +82,7 @@ def _cadence_info(runner: _Cadence) -> dict:
 
 def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 1234, **_) -> Subject:
     device = torch.device(device)
-    # the harness runs `seconds` of ticks, then up to 2 s more for the GPU-busy profile
+    # an input for each of the `seconds` of ticks (the GPU-busy profile re-runs the same ticks), and a margin
     frames = int(Fraction(25, 2) * seconds) + 2 * 13 + 16
     codes = random_codes(batch, frames, seed=seed + 1).to(device)
     compiled = device.type == "cuda" and moshi_torch_compile_enabled()

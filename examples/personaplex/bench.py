@@ -81,7 +81,7 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 
         raise ValueError(f"the PersonaPlex tail is benchmarked in fp32 (as PersonaPlex runs Mimi), not {dtype}")
     device = torch.device(device)
     ticks_per_second = Fraction(25, 2)
-    # the harness runs `seconds` of ticks, then up to 2 s more for the GPU-busy profile
+    # an input for each of the `seconds` of ticks (the GPU-busy profile re-runs the same ticks), and a margin
     frames = int(ticks_per_second * seconds) + 2 * int(ticks_per_second) + 16
     codes = random_codes(batch, frames, seed=seed + 1).to(device)
     compiled = device.type == "cuda" and moshi_torch_compile_enabled()

@@ -1060,9 +1060,14 @@ class Session:
         First every planned (stage, signature) is warmed up and probed for host syncs; a stage that
         syncs is planned eager. Then each planned instant's consecutive graphable firings are
         captured as ONE graph (a fused run), so an instant replays with as few launches as possible.
+
+        The warm-up runs on the caller's current stream and only the captures on the lane's stream,
+        as `torch.cuda.graph` users do: eager work of a model on a side stream puts the process in a
+        state where every CUDA graph replays slower from then on (about 0.3 us more between any two
+        kernels: about 180 us, 11 % of a Mimi frame on the H200; docs/benchmarks.md, sixth session).
         """
         runtime = self.runtime
-        stream = runtime.lane_stream(self.lane)  # the lane's cuBLAS workspace is per stream, baked into its graphs
+        stream = runtime.lane_stream(self.lane)  # captures only: the lane's cuBLAS workspace is baked into its graphs
         for graph_plan in runtime.plan.capture.captured:
             firing = runtime.first_firing[graph_plan.signature]
             stage = runtime.program.stages[firing.stage]
@@ -1070,9 +1075,8 @@ class Session:
                 continue
             for storage in self.storage.values():
                 storage.fill_zero()
-            stream.wait_stream(torch.cuda.current_stream(runtime.device))
             try:
-                with torch.cuda.stream(stream), self._rng_scope(stage.rng):
+                with self._rng_scope(stage.rng):
                     self._bound_lengths = dict(runtime.plan.trace.states[firing.instant][0])
                     self._run_body(firing)  # warm-up: lazy buffers, cuBLAS handles, torch.compile'd kernels
                     self._bound_lengths = dict(runtime.plan.trace.states[firing.instant][0])
@@ -1080,7 +1084,6 @@ class Session:
                         self._run_body(firing)  # the probe: a host sync inside the stage raises here
             except Exception as error:  # a sync or host copy: plan this stage eager, say where
                 self._block(stage, error)
-            torch.cuda.current_stream(runtime.device).wait_stream(stream)
             torch.cuda.synchronize(runtime.device)
         for index, template in enumerate(runtime.templates):
             self.runs[index] = self._capture_template(

@@ -271,6 +271,34 @@ def test_gpu_no_automatic_garbage_collection_inside_a_capture():
 
 
 @pytest.mark.gpu
+def test_gpu_stages_warm_up_on_the_callers_stream_and_only_captures_run_on_the_side_stream():
+    """Eager work of a model on a side stream makes every CUDA graph in the process replay slower
+    (docs/benchmarks.md, Moshi, sixth session): every eager run of a stage body while a session captures
+    its graphs (the warm-up and the host-sync probe) is on the caller's stream, every capture on the lane's."""
+    from duplexcadence.interpreter.runtime import Session
+
+    runtime, prompt = make(device="cuda")
+    caller = torch.cuda.current_stream()
+    eager_streams, capture_streams = [], []
+    run_body = Session._run_body
+
+    def recording(self, firing):
+        streams = capture_streams if torch.cuda.is_current_stream_capturing() else eager_streams
+        streams.append(torch.cuda.current_stream())
+        return run_body(self, firing)
+
+    Session._run_body = recording
+    try:
+        session = runtime.session(initial={"cache": prompt})
+    finally:
+        Session._run_body = run_body
+    assert eager_streams and capture_streams
+    assert set(eager_streams) == {caller}
+    assert set(capture_streams) == {runtime.lane_stream(0)} and caller not in capture_streams
+    session.close()
+
+
+@pytest.mark.gpu
 def test_gpu_replays_are_resolved_at_capture_and_shared_by_the_slots_next_sessions():
     """Every planned instant's graph runs are resolved when the slot captures (a warm-up instant is stepped
     once per session: resolving on first use would cost each warm-up step), and a later session of the

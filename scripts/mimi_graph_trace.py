@@ -9,6 +9,9 @@ replays are traced by CUPTI) and reports, per frame:
 * the span from the frame's first GPU operation to its last, and the idle time inside it (span minus
   the union of the operations' intervals);
 * the largest gaps between consecutive GPU operations, with the operations on both sides;
+* in the JSON only, every operation in order with the gap before it (`sequence`), for comparing two
+  builds position by position (the sixth session found the slow state so: 0.42 against 0.10 us at
+  nearly every kernel boundary);
 
 then the operations whose count or summed time differ between the two sides' median frames. (Its first
 run found the in-graph gap: 17 more copy kernels and 16 unvectorised adds on our side, from a
@@ -64,7 +67,12 @@ def frame_summary(operations: list[tuple[float, float, str]], top: int) -> dict:
         entry = by_name.setdefault(name[:160], [0, 0.0])
         entry[0] += 1
         entry[1] += end - start
-    return {"operations": len(operations), **kinds, "by_name": by_name, "busy_us": busy, "span_us": span, "idle_us": span - busy,
+    # in order, each operation with the gap since the previous one ended (0 for the first)
+    sequence = [[0.0, operations[0][2][:60]]]
+    sequence += [[round(start - operations[index][1], 2), name[:60]]
+                 for index, (start, _, name) in enumerate(operations[1:])]
+    return {"operations": len(operations), **kinds, "by_name": by_name, "sequence": sequence,
+            "busy_us": busy, "span_us": span, "idle_us": span - busy,
             "largest_gaps": [{"us": round(gap, 2), "after": before[:80], "before": after[:80]}
                              for gap, before, after in gaps[:top]]}
 

@@ -16,12 +16,15 @@ then times them again over as many frames: CUPTI stays attached after the profil
 
     source scripts/device_setup.sh
     python scripts/mimi_step_conditions.py [--first 150 --last 300] [--harness | --profiler-aftereffect]
-    python scripts/mimi_step_conditions.py --builds 6 [--ours-first] [--private-pools] --first 13 --last 250
+    python scripts/mimi_step_conditions.py --builds 6 [--ours-first] [--private-pools] [--eager-first N] \
+        --first 13 --last 250
     python scripts/mimi_step_conditions.py --graph-phases [--theirs-first] --first 150 --last 300
+    python scripts/mimi_step_conditions.py --state-flips [WORD ...] --first 13 --last 250
 
 `--builds` times each side built again and again, alone; `--graph-phases` splits each side's frame around
 its one graph replay. They found the whole-step graph's fast first capture (docs/benchmarks.md, Moshi, fifth
-session); `--theirs-first` and `--private-pools` are the next measurements of it.
+session). `--state-flips` times the whole-step graph, built first, again after each thing DuplexCadence's
+build does: it found what ends the fast state, eager work on a side stream (sixth session).
 """
 import argparse
 import contextlib
@@ -170,12 +173,38 @@ def private_pools():
         torch.cuda.graph.__init__ = original
 
 
+def median_wall_us(runner, made, first: int, last: int) -> float:
+    """`runner` reset, then stepped through the subject's frames [0, last), each step synchronised: the
+    median wall time in microseconds of frames [first, last)."""
+    runner.reset()
+    frames = []
+    with torch.no_grad():
+        for t in range(last):
+            inputs = made.inputs(t)
+            torch.cuda.synchronize()
+            began = time.perf_counter()
+            runner.step(**inputs)
+            torch.cuda.synchronize()
+            if t >= first:
+                frames.append((time.perf_counter() - began) * 1e6)
+    return statistics.median(frames)
+
+
+def run_frames(step, made, count: int) -> None:
+    """`step(**inputs)` for the subject's first `count` frames, then a synchronisation."""
+    with torch.no_grad():
+        for t in range(count):
+            step(**made.inputs(t))
+    torch.cuda.synchronize()
+
+
 def builds(first: int, last: int, count: int, stock: str = "moshi whole-step graph", ours_first: bool = False,
-           ours_in_private_pools: bool = False) -> None:
+           ours_in_private_pools: bool = False, eager_first: int = 0) -> None:
     """Each side of the bench subject built `count` times in turn, each build freed before the next and
     timed alone (synchronised per frame, as `dsl bench` does): how much a variant's time moves from one
     build to the next, at the same clocks, with the same kernels, on other addresses. With
-    `ours_in_private_pools`, DuplexCadence's graphs are captured each into a pool of its own."""
+    `ours_in_private_pools`, DuplexCadence's graphs are captured each into a pool of its own; with
+    `eager_first`, that many frames of the stock eager variant run before the first build."""
     import gc
 
     from duplexcadence.examples.moshi.bench import subject
@@ -184,24 +213,19 @@ def builds(first: int, last: int, count: int, stock: str = "moshi whole-step gra
     by_name = {variant.name: variant for variant in made.variants}
     sides = ["duplexcadence", stock] if ours_first else [stock, "duplexcadence"]
     walls: dict[str, list[float]] = {name: [] for name in sides}
+    if eager_first:
+        eager = by_name["stock eager"].make()
+        eager.reset()
+        run_frames(eager.step, made, eager_first)
+        del eager
+        gc.collect()
     for build in range(count):
         for name in walls:
             pools = private_pools() if ours_in_private_pools and name == "duplexcadence" else contextlib.nullcontext()
             with pools:
                 runner = by_name[name].make()
-            runner.reset()
-            frames = []
-            with torch.no_grad():
-                for t in range(last):
-                    inputs = made.inputs(t)
-                    torch.cuda.synchronize()
-                    began = time.perf_counter()
-                    runner.step(**inputs)
-                    torch.cuda.synchronize()
-                    if t >= first:
-                        frames.append((time.perf_counter() - began) * 1e6)
-            walls[name].append(statistics.median(frames))
-            print(f"build {build}: {name:24s} wall {walls[name][-1]:7.1f} us (median of frames [{first}, {last}))",
+            walls[name].append(median_wall_us(runner, made, first, last))
+            print(f"build {build}: {name:30s} wall {walls[name][-1]:7.1f} us (median of frames [{first}, {last}))",
                   flush=True)
             close = getattr(runner, "close", None)
             if callable(close):
@@ -210,8 +234,123 @@ def builds(first: int, last: int, count: int, stock: str = "moshi whole-step gra
             gc.collect()
             torch.cuda.empty_cache()
     for name, values in walls.items():
-        print(f"{name:24s} over {count} builds: min {min(values):7.1f}  median {statistics.median(values):7.1f}  "
+        print(f"{name:30s} over {count} builds: min {min(values):7.1f}  median {statistics.median(values):7.1f}  "
               f"max {max(values):7.1f} us")
+
+
+def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whole-step graph") -> None:
+    """The whole-step graph, built first in the process (its fast state), timed alone again after each of
+    the things DuplexCadence's build does, one at a time: which of them ends the fast state. `only`:
+    the actions whose label holds one of these words, in their order (all when empty)."""
+    import gc
+
+    from duplexcadence.examples.moshi.bench import subject
+    from duplexcadence.interpreter.runtime import _sync_debug
+
+    made = subject(device="cuda", seconds=last // 12 + 1)
+    by_name = {variant.name: variant for variant in made.variants}
+    whole = by_name[stock].make()
+    kept = []
+
+    def timed_alone(label: str) -> None:
+        print(f"{label:60s} whole-step wall {median_wall_us(whole, made, first, last):7.1f} us", flush=True)
+
+    def sync_debug_probe():
+        with _sync_debug("error"):
+            torch.ones(4, device="cuda").add_(1)
+
+    def side_stream():
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            torch.ones(4, device="cuda").add_(1)
+        torch.cuda.synchronize()
+        kept.append(stream)
+
+    def small_graph():
+        graph, static = torch.cuda.CUDAGraph(), torch.ones(4, device="cuda")
+        with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle()):
+            static.add_(1)
+        graph.replay()
+        kept.append((graph, static))
+
+    def eager_frames():
+        eager = by_name["stock eager"].make()
+        eager.reset()
+        run_frames(eager.step, made, 13)
+
+    def runtime_loaded():
+        kept.append(load_runtime(build_mimi(device="cuda"), 1, device="cuda"))
+
+    def session_captured():
+        kept.append(kept[-1].session())
+
+    def duplexcadence():
+        runner = by_name["duplexcadence"].make()
+        runner.reset()
+        kept.append(runner)
+
+    def duplexcadence_freed():
+        kept.clear()
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    def eager_session():
+        runtime = load_runtime(build_mimi(device="cuda"), 1, device="cuda", graphs=False)
+        session = runtime.session()
+        run_frames(session.step, made, 13)
+        kept.append((runtime, session))
+
+    def second_whole_step():
+        other = by_name[stock].make()
+        other.reset()
+        run_frames(other.step, made, 3)
+        kept.append(other)
+
+    def session_captured_as_moshi():
+        import duplexcadence.interpreter.runtime as runtime_module
+
+        runtime = load_runtime(build_mimi(device="cuda"), 1, device="cuda")
+        runtime_module._CAPTURE_STREAMS[runtime.device] = torch.cuda.graph.default_capture_stream
+        runtime.pools = [None]
+        kept.append(runtime.session())
+
+    def session_captured_without_probe():
+        import duplexcadence.interpreter.runtime as runtime_module
+
+        probe = runtime_module._sync_debug
+        runtime_module._sync_debug = lambda mode: contextlib.nullcontext()
+        try:
+            kept.append(load_runtime(build_mimi(device="cuda"), 1, device="cuda").session())
+        finally:
+            runtime_module._sync_debug = probe
+
+    def eager_frames_on_side_stream():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            eager_frames()
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        kept.append(stream)
+
+    actions = {"after a sync-debug probe": sync_debug_probe, "after work on a new side stream": side_stream,
+               "after a small graph captured into a new pool": small_graph,
+               "after 13 stock eager frames": eager_frames,
+               "after 13 stock eager frames on a new side stream": eager_frames_on_side_stream,
+               "after 13 frames of an eager DuplexCadence session (graphs=False)": eager_session,
+               "after a second whole-step graph captured": second_whole_step,
+               "after a DuplexCadence runtime loaded (no session)": runtime_loaded,
+               "after its session captured its graphs": session_captured,
+               "after a DuplexCadence session captured without its sync-debug probe": session_captured_without_probe,
+               "after a DuplexCadence session captured as moshi captures (its stream and pool)":
+                   session_captured_as_moshi,
+               "after the bench's DuplexCadence runner built": duplexcadence,
+               "after everything above freed": duplexcadence_freed}
+    chosen = list(actions) if not only else [label for label in actions if any(word in label for word in only)]
+    timed_alone("built first")
+    for label in chosen:
+        actions[label]()
+        timed_alone(label)
 
 
 def harness(first: int, last: int, stock: str = "moshi whole-step graph") -> None:
@@ -254,6 +393,11 @@ def main() -> None:
     parser.add_argument("--ours-first", action="store_true", help="with --builds: build DuplexCadence first")
     parser.add_argument("--private-pools", action="store_true",
                         help="with --builds: capture each of DuplexCadence's graphs into a pool of its own")
+    parser.add_argument("--eager-first", type=int, default=0, metavar="N",
+                        help="with --builds: run N frames of stock eager before the first build")
+    parser.add_argument("--state-flips", nargs="*", metavar="WORD",
+                        help="time the whole-step graph built first, again after each thing DuplexCadence's build "
+                             "does (only the actions whose label holds one of the WORDs, if given)")
     parser.add_argument("--theirs-first", action="store_true",
                         help="with --graph-phases: capture the whole-step graph before DuplexCadence is built")
     parser.add_argument("--graph-phases", action="store_true",
@@ -267,8 +411,12 @@ def main() -> None:
     if args.harness:
         harness(args.first, args.last)
         return
+    if args.state_flips is not None:
+        state_flips(args.first, args.last, args.state_flips)
+        return
     if args.builds:
-        builds(args.first, args.last, args.builds, ours_first=args.ours_first, ours_in_private_pools=args.private_pools)
+        builds(args.first, args.last, args.builds, ours_first=args.ours_first, ours_in_private_pools=args.private_pools,
+               eager_first=args.eager_first)
         return
     if args.graph_phases:
         graph_phases(args.first, args.last, theirs_first=args.theirs_first)

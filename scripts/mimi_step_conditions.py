@@ -278,6 +278,11 @@ def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whol
         eager.reset()
         run_frames(eager.step, made, 13)
 
+    def no_compile_frames():
+        eager = by_name["moshi fully eager (no compile)"].make()
+        eager.reset()
+        run_frames(eager.step, made, 13)
+
     def runtime_loaded():
         kept.append(load_runtime(build_mimi(device="cuda"), 1, device="cuda"))
 
@@ -337,6 +342,7 @@ def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whol
                "after a small graph captured into a new pool": small_graph,
                "after 13 stock eager frames": eager_frames,
                "after 13 stock eager frames on a new side stream": eager_frames_on_side_stream,
+               "after 13 frames of moshi fully eager (no compile)": no_compile_frames,
                "after 13 frames of an eager DuplexCadence session (graphs=False)": eager_session,
                "after a second whole-step graph captured": second_whole_step,
                "after a DuplexCadence runtime loaded (no session)": runtime_loaded,

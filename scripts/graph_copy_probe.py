@@ -6,8 +6,8 @@ elementwise kernel, a contiguous `copy_` into a state tensor (a memcpy node) and
 state back, as moshi's streaming convolutions do. Some are captured plainly, one with each copy made an
 ATen elementwise kernel instead (the bytes read as signed integers and written as unsigned ones of the
 same width: a dtype conversion, which ATen never turns into a memcpy, that keeps every bit), and one
-chain has no copies at all. All are timed first (CUDA events around each replay, rounds interleaved), then each is
-replayed once under torch.profiler (which stays attached afterwards, so it comes last) to count how
+chain has no copies at all. All are timed first (CUDA events around each replay, rounds interleaved),
+then each is replayed once under torch.profiler (which stays attached afterwards, so it comes last) to count how
 its copies ran: as the driver's copy kernels (`memcpy32_post`), on a copy engine (`Memcpy DtoD`), or
 as ATen copy kernels.
 
@@ -15,15 +15,13 @@ as ATen copy kernels.
     python scripts/graph_copy_probe.py [--units 30] [--numel 4096] [--replays 300]
     python scripts/graph_copy_probe.py --many 130 --units 150
 
-`--many N` captures N graphs of the chain instead, one after another (as DuplexCadence captures Mimi's
-warm-up graphs), and times the first, middle and last of them: whether a graph's replay depends on how
-many graphs the process captured before it.
+`--many N` captures N graphs of the chain instead, one after another, and times the first, second, middle
+and last of them: whether a graph's replay depends on how many graphs the process captured before it.
 """
 import argparse
 import statistics
 
 import torch
-
 
 
 def copy_as_kernel(destination: torch.Tensor, source: torch.Tensor) -> None:

@@ -240,8 +240,9 @@ def builds(first: int, last: int, count: int, stock: str = "moshi whole-step gra
 
 def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whole-step graph") -> None:
     """The whole-step graph, built first in the process (its fast state), timed alone again after each of
-    the things DuplexCadence's build does, one at a time: which of them ends the fast state. `only`:
-    the actions whose label holds one of these words, in their order (all when empty)."""
+    the things DuplexCadence's build does, in turn (their effects add up, and what they build is kept
+    alive until the last action frees it): which of them ends the fast state. `only`: the actions whose
+    label holds one of these words, in their order (all when empty)."""
     import gc
 
     from duplexcadence.examples.moshi.bench import subject

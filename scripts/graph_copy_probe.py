@@ -121,6 +121,10 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=300)
     parser.add_argument("--many", type=int, default=0, metavar="N", help="capture N graphs and time a few of them")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("graph_copy_probe: needs a CUDA device (it captures and replays CUDA graphs)")
+    if min(args.units, args.numel, args.replays) < 1 or args.many < 0:
+        parser.error("--units, --numel and --replays must be at least 1, --many at least 0")
     if args.many:
         many(args.many, args.units, args.numel, args.replays)
         return

@@ -248,9 +248,6 @@ def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whol
     from duplexcadence.examples.moshi.bench import subject
     from duplexcadence.interpreter.runtime import _sync_debug
 
-    made = subject(device="cuda", seconds=last // 12 + 1)
-    by_name = {variant.name: variant for variant in made.variants}
-    whole = by_name[stock].make()
     kept = []
 
     def timed_alone(label: str) -> None:
@@ -354,6 +351,12 @@ def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whol
                "after the bench's DuplexCadence runner built": duplexcadence,
                "after everything above freed": duplexcadence_freed}
     chosen = list(actions) if not only else [label for label in actions if any(word in label for word in only)]
+    if not chosen:
+        raise SystemExit(f"--state-flips: no action's label holds {', '.join(map(repr, only))}; the actions are:\n  "
+                         + "\n  ".join(actions))
+    made = subject(device="cuda", seconds=last // 12 + 1)  # the actions above read these three when they run
+    by_name = {variant.name: variant for variant in made.variants}
+    whole = by_name[stock].make()
     timed_alone("built first")
     for label in chosen:
         actions[label]()

@@ -24,6 +24,7 @@ def test_busy_span_idle_and_gaps_of_overlapping_operations():
         "operations": 4, "kernel": 3, "memcpy": 1, "memset": 0, "busy_us": 23.0, "span_us": 35.0, "idle_us": 12.0}
     assert summary["largest_gaps"] == [{"us": 10.0, "after": "k2", "before": "k3"},
                                        {"us": 2.0, "after": "k1", "before": "Memcpy DtoD (Device -> Device)"}]
+    assert summary["sequence"] == [[0.0, "k1"], [2.0, "Memcpy DtoD (Device -> Device)"], [-5.0, "k2"], [12.0, "k3"]]
     assert graph_trace.frame_summary([], top=2) == {"operations": 0}
 
 

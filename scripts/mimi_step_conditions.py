@@ -246,6 +246,7 @@ def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whol
     import gc
 
     from duplexcadence.examples.moshi.bench import subject
+    from duplexcadence.interpreter.bench import fresh_peak
     from duplexcadence.interpreter.runtime import _sync_debug
 
     kept = []
@@ -280,6 +281,16 @@ def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whol
         eager = by_name["moshi fully eager (no compile)"].make()
         eager.reset()
         run_frames(eager.step, made, 13)
+
+    def own_graphs_frames_freed():
+        own = by_name["moshi stock (own graphs)"].make()
+        own.reset()
+        run_frames(own.step, made, 13)
+        del own
+        gc.collect()
+
+    def between_variants():
+        fresh_peak(torch.device("cuda"))
 
     def runtime_loaded():
         kept.append(load_runtime(build_mimi(device="cuda"), 1, device="cuda"))
@@ -342,6 +353,9 @@ def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whol
                "after 13 stock eager frames on a new side stream": eager_frames_on_side_stream,
                "after 13 frames of moshi fully eager (no compile)": no_compile_frames,
                "after 13 frames of an eager DuplexCadence session (graphs=False)": eager_session,
+               "after 13 frames of moshi stock (own graphs), freed": own_graphs_frames_freed,
+               "after dsl bench's reset between variants (cuBLAS workspaces cleared, cache emptied)":
+                   between_variants,
                "after a second whole-step graph captured": second_whole_step,
                "after a DuplexCadence runtime loaded (no session)": runtime_loaded,
                "after its session captured its graphs": session_captured,

@@ -20,11 +20,14 @@ then times them again over as many frames: CUPTI stays attached after the profil
         --first 13 --last 250
     python scripts/mimi_step_conditions.py --graph-phases [--theirs-first] --first 150 --last 300
     python scripts/mimi_step_conditions.py --state-flips [WORD ...] --first 13 --last 250
+    python scripts/mimi_step_conditions.py --graph-count 8 --first 13 --last 250
 
 `--builds` times each side built again and again, alone; `--graph-phases` splits each side's frame around
 its one graph replay. They found the whole-step graph's fast first capture (docs/benchmarks.md, Moshi, fifth
 session). `--state-flips` times the whole-step graph, built first, again after each thing DuplexCadence's
-build does: it found what ends the fast state, eager work on a side stream (sixth session).
+build does: it found what ends the fast state, eager work on a side stream (sixth session). `--graph-count`
+times it after each of several DuplexCadence runtimes is loaded: the fourth Mimi-sized graph alive in the
+process ends it too (seventh session).
 """
 import argparse
 import contextlib
@@ -295,6 +298,10 @@ def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whol
     def runtime_loaded():
         kept.append(load_runtime(build_mimi(device="cuda"), 1, device="cuda"))
 
+    def many_slots_captured():
+        runtime = load_runtime(build_mimi(device="cuda"), 1, device="cuda", sessions=16)
+        kept.append((runtime, [runtime.session() for _ in range(16)]))
+
     def session_captured():
         kept.append(kept[-1].session())
 
@@ -362,6 +369,7 @@ def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whol
                "after a DuplexCadence session captured without its sync-debug probe": session_captured_without_probe,
                "after a DuplexCadence session captured as moshi captures (its stream and pool)":
                    session_captured_as_moshi,
+               "after 16 DuplexCadence sessions captured, one runtime of 16 slots": many_slots_captured,
                "after the bench's DuplexCadence runner built": duplexcadence,
                "after everything above freed": duplexcadence_freed}
     chosen = list(actions) if not only else [label for label in actions if any(word in label for word in only)]
@@ -375,6 +383,23 @@ def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whol
     for label in chosen:
         actions[label]()
         timed_alone(label)
+
+
+def graph_count(first: int, last: int, count: int, stock: str = "moshi whole-step graph") -> None:
+    """The whole-step graph built first, timed alone again after each of `count` DuplexCadence runtimes of
+    one session is loaded (each captures its own frame graph, all kept alive): after how many Mimi-sized
+    graphs in the process the slow state begins (seventh session: the fourth)."""
+    from duplexcadence.examples.moshi.bench import subject
+
+    made = subject(device="cuda", seconds=last // 12 + 1)
+    whole = {variant.name: variant for variant in made.variants}[stock].make()
+    print(f"{'built first':45s} whole-step wall {median_wall_us(whole, made, first, last):7.1f} us", flush=True)
+    kept = []
+    for loaded in range(1, count + 1):
+        session = load_runtime(build_mimi(device="cuda"), 1, device="cuda").session()
+        kept.append(session)
+        label = f"after {loaded} runtime(s), {sum(len(s.graphs) for s in kept)} graph(s) of ours"
+        print(f"{label:45s} whole-step wall {median_wall_us(whole, made, first, last):7.1f} us", flush=True)
 
 
 def harness(first: int, last: int, stock: str = "moshi whole-step graph") -> None:
@@ -422,6 +447,9 @@ def main() -> None:
     parser.add_argument("--state-flips", nargs="*", metavar="WORD",
                         help="time the whole-step graph built first, again after each thing DuplexCadence's build "
                              "does (only the actions whose label holds one of the WORDs, if given)")
+    parser.add_argument("--graph-count", type=int, default=0, metavar="N",
+                        help="time the whole-step graph built first, again after each of N DuplexCadence runtimes "
+                             "(one session each) is loaded")
     parser.add_argument("--theirs-first", action="store_true",
                         help="with --graph-phases: capture the whole-step graph before DuplexCadence is built")
     parser.add_argument("--graph-phases", action="store_true",
@@ -437,6 +465,9 @@ def main() -> None:
         return
     if args.state_flips is not None:
         state_flips(args.first, args.last, args.state_flips)
+        return
+    if args.graph_count:
+        graph_count(args.first, args.last, args.graph_count)
         return
     if args.builds:
         builds(args.first, args.last, args.builds, ours_first=args.ours_first, ours_in_private_pools=args.private_pools,

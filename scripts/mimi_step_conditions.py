@@ -457,6 +457,10 @@ def main() -> None:
     parser.add_argument("--profiler-aftereffect", action="store_true",
                         help="time both sides before and after a torch.profiler session")
     args = parser.parse_args()
+    counts = {"--builds": args.builds, "--graph-count": args.graph_count, "--eager-first": args.eager_first}
+    for flag, count in counts.items():
+        if count < 0:
+            parser.error(f"{flag} {count}: give a count of 0 or more")
     if not torch.cuda.is_available():
         raise SystemExit("mimi_step_conditions: needs a CUDA device (it times CUDA graph replays)")
     torch.backends.cudnn.deterministic = True

@@ -94,7 +94,8 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 
         ]
     variants.append(Variant("duplexcadence", lambda: _Cadence(batch, device, seed), info=_cadence_info))
     if device.type == "cuda":
-        # last: timed after it, every graph variant replayed ~11 % slower (docs/benchmarks.md, Moshi, sixth session)
+        # last: a reference point, not a serving path (it does not slow the graph variants after it, as the sixth
+        # session thought: a process's fourth large graph does; docs/benchmarks.md, Moshi, seventh session)
         variants.append(Variant("moshi fully eager (no compile)", lambda: _Decoder(batch, "eager", device, seed),
                                 compare=not compiled))
     rope = "compiled rope" if compiled else "eager rope"

@@ -38,3 +38,11 @@ def test_graph_copy_probe_without_cuda_says_so():
                           timeout=120)
     assert done.returncode == 1
     assert done.stderr == "graph_copy_probe: needs a CUDA device (it captures and replays CUDA graphs)\n"
+
+
+def test_mimi_step_conditions_refuses_a_negative_count_before_any_work():
+    pytest.importorskip("moshi")
+    done = subprocess.run([sys.executable, str(SCRIPTS / "mimi_step_conditions.py"), "--graph-count", "-2"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.endswith("mimi_step_conditions.py: error: --graph-count -2: give a count of 0 or more\n")

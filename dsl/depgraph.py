@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from .program import Program
+from duplexcadence.dsl.program import Program
 
 
 def build(program: Program) -> nx.DiGraph:

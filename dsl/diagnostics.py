@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 
 import attrs
 
-from .source import Span
+from duplexcadence.dsl.source import Span
 
 
 class Severity(enum.Enum):

@@ -12,8 +12,9 @@ from fractions import Fraction
 
 import attrs
 
-from . import ast, messages
-from .diagnostics import ClockError, Diagnostic
+from duplexcadence.dsl import messages
+from duplexcadence.dsl import syntax as ast
+from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
 
 PLAIN, SECONDS, HERTZ = 0, 1, -1
 _UNIT_SCALE = {"Hz": (Fraction(1), HERTZ), "kHz": (Fraction(1000), HERTZ),
@@ -50,7 +51,7 @@ class Quantity:
 
 def _fraction_text(value: Fraction) -> str:
     """Exact text: `12.5` where a decimal is exact, `1/3` where it is not."""
-    from .printer import number_text
+    from duplexcadence.dsl.printer import number_text
 
     return number_text(value)
 

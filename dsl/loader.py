@@ -13,10 +13,11 @@ from pathlib import Path
 
 import attrs
 
-from . import ast, messages
-from .diagnostics import ClockError, DiagnosticBag
-from .parse import MAX_SOURCE_BYTES, parse_module
-from .source import SourceFile
+from duplexcadence.dsl import messages
+from duplexcadence.dsl import syntax as ast
+from duplexcadence.dsl.diagnostics import ClockError, DiagnosticBag
+from duplexcadence.dsl.parse import MAX_SOURCE_BYTES, parse_module
+from duplexcadence.dsl.source import SourceFile
 
 
 @attrs.frozen

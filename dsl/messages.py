@@ -9,8 +9,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-from .diagnostics import Diagnostic, ErrorCode, Note, Severity
-from .source import Span
+from duplexcadence.dsl.diagnostics import Diagnostic, ErrorCode, Note, Severity
+from duplexcadence.dsl.source import Span
 
 # --- the registry -------------------------------------------------------------------------------
 

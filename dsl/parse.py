@@ -1,4 +1,4 @@
-"""Parse `.clock` text into the AST (`duplexcadence.dsl.ast`).
+"""Parse `.clock` text into the AST (`duplexcadence.dsl.syntax`).
 
 The grammar (`grammar/clock.lark`, shipped as package data) is compiled once with Lark's LALR parser
 and contextual lexer. Syntax errors become `Diagnostic`s that say what was found, what was expected
@@ -18,9 +18,10 @@ import lark
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
-from . import ast, messages
-from .diagnostics import ClockError, Diagnostic, Note
-from .source import SourceFile, Span
+from duplexcadence.dsl import messages
+from duplexcadence.dsl import syntax as ast
+from duplexcadence.dsl.diagnostics import ClockError, Diagnostic, Note
+from duplexcadence.dsl.source import SourceFile, Span
 
 MAX_SOURCE_BYTES = 256_000
 """Files larger than this are refused before parsing: a `.clock` file is a few kilobytes, and this

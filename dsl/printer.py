@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import attrs
 
-from . import ast
+from duplexcadence.dsl import syntax as ast
 
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 

@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import networkx as nx
 
-from .source import Span
+from duplexcadence.dsl.source import Span
 
 
 def _span_field():

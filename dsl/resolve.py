@@ -13,13 +13,14 @@ from fractions import Fraction
 
 import attrs
 
-from . import ast, messages
-from .diagnostics import ClockError, DiagnosticBag
-from .evaluate import HERTZ, PLAIN, SECONDS, EvalError, Quantity, count_of, evaluate, require_int, unit_name
-from .loader import Loaded
-from .parse import parse_value
-from .program import Access, ClockInfo, Program, RegionInfo, Retention, StageInfo
-from .source import Span
+from duplexcadence.dsl import messages
+from duplexcadence.dsl import syntax as ast
+from duplexcadence.dsl.diagnostics import ClockError, DiagnosticBag
+from duplexcadence.dsl.evaluate import HERTZ, PLAIN, SECONDS, EvalError, Quantity, count_of, evaluate, require_int, unit_name
+from duplexcadence.dsl.loader import Loaded
+from duplexcadence.dsl.parse import parse_value
+from duplexcadence.dsl.program import Access, ClockInfo, Program, RegionInfo, Retention, StageInfo
+from duplexcadence.dsl.source import Span
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _PATH_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[0-9]+\])*$|^[0-9]+$")
@@ -457,7 +458,7 @@ class _Resolver:
 
         Defaults: a fixed region starts zeros, a region with a time axis starts empty. `start zeros`
         fills a window (`last`, `first + last`) completely; a ring's slots start as zeros with a fill
-        of 0; an input or output sized from its stages gets its zeros once `checks.size_io_regions`
+        of 0; an input or output sized from its stages gets its zeros once `complete.size_io_regions`
         knows the window.
         """
         clause = node.clause(ast.StartClause)

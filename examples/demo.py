@@ -29,11 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    from ..dsl.render import render_file
-    from ..interpreter import bench
-    from ..interpreter.plan import plan_file
-    from ..interpreter.plan_report import format_plan
-    from .moshi.cadence import clock_path
+    from duplexcadence.interpreter.views.render import render_file
+    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter.plans.plan import plan_file
+    from duplexcadence.interpreter.plans.plan_text import format_plan
+    from duplexcadence.examples.moshi.cadence import clock_path
 
     clock = clock_path()
     print(f"== 1. plan: {clock.name}\n")
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"== 3. stock vs DuplexCadence, {seconds} s of audio on {args.device}, torch.equal on every frame\n")
     try:
-        from .moshi.bench import subject
+        from duplexcadence.examples.moshi.bench import subject
     except ImportError as error:
         print(f"the moshi package is needed for this step: {error}\n"
               "install it with: pip install --no-deps moshi==0.2.13 && pip install einops safetensors "

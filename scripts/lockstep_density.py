@@ -39,8 +39,8 @@ import torch
 from duplexcadence.examples.moshi.cadence import load_runtime
 from duplexcadence.examples.moshi.model import build_mimi
 from duplexcadence.examples.moshi.stock import MoshiStockDecoder
-from duplexcadence.interpreter.lockstep import LockstepGroup
-from duplexcadence.interpreter.verify import count_unequal, deterministic_cudnn
+from duplexcadence.interpreter.runtime.lockstep import LockstepGroup
+from duplexcadence.interpreter.runtime.verify import count_unequal, deterministic_cudnn
 
 _spec = importlib.util.spec_from_file_location("sessions_density", Path(__file__).with_name("sessions_density.py"))
 density = importlib.util.module_from_spec(_spec)

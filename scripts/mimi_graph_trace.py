@@ -125,7 +125,7 @@ def main() -> int:
     from duplexcadence.examples.moshi.cadence import load_runtime
     from duplexcadence.examples.moshi.model import build_mimi, random_codes
     from duplexcadence.examples.moshi.stock import MoshiStockDecoder
-    from duplexcadence.interpreter.verify import deterministic_cudnn
+    from duplexcadence.interpreter.runtime.verify import deterministic_cudnn
 
     codes = random_codes(1, args.warmup + args.frames + 1, seed=3).cuda()
     from torch._dynamo.utils import counters

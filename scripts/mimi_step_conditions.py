@@ -249,8 +249,8 @@ def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whol
     import gc
 
     from duplexcadence.examples.moshi.bench import subject
-    from duplexcadence.interpreter.bench import fresh_peak
-    from duplexcadence.interpreter.runtime import _sync_debug
+    from duplexcadence.interpreter.bench.harness import fresh_peak
+    from duplexcadence.interpreter.runtime.runtime import _sync_debug
 
     kept = []
 
@@ -328,7 +328,7 @@ def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whol
         kept.append(other)
 
     def session_captured_as_moshi():
-        import duplexcadence.interpreter.runtime as runtime_module
+        import duplexcadence.interpreter.runtime.runtime as runtime_module
 
         runtime = load_runtime(build_mimi(device="cuda"), 1, device="cuda")
         runtime_module._CAPTURE_STREAMS[runtime.device] = torch.cuda.graph.default_capture_stream
@@ -336,7 +336,7 @@ def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whol
         kept.append(runtime.session())
 
     def session_captured_without_probe():
-        import duplexcadence.interpreter.runtime as runtime_module
+        import duplexcadence.interpreter.runtime.runtime as runtime_module
 
         probe = runtime_module._sync_debug
         runtime_module._sync_debug = lambda mode: contextlib.nullcontext()

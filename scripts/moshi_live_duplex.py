@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from duplexcadence.examples.moshi.live import (FRAME_RATE, LiveDuplex, listen_pcm, result_json, table)
-    from duplexcadence.interpreter.verify import deterministic_cudnn
+    from duplexcadence.examples.moshi.live import FRAME_RATE, LiveDuplex, listen_pcm, result_json, table
+    from duplexcadence.interpreter.runtime.verify import deterministic_cudnn
 
     device = torch.device(args.device)
     frames = max(2, math.ceil(args.seconds * FRAME_RATE - 1e-9))  # every frame starting within --seconds

@@ -168,7 +168,7 @@ def plot_density(model: str, payload, out_dir: Path) -> Path | None:
 
 def region_families(clock: str, params: dict[str, str]) -> list[tuple[str, int, int | None]]:
     """(family, DuplexCadence bytes, stock bytes or None) per region family of one session's plan."""
-    from duplexcadence.interpreter.plan import plan_file, to_json
+    from duplexcadence.interpreter.plans.plan import plan_file, to_json
 
     plan = to_json(plan_file(ROOT / "stdlib" / "models" / clock, params))
     families: dict[str, list] = {}

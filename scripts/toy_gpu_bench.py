@@ -4,7 +4,7 @@ import time
 
 import torch
 from duplexcadence.examples.toy.model import build_toy, make_prompt, ToyStockStream
-from duplexcadence.interpreter.runtime import Runtime
+from duplexcadence.interpreter.runtime.runtime import Runtime
 from pathlib import Path
 
 torch.backends.cudnn.deterministic = True

@@ -28,11 +28,11 @@ from fractions import Fraction
 
 import torch
 
-from ...interpreter.bench import Subject, Variant, compiled_variant
-from .cadence import load_runtime
-from .model import RELEASED, TailConfig, Token2wavTail, build_tail, random_prompt
-from .patches import estimator_cache_frames
-from .stock import CHUNK_TOKENS, StockToken2wavSession
+from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant
+from duplexcadence.examples.minicpmo45.cadence import load_runtime
+from duplexcadence.examples.minicpmo45.model import RELEASED, TailConfig, Token2wavTail, build_tail, random_prompt
+from duplexcadence.examples.minicpmo45.patches import estimator_cache_frames
+from duplexcadence.examples.minicpmo45.stock import CHUNK_TOKENS, StockToken2wavSession
 
 STOCK_BUFFERS = (("decoder", "att_cache_buffer"), ("decoder", "cnn_cache_buffer"),
                  ("estimator", "att_cache_buffer"), ("estimator", "cnn_cache_buffer"))

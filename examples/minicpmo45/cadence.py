@@ -45,15 +45,15 @@ import attrs
 import numpy as np
 import torch
 
-from ...dsl.compiler import load_program
-from ...dsl.program import Program
-from ...interpreter.runtime import Runtime, Session
-from ...interpreter.storage import TORCH_DTYPES, RegionStorage
-from ...interpreter.trace import Firing, View
-from .model import PRE_LOOKAHEAD_TOKENS, SILENCE_TOKEN, PromptConditioning, Token2wavTail
-from .package import load_stepaudio2
-from .patches import MAX_LAST_CHUNK_FRAMES, apply_constant_patches, estimator_cache_frames
-from .stock import CHUNK_TOKENS, FLUSH_MIN_TOKENS, SOURCE_CACHE_SAMPLES, ChunkRecord, setup_stream_caches
+from duplexcadence.dsl.frontend import load_program
+from duplexcadence.dsl.program import Program
+from duplexcadence.interpreter.runtime.runtime import Runtime, Session
+from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES, RegionStorage
+from duplexcadence.interpreter.plans.trace import Firing, View
+from duplexcadence.examples.minicpmo45.model import PRE_LOOKAHEAD_TOKENS, SILENCE_TOKEN, PromptConditioning, Token2wavTail
+from duplexcadence.examples.minicpmo45.package import load_stepaudio2
+from duplexcadence.examples.minicpmo45.patches import MAX_LAST_CHUNK_FRAMES, apply_constant_patches, estimator_cache_frames
+from duplexcadence.examples.minicpmo45.stock import CHUNK_TOKENS, FLUSH_MIN_TOKENS, SOURCE_CACHE_SAMPLES, ChunkRecord, setup_stream_caches
 
 CLOCK = Path(__file__).resolve().parents[2] / "stdlib" / "models" / "step_audio2_token2wav.clock"
 

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ...interpreter.bench import fresh_peak, sync
-from ...interpreter.plan_report import human_bytes
-from ...interpreter.verify import deterministic_cudnn
-from .cadence import load_runtime
-from .model import RELEASED, TailConfig, build_tail, random_prompt
-from .stock import StockToken2wavSession
+from duplexcadence.interpreter.bench.harness import fresh_peak, sync
+from duplexcadence.interpreter.plans.plan_text import human_bytes
+from duplexcadence.interpreter.runtime.verify import deterministic_cudnn
+from duplexcadence.examples.minicpmo45.cadence import load_runtime
+from duplexcadence.examples.minicpmo45.model import RELEASED, TailConfig, build_tail, random_prompt
+from duplexcadence.examples.minicpmo45.stock import StockToken2wavSession
 
 REDUCED = TailConfig(encoder_blocks=1, encoder_up_blocks=1, dit_depth=1, hift_base_channels=32)
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .package import load_stepaudio2
+from duplexcadence.examples.minicpmo45.package import load_stepaudio2
 
 SPEECH_TOKEN_VOCAB = 6561
 SILENCE_TOKEN = 4218

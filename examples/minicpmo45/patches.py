@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .model import Token2wavTail
+from duplexcadence.examples.minicpmo45.model import Token2wavTail
 
 TIMESTEP_MAX_PERIOD = 10_000
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .model import RELEASED, TailConfig, Token2wavTail, build_tail, random_prompt
-from .stock import StockToken2wavSession
+from duplexcadence.examples.minicpmo45.model import RELEASED, TailConfig, Token2wavTail, build_tail, random_prompt
+from duplexcadence.examples.minicpmo45.stock import StockToken2wavSession
 
 
 @dataclass(frozen=True)

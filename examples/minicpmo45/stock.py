@@ -52,8 +52,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .model import PRE_LOOKAHEAD_TOKENS, SILENCE_TOKEN, PromptConditioning, Token2wavTail
-from .package import load_stepaudio2
+from duplexcadence.examples.minicpmo45.model import PRE_LOOKAHEAD_TOKENS, SILENCE_TOKEN, PromptConditioning, Token2wavTail
+from duplexcadence.examples.minicpmo45.package import load_stepaudio2
 
 CHUNK_TOKENS = 25
 """New tokens per 1 s chunk (``CHUNK_SIZE`` in ``_generate_waveform_from_tokens``)."""

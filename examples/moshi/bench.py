@@ -25,15 +25,15 @@ from fractions import Fraction
 
 import torch
 
-from ...interpreter.bench import Subject, Variant, compiled_variant
-from .model import build_mimi, moshi_torch_compile_enabled, random_codes
+from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant
+from duplexcadence.examples.moshi.model import build_mimi, moshi_torch_compile_enabled, random_codes
 
 
 class _Decoder:
     """A MoshiStockDecoder built lazily inside the variant (so its memory is measured)."""
 
     def __init__(self, batch: int, mode: str, device: torch.device, seed: int):
-        from .stock import MoshiStockDecoder
+        from duplexcadence.examples.moshi.stock import MoshiStockDecoder
 
         self.decoder = MoshiStockDecoder(build_mimi(seed=seed, device=device), batch, mode=mode)
 
@@ -60,7 +60,7 @@ def compile_variants(batch: int, device: torch.device, seed: int) -> list[Varian
 
 class _Cadence:
     def __init__(self, batch: int, device: torch.device, seed: int):
-        from .cadence import load_runtime
+        from duplexcadence.examples.moshi.cadence import load_runtime
 
         self.runtime = load_runtime(build_mimi(seed=seed, device=device), batch, device=device)
         self.session = self.runtime.session()

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ...interpreter.runtime import Runtime
-from .stages import decode_codes_to_latent, run_decoder_transformer
+from duplexcadence.interpreter.runtime.runtime import Runtime
+from duplexcadence.examples.moshi.stages import decode_codes_to_latent, run_decoder_transformer
 
 
 def codes_to_time_major_latent(mimi, codes: torch.Tensor) -> torch.Tensor:

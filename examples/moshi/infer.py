@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 import torch
 
-from ...interpreter.bench import fresh_peak, sync
+from duplexcadence.interpreter.bench.harness import fresh_peak, sync
 
 FRAMES_PER_SECOND = 12.5
 
@@ -123,7 +123,7 @@ def parse_args(description: str, argv: list[str] | None,
 
 def setup(args: argparse.Namespace) -> tuple[torch.device, torch.Tensor, bool]:
     """Fix moshi's compile switch (before moshi is imported), the device, and the codes."""
-    from .model import configure_torch_compile, moshi_torch_compile_enabled, random_codes
+    from duplexcadence.examples.moshi.model import configure_torch_compile, moshi_torch_compile_enabled, random_codes
 
     if args.no_compile:  # otherwise the environment decides (NO_TORCH_COMPILE=1 works as well)
         configure_torch_compile(False)
@@ -142,10 +142,10 @@ def main(argv: list[str] | None = None) -> int:
                                          "help": "moshi loop variant (default: its graphs off, the bit-identity "
                                                  "reference; 'stock' = as shipped)"})])
     device, codes, compiled = setup(args)
-    from .cadence import load_runtime
-    from .model import build_mimi
-    from .state import state_bytes
-    from .stock import MoshiStockDecoder
+    from duplexcadence.examples.moshi.cadence import load_runtime
+    from duplexcadence.examples.moshi.model import build_mimi
+    from duplexcadence.examples.moshi.state import state_bytes
+    from duplexcadence.examples.moshi.stock import MoshiStockDecoder
 
     print(f"Mimi decoder, released size, fp32, 8 codebooks, B={args.batch}, {codes.shape[-1]} frames "
           f"({codes.shape[-1] / FRAMES_PER_SECOND:g} s) on {device}, rope {'compiled' if compiled else 'eager'}")

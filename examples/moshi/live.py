@@ -53,8 +53,8 @@ from typing import Any
 import attrs
 import torch
 
-from ...interpreter.bench import sync
-from .model import FRAME_RATE, FRAME_SIZE, SAMPLE_RATE
+from duplexcadence.interpreter.bench.harness import sync
+from duplexcadence.examples.moshi.model import FRAME_RATE, FRAME_SIZE, SAMPLE_RATE
 
 LM_CONFIGS = ("released", "tiny")
 TINY_LM_OVERRIDES: dict[str, Any] = {
@@ -180,8 +180,8 @@ class LiveDuplex:
     def __init__(self, device: str | torch.device = "cpu", lm_config: str = "released", seed: int = 1234,
                  lm_seed: int = 4242, sampling: str = "moshi", lm=None,
                  progress: Callable[[str], None] | None = None) -> None:
-        from .cadence import load_runtime
-        from .model import build_mimi
+        from duplexcadence.examples.moshi.cadence import load_runtime
+        from duplexcadence.examples.moshi.model import build_mimi
 
         self.device = torch.device(device)
         self.lm_config = lm_config
@@ -366,7 +366,7 @@ def summarize(run: LiveRun) -> dict[str, Any]:
 def environment(device: torch.device) -> dict[str, Any]:
     import importlib.metadata
 
-    from .model import moshi_torch_compile_enabled
+    from duplexcadence.examples.moshi.model import moshi_torch_compile_enabled
 
     try:
         moshi_version = importlib.metadata.version("moshi")

@@ -32,15 +32,15 @@ from fractions import Fraction
 
 import torch
 
-from ...interpreter.bench import Subject, Variant, compiled_variant, option_flag
-from ..moshi.model import build_mimi, moshi_torch_compile_enabled, random_codes
+from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant, option_flag
+from duplexcadence.examples.moshi.model import build_mimi, moshi_torch_compile_enabled, random_codes
 
 
 class _Stock:
     """PersonaPlex's two-instance loop, built inside the variant (so its memory is measured)."""
 
     def __init__(self, batch: int, device: torch.device, seed: int, graph_transformers: bool):
-        from .stock import PersonaPlexTail
+        from duplexcadence.examples.personaplex.stock import PersonaPlexTail
 
         self.tail = PersonaPlexTail(build_mimi(seed=seed, device=device), batch_size=batch,
                                     graph_transformers=graph_transformers)
@@ -61,7 +61,7 @@ def _compile_step(runner: _Stock, compile_fn):
 
 class _Cadence:
     def __init__(self, batch: int, device: torch.device, seed: int, lanes: int = 1, lockstep: bool = False):
-        from .cadence import PersonaPlexCadenceTail
+        from duplexcadence.examples.personaplex.cadence import PersonaPlexCadenceTail
 
         self.tail = PersonaPlexCadenceTail(build_mimi(seed=seed, device=device), batch, device=device, lanes=lanes,
                                            lockstep=lockstep)

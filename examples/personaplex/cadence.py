@@ -27,7 +27,7 @@ weights instead of two, each session's state in its own arena slot, each slot wi
 With `lanes=2` the two sessions are in two lanes and each tick steps them with `Runtime.step_many`:
 their graphs replay concurrently on two CUDA streams (stock runs the instances one after another).
 With `lockstep=True` the two instances are the two rows of ONE session at B=2
-(:class:`~duplexcadence.interpreter.lockstep.LockstepGroup`): one replay per tick decodes both. The
+(:class:`~duplexcadence.interpreter.runtime.lockstep.LockstepGroup`): one replay per tick decodes both. The
 instances are always in lockstep (same tick, same reset), which the old code's one `end_offset` per
 batch needs. The rows are computed by kernels chosen for batch 2, so whether they equal the batch-1
 stock instances is a property of the device's kernels, measured in docs/benchmarks.md; opt-in.
@@ -42,9 +42,9 @@ from typing import Any
 import torch
 from moshi.utils.compile import no_compile
 
-from ...interpreter.lockstep import LockstepGroup, Member
-from ...interpreter.runtime import Runtime, Session
-from .stock import AddCarry, ConvCarry, PersonaPlexMimiDecoder
+from duplexcadence.interpreter.runtime.lockstep import LockstepGroup, Member
+from duplexcadence.interpreter.runtime.runtime import Runtime, Session
+from duplexcadence.examples.personaplex.stock import AddCarry, ConvCarry, PersonaPlexMimiDecoder
 
 
 def clock_path() -> Path:
@@ -127,7 +127,7 @@ def load_runtime(mimi, batch_size: int = 1, device: str | torch.device | None = 
     Each session is one instance (its own KV rings, carries and offsets). `mimi` is a moshi 0.2.13
     `MimiModel` (see `duplexcadence.examples.moshi.model.build_mimi`); it is not put in streaming mode.
     """
-    from ..moshi.model import materialize_codebook_tables
+    from duplexcadence.examples.moshi.model import materialize_codebook_tables
 
     device = device or next(mimi.parameters()).device
     materialize_codebook_tables(mimi)  # eagerly, so no capture ever creates a codebook table

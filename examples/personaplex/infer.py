@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from ..moshi.infer import compare, parse_args, report, run_side, setup
+from duplexcadence.examples.moshi.infer import compare, parse_args, report, run_side, setup
 
 
 def stock_state_bytes(tail) -> int:
@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None) -> int:
                       [("--stock-graphs", {"action": "store_true",
                                            "help": "stock as shipped: its transformer CUDA graphs on (CUDA)"})])
     device, codes, compiled = setup(args)
-    from ..moshi.model import build_mimi
-    from .cadence import PersonaPlexCadenceTail
-    from .stock import PersonaPlexTail
+    from duplexcadence.examples.moshi.model import build_mimi
+    from duplexcadence.examples.personaplex.cadence import PersonaPlexCadenceTail
+    from duplexcadence.examples.personaplex.stock import PersonaPlexTail
 
     print(f"PersonaPlex Mimi tail, released size, fp32, 8 codebooks, 2 instances per tick, B={args.batch}, "
           f"{codes.shape[-1]} ticks ({codes.shape[-1] / 12.5:g} s) on {device}, rope {'compiled' if compiled else 'eager'}")

@@ -23,10 +23,10 @@ from fractions import Fraction
 
 import torch
 
-from ...interpreter.bench import Subject, Variant, compiled_variant, option_flag
-from .model import build_code2wav
-from .stock import StockSecondDecoder, second_bounds
-from .streaming import StreamingCode2Wav
+from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant, option_flag
+from duplexcadence.examples.qwen3omni.model import build_code2wav
+from duplexcadence.examples.qwen3omni.stock import StockSecondDecoder, second_bounds
+from duplexcadence.examples.qwen3omni.streaming import StreamingCode2Wav
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -51,7 +51,7 @@ def _compile_forward(runner: _Stock, compile_fn):
 
 class _Cadence:
     def __init__(self, dtype, device, seed, batch):
-        from .cadence import load_runtime
+        from duplexcadence.examples.qwen3omni.cadence import load_runtime
 
         self.runtime = load_runtime(build_code2wav(dtype=dtype, device=device, seed=seed), batch, device=device)
         self.session = self.runtime.session()
@@ -76,7 +76,7 @@ class _StreamingEager:
 
 class _StreamingCadence:
     def __init__(self, dtype, device, seed, batch):
-        from .streaming_cadence import StreamingSecondDecoder, load_streaming_runtime
+        from duplexcadence.examples.qwen3omni.streaming_cadence import StreamingSecondDecoder, load_streaming_runtime
 
         model = build_code2wav(dtype=dtype, device=device, seed=seed)
         self.runtime = load_streaming_runtime(model, batch, device=device)

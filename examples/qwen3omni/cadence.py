@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ...interpreter.runtime import Runtime
-from .model import forward_for_capture, forward_sample_deficit, samples_per_code
+from duplexcadence.interpreter.runtime.runtime import Runtime
+from duplexcadence.examples.qwen3omni.model import forward_for_capture, forward_sample_deficit, samples_per_code
 
 
 def clock_path() -> Path:

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .model import Qwen3OmniMoeCode2Wav, forward_sample_deficit, samples_per_code
+from duplexcadence.examples.qwen3omni.model import Qwen3OmniMoeCode2Wav, forward_sample_deficit, samples_per_code
 
 __all__ = ["LEFT_CONTEXT_CODES", "StockSecondDecoder", "second_bounds", "split_into_seconds"]
 

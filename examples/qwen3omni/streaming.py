@@ -46,7 +46,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeSnakeBeta,
 )
 
-from .model import Qwen3OmniMoeCode2Wav
+from duplexcadence.examples.qwen3omni.model import Qwen3OmniMoeCode2Wav
 
 __all__ = [
     "CONV_CARRY_REGIONS",

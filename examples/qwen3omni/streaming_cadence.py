@@ -24,11 +24,11 @@ from pathlib import Path
 import attrs
 import torch
 
-from ...dsl.program import Program
-from ...dsl.compiler import load_program
-from ...interpreter.runtime import Runtime
-from .model import Qwen3OmniMoeCode2Wav
-from .streaming import CONV_CARRY_REGIONS, FRAME_CARRY_REGIONS, check_streamable, prefilled_cache, stream_step
+from duplexcadence.dsl.program import Program
+from duplexcadence.dsl.frontend import load_program
+from duplexcadence.interpreter.runtime.runtime import Runtime
+from duplexcadence.examples.qwen3omni.model import Qwen3OmniMoeCode2Wav
+from duplexcadence.examples.qwen3omni.streaming import CONV_CARRY_REGIONS, FRAME_CARRY_REGIONS, check_streamable, prefilled_cache, stream_step
 
 STAGE = "stream"
 _DTYPE_NAMES = {torch.float32: ("f32", 4), torch.bfloat16: ("bf16", 2), torch.float16: ("f16", 2)}

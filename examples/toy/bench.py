@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from ...interpreter.bench import Subject, Variant
-from ...interpreter.runtime import Runtime
-from .model import ToyStockStream, build_toy, make_prompt
+from duplexcadence.interpreter.bench.harness import Subject, Variant
+from duplexcadence.interpreter.runtime.runtime import Runtime
+from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
 
 CLOCK = Path(__file__).with_name("toy.clock")
 PROMPT, WINDOW = 6, 20

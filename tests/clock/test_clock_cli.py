@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from duplexcadence.dsl import cli
+from duplexcadence.interpreter.cli import main as cli
 
 HERE = Path(__file__).parent
 SNAPSHOTS = HERE / "snapshots"
@@ -166,7 +166,7 @@ def test_the_installed_command_never_prints_a_traceback(tmp_path) -> None:
     """One real process per case: what a shell user sees, with its exit code."""
     (tmp_path / "binary.clock").write_bytes(b"\x00\xff" * 100)
     (tmp_path / "ok.clock").write_text("cadence 1 s\n")
-    command = [sys.executable, "-m", "duplexcadence.dsl.cli", "check"]
+    command = [sys.executable, "-m", "duplexcadence.interpreter.cli.main", "check"]
     for args, expected_code in ((["binary.clock", "nothing.clock"], 1), (["ok.clock"], 0), ([], 2)):
         done = subprocess.run(command + args, cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert done.returncode == expected_code, done.stderr
@@ -177,7 +177,7 @@ def test_check_and_fmt_start_without_importing_torch(tmp_path) -> None:
     """The interpreter's subcommands (which import torch) are only registered for other commands,
     so an editor can run `dsl check` on every save."""
     (tmp_path / "ok.clock").write_text("cadence 1 s\n")
-    code = ("import sys; from duplexcadence.dsl.cli import main; "
+    code = ("import sys; from duplexcadence.interpreter.cli.main import main; "
             "codes = [main(['check', 'ok.clock']), main(['fmt', '--check', 'ok.clock'])]; "
             "print(codes, 'torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
-from duplexcadence.dsl.compiler import check_file
+from duplexcadence.dsl.frontend import check_file
 
 HEADER = """\
 cadence 1 s

@@ -25,8 +25,8 @@ import attrs
 import pytest
 
 from duplexcadence.dsl import messages
-from duplexcadence.dsl.cli import parse_params
-from duplexcadence.dsl.compiler import check_file
+from duplexcadence.interpreter.cli.main import parse_params
+from duplexcadence.dsl.frontend import check_file
 
 HERE = Path(__file__).parent
 DOCS = HERE.parents[1] / "docs" / "language.md"

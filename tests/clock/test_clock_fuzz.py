@@ -22,8 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
 
-from duplexcadence.dsl import cli, messages
-from duplexcadence.dsl.compiler import CheckResult, check_file
+from duplexcadence.dsl import messages
+from duplexcadence.interpreter.cli import main as cli
+from duplexcadence.dsl.frontend import CheckResult, check_file
 from duplexcadence.dsl.loader import stdlib_root
 from duplexcadence.dsl.parse import grammar_text, reserved_words
 

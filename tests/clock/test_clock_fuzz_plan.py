@@ -31,11 +31,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from duplexcadence.dsl import cli, messages
-from duplexcadence.dsl.compiler import check_file
-from duplexcadence.interpreter import clocks as clocks_module
-from duplexcadence.interpreter import trace as trace_module
-from duplexcadence.interpreter.bench import time_budget
+from duplexcadence.dsl import messages
+from duplexcadence.interpreter.cli import main as cli
+from duplexcadence.dsl.frontend import check_file
+from duplexcadence.interpreter.plans import clocks as clocks_module
+from duplexcadence.interpreter.plans import trace as trace_module
+from duplexcadence.interpreter.bench.harness import time_budget
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("clock_fuzz_strategies", HERE / "test_clock_fuzz.py")

@@ -10,7 +10,7 @@ import re
 import lark
 import pytest
 
-from duplexcadence.dsl import ast
+from duplexcadence.dsl import syntax as ast
 from duplexcadence.dsl.diagnostics import ClockError
 from duplexcadence.dsl.parse import STATEMENT_KEYWORDS, grammar_text, parse_module, parse_value, reserved_words
 from duplexcadence.dsl.source import SourceFile

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import textwrap
 
-from duplexcadence.dsl.compiler import check_file
+from duplexcadence.dsl.frontend import check_file
 from duplexcadence.dsl.diagnostics import Diagnostic
-from duplexcadence.dsl.report import format_full
+from duplexcadence.dsl.diagnostic_text import format_full
 
 HEADER = "cadence 1 s\nclock frame = 12.5 Hz\nclock latent = frame * 2\n"
 

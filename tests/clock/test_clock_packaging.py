@@ -47,12 +47,12 @@ def test_the_wheel_holds_the_grammar_and_the_stdlib_in_one_namespace(wheel: Path
     assert "duplexcadence/grammar/clock.lark" in names
     stdlib = sorted(str(p.relative_to(REPO)) for p in (REPO / "stdlib").rglob("*.clock"))
     assert stdlib and all(f"duplexcadence/{path}" in names for path in stdlib)
-    assert "duplexcadence/dsl/cli.py" in names and "duplexcadence/interpreter/__init__.py" in names
+    assert "duplexcadence/interpreter/cli/main.py" in names and "duplexcadence/interpreter/__init__.py" in names
     top_level = {name.split("/")[0] for name in names}
     assert not top_level & {"dsl", "interpreter", "grammar", "stdlib", "examples", "tests"}
     assert not any(name.startswith("duplexcadence/tests/") or "/.venv/" in name for name in names)
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "dsl = duplexcadence.dsl.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "dsl = duplexcadence.interpreter.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 @pytest.mark.slow

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from duplexcadence.dsl import cli
-from duplexcadence.dsl.compiler import check_file
+from duplexcadence.interpreter.cli import main as cli
+from duplexcadence.dsl.frontend import check_file
 
 PROGRAM = """\
 use std.audio

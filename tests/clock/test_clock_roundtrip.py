@@ -12,8 +12,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from duplexcadence.dsl import ast, printer
-from duplexcadence.dsl.cli import main
+from duplexcadence.dsl import printer
+from duplexcadence.dsl import syntax as ast
+from duplexcadence.interpreter.cli.main import main
 from duplexcadence.dsl.loader import stdlib_root
 from duplexcadence.dsl.parse import parse_module
 from duplexcadence.dsl.source import SourceFile

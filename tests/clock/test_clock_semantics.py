@@ -8,7 +8,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from duplexcadence.dsl import depgraph
-from duplexcadence.dsl.compiler import check_file, load_program
+from duplexcadence.dsl.frontend import check_file, load_program
 from duplexcadence.dsl.loader import stdlib_root
 
 GOOD = Path(__file__).parent / "good"

@@ -26,8 +26,8 @@ def test_python_blocks_run(doc, monkeypatch):
 
 
 def test_runtime_api_names_exist():
-    from duplexcadence.interpreter.runtime import Runtime, RuntimeReport, Session
-    from duplexcadence.interpreter.verify import VerifyReport
+    from duplexcadence.interpreter.runtime.runtime import Runtime, RuntimeReport, Session
+    from duplexcadence.interpreter.runtime.verify import VerifyReport
 
     text = (ROOT / "docs/runtime.md").read_text()
     owners = {"runtime": Runtime, "Runtime": Runtime, "session": Session, "report": VerifyReport}

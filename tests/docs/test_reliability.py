@@ -4,7 +4,7 @@ exception the runtime defines is documented.
 
 The page uses the block rules of docs/tutorial.md (tests/docs/test_tutorial.py, whose helpers this
 reuses): ``clock file=NAME`` writes NAME; ``console`` runs each ``$ dsl ...`` line (in this process,
-through `duplexcadence.dsl.cli.main`: stdout and stderr together) and the lines below it are its
+through `duplexcadence.interpreter.cli.main.main`: stdout and stderr together) and the lines below it are its
 output; ``python`` runs in one namespace; ``text output`` right after it is what it prints.
 
 When an output changes on purpose: ``python tests/docs/test_reliability.py --update`` writes the
@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from duplexcadence.dsl import cli, messages
+from duplexcadence.dsl import messages
+from duplexcadence.interpreter.cli import main as cli
 from duplexcadence.dsl.diagnostics import ClockError, InternalError
-from duplexcadence.interpreter import lockstep as lockstep_module
-from duplexcadence.interpreter import runtime as runtime_module
+from duplexcadence.interpreter.runtime import lockstep as lockstep_module
+from duplexcadence.interpreter.runtime import runtime as runtime_module
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -19,7 +19,7 @@ lines. The flag ``timing`` marks measurements: every number matches any number, 
 (or of a table rule's dashes) match runs of any length. ``needs=dot`` runs a block only where Graphviz's ``dot`` is installed.
 Any other python, clock, console, diff or bash block is an error: every code block must be run.
 
-``dsl`` is this Python's ``python -m duplexcadence.dsl.cli`` (a shim first on PATH), so the commands
+``dsl`` is this Python's ``python -m duplexcadence.interpreter.cli.main`` (a shim first on PATH), so the commands
 test this checkout. Torch runs with one thread: on the shared 2-core CI machine, the default two
 threads make each of the tutorial's tiny ops spin for milliseconds, and one thread keeps the whole
 test near 15 s.
@@ -135,7 +135,7 @@ def console_commands(text: str) -> list[tuple[str, str]]:
 def dsl_shim(folder: Path) -> Path:
     """A `dsl` command that runs this Python's DuplexCadence."""
     shim = folder / "dsl"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m duplexcadence.dsl.cli "$@"\n')
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m duplexcadence.interpreter.cli.main "$@"\n')
     shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return folder
 
@@ -273,7 +273,7 @@ def test_the_tutorial_model_on_the_gpu_replays_graphs_bit_identically(tmp_path, 
     """On CUDA: all 11 planned stage graphs are captured and the outputs equal stock eager's; a head
     that copies a CPU constant every call is blocked from capture with the warning the tutorial shows,
     and still matches; the fix (a buffer) is captured."""
-    from duplexcadence.interpreter.runtime import CaptureWarning, Runtime
+    from duplexcadence.interpreter.runtime.runtime import CaptureWarning, Runtime
 
     extract(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -104,7 +104,7 @@ def test_gpu_graphs_for_three_stages_bit_identical() -> None:
     """Released size on CUDA, deterministic cuDNN, 130 frames: 3 stage graphs captured, every firing a
     replay, every frame torch.equal to moshi's eager decode of the same op set (`eager_compiled_rope`
     when moshi compiles its rope, `eager` under NO_TORCH_COMPILE=1)."""
-    from duplexcadence.interpreter.verify import deterministic_cudnn
+    from duplexcadence.interpreter.runtime.verify import deterministic_cudnn
 
     mode = "eager_compiled_rope" if mimi_model.moshi_torch_compile_enabled() else "eager"
     with deterministic_cudnn(), torch.no_grad():
@@ -132,7 +132,7 @@ def test_gpu_graphs_for_three_stages_bit_identical() -> None:
 def test_gpu_bench_subject_duplexcadence_bit_identical() -> None:
     """`dsl bench moshi --device cuda` in miniature: the DuplexCadence variant equals stock eager."""
     from duplexcadence.examples.moshi.bench import subject
-    from duplexcadence.interpreter import bench
+    from duplexcadence.interpreter.bench import harness as bench
 
     subj = subject(device="cuda", seconds=2, batch=1)
     results = bench.run(subj, int(subj.ticks_per_second * 2), progress=False)

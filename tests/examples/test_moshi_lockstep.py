@@ -18,7 +18,7 @@ pytest.importorskip("moshi")
 from duplexcadence.examples.moshi import model as mimi_model  # noqa: E402
 from duplexcadence.examples.moshi.cadence import load_runtime  # noqa: E402
 from duplexcadence.examples.moshi.stock import MoshiStockDecoder  # noqa: E402
-from duplexcadence.interpreter.lockstep import LockstepGroup  # noqa: E402
+from duplexcadence.interpreter.runtime.lockstep import LockstepGroup  # noqa: E402
 
 pytestmark = pytest.mark.models
 

@@ -168,7 +168,7 @@ def test_gpu_graphs_for_every_stage_bit_identical(stock_graphs: bool) -> None:
     SEANet, one transformer graph) captured per session slot, every firing replayed, both instances
     torch.equal to PersonaPlex stock for 130 ticks. Both sides share moshi's compile setting (the
     rope is compiled on both unless NO_TORCH_COMPILE is set)."""
-    from duplexcadence.interpreter.verify import deterministic_cudnn
+    from duplexcadence.interpreter.runtime.verify import deterministic_cudnn
 
     with deterministic_cudnn(), torch.no_grad():
         mimi = mimi_model.build_mimi(seed=1234, device="cuda")
@@ -191,7 +191,7 @@ def test_gpu_graphs_for_every_stage_bit_identical(stock_graphs: bool) -> None:
 def test_gpu_bench_subject_runs_and_is_bit_identical() -> None:
     """`dsl bench personaplex --device cuda` in miniature: every variant bit-identical to stock eager."""
     from duplexcadence.examples.personaplex.bench import subject
-    from duplexcadence.interpreter import bench
+    from duplexcadence.interpreter.bench import harness as bench
 
     subj = subject(device="cuda", seconds=2, batch=1)
     results = bench.run(subj, int(subj.ticks_per_second * 2), progress=False)
@@ -238,7 +238,7 @@ def test_two_lanes_step_both_instances_together_bit_identical_to_stock() -> None
 @cuda
 def test_gpu_two_lanes_concurrent_streams_bit_identical() -> None:
     """Both instances' graphs replayed on two CUDA streams by `step_many`: torch.equal to stock for 130 ticks."""
-    from duplexcadence.interpreter.verify import deterministic_cudnn
+    from duplexcadence.interpreter.runtime.verify import deterministic_cudnn
 
     with deterministic_cudnn(), torch.no_grad():
         mismatches, tail = _lanes_mismatches("cuda", FRAMES)
@@ -286,7 +286,7 @@ def test_lockstep_decodes_both_instances_as_the_rows_of_one_batch_2_session() ->
 
 
 def test_lockstep_members_cannot_join_late_since_the_old_offsets_are_shared_by_the_batch() -> None:
-    from duplexcadence.interpreter.lockstep import LockstepError, LockstepGroup
+    from duplexcadence.interpreter.runtime.lockstep import LockstepError, LockstepGroup
 
     group = LockstepGroup(load_runtime(mimi_model.build_mimi(seed=1234), 2))
     member = group.join()
@@ -308,7 +308,7 @@ def test_lockstep_members_cannot_join_late_since_the_old_offsets_are_shared_by_t
 def test_gpu_lockstep_rows_equal_the_batch_2_decode() -> None:
     """On CUDA with graphs: the rows equal PersonaPlex's B=2 decode; the count of frames that differ from the
     batch-1 stock instances is printed (measured, not asserted)."""
-    from duplexcadence.interpreter.verify import deterministic_cudnn
+    from duplexcadence.interpreter.runtime.verify import deterministic_cudnn
 
     with deterministic_cudnn(), torch.no_grad():
         against_batch_2, against_stock, tail = _lockstep_vs_reproduction_at_batch_2("cuda", LOCKSTEP_FRAMES)

@@ -21,21 +21,8 @@ import transformers.masking_utils as masking_utils  # noqa: E402
 import transformers.utils.import_utils as import_utils  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from duplexcadence.examples.qwen3omni.model import (  # noqa: E402
-    RELEASED_PARAMETER_COUNT,
-    Qwen3OmniMoeCode2WavConfig,
-    build_code2wav,
-    forward_for_capture,
-    forward_sample_deficit,
-    output_length,
-    samples_per_code,
-    sliding_window_mask,
-)
-from duplexcadence.examples.qwen3omni.stock import (  # noqa: E402
-    StockSecondDecoder,
-    second_bounds,
-    split_into_seconds,
-)
+from duplexcadence.examples.qwen3omni.model import RELEASED_PARAMETER_COUNT, Qwen3OmniMoeCode2WavConfig, build_code2wav, forward_for_capture, forward_sample_deficit, output_length, samples_per_code, sliding_window_mask
+from duplexcadence.examples.qwen3omni.stock import StockSecondDecoder, second_bounds, split_into_seconds
 from duplexcadence.examples.qwen3omni.streaming import StreamingCode2Wav  # noqa: E402
 
 pytestmark = pytest.mark.models

@@ -23,11 +23,8 @@ from transformers.masking_utils import create_sliding_window_causal_mask  # noqa
 from duplexcadence.examples.qwen3omni.model import Qwen3OmniMoeCode2WavConfig, build_code2wav  # noqa: E402
 from duplexcadence.examples.qwen3omni.stock import StockSecondDecoder, second_bounds, split_into_seconds  # noqa: E402
 from duplexcadence.examples.qwen3omni.streaming import StreamingCode2Wav, streaming_window_mask  # noqa: E402
-from duplexcadence.interpreter.runtime import StepError  # noqa: E402
-from duplexcadence.examples.qwen3omni.streaming_cadence import (  # noqa: E402
-    StreamingSecondDecoder,
-    load_streaming_runtime,
-)
+from duplexcadence.interpreter.runtime.runtime import StepError  # noqa: E402
+from duplexcadence.examples.qwen3omni.streaming_cadence import StreamingSecondDecoder, load_streaming_runtime
 
 SECONDS = 7
 DEFICIT = 555

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from duplexcadence.interpreter.plan import plan_file, to_json
+from duplexcadence.interpreter.plans.plan import plan_file, to_json
 
 STDLIB = Path(__file__).resolve().parents[2] / "stdlib" / "models"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from duplexcadence.dsl.compiler import check_file
-from duplexcadence.interpreter.plan import make_plan
+from duplexcadence.dsl.frontend import check_file
+from duplexcadence.interpreter.plans.plan import make_plan
 
 
 @st.composite

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from duplexcadence.dsl.cli import main
-from duplexcadence.dsl.render import VIEWS, DotMissing, build_timeline, render_file, render_plan
-from duplexcadence.interpreter import trace as trace_module
-from duplexcadence.interpreter.plan import plan_file
+from duplexcadence.interpreter.cli.main import main
+from duplexcadence.interpreter.views.render import VIEWS, DotMissing, build_timeline, render_file, render_plan
+from duplexcadence.interpreter.plans import trace as trace_module
+from duplexcadence.interpreter.plans.plan import plan_file
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = sorted((ROOT / "stdlib" / "models").glob("*.clock"))
@@ -93,8 +93,8 @@ def test_two_renders_are_byte_identical():
 def test_same_dot_under_another_hash_seed(plans):
     """String hashing is salted per process: a render that leaned on hash() or set order would differ."""
     script = ("import json, sys\n"
-              "from duplexcadence.dsl.render import render_plan\n"
-              "from duplexcadence.interpreter.plan import plan_file\n"
+              "from duplexcadence.interpreter.views.render import render_plan\n"
+              "from duplexcadence.interpreter.plans.plan import plan_file\n"
               "print(json.dumps({p + '|' + v: render_plan(plan_file(p), v).source\n"
               "                  for p in sys.argv[1:] for v in ('timeline', 'graph', 'arena')}))\n")
     here = {f"{path}|{view}": render_plan(plans[path.stem], view).source for path in MODELS for view in VIEWS}

@@ -11,7 +11,7 @@ import attrs
 import pytest
 import torch
 
-from duplexcadence.dsl import cli
+from duplexcadence.interpreter.cli import main as cli
 
 SUBJECT = '''
 from duplexcadence.examples.toy.bench import subject as toy_subject
@@ -73,7 +73,7 @@ def test_an_unknown_subject_is_a_usage_error(user_folder, capsys, model, message
 def test_a_variant_not_meant_to_be_identical_reports_its_difference(user_folder):
     """compare=False with `difference`: no bit-identity verdict, the largest difference in `info`."""
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter import bench
+    from duplexcadence.interpreter.bench import harness as bench
 
     made = toy_subject(device="cpu", seconds=1)
     reference = next(v for v in made.variants if v.reference)
@@ -128,7 +128,7 @@ def test_interleave_times_every_variant_again_stepped_in_turn(user_folder, capsy
     """`--interleave`: after the sequential pass, every variant that ran is built again and they are stepped
     in turn, tick by tick, the order rotating by one each tick; each gets a second set of timings."""
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter import bench
+    from duplexcadence.interpreter.bench import harness as bench
 
     made = toy_subject(device="cpu", seconds=1)
     calls: list[str] = []
@@ -154,7 +154,7 @@ def test_interleave_times_every_variant_again_stepped_in_turn(user_folder, capsy
 
 def test_without_interleave_there_is_no_second_timing(user_folder):
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter import bench
+    from duplexcadence.interpreter.bench import harness as bench
 
     made = toy_subject(device="cpu", seconds=1)
     results = bench.run(made, 3, progress=False)
@@ -169,7 +169,7 @@ def test_a_failed_interleaved_pass_keeps_the_sequential_results(user_folder):
     """The interleaved pass builds every variant again, all at once: if that fails (out of memory, a
     variant that cannot be built twice), the sequential results stand and the table says why."""
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter import bench
+    from duplexcadence.interpreter.bench import harness as bench
 
     made = toy_subject(device="cpu", seconds=1)
     builds = []
@@ -195,7 +195,7 @@ def test_a_failed_interleaved_pass_keeps_the_sequential_results(user_folder):
 def profiled(monkeypatch):
     """The GPU busy profile on CPU: `_busy` records which variant it profiled and from which tick (each
     profiled tick is still stepped), and returns a made-up busy time that names the variant."""
-    from duplexcadence.interpreter import bench
+    from duplexcadence.interpreter.bench import harness as bench
 
     profiles: list[tuple[str, int, int]] = []
 
@@ -224,7 +224,7 @@ def test_the_gpu_busy_profile_runs_after_every_timed_tick_on_a_fresh_build(user_
     may follow it: each variant is built again after the sequential and interleaved passes, stepped to the
     last two seconds' ticks unprofiled, and those ticks are profiled."""
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter import bench
+    from duplexcadence.interpreter.bench import harness as bench
 
     made = toy_subject(device="cpu", seconds=2)
     calls: list[str] = []
@@ -243,7 +243,7 @@ def test_the_gpu_busy_profile_runs_after_every_timed_tick_on_a_fresh_build(user_
 
 def test_a_may_fail_variant_that_fails_its_profile_keeps_its_timings(user_folder, profiled):
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter import bench
+    from duplexcadence.interpreter.bench import harness as bench
 
     made = toy_subject(device="cpu", seconds=1)
     cadence = next(v for v in made.variants if v.name == "duplexcadence")
@@ -276,7 +276,7 @@ def test_the_sm_clock_read_after_each_steady_tick_is_reported_beside_the_timings
     """Where NVML reads the SM clock, its median over the steady ticks of each pass gets a column: the
     clock drifts with the GPU's boost state, and every kernel's time with it."""
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter import bench
+    from duplexcadence.interpreter.bench import harness as bench
 
     made = toy_subject(device="cpu", seconds=1)
     readings = iter(range(1000, 2000))
@@ -306,7 +306,7 @@ def test_the_sm_clock_read_after_each_steady_tick_is_reported_beside_the_timings
 
 def test_without_a_clock_reading_there_is_no_clock_column(user_folder):
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter import bench
+    from duplexcadence.interpreter.bench import harness as bench
 
     made = toy_subject(device="cpu", seconds=1)
     assert bench.sm_clock_reader(made.device) is None
@@ -330,7 +330,8 @@ def test_variants_chooses_and_orders_the_variants_after_the_reference(user_folde
 
 def test_variants_puts_them_in_the_order_given():
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter import bench, bench_cli
+    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter.cli import bench as bench_cli
 
     made = toy_subject(device="cpu", seconds=1)
     extra = bench.Variant("another", made.variants[1].make)
@@ -345,7 +346,7 @@ def test_without_profile_run_leaves_the_busy_pass_to_a_later_profile_all(user_fo
     """Several subjects timed in one process: each `run(..., profile=False)`, then `profile_all` for each
     once everything is timed, so no timed tick follows a profile."""
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter import bench
+    from duplexcadence.interpreter.bench import harness as bench
 
     made = toy_subject(device="cpu", seconds=1)
     made.variants = [named(v) for v in made.variants]
@@ -358,7 +359,7 @@ def test_without_profile_run_leaves_the_busy_pass_to_a_later_profile_all(user_fo
 
 
 def timed_twice(name: str, sequential: float, interleaved: float | None):
-    from duplexcadence.interpreter import bench
+    from duplexcadence.interpreter.bench import harness as bench
 
     info = {} if interleaved is None else {"interleaved": {
         "ms_per_s_median": interleaved, "ms_per_s_p90": interleaved, "ms_per_s_p99": interleaved,
@@ -371,7 +372,7 @@ def test_the_table_says_when_the_two_passes_rank_two_variants_in_opposite_orders
     """The fifth session's Moshi run: the whole-step graph 18.7 against our 20.9 ms/s sequentially, 21.8
     against 21.3 interleaved. A flip inside the noise (under 3 % both ways) is not reported."""
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter import bench
+    from duplexcadence.interpreter.bench import harness as bench
 
     results = [timed_twice("stock eager", 253.6, 232.7), timed_twice("moshi whole-step graph", 18.7, 21.8),
                timed_twice("duplexcadence", 20.9, 21.3), timed_twice("close call", 21.0, 21.25)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from duplexcadence.interpreter.runtime import Runtime, SessionFailed
+from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed
 
 CLOCK = """
 cadence 1 s
@@ -67,7 +67,7 @@ def test_a_write_of_the_wrong_length_fails_the_step_with_both_shapes(tmp_path):
     import pytest
     import torch
 
-    from duplexcadence.interpreter.runtime import Runtime, SessionFailed
+    from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed
 
     clock = tmp_path / "w.clock"
     clock.write_text(

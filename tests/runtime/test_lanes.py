@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
-from duplexcadence.interpreter.runtime import (
-    Runtime, SessionFailed, SessionsFailed, StepError, _get_rng, _seeded_rng_state, _set_rng)
+from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed, SessionsFailed, StepError, _get_rng, _seeded_rng_state, _set_rng
 
 CLOCK = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 PROMPT, WINDOW = 6, 20

@@ -16,8 +16,8 @@ import torch
 from duplexcadence.dsl import messages
 from duplexcadence.dsl.diagnostics import ClockError
 from duplexcadence.examples.toy.model import build_toy, make_prompt
-from duplexcadence.interpreter import runtime as runtime_module
-from duplexcadence.interpreter.runtime import Runtime, SessionFailed, check_arena_fits
+from duplexcadence.interpreter.runtime import runtime as runtime_module
+from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed, check_arena_fits
 
 CLOCK = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 TOY = CLOCK.read_text()

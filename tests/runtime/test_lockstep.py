@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
-from duplexcadence.interpreter.lockstep import LockstepError, LockstepGroup, batch_axes
-from duplexcadence.interpreter.runtime import (
-    Runtime, SessionFailed, StepError, _get_rng, _seeded_rng_state, _set_rng)
+from duplexcadence.interpreter.runtime.lockstep import LockstepError, LockstepGroup, batch_axes
+from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed, StepError, _get_rng, _seeded_rng_state, _set_rng
 
 CLOCK = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 PROMPT, WINDOW, ROWS = 6, 20, 3

@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
-from duplexcadence.interpreter.runtime import Runtime
+from duplexcadence.interpreter.runtime.runtime import Runtime
 
 CLOCK = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 PROMPT, WINDOW = 6, 20

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from duplexcadence.interpreter import runtime as runtime_module
-from duplexcadence.interpreter.runtime import SessionFailed, StageGraph, StepError
+from duplexcadence.interpreter.runtime import runtime as runtime_module
+from duplexcadence.interpreter.runtime.runtime import SessionFailed, StageGraph, StepError
 
-from .test_toy_runtime import TICKS, codes_stream, make
+from duplexcadence.tests.runtime.test_toy_runtime import TICKS, codes_stream, make
 
 
 class EagerGraph:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from duplexcadence.examples.toy.model import build_toy, make_prompt
-from duplexcadence.interpreter.runtime import Runtime
+from duplexcadence.interpreter.runtime.runtime import Runtime
 
 CLOCK = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from duplexcadence.interpreter.runtime import Runtime
+from duplexcadence.interpreter.runtime.runtime import Runtime
 
 CLOCK = """
 cadence 1 s

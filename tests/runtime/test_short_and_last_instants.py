@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from duplexcadence.interpreter.plan import plan_file
-from duplexcadence.interpreter.runtime import Runtime, StepError
+from duplexcadence.interpreter.plans.plan import plan_file
+from duplexcadence.interpreter.runtime.runtime import Runtime, StepError
 
 CLOCK = """
 cadence 1 s

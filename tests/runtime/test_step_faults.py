@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from duplexcadence.interpreter.runtime import Runtime, SessionFailed
+from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed
 
 CLOCK = """
 cadence 1 s
@@ -83,7 +83,7 @@ from pathlib import Path  # noqa: E402
 import attrs  # noqa: E402
 
 from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt  # noqa: E402
-from duplexcadence.interpreter.runtime import StepError, _seeded_rng_state  # noqa: E402
+from duplexcadence.interpreter.runtime.runtime import StepError, _seeded_rng_state  # noqa: E402
 
 TOY = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 PROMPT, WINDOW = 6, 20

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
-from duplexcadence.interpreter.runtime import Runtime
+from duplexcadence.interpreter.runtime.runtime import Runtime
 
 CLOCK = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 PROMPT, WINDOW = 6, 20
@@ -186,7 +186,7 @@ def test_a_reset_on_another_thread_does_not_touch_the_generator_an_rng_stage_dra
 
 @pytest.mark.gpu
 def test_gpu_seeded_rng_state_is_the_default_generators_after_manual_seed():
-    from duplexcadence.interpreter.runtime import _seeded_rng_state
+    from duplexcadence.interpreter.runtime.runtime import _seeded_rng_state
 
     device = torch.device("cuda", torch.cuda.current_device())
     with torch.random.fork_rng(devices=[device]):

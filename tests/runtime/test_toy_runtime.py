@@ -13,7 +13,7 @@ import torch
 
 from duplexcadence.dsl.diagnostics import ClockError
 from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
-from duplexcadence.interpreter.runtime import Runtime, SessionFailed, StepError
+from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed, StepError
 
 CLOCK = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 PROMPT, WINDOW = 6, 20
@@ -116,7 +116,7 @@ def test_wrong_input_is_rejected_and_the_session_continues_exactly():
         ({"tokens": torch.zeros(1, 1, dtype=torch.int64)}, "missing codes; unexpected tokens"),
         ({}, "missing codes"),
     ]
-    from duplexcadence.interpreter.runtime import _seeded_rng_state, _get_rng, _set_rng
+    from duplexcadence.interpreter.runtime.runtime import _seeded_rng_state, _get_rng, _set_rng
     stock_rng = _seeded_rng_state(0, torch.device("cpu"))
     for tick in range(40):
         if tick % 7 == 3:
@@ -275,7 +275,7 @@ def test_gpu_stages_warm_up_on_the_callers_stream_and_only_captures_run_on_the_s
     """Eager work of a model on a side stream makes every CUDA graph in the process replay slower
     (docs/benchmarks.md, Moshi, sixth session): every eager run of a stage body while a session captures
     its graphs (the warm-up and the host-sync probe) is on the caller's stream, every capture on the lane's."""
-    from duplexcadence.interpreter.runtime import Session
+    from duplexcadence.interpreter.runtime.runtime import Session
 
     runtime, prompt = make(device="cuda")
     caller = torch.cuda.current_stream()
@@ -322,7 +322,7 @@ def test_gpu_graph_budget_sends_the_rest_eager_and_still_matches():
 
 @pytest.mark.gpu
 def test_gpu_failed_capture_falls_back_eager_with_a_warning():
-    from duplexcadence.interpreter.runtime import CaptureWarning
+    from duplexcadence.interpreter.runtime.runtime import CaptureWarning
 
     model = build_toy(device="cuda")
     original = model.attention.forward

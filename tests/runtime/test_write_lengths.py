@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from duplexcadence.interpreter.runtime import Runtime, SessionFailed
+from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed
 
 CLOCK = """\
 cadence 1 s

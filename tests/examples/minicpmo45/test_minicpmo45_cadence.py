@@ -179,7 +179,7 @@ def test_a_turn_must_be_reset_after_it_ended(bound, prompt, spec):
 
 
 def test_plan_at_released_sizes():
-    from duplexcadence.interpreter.plan import plan_file
+    from duplexcadence.interpreter.plans.plan import plan_file
 
     plan = plan_file(CLOCK)
     regions = plan.schedule.regions
@@ -204,7 +204,7 @@ def test_plan_at_released_sizes():
 
 
 def test_float16_program_retypes_only_the_flow_tensors():
-    from duplexcadence.dsl.compiler import load_program
+    from duplexcadence.dsl.frontend import load_program
     from duplexcadence.examples.minicpmo45.cadence import FLOAT16_REGIONS, float16_program
 
     program = float16_program(load_program(CLOCK))

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import attrs
 
-from ..dsl.diagnostics import InternalError
-from .capacity import AllocationSchedule
+from duplexcadence.dsl.diagnostics import InternalError
+from duplexcadence.interpreter.plans.allocation import AllocationSchedule
 
 ALIGNMENT = 512  # the CUDA caching allocator's block granularity: views start where stock tensors would
 

@@ -95,7 +95,7 @@ def _as_dict(value: Any) -> dict[str, torch.Tensor]:
 def verify(runtime, stock, inputs: Iterable[Mapping[str, torch.Tensor]] | Callable[[int], Mapping],
            ticks: int | None = None, seed: int = 0) -> VerifyReport:
     """Run `ticks` instants through `stock` and a fresh runtime session; compare every output."""
-    from .runtime import _get_rng, _seeded_rng_state, _set_rng
+    from duplexcadence.interpreter.runtime.runtime import _get_rng, _seeded_rng_state, _set_rng
 
     device = runtime.device
     feed = inputs if callable(inputs) else list(inputs).__getitem__

@@ -7,11 +7,11 @@ import json
 import sys
 from typing import Any
 
-from ..dsl.cli import EXIT_CLEAN, EXIT_PROBLEMS, non_negative, parse_params, print_diagnostics
-from ..dsl.compiler import check_file
-from ..dsl.diagnostics import ClockError
-from .plan import Plan, make_plan, to_json
-from .plan_report import format_plan
+from duplexcadence.interpreter.cli.common import EXIT_CLEAN, EXIT_PROBLEMS, non_negative, parse_params, print_diagnostics
+from duplexcadence.dsl.frontend import check_file
+from duplexcadence.dsl.diagnostics import ClockError
+from duplexcadence.interpreter.plans.plan import Plan, make_plan, to_json
+from duplexcadence.interpreter.plans.plan_text import format_plan
 
 
 def plan_of_file(args: argparse.Namespace, **plan_options) -> tuple[Plan | None, Any]:
@@ -29,7 +29,7 @@ def plan_of_file(args: argparse.Namespace, **plan_options) -> tuple[Plan | None,
     return None, result.sources
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     plan, _ = plan_of_file(args, max_graphs=args.max_graphs, max_arena_bytes=args.max_arena_bytes,
                            sessions=args.sessions)
     if plan is None:
@@ -41,7 +41,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
-def register_plan(commands) -> None:
+def register(commands) -> None:
     plan = commands.add_parser("plan", help="print the plan: clocks, warm-up, memory per region, graphs")
     plan.add_argument("file", metavar="FILE")
     plan.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
@@ -51,10 +51,5 @@ def register_plan(commands) -> None:
     plan.add_argument("--max-arena-bytes", type=non_negative, default=None, metavar="BYTES",
                       help="fail if the arena would exceed BYTES")
     plan.add_argument("--sessions", type=int, default=1, metavar="N", help="sessions sharing the arena")
-    plan.set_defaults(handler=cmd_plan)
+    plan.set_defaults(handler=run)
 
-
-from ..dsl.render import register_render  # noqa: E402
-from .bench_cli import register_bench  # noqa: E402
-
-REGISTRARS = [register_plan, register_bench, register_render]

@@ -42,7 +42,7 @@ from typing import Any
 import attrs
 import torch
 
-from .verify import compare, deterministic_cudnn
+from duplexcadence.interpreter.runtime.verify import compare, deterministic_cudnn
 
 
 @attrs.define
@@ -770,7 +770,7 @@ def compile_summary(stats: Mapping[str, Any]) -> str:
 
 
 def format_table(subject: Subject, results: list[VariantResult]) -> str:
-    from .plan_report import human_bytes, table
+    from duplexcadence.interpreter.plans.plan_text import human_bytes, table
 
     reference = next((r for r in results if r.bit_identical and r.first_mismatch is None and r.error is None),
                      results[0])

@@ -12,8 +12,8 @@ import math
 
 import attrs
 
-from ..dsl.program import Program, RegionInfo
-from .trace import Trace
+from duplexcadence.dsl.program import Program, RegionInfo
+from duplexcadence.interpreter.plans.trace import Trace
 
 
 @attrs.frozen

@@ -20,10 +20,8 @@ run Graphviz's `dot` program, and its absence is reported with how to install it
 
 from __future__ import annotations
 
-import argparse
 import html
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -31,11 +29,10 @@ from pathlib import Path
 import attrs
 import graphviz
 
-from ..interpreter.plan import Plan, make_plan
-from ..interpreter.plan_report import human_bytes, seconds
-from .cli import EXIT_CLEAN, EXIT_PROBLEMS, EXIT_USAGE, non_negative, positive
-from .compiler import load_program
-from .program import Access, Program, RegionInfo
+from duplexcadence.interpreter.plans.plan import Plan, make_plan
+from duplexcadence.interpreter.plans.plan_text import human_bytes, seconds
+from duplexcadence.dsl.frontend import load_program
+from duplexcadence.dsl.program import Access, Program, RegionInfo
 
 VIEWS = ("timeline", "graph", "arena")
 FORMATS = ("dot", "svg", "png", "pdf")
@@ -1233,63 +1230,12 @@ def render_file(path: str | Path, params: Mapping[str, str] | None = None, view:
     plan = make_plan(load_program(path, params), max_graphs=max_graphs)
     data = to_bytes(render_plan(plan, view, ticks), chosen)
     if output is not None:
-        _write(data, output)
+        write_output(data, output)
     return data
 
 
-def _write(data: bytes, output: str | Path) -> None:
+def write_output(data: bytes, output: str | Path) -> None:
     try:
         Path(output).write_bytes(data)
     except OSError as error:
         raise RenderError(f"cannot write {output}: {error.strerror or error}") from None
-
-
-# --- the `dsl render` command -------------------------------------------------------------------
-
-
-def cmd_render(args: argparse.Namespace) -> int:
-    try:
-        chosen = output_format(args.output, args.format)
-        if args.output is None and chosen in ("png", "pdf") and sys.stdout.isatty():
-            raise RenderError(f"{chosen} is binary: write it to a file with -o OUT.{chosen}")
-    except RenderError as error:
-        print(f"dsl render: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    from ..interpreter.cli import plan_of_file  # here: interpreter.cli registers this command
-
-    plan, _ = plan_of_file(args, max_graphs=args.max_graphs)
-    if plan is None:
-        return EXIT_PROBLEMS
-    try:
-        data = to_bytes(render_plan(plan, args.view, args.ticks), chosen)
-        if args.output is None:
-            sys.stdout.buffer.write(data)
-            sys.stdout.buffer.flush()
-        else:
-            _write(data, args.output)
-            print(f"wrote {args.output} ({args.view}, {chosen})", file=sys.stderr)
-    except RenderError as error:
-        print(f"dsl render: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    return EXIT_CLEAN
-
-
-def register_render(commands) -> None:
-    render = commands.add_parser(
-        "render", help="draw the plan with graphviz: timeline, dataflow graph or arena map",
-        description="Draw a .clock file's plan. DOT text needs nothing else; svg, png and pdf need "
-                    "Graphviz's `dot` (apt-get install graphviz / brew install graphviz).")
-    render.add_argument("file", metavar="FILE")
-    render.add_argument("--view", choices=VIEWS, default="timeline",
-                        help="timeline (default): firings and region fill per instant; graph: the dataflow; "
-                             "arena: the memory map")
-    render.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
-    render.add_argument("-o", "--output", default=None, metavar="OUT",
-                        help="write here (.dot/.gv, .svg, .png, .pdf); default: standard output")
-    render.add_argument("--format", choices=FORMATS, default=None,
-                        help="output format (default: from the -o suffix, else dot)")
-    render.add_argument("--ticks", type=positive, default=None, metavar="N",
-                        help="timeline: draw N instants from session start (default: warm-up + one steady period)")
-    render.add_argument("--max-graphs", type=non_negative, default=None, metavar="N",
-                        help="plan with at most N graphs (the other firings show as eager)")
-    render.set_defaults(handler=cmd_render)

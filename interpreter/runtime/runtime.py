@@ -31,14 +31,14 @@ from typing import Any
 import attrs
 import torch
 
-from ..dsl import messages
-from ..dsl.compiler import load_program
-from ..dsl.diagnostics import ClockError, Diagnostic
-from ..dsl.program import Program
-from .binding import Attribute, StageCallable, bind_program, describe
-from .plan import Plan, make_plan
-from .storage import TORCH_DTYPES, DeviceArena, RegionStorage
-from .trace import Firing, Simulator, View
+from duplexcadence.dsl import messages
+from duplexcadence.dsl.frontend import load_program
+from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
+from duplexcadence.dsl.program import Program
+from duplexcadence.interpreter.runtime.binding import Attribute, StageCallable, bind_program, describe
+from duplexcadence.interpreter.plans.plan import Plan, make_plan
+from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES, DeviceArena, RegionStorage
+from duplexcadence.interpreter.plans.trace import Firing, Simulator, View
 
 
 class StepError(ValueError):
@@ -173,7 +173,7 @@ class RuntimeReport:
         return sum(r.bytes for r in self.regions if r.stock_bytes is not None)
 
     def __str__(self) -> str:
-        from .plan_report import human_bytes
+        from duplexcadence.interpreter.plans.plan_text import human_bytes
 
         if self.lanes == 1:
             lines = [f"DuplexCadence runtime on {self.device}: {self.sessions} session slot(s)",
@@ -460,8 +460,8 @@ class Runtime:
                              totals.short_path_steps)
 
     def verify(self, stock, inputs, ticks: int | None = None, seed: int = 0):
-        """Run stock eager and a fresh session side by side; see `duplexcadence.interpreter.verify`."""
-        from .verify import verify
+        """Run stock eager and a fresh session side by side; see `duplexcadence.interpreter.runtime.verify`."""
+        from duplexcadence.interpreter.runtime.verify import verify
 
         return verify(self, stock, inputs, ticks=ticks, seed=seed)
 

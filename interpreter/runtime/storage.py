@@ -13,9 +13,9 @@ import math
 
 import torch
 
-from ..dsl.diagnostics import InternalError
-from ..dsl.program import RegionInfo, Retention
-from .arena import ArenaPlan
+from duplexcadence.dsl.diagnostics import InternalError
+from duplexcadence.dsl.program import RegionInfo, Retention
+from duplexcadence.interpreter.plans.arena import ArenaPlan
 
 TORCH_DTYPES = {
     "f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,

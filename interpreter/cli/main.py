@@ -8,71 +8,27 @@ ever reaches the user for a bad file; an internal error prints one line and asks
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import traceback
 from collections.abc import Sequence
 
-from . import report
-from .compiler import check_file
-from .diagnostics import ClockError, Diagnostic, InternalError
-from .loader import read_source
-from .parse import parse_module
-from .printer import module as print_module
-from .source import SourceFile
-
-EXIT_CLEAN, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
-
-
-def _color_wanted(choice: str, stream) -> bool:
-    if choice == "always":
-        return True
-    if choice == "never" or os.environ.get("NO_COLOR"):
-        return False
-    return hasattr(stream, "isatty") and stream.isatty()
-
-
-def non_negative(text: str) -> int:
-    """An argparse type: an integer >= 0."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
-    return value
-
-
-def positive(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
-    return value
-
-
-def parse_params(pairs: Sequence[str]) -> tuple[dict[str, str], list[Diagnostic]]:
-    """`NAME=VALUE` pairs from `--param`; malformed ones become diagnostics."""
-    from . import messages
-
-    overrides: dict[str, str] = {}
-    problems: list[Diagnostic] = []
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name.strip().isidentifier() or not value.strip():
-            problems.append(messages.override_syntax(pair))
-            continue
-        overrides[name.strip()] = value.strip()
-    return overrides, problems
-
-
-def print_diagnostics(diagnostics: Sequence[Diagnostic], sources, fmt: str, color: bool, stream,
-                      path: str | None = None) -> None:
-    """Print diagnostics in the `full` or `concise` form; `path` locates those without a span."""
-    for diagnostic in diagnostics:
-        if fmt == "concise":
-            print(report.format_concise(diagnostic, path), file=stream)
-        else:
-            print(report.format_full(diagnostic, sources, color, path), file=stream)
-            print(file=stream)
-
+from duplexcadence.dsl import diagnostic_text as report
+from duplexcadence.dsl.frontend import check_file
+from duplexcadence.dsl.diagnostics import ClockError, InternalError
+from duplexcadence.dsl.loader import read_source
+from duplexcadence.dsl.parse import parse_module
+from duplexcadence.dsl.printer import module as print_module
+from duplexcadence.dsl.source import SourceFile
+from duplexcadence.interpreter.cli.common import (
+    EXIT_CLEAN,
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    color_wanted,
+    parse_params,
+    print_diagnostics,
+)
 
 def cmd_check(args: argparse.Namespace) -> int:
     overrides, problems = parse_params(args.param)
@@ -82,7 +38,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             for help_text in problem.helps:
                 print(f"  help: {help_text}", file=sys.stderr)
         return EXIT_USAGE
-    color = _color_wanted(args.color, sys.stdout)
+    color = color_wanted(args.color, sys.stdout)
     results = []
     for path in args.files:
         result = check_file(path, overrides)
@@ -136,12 +92,19 @@ def cmd_fmt(args: argparse.Namespace) -> int:
     return status
 
 
-FRONT_END_COMMANDS = ("check", "fmt")
+# Subcommands beyond check and fmt, each a module with `register(subparsers)`; only the module of the
+# command being run is imported (with every one for `--help`), and one whose optional dependencies are
+# missing (torch, for `bench`) is left out of the parser.
+COMMAND_MODULES = {
+    "plan": "duplexcadence.interpreter.cli.plan",
+    "render": "duplexcadence.interpreter.cli.render",
+    "bench": "duplexcadence.interpreter.cli.bench",
+}
 
 
-def build_parser(with_extras: bool = True) -> argparse.ArgumentParser:
-    """The `dsl` argument parser; `with_extras=False` leaves out the interpreter's subcommands (which
-    import torch), so that `dsl check` and `dsl fmt` start in a fraction of a second."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The `dsl` argument parser; `only` names the one subcommand beyond check and fmt to register
+    (None: all of them)."""
     parser = argparse.ArgumentParser(prog="dsl", description="DuplexCadence: .clock files, plans and renders.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -159,25 +122,20 @@ def build_parser(with_extras: bool = True) -> argparse.ArgumentParser:
     group.add_argument("--write", action="store_true", help="rewrite files in place")
     fmt.set_defaults(handler=cmd_fmt)
 
-    for register in _extra_commands() if with_extras else ():
-        register(commands)
+    for name, module_name in COMMAND_MODULES.items():
+        if only is not None and name != only:
+            continue
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # e.g. `bench` without torch: check, fmt, plan and render still work
+            continue
+        module.register(commands)
     return parser
-
-
-def _extra_commands():
-    """Subcommands defined beside the interpreter (plan, render, bench), registered if importable."""
-    registrars = []
-    try:
-        from ..interpreter import cli as interpreter_cli
-    except ImportError:  # an install without torch still checks and formats .clock files
-        return registrars
-    registrars.extend(interpreter_cli.REGISTRARS)
-    return registrars
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(with_extras=not (argv and argv[0] in FRONT_END_COMMANDS))
+    parser = build_parser(only=argv[0] if argv and argv[0] in (*COMMAND_MODULES, "check", "fmt") else None)
     args = parser.parse_args(argv)
     try:
         return args.handler(args)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import attrs
 
-from .trace import Trace
+from duplexcadence.interpreter.plans.trace import Trace
 
 
 @attrs.frozen

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import attrs
 
-from ..dsl import messages
-from ..dsl.compiler import load_program
-from ..dsl.diagnostics import ClockError
-from ..dsl.program import Program
-from .arena import ArenaPlan, plan_arena
-from .capacity import AllocationSchedule, schedule
-from .capture import CapturePlan, plan_capture
-from .clocks import ClockPlan, plan_clocks
-from .trace import Trace, trace
+from duplexcadence.dsl import messages
+from duplexcadence.dsl.frontend import load_program
+from duplexcadence.dsl.diagnostics import ClockError
+from duplexcadence.dsl.program import Program
+from duplexcadence.interpreter.plans.arena import ArenaPlan, plan_arena
+from duplexcadence.interpreter.plans.allocation import AllocationSchedule, schedule
+from duplexcadence.interpreter.plans.capture import CapturePlan, plan_capture
+from duplexcadence.interpreter.plans.clocks import ClockPlan, plan_clocks
+from duplexcadence.interpreter.plans.trace import Trace, trace
 
 PLAN_SCHEMA_VERSION = 1
 

@@ -28,9 +28,9 @@ from typing import Any, Mapping
 import attrs
 import torch
 
-from ..dsl.compiler import load_program
-from ..dsl.program import Program
-from .runtime import Runtime, Session, StepError
+from duplexcadence.dsl.frontend import load_program
+from duplexcadence.dsl.program import Program
+from duplexcadence.interpreter.runtime.runtime import Runtime, Session, StepError
 
 
 class LockstepError(ValueError):

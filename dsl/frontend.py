@@ -11,10 +11,10 @@ from pathlib import Path
 
 import attrs
 
-from . import checks, depgraph, loader, messages, resolve
-from .diagnostics import ClockError, Diagnostic, Severity
-from .program import Program
-from .source import SourceFile
+from duplexcadence.dsl import checks, depgraph, loader, messages, resolve
+from duplexcadence.dsl.diagnostics import ClockError, Diagnostic, Severity
+from duplexcadence.dsl.program import Program
+from duplexcadence.dsl.source import SourceFile
 
 
 @attrs.frozen

@@ -16,10 +16,10 @@ from typing import Any
 import attrs
 import torch
 
-from ..dsl import messages
-from ..dsl.diagnostics import ClockError, Diagnostic
-from ..dsl.program import Program, RegionInfo, StageInfo
-from .storage import TORCH_DTYPES
+from duplexcadence.dsl import messages
+from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
+from duplexcadence.dsl.program import Program, RegionInfo, StageInfo
+from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES
 
 _PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*|[0-9]+)((?:\[[0-9]+\])*)$")
 

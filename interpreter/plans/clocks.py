@@ -12,10 +12,10 @@ from fractions import Fraction
 
 import attrs
 
-from ..dsl import depgraph, messages
-from ..dsl.diagnostics import ClockError
-from ..dsl.printer import number_text
-from ..dsl.program import Program, gcd_fractions, lcm_fractions
+from duplexcadence.dsl import depgraph, messages
+from duplexcadence.dsl.diagnostics import ClockError
+from duplexcadence.dsl.printer import number_text
+from duplexcadence.dsl.program import Program, gcd_fractions, lcm_fractions
 
 MAX_FIRINGS_PER_HYPERPERIOD = 100_000
 """The most firings one hyperperiod may hold: the planner enumerates them and traces two periods

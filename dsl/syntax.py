@@ -12,7 +12,7 @@ from typing import Union
 
 import attrs
 
-from .source import Span
+from duplexcadence.dsl.source import Span
 
 
 def _span_field():

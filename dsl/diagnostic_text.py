@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 
-from .diagnostics import Diagnostic, Severity
-from .source import SourceFile, Span
+from duplexcadence.dsl.diagnostics import Diagnostic, Severity
+from duplexcadence.dsl.source import SourceFile, Span
 
 _STYLES = {"error": "\x1b[1;31m", "warning": "\x1b[1;33m", "note": "\x1b[1;36m", "help": "\x1b[1;32m",
            "bold": "\x1b[1m", "reset": "\x1b[0m"}

@@ -40,8 +40,8 @@ from fractions import Fraction
 
 import attrs
 
-from ..dsl.program import Program
-from .clocks import ClockPlan
+from duplexcadence.dsl.program import Program
+from duplexcadence.interpreter.plans.clocks import ClockPlan
 
 MAX_INSTANTS = 200_000
 

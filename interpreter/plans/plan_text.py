@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 
-from ..dsl.printer import number_text
-from .plan import Plan
+from duplexcadence.dsl.printer import number_text
+from duplexcadence.interpreter.plans.plan import Plan
 
 
 def human_bytes(count: int | None) -> str:

@@ -1,4 +1,4 @@
-"""`dsl bench MODEL`: every variant of a tail side by side in one process (see interpreter/bench.py).
+"""`dsl bench MODEL`: every variant of a tail side by side in one process (see interpreter/bench/harness.py).
 
 MODEL is a registered example (`MODELS`) or a subject of your own, `MODULE:FUNCTION`: a function in a
 module importable from the current folder (or from the installed packages) that takes the options
@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 
-from . import bench
+from duplexcadence.interpreter.bench import harness as bench
 
 MODELS = {
     "toy": "duplexcadence.examples.toy.bench",
@@ -60,7 +60,7 @@ def _subject_function(model: str):
     return function
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     make_subject = _subject_function(args.model)
     if isinstance(make_subject, str):
         print(f"dsl bench: {make_subject}", file=sys.stderr)
@@ -103,7 +103,7 @@ def select_variants(subject: bench.Subject, names: str) -> list[bench.Variant] |
     return reference + [by_name[name] for name in dict.fromkeys(wanted) if not by_name[name].reference]
 
 
-def register_bench(commands) -> None:
+def register(commands) -> None:
     parser = commands.add_parser("bench", help="benchmark a model tail: stock variants vs DuplexCadence")
     parser.add_argument("model", metavar="MODEL",
                         help=f"a registered model ({', '.join(sorted(MODELS))}) or MODULE:FUNCTION, a subject "
@@ -128,4 +128,4 @@ def register_bench(commands) -> None:
                              "first): the order matters on a GPU, see docs/benchmarks.md")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     parser.add_argument("--no-progress", action="store_true")
-    parser.set_defaults(handler=cmd_bench)
+    parser.set_defaults(handler=run)

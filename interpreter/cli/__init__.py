@@ -1,0 +1,1 @@
+"""The `dsl` command line, on top of every other layer."""

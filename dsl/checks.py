@@ -43,20 +43,30 @@ def check_rates(program: Program) -> Iterator[Diagnostic]:
                 continue
             verb = {"read": "reads new units of", "update": "updates", "write": "writes"}[access.kind]
             if (access.kind != "read" or access.window == "new") and per_firing < 1:
-                yield messages.slower_region(*rates, verb, access.region, region.clock, _fmt(region_clock.rate),
-                                             access.span)
+                yield messages.slower_region(
+                    *rates, verb, access.region, region.clock, _fmt(region_clock.rate), access.span
+                )
                 continue
             if access.kind == "read":
                 continue
             if access.advance is None and region.role == "output":
                 continue  # the module decides the length
             if per_firing.denominator != 1:
-                yield messages.fractional_advance(*rates, verb, access.region, region.clock,
-                                                  _fmt(region_clock.rate), _fmt(per_firing), access.span)
+                yield messages.fractional_advance(
+                    *rates, verb, access.region, region.clock, _fmt(region_clock.rate), _fmt(per_firing), access.span
+                )
                 continue
             if access.advance is not None and Fraction(access.advance) != per_firing:
-                yield messages.advance_mismatch(*rates, verb, str(access.advance), access.region, region.clock,
-                                                _fmt(region_clock.rate), _fmt(per_firing), access.span)
+                yield messages.advance_mismatch(
+                    *rates,
+                    verb,
+                    str(access.advance),
+                    access.region,
+                    region.clock,
+                    _fmt(region_clock.rate),
+                    _fmt(per_firing),
+                    access.span,
+                )
 
 
 def available_to_read(program: Program, stage: StageInfo, access: Access) -> int | None:
@@ -98,16 +108,22 @@ def check_accesses(program: Program) -> Iterator[Diagnostic]:
                     found = read_need(program, stage, access)
                     window = found[0] if found is not None else region.retention.keeps
                     if window is not None and access.lookahead > window:
-                        yield messages.lookahead_too_long(stage.name, access.region, access.lookahead, window,
-                                                          access.span)
+                        yield messages.lookahead_too_long(
+                            stage.name, access.region, access.lookahead, window, access.span
+                        )
                 continue
             if access.kind == "write" and access.latency:
                 if access.advance is None:
-                    yield messages.bad_latency(stage.name, access.region, "but no advance: write `+N latency L`",
-                                               access.span)
+                    yield messages.bad_latency(
+                        stage.name, access.region, "but no advance: write `+N latency L`", access.span
+                    )
                 elif access.latency > access.advance:
-                    yield messages.bad_latency(stage.name, access.region, f"of {access.latency} units, longer "
-                                               f"than its advance of {access.advance}", access.span)
+                    yield messages.bad_latency(
+                        stage.name,
+                        access.region,
+                        f"of {access.latency} units, longer than its advance of {access.advance}",
+                        access.span,
+                    )
             if access.region in written:
                 yield messages.written_twice(stage.name, access.region, access.span, written[access.region].span)
                 continue
@@ -126,17 +142,20 @@ def check_accesses(program: Program) -> Iterator[Diagnostic]:
                 continue
             writer, _ = writer_of[access.region]
             if access.prev:
-                yield messages.dead_scratch(stage.name, access.region, "with `prev`: before this instant's writes "
-                                            "it holds nothing", access.span)
+                yield messages.dead_scratch(
+                    stage.name, access.region, "with `prev`: before this instant's writes it holds nothing", access.span
+                )
                 continue
             writer_rate = program.clocks[program.stages[writer].clock].rate
             reader_rate = program.clocks[stage.clock].rate
             if (writer_rate / reader_rate).denominator != 1:
                 yield messages.dead_scratch(
-                    stage.name, access.region,
+                    stage.name,
+                    access.region,
                     f"on clock '{stage.clock}' ({_fmt(reader_rate)} Hz), which ticks at instants where its writer "
                     f"'{writer}' on clock '{program.stages[writer].clock}' ({_fmt(writer_rate)} Hz) does not fire",
-                    access.span)
+                    access.span,
+                )
 
 
 def check_retention(program: Program) -> Iterator[Diagnostic]:
@@ -148,8 +167,9 @@ def check_retention(program: Program) -> Iterator[Diagnostic]:
             found = read_need(program, stage, access)
             if found is None:
                 continue
-            if region.role == "output" or any(a.advance is None for s in program.stages.values()
-                                                for a in s.writes() if a.region == access.region):
+            if region.role == "output" or any(
+                a.advance is None for s in program.stages.values() for a in s.writes() if a.region == access.region
+            ):
                 continue
             available = available_to_read(program, stage, access)
             if access.window == "new":  # the new units always arrive; the context must be history
@@ -157,8 +177,16 @@ def check_retention(program: Program) -> Iterator[Diagnostic]:
                 available = region.retention.keeps
             if available is not None and found[0] > available:  # (a lookahead longer than the read: bad-access)
                 keeps = region.retention.keeps or 0
-                yield messages.retention_too_short(stage.name, access.region, found[0], found[1], keeps,
-                                                   access.span, region.retention.span, arriving=available - keeps)
+                yield messages.retention_too_short(
+                    stage.name,
+                    access.region,
+                    found[0],
+                    found[1],
+                    keeps,
+                    access.span,
+                    region.retention.span,
+                    arriving=available - keeps,
+                )
 
 
 def check_roles(program: Program) -> Iterator[Diagnostic]:
@@ -187,8 +215,9 @@ def check_roles(program: Program) -> Iterator[Diagnostic]:
         if region.role == "output" and name not in written and key not in reported:
             reported.add(key)
             yield messages.output_never_written(key, region.span)
-        elif (region.role == "output" and region.retention.kind not in ("io", "scratch")
-              and key not in reported):  # the runtime clones an output's units after the trim would move them
+        elif (
+            region.role == "output" and region.retention.kind not in ("io", "scratch") and key not in reported
+        ):  # the runtime clones an output's units after the trim would move them
             reported.add(key)
             yield messages.output_retained(key, region.retention.describe(), region.retention.span or region.span)
 
@@ -241,8 +270,16 @@ def check_bindings(program: Program) -> Iterator[Diagnostic]:
             bound[region.bind] = name
 
 
-RULES = (check_rates, check_accesses, check_retention, check_roles, check_cycles, check_bindings, check_unused,
-         check_hyperperiod)
+RULES = (
+    check_rates,
+    check_accesses,
+    check_retention,
+    check_roles,
+    check_cycles,
+    check_bindings,
+    check_unused,
+    check_hyperperiod,
+)
 # rules about what is missing would only echo an earlier error when a declaration failed to resolve
 WHOLE_PROGRAM_RULES = (check_roles, check_unused)
 
@@ -259,8 +296,12 @@ def collapse_family_members(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
     groups: dict[tuple, list[Diagnostic]] = {}
     order: list[tuple] = []
     for diagnostic in diagnostics:
-        key = (diagnostic.code, diagnostic.span, _MEMBER.sub(r"\1", diagnostic.message),
-               tuple(_MEMBER.sub(r"\1", h) for h in diagnostic.helps))
+        key = (
+            diagnostic.code,
+            diagnostic.span,
+            _MEMBER.sub(r"\1", diagnostic.message),
+            tuple(_MEMBER.sub(r"\1", h) for h in diagnostic.helps),
+        )
         if key not in groups:
             groups[key] = []
             order.append(key)
@@ -272,9 +313,14 @@ def collapse_family_members(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
             result.append(members[0])
             continue
         first = members[0]
-        result.append(attrs.evolve(
-            first, message=key[2], helps=key[3],
-            notes=tuple(attrs.evolve(n, message=_MEMBER.sub(r"\1", n.message)) for n in first.notes)))
+        result.append(
+            attrs.evolve(
+                first,
+                message=key[2],
+                helps=key[3],
+                notes=tuple(attrs.evolve(n, message=_MEMBER.sub(r"\1", n.message)) for n in first.notes),
+            )
+        )
     return result
 
 

@@ -31,7 +31,10 @@ def read_need(program: Program, stage: StageInfo, access: Access) -> tuple[int, 
         need, what = access.count, f"last {access.count}"
     elif access.window == "new":
         new = max_new_units(units_per_firing(program, stage, access.region))
-        need, what = new + access.context, f"up to {new} new" + (f" + {access.context} context" if access.context else "")
+        need, what = (
+            new + access.context,
+            f"up to {new} new" + (f" + {access.context} context" if access.context else ""),
+        )
     else:
         return None
     if access.lookahead:
@@ -61,17 +64,26 @@ def size_io_regions(program: Program) -> tuple[Program, list[Diagnostic]]:
                             history = max(history, access.context)
                         elif found is not None:
                             history = max(history, found[0] - arriving)
-        retention = (Retention("last", last=history, span=region.retention.span) if history > 0
-                     else Retention("scratch", span=region.retention.span))
+        retention = (
+            Retention("last", last=history, span=region.retention.span)
+            if history > 0
+            else Retention("scratch", span=region.retention.span)
+        )
         start_length = region.start_length
         if region.start == "zeros":
             start_length = retention.keeps or 0
         elif region.start == "given" and start_length > (retention.keeps or 0):
             keeps = retention.keeps or 0
-            problems.append(messages.bad_count(
-                "the start length", name, str(start_length), region.span,
-                f"without `retain`, the region keeps the history its readers need, {keeps} units; "
-                f"declare `retain last {start_length}` or start with at most {keeps}"))
+            problems.append(
+                messages.bad_count(
+                    "the start length",
+                    name,
+                    str(start_length),
+                    region.span,
+                    f"without `retain`, the region keeps the history its readers need, {keeps} units; "
+                    f"declare `retain last {start_length}` or start with at most {keeps}",
+                )
+            )
         regions[name] = attrs.evolve(region, retention=retention, start_length=start_length)
     return attrs.evolve(program, regions=regions), problems
 

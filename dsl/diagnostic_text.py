@@ -8,8 +8,14 @@ from collections.abc import Iterable, Mapping
 from duplexcadence.dsl.diagnostics import Diagnostic, Severity
 from duplexcadence.dsl.source import SourceFile, Span
 
-_STYLES = {"error": "\x1b[1;31m", "warning": "\x1b[1;33m", "note": "\x1b[1;36m", "help": "\x1b[1;32m",
-           "bold": "\x1b[1m", "reset": "\x1b[0m"}
+_STYLES = {
+    "error": "\x1b[1;31m",
+    "warning": "\x1b[1;33m",
+    "note": "\x1b[1;36m",
+    "help": "\x1b[1;32m",
+    "bold": "\x1b[1m",
+    "reset": "\x1b[0m",
+}
 
 
 def printable(text: str) -> str:
@@ -46,14 +52,17 @@ def _excerpt(span: Span, sources: Mapping[str, SourceFile], paint: _Painter, gut
     ]
 
 
-def format_full(diagnostic: Diagnostic, sources: Mapping[str, SourceFile], color: bool = False,
-                path: str | None = None) -> str:
+def format_full(
+    diagnostic: Diagnostic, sources: Mapping[str, SourceFile], color: bool = False, path: str | None = None
+) -> str:
     """The long form: header, location, the source line with carets, notes and help lines.
 
     A diagnostic without a span (a file that cannot be read, a --param) shows `path` as its location."""
     paint = _Painter(color)
     severity = diagnostic.severity.value
-    lines = [paint(severity, f"{severity}[{diagnostic.code.name}]") + paint("bold", f": {printable(diagnostic.message)}")]
+    lines = [
+        paint(severity, f"{severity}[{diagnostic.code.name}]") + paint("bold", f": {printable(diagnostic.message)}")
+    ]
     spans = [diagnostic.span] + [n.span for n in diagnostic.notes]
     gutter = max((len(str(s.line)) for s in spans if s is not None), default=1)
     pad = " " * gutter

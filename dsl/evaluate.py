@@ -17,8 +17,12 @@ from duplexcadence.dsl import syntax as ast
 from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
 
 PLAIN, SECONDS, HERTZ = 0, 1, -1
-_UNIT_SCALE = {"Hz": (Fraction(1), HERTZ), "kHz": (Fraction(1000), HERTZ),
-               "s": (Fraction(1), SECONDS), "ms": (Fraction(1, 1000), SECONDS)}
+_UNIT_SCALE = {
+    "Hz": (Fraction(1), HERTZ),
+    "kHz": (Fraction(1000), HERTZ),
+    "s": (Fraction(1), SECONDS),
+    "ms": (Fraction(1, 1000), SECONDS),
+}
 _UNIT_NAMES = {PLAIN: "a plain number", SECONDS: "a duration (s)", HERTZ: "a rate (Hz)"}
 MAX_MAGNITUDE = 10**15
 
@@ -95,15 +99,23 @@ def evaluate(expr: ast.Expr, lookup: Lookup) -> Quantity:
 
 def _bounded(quantity: Quantity, expr: ast.Expr) -> Quantity:
     if not quantity.is_list and abs(quantity.value) > MAX_MAGNITUDE:
-        raise EvalError(messages.bad_value(f"{quantity.describe()} is too large (the limit is 10^15)", expr.span,
-                                           "a region or rate this large cannot be allocated or scheduled"))
+        raise EvalError(
+            messages.bad_value(
+                f"{quantity.describe()} is too large (the limit is 10^15)",
+                expr.span,
+                "a region or rate this large cannot be allocated or scheduled",
+            )
+        )
     return quantity
 
 
 def _scalar(q: Quantity, expr: ast.Expr, what: str) -> Quantity:
     if q.is_list:
-        raise EvalError(messages.bad_value(f"cannot {what} a list", expr.span,
-                                           "index the list (`ratios[0]`) or reduce it (`prod(ratios)`)"))
+        raise EvalError(
+            messages.bad_value(
+                f"cannot {what} a list", expr.span, "index the list (`ratios[0]`) or reduce it (`prod(ratios)`)"
+            )
+        )
     return q
 
 
@@ -113,35 +125,49 @@ def _binop(expr: ast.BinOp, lookup: Lookup) -> Quantity:
     right = _scalar(evaluate(expr.right, lookup), expr.right, verb)
     if expr.op in "+-":
         if left.unit != right.unit:
-            raise EvalError(messages.bad_value(
-                f"cannot {verb} {unit_name(left.unit)} and {unit_name(right.unit)}", expr.span,
-                "both sides of + and - need the same unit"))
+            raise EvalError(
+                messages.bad_value(
+                    f"cannot {verb} {unit_name(left.unit)} and {unit_name(right.unit)}",
+                    expr.span,
+                    "both sides of + and - need the same unit",
+                )
+            )
         value = left.value + right.value if expr.op == "+" else left.value - right.value
         return _bounded(Quantity(value, left.unit), expr)
     if expr.op == "*":
         unit, value = left.unit + right.unit, left.value * right.value
     else:
         if right.value == 0:
-            raise EvalError(messages.bad_value("division by zero", expr.span,
-                                               "the divisor must not be zero"))
+            raise EvalError(messages.bad_value("division by zero", expr.span, "the divisor must not be zero"))
         unit, value = left.unit - right.unit, left.value / right.value
     if unit not in _UNIT_NAMES:
-        raise EvalError(messages.bad_value(
-            f"{unit_name(left.unit)} {expr.op} {unit_name(right.unit)} has no unit DuplexCadence uses",
-            expr.span, "values are plain numbers, durations (s) or rates (Hz)"))
+        raise EvalError(
+            messages.bad_value(
+                f"{unit_name(left.unit)} {expr.op} {unit_name(right.unit)} has no unit DuplexCadence uses",
+                expr.span,
+                "values are plain numbers, durations (s) or rates (Hz)",
+            )
+        )
     return _bounded(Quantity(value, unit), expr)
 
 
 def _index(expr: ast.Index, lookup: Lookup) -> Quantity:
     target = evaluate(expr.target, lookup)
     if not target.is_list:
-        raise EvalError(messages.bad_value(f"{target.describe()} is not a list and cannot be indexed",
-                                           expr.span, "only list params can be indexed"))
+        raise EvalError(
+            messages.bad_value(
+                f"{target.describe()} is not a list and cannot be indexed", expr.span, "only list params can be indexed"
+            )
+        )
     position = require_int(evaluate(expr.index, lookup), expr.index, "a list index")
     if not 0 <= position < len(target.value):
-        raise EvalError(messages.bad_value(
-            f"index {position} is out of range for a list of {len(target.value)}", expr.index.span,
-            f"use an index from 0 to {len(target.value) - 1}"))
+        raise EvalError(
+            messages.bad_value(
+                f"index {position} is out of range for a list of {len(target.value)}",
+                expr.index.span,
+                f"use an index from 0 to {len(target.value) - 1}",
+            )
+        )
     return target.value[position]
 
 
@@ -155,14 +181,18 @@ def _call(expr: ast.Call, lookup: Lookup) -> Quantity:
         return Quantity(Fraction(len(args[0].value)))
     items = args[0].value if len(args) == 1 and args[0].is_list else tuple(args)
     if not items:
-        raise EvalError(messages.bad_value(f"{expr.func}() of nothing", expr.span,
-                                           f"give {expr.func}() a non-empty list or several values"))
+        raise EvalError(
+            messages.bad_value(
+                f"{expr.func}() of nothing", expr.span, f"give {expr.func}() a non-empty list or several values"
+            )
+        )
     for item, node in zip(items, expr.args if len(args) > 1 else [expr] * len(items)):
         _scalar(item, node, f"take {expr.func}() of")
     units = {q.unit for q in items}
     if len(units) > 1:
-        raise EvalError(messages.bad_value(f"{expr.func}() of values with different units", expr.span,
-                                           "give values of one unit"))
+        raise EvalError(
+            messages.bad_value(f"{expr.func}() of values with different units", expr.span, "give values of one unit")
+        )
     unit = units.pop()
     if expr.func == "prod":
         value = Fraction(1)
@@ -181,12 +211,14 @@ def require_int(q: Quantity, expr: ast.Expr | None, what: str, minimum: int | No
     """The integer value of a plain number, or a located bad-value error naming `what`."""
     span = expr.span if expr is not None else None
     if q.is_list or q.unit != PLAIN or q.value.denominator != 1:
-        raise EvalError(messages.bad_value(f"{what} must be an integer, not {q.describe()}", span,
-                                           "write a whole number of units"))
+        raise EvalError(
+            messages.bad_value(f"{what} must be an integer, not {q.describe()}", span, "write a whole number of units")
+        )
     value = q.value.numerator
     if minimum is not None and value < minimum:
-        raise EvalError(messages.bad_value(f"{what} must be at least {minimum}, not {value}", span,
-                                           f"write a number >= {minimum}"))
+        raise EvalError(
+            messages.bad_value(f"{what} must be at least {minimum}, not {value}", span, f"write a number >= {minimum}")
+        )
     return value
 
 
@@ -195,8 +227,13 @@ def count_of(q: Quantity, rate: Fraction, expr: ast.Expr, what: str, minimum: in
     if not q.is_list and q.unit == SECONDS:
         units = q.value * rate
         if units.denominator != 1:
-            raise EvalError(messages.bad_value(
-                f"{what} of {q.describe()} is {_fraction_text(units)} units at {_fraction_text(rate)} Hz, "
-                "not a whole number", expr.span, "pick a duration that is a whole number of units"))
+            raise EvalError(
+                messages.bad_value(
+                    f"{what} of {q.describe()} is {_fraction_text(units)} units at {_fraction_text(rate)} Hz, "
+                    "not a whole number",
+                    expr.span,
+                    "pick a duration that is a whole number of units",
+                )
+            )
         q = Quantity(units)
     return require_int(q, expr, what, minimum)

@@ -35,8 +35,7 @@ class CheckResult:
         return not self.errors
 
 
-def check_file(path: str | Path, overrides: Mapping[str, str] | None = None,
-               text: str | None = None) -> CheckResult:
+def check_file(path: str | Path, overrides: Mapping[str, str] | None = None, text: str | None = None) -> CheckResult:
     """Check `path` (or `text` given for it); never raises for a bad file."""
     path = str(path)
     sources: dict[str, SourceFile] = {}
@@ -65,5 +64,3 @@ def load_program(path: str | Path, overrides: Mapping[str, str] | None = None) -
     if result.program is None:
         raise ClockError(result.errors)
     return result.program
-
-

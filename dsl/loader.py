@@ -92,13 +92,13 @@ def read_source(path: str | Path) -> SourceFile:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise ClockError([messages.unreadable(name, f"it is not UTF-8 text ({error.reason} at byte {error.start})")]) \
-            from None
+        raise ClockError(
+            [messages.unreadable(name, f"it is not UTF-8 text ({error.reason} at byte {error.start})")]
+        ) from None
     return SourceFile(name, text.removeprefix("\ufeff"))
 
 
-def load(path: str | Path, source: SourceFile | None = None,
-         sources: dict[str, SourceFile] | None = None) -> Loaded:
+def load(path: str | Path, source: SourceFile | None = None, sources: dict[str, SourceFile] | None = None) -> Loaded:
     """Load `path` (or the given source text for it) and its imports; raises ClockError on failure.
 
     Every file read is also put in `sources` (when given), so that diagnostics can quote them even
@@ -127,7 +127,7 @@ def load(path: str | Path, source: SourceFile | None = None,
             target = os.path.normpath(found)
             imports.append((use, target))
             if target in stack:
-                cycle = [Path(k).stem for k in stack[stack.index(target):]] + [Path(target).stem]
+                cycle = [Path(k).stem for k in stack[stack.index(target) :]] + [Path(target).stem]
                 bag.add(messages.import_cycle(cycle, use.module_span or use.span))
                 continue
             if target not in units:

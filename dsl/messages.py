@@ -21,47 +21,67 @@ DUPLICATE_NAME = ErrorCode("duplicate-name", "a name defined twice")
 DUPLICATE_CLAUSE = ErrorCode("duplicate-clause", "a clause given twice in one declaration")
 UNKNOWN_IMPORT = ErrorCode("unknown-import", "a `use` that names no stdlib or local module")
 IMPORT_CYCLE = ErrorCode("import-cycle", "modules that import each other")
-BAD_VALUE = ErrorCode("bad-value", "a value that cannot be evaluated or does not fit (unit, division by zero, "
-                      "a count that is not whole, a start that does not fit)")
+BAD_VALUE = ErrorCode(
+    "bad-value",
+    "a value that cannot be evaluated or does not fit (unit, division by zero, "
+    "a count that is not whole, a start that does not fit)",
+)
 BAD_RATE = ErrorCode("bad-rate", "a clock rate that is not a positive exact rate in Hz")
 MISSING_CADENCE = ErrorCode("missing-cadence", "a program with stages but no cadence")
 RATE_INCONSISTENT = ErrorCode("rate-inconsistent", "an advance that disagrees with the clocks")
 CLOCK_MISMATCH = ErrorCode("clock-mismatch", "a stage using a region on a clock it cannot convert to")
-RETENTION_TOO_SHORT = ErrorCode("retention-too-short", "a read longer than what the region keeps plus what arrives "
-                                "for the firing")
+RETENTION_TOO_SHORT = ErrorCode(
+    "retention-too-short", "a read longer than what the region keeps plus what arrives for the firing"
+)
 INSTANT_CYCLE = ErrorCode("instant-cycle", "stages that depend on each other within one instant")
 UNBOUNDED_RETENTION = ErrorCode("unbounded-retention", "a region kept forever without a horizon")
 MISSING_RETENTION = ErrorCode("missing-retention", "a state region that does not say how much it keeps")
 UNKNOWN_DTYPE = ErrorCode("unknown-dtype", "a dtype that is not one of the supported element types")
-SHAPE = ErrorCode("bad-shape", "a shape with two time axes, an input/output without one, a dim that is not a "
-                  "positive integer, or `on`/`retain` on a region without a time axis")
+SHAPE = ErrorCode(
+    "bad-shape",
+    "a shape with two time axes, an input/output without one, a dim that is not a "
+    "positive integer, or `on`/`retain` on a region without a time axis",
+)
 SHAPE_ARITY = ErrorCode("shape-arity", "a stock shape with the wrong number of dimensions")
 MISSING_CLOCK = ErrorCode("missing-clock", "a region without `on CLOCK`")
 STAGE_CALLABLE = ErrorCode("stage-callable", "a stage without exactly one `module` or `hook`")
-ROLE = ErrorCode("bad-role", "an input written by a stage or read by two, an output no stage writes or that keeps "
-                 "units, or a ring that is appended to")
+ROLE = ErrorCode(
+    "bad-role",
+    "an input written by a stage or read by two, an output no stage writes or that keeps "
+    "units, or a ring that is appended to",
+)
 BAD_INDEX = ErrorCode("bad-index", "a family member index out of range, or an index on a plain region")
 BAD_BIND = ErrorCode("bad-bind", "a binding or module path that is malformed, shared, or names an unknown placeholder")
-BAD_ACCESS = ErrorCode("bad-access", "a read or write that does not fit its region (a window on a ring, a "
-                       "lookahead longer than the read, a latency longer than the advance, two writers, "
-                       "scratch read where it is dead)")
+BAD_ACCESS = ErrorCode(
+    "bad-access",
+    "a read or write that does not fit its region (a window on a ring, a "
+    "lookahead longer than the read, a latency longer than the advance, two writers, "
+    "scratch read where it is dead)",
+)
 PARAM_OVERRIDE = ErrorCode("param-override", "a --param for an unknown param, or of the wrong kind")
 BUDGET = ErrorCode("over-budget", "a plan over its arena or graph budget")
 BINDING_MISMATCH = ErrorCode("binding-mismatch", "a region that disagrees with the module tensor it binds to")
 CAPTURE_BLOCKED = ErrorCode("capture-blocked", "a stage that cannot be captured in a CUDA graph as written")
-CANNOT_PLAN = ErrorCode("cannot-plan", "a program the planner cannot lay out: no stage, or more firings per "
-                        "hyperperiod than it traces")
+CANNOT_PLAN = ErrorCode(
+    "cannot-plan", "a program the planner cannot lay out: no stage, or more firings per hyperperiod than it traces"
+)
 HYPERPERIOD = ErrorCode("long-hyperperiod", "clocks whose common period is very long", Severity.WARNING)
 UNUSED_REGION = ErrorCode("unused-region", "a region no stage reads or writes", Severity.WARNING)
 EMPTY_FILE = ErrorCode("empty-file", "a file that declares nothing", Severity.WARNING)
 
-ALL_CODES: tuple[ErrorCode, ...] = tuple(
-    value for value in globals().values() if isinstance(value, ErrorCode)
-)
+ALL_CODES: tuple[ErrorCode, ...] = tuple(value for value in globals().values() if isinstance(value, ErrorCode))
 
 DTYPES: dict[str, int] = {
-    "f64": 8, "f32": 4, "f16": 2, "bf16": 2,
-    "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1,
+    "f64": 8,
+    "f32": 4,
+    "f16": 2,
+    "bf16": 2,
+    "i64": 8,
+    "i32": 4,
+    "i16": 2,
+    "i8": 1,
+    "u8": 1,
+    "bool": 1,
 }
 BUILTIN_FUNCTIONS = ("len", "max", "min", "prod", "sum")
 
@@ -97,9 +117,16 @@ def _expected_words(expected: list[str]) -> str:
     return text + (", ..." if len(expected) > 8 else "")
 
 
-def syntax_unexpected(found: str, expected: list[str], span: Span, context: str | None,
-                      notes: tuple[Note, ...] = (), suggestions: Iterable[str] = (), reserved: str | None = None,
-                      after: str | None = None) -> Diagnostic:
+def syntax_unexpected(
+    found: str,
+    expected: list[str],
+    span: Span,
+    context: str | None,
+    notes: tuple[Note, ...] = (),
+    suggestions: Iterable[str] = (),
+    reserved: str | None = None,
+    after: str | None = None,
+) -> Diagnostic:
     where = f" in {context}" if context else ""
     following = f" after {after}" if after else ""
     helps: list[str] = []
@@ -117,21 +144,29 @@ def syntax_unexpected(found: str, expected: list[str], span: Span, context: str 
     return Diagnostic(SYNTAX, message, span, notes=tuple(notes), helps=tuple(helps))
 
 
-def syntax_unfinished(context: str, expected: list[str], after: str | None, span: Span,
-                      notes: tuple[Note, ...]) -> Diagnostic:
+def syntax_unfinished(
+    context: str, expected: list[str], after: str | None, span: Span, notes: tuple[Note, ...]
+) -> Diagnostic:
     following = f" after {after}" if after else ""
     if expected and len(expected) <= 3 and len(_expected_words(expected)) <= 60:
-        return Diagnostic(SYNTAX, f"{context} is unfinished: expected {_expected_words(expected)}{following}",
-                          span, notes=notes)
+        return Diagnostic(
+            SYNTAX, f"{context} is unfinished: expected {_expected_words(expected)}{following}", span, notes=notes
+        )
     if "'}'" in expected:
-        return Diagnostic(SYNTAX, f"{context} is unfinished: expected '}}' or another item{following}", span,
-                          notes=notes, helps=("expected " + _expected_words(expected),))
+        return Diagnostic(
+            SYNTAX,
+            f"{context} is unfinished: expected '}}' or another item{following}",
+            span,
+            notes=notes,
+            helps=("expected " + _expected_words(expected),),
+        )
     helps = ("expected " + _expected_words(expected),) if expected else ()
     return Diagnostic(SYNTAX, f"{context} is unfinished{following}", span, notes=notes, helps=helps)
 
 
-def syntax_unexpected_end(expected: list[str], span: Span, context: str | None,
-                          notes: tuple[Note, ...] = ()) -> Diagnostic:
+def syntax_unexpected_end(
+    expected: list[str], span: Span, context: str | None, notes: tuple[Note, ...] = ()
+) -> Diagnostic:
     where = f" inside {context}" if context else ""
     helps: tuple[str, ...] = ()
     if expected:
@@ -141,18 +176,32 @@ def syntax_unexpected_end(expected: list[str], span: Span, context: str | None,
 
 def syntax_bad_character(char: str, span: Span) -> Diagnostic:
     if char == '"':
-        return Diagnostic(SYNTAX, "this string is not closed on its line", span,
-                          helps=('a string is written on one line between double quotes: "decoder.model.0"',))
+        return Diagnostic(
+            SYNTAX,
+            "this string is not closed on its line",
+            span,
+            helps=('a string is written on one line between double quotes: "decoder.model.0"',),
+        )
     shown = repr(char) if char.isprintable() else f"U+{ord(char):04X}"
-    return Diagnostic(SYNTAX, f"unexpected character {shown}", span,
-                      helps=("a .clock file holds statements that begin with use, cadence, param, clock, "
-                             "region or stage; names are ASCII letters, digits and '_'; strings use double "
-                             "quotes; comments begin with '#'",))
+    return Diagnostic(
+        SYNTAX,
+        f"unexpected character {shown}",
+        span,
+        helps=(
+            "a .clock file holds statements that begin with use, cadence, param, clock, "
+            "region or stage; names are ASCII letters, digits and '_'; strings use double "
+            "quotes; comments begin with '#'",
+        ),
+    )
 
 
 def too_deep(limit: int, span: Span) -> Diagnostic:
-    return Diagnostic(SYNTAX, f"the expression nests more than {limit} levels deep", span,
-                      helps=("split it with params, or add lists with sum([...]) instead of a long chain of '+'",))
+    return Diagnostic(
+        SYNTAX,
+        f"the expression nests more than {limit} levels deep",
+        span,
+        helps=("split it with params, or add lists with sum([...]) instead of a long chain of '+'",),
+    )
 
 
 def unreadable(path: str, reason: str) -> Diagnostic:
@@ -160,19 +209,30 @@ def unreadable(path: str, reason: str) -> Diagnostic:
 
 
 def file_too_large(path: str, size: int, limit: int) -> Diagnostic:
-    return Diagnostic(UNREADABLE, f"cannot read '{path}': it is {size} bytes, over the {limit}-byte limit for a "
-                      ".clock file", None,
-                      helps=("a .clock file declares clocks, regions and stages; it is never this large",))
+    return Diagnostic(
+        UNREADABLE,
+        f"cannot read '{path}': it is {size} bytes, over the {limit}-byte limit for a .clock file",
+        None,
+        helps=("a .clock file declares clocks, regions and stages; it is never this large",),
+    )
 
 
 def unreadable_import(module: str, path: str, reason: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(UNREADABLE, f"cannot read module '{module}' ('{path}'): {reason}", span,
-                      helps=("a module is a UTF-8 text file of .clock declarations",))
+    return Diagnostic(
+        UNREADABLE,
+        f"cannot read module '{module}' ('{path}'): {reason}",
+        span,
+        helps=("a module is a UTF-8 text file of .clock declarations",),
+    )
 
 
 def empty_file(path: str) -> Diagnostic:
-    return Diagnostic(EMPTY_FILE, f"'{path}' declares nothing", None,
-                      helps=("a .clock file declares a cadence, params, clocks, regions and stages",))
+    return Diagnostic(
+        EMPTY_FILE,
+        f"'{path}' declares nothing",
+        None,
+        helps=("a .clock file declares a cadence, params, clocks, regions and stages",),
+    )
 
 
 # --- names and imports --------------------------------------------------------------------------
@@ -184,70 +244,116 @@ def unknown_name(kind: str, name: str, span: Span | None, candidates: Iterable[s
     return Diagnostic(UNKNOWN_NAME, f"unknown {kind} '{name}'", span, helps=helps)
 
 
-def wrong_kind_of_name(name: str, is_kind: str, want_kind: str, span: Span | None,
-                       defined_at: Span | None, candidates: Iterable[str]) -> Diagnostic:
-    return Diagnostic(UNKNOWN_NAME, f"'{name}' is a {is_kind}, not a {want_kind}", span,
-                      notes=(Note(f"'{name}' is declared here", defined_at),),
-                      helps=_did_you_mean(name, candidates) or _legal(want_kind, candidates))
+def wrong_kind_of_name(
+    name: str, is_kind: str, want_kind: str, span: Span | None, defined_at: Span | None, candidates: Iterable[str]
+) -> Diagnostic:
+    return Diagnostic(
+        UNKNOWN_NAME,
+        f"'{name}' is a {is_kind}, not a {want_kind}",
+        span,
+        notes=(Note(f"'{name}' is declared here", defined_at),),
+        helps=_did_you_mean(name, candidates) or _legal(want_kind, candidates),
+    )
 
 
-def duplicate_name(kind: str, name: str, span: Span | None, first: Span | None, first_kind: str | None = None,
-                   first_imported: bool = False) -> Diagnostic:
+def duplicate_name(
+    kind: str,
+    name: str,
+    span: Span | None,
+    first: Span | None,
+    first_kind: str | None = None,
+    first_imported: bool = False,
+) -> Diagnostic:
     if first_kind is None or first_kind == kind:
         message = f"{kind} '{name}' is defined twice"
     else:
         message = f"'{name}' is defined twice: as a {first_kind} and as a {kind}"
     note = f"'{name}' is first imported here" if first_imported else f"'{name}' is first defined here"
-    return Diagnostic(DUPLICATE_NAME, message, span, notes=(Note(note, first),),
-                      helps=("params, clocks, regions and stages share one namespace: rename one of them, "
-                             "or delete the second",))
+    return Diagnostic(
+        DUPLICATE_NAME,
+        message,
+        span,
+        notes=(Note(note, first),),
+        helps=("params, clocks, regions and stages share one namespace: rename one of them, or delete the second",),
+    )
 
 
 def duplicate_cadence(span: Span | None, first: Span | None, first_imported: bool = False) -> Diagnostic:
     note = "the cadence is first imported here" if first_imported else "the cadence is first declared here"
-    return Diagnostic(DUPLICATE_NAME, "the cadence is declared twice", span, notes=(Note(note, first),),
-                      helps=("a program has one cadence: delete one of them, or import the other module's "
-                             "names with `use MODULE (NAME, ...)`, which leaves its cadence out",))
+    return Diagnostic(
+        DUPLICATE_NAME,
+        "the cadence is declared twice",
+        span,
+        notes=(Note(note, first),),
+        helps=(
+            "a program has one cadence: delete one of them, or import the other module's "
+            "names with `use MODULE (NAME, ...)`, which leaves its cadence out",
+        ),
+    )
 
 
 def duplicate_argument(stage: str, alias: str, span: Span | None, first: Span | None) -> Diagnostic:
-    return Diagnostic(DUPLICATE_NAME, f"stage '{stage}' passes two arguments named '{alias}'", span,
-                      notes=(Note(f"'{alias}' is first given here", first),),
-                      helps=("give each `read ... as NAME` its own keyword",))
+    return Diagnostic(
+        DUPLICATE_NAME,
+        f"stage '{stage}' passes two arguments named '{alias}'",
+        span,
+        notes=(Note(f"'{alias}' is first given here", first),),
+        helps=("give each `read ... as NAME` its own keyword",),
+    )
 
 
 def shadowing_index(index: str, region: str, kind: str, span: Span | None, declared: Span | None) -> Diagnostic:
-    return Diagnostic(DUPLICATE_NAME, f"the index '{index}' of family '{region}' hides the {kind} '{index}'",
-                      span, notes=(Note(f"{kind} '{index}' is defined here", declared),),
-                      helps=("name the index something else, e.g. `layer`",))
+    return Diagnostic(
+        DUPLICATE_NAME,
+        f"the index '{index}' of family '{region}' hides the {kind} '{index}'",
+        span,
+        notes=(Note(f"{kind} '{index}' is defined here", declared),),
+        helps=("name the index something else, e.g. `layer`",),
+    )
 
 
 def duplicate_clause(clause: str, owner: str, span: Span | None, first: Span | None) -> Diagnostic:
-    return Diagnostic(DUPLICATE_CLAUSE, f"region '{owner}' has two '{clause}' clauses", span,
-                      notes=(Note("first given here", first),), helps=(f"keep one '{clause}' clause",))
+    return Diagnostic(
+        DUPLICATE_CLAUSE,
+        f"region '{owner}' has two '{clause}' clauses",
+        span,
+        notes=(Note("first given here", first),),
+        helps=(f"keep one '{clause}' clause",),
+    )
 
 
 def input_and_output(region: str, span: Span | None, first: Span | None) -> Diagnostic:
-    return Diagnostic(DUPLICATE_CLAUSE, f"region '{region}' is declared both `input` and `output`", span,
-                      notes=(Note("the first role is given here", first),),
-                      helps=("an input is fed by `step()` and an output is returned by it: declare two regions",))
+    return Diagnostic(
+        DUPLICATE_CLAUSE,
+        f"region '{region}' is declared both `input` and `output`",
+        span,
+        notes=(Note("the first role is given here", first),),
+        helps=("an input is fed by `step()` and an output is returned by it: declare two regions",),
+    )
 
 
 def unknown_import(module: str, span: Span | None, available: Iterable[str]) -> Diagnostic:
     available = list(available)
     helps = _did_you_mean(module, available) or _legal("module", available)
-    return Diagnostic(UNKNOWN_IMPORT, f"no module '{module}' in the stdlib or beside this file", span,
-                      helps=helps)
+    return Diagnostic(UNKNOWN_IMPORT, f"no module '{module}' in the stdlib or beside this file", span, helps=helps)
 
 
 def unknown_imported_name(module: str, name: str, span: Span | None, available: Iterable[str]) -> Diagnostic:
-    return Diagnostic(UNKNOWN_IMPORT, f"module '{module}' defines no '{name}'", span,
-                      helps=_did_you_mean(name, available) or _legal("name", available))
+    return Diagnostic(
+        UNKNOWN_IMPORT,
+        f"module '{module}' defines no '{name}'",
+        span,
+        helps=_did_you_mean(name, available) or _legal("name", available),
+    )
 
 
 def import_cycle(cycle: list[str], span: Span | None) -> Diagnostic:
-    return Diagnostic(IMPORT_CYCLE, "import cycle: " + " -> ".join(cycle), span,
-                      helps=("move the shared declarations into a module both can import",))
+    return Diagnostic(
+        IMPORT_CYCLE,
+        "import cycle: " + " -> ".join(cycle),
+        span,
+        helps=("move the shared declarations into a module both can import",),
+    )
 
 
 # --- values and units ---------------------------------------------------------------------------
@@ -258,93 +364,162 @@ def bad_value(problem: str, span: Span | None, help: str | None = None) -> Diagn
 
 
 def unknown_function(name: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(UNKNOWN_NAME, f"unknown function '{name}'", span,
-                      helps=_did_you_mean(name, BUILTIN_FUNCTIONS) or _legal("function", BUILTIN_FUNCTIONS))
+    return Diagnostic(
+        UNKNOWN_NAME,
+        f"unknown function '{name}'",
+        span,
+        helps=_did_you_mean(name, BUILTIN_FUNCTIONS) or _legal("function", BUILTIN_FUNCTIONS),
+    )
 
 
 def bad_rate(clock: str, problem: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_RATE, f"clock '{clock}' {problem}", span,
-                      helps=("write a rate in Hz (`clock mel = 50 Hz`, `clock frame = 12.5 Hz`) or derive it "
-                             "from another clock by an exact factor (`clock frame = sample / 1920`)",))
+    return Diagnostic(
+        BAD_RATE,
+        f"clock '{clock}' {problem}",
+        span,
+        helps=(
+            "write a rate in Hz (`clock mel = 50 Hz`, `clock frame = 12.5 Hz`) or derive it "
+            "from another clock by an exact factor (`clock frame = sample / 1920`)",
+        ),
+    )
 
 
 def missing_cadence(span: Span | None) -> Diagnostic:
-    return Diagnostic(MISSING_CADENCE, "the program has stages but no cadence", span,
-                      helps=("declare the conversation period, e.g. `cadence 1 s`",))
+    return Diagnostic(
+        MISSING_CADENCE,
+        "the program has stages but no cadence",
+        span,
+        helps=("declare the conversation period, e.g. `cadence 1 s`",),
+    )
 
 
 def bad_cadence(problem: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_VALUE, f"the cadence {problem}", span,
-                      helps=("write a positive duration, e.g. `cadence 1 s` or `cadence 80 ms`",))
+    return Diagnostic(
+        BAD_VALUE,
+        f"the cadence {problem}",
+        span,
+        helps=("write a positive duration, e.g. `cadence 1 s` or `cadence 80 ms`",),
+    )
 
 
 def long_hyperperiod(seconds: str, firings: int, span: Span | None) -> Diagnostic:
-    return Diagnostic(HYPERPERIOD, f"the clocks repeat only every {seconds} s ({firings} firing{'s' if firings != 1 else ''})", span,
-                      helps=("rates with a small common period keep the plan short; check for a typo in a rate",))
+    return Diagnostic(
+        HYPERPERIOD,
+        f"the clocks repeat only every {seconds} s ({firings} firing{'s' if firings != 1 else ''})",
+        span,
+        helps=("rates with a small common period keep the plan short; check for a typo in a rate",),
+    )
 
 
 # --- regions ------------------------------------------------------------------------------------
 
 
 def unknown_dtype(dtype: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(UNKNOWN_DTYPE, f"unknown dtype '{dtype}'", span,
-                      helps=_did_you_mean(dtype, DTYPES) + ("supported: " + ", ".join(DTYPES),))
+    return Diagnostic(
+        UNKNOWN_DTYPE,
+        f"unknown dtype '{dtype}'",
+        span,
+        helps=_did_you_mean(dtype, DTYPES) + ("supported: " + ", ".join(DTYPES),),
+    )
 
 
 def time_axis_count(region: str, count: int, span: Span | None) -> Diagnostic:
     problem = "has no time axis (inputs and outputs need one)" if count == 0 else f"has {count} time axes"
-    return Diagnostic(SHAPE, f"the shape of region '{region}' {problem}", span,
-                      helps=("mark exactly one dimension `time`, e.g. `f32[B, 512, time]`",))
+    return Diagnostic(
+        SHAPE,
+        f"the shape of region '{region}' {problem}",
+        span,
+        helps=("mark exactly one dimension `time`, e.g. `f32[B, 512, time]`",),
+    )
 
 
 def bad_dim(region: str, position: int, value: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(SHAPE, f"dimension {position} of region '{region}' is {value}, not a positive integer", span,
-                      helps=("dimensions are positive integers, params or expressions of them",))
+    return Diagnostic(
+        SHAPE,
+        f"dimension {position} of region '{region}' is {value}, not a positive integer",
+        span,
+        helps=("dimensions are positive integers, params or expressions of them",),
+    )
 
 
 def stock_arity(region: str, stock_rank: int, rank: int, span: Span | None) -> Diagnostic:
-    return Diagnostic(SHAPE_ARITY, f"the stock shape of region '{region}' has {stock_rank} dimensions, "
-                      f"the region has {rank}", span,
-                      helps=("give the stock allocation's whole shape, or only its time-axis capacity (`stock 1000`)",))
+    return Diagnostic(
+        SHAPE_ARITY,
+        f"the stock shape of region '{region}' has {stock_rank} dimensions, the region has {rank}",
+        span,
+        helps=("give the stock allocation's whole shape, or only its time-axis capacity (`stock 1000`)",),
+    )
 
 
 def fixed_with_clause(region: str, clause: str, span: Span | None) -> Diagnostic:
     if clause == "retain":
-        return Diagnostic(SHAPE, f"region '{region}' has no time axis, so it keeps its whole shape and takes no "
-                          "`retain` but `retain scratch`", span,
-                          helps=("drop the `retain` clause (per-session state), write `retain scratch` (a working "
-                                 "buffer shared by all sessions), or mark the time axis: `f32[B, 512, time]`",))
-    return Diagnostic(SHAPE, f"region '{region}' has no time axis, so it advances on no clock", span,
-                      helps=("drop the `on` clause, or mark the time axis: `f32[B, 512, time]`",))
+        return Diagnostic(
+            SHAPE,
+            f"region '{region}' has no time axis, so it keeps its whole shape and takes no "
+            "`retain` but `retain scratch`",
+            span,
+            helps=(
+                "drop the `retain` clause (per-session state), write `retain scratch` (a working "
+                "buffer shared by all sessions), or mark the time axis: `f32[B, 512, time]`",
+            ),
+        )
+    return Diagnostic(
+        SHAPE,
+        f"region '{region}' has no time axis, so it advances on no clock",
+        span,
+        helps=("drop the `on` clause, or mark the time axis: `f32[B, 512, time]`",),
+    )
 
 
 def stock_of_fixed(region: str, rank: int, span: Span | None) -> Diagnostic:
-    return Diagnostic(SHAPE_ARITY, f"region '{region}' has no time axis, so its stock is a whole shape, not a "
-                      "time-axis capacity", span,
-                      helps=(f"give all {rank} dimensions: `stock [...]`, or drop the `stock` clause "
-                             "(a fixed region's stock size is its shape)",))
+    return Diagnostic(
+        SHAPE_ARITY,
+        f"region '{region}' has no time axis, so its stock is a whole shape, not a time-axis capacity",
+        span,
+        helps=(
+            f"give all {rank} dimensions: `stock [...]`, or drop the `stock` clause "
+            "(a fixed region's stock size is its shape)",
+        ),
+    )
 
 
 def bad_start(region: str, problem: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_VALUE, f"region '{region}' {problem}", span,
-                      helps=("regions with a time axis: start zeros | empty | given N; "
-                             "fixed regions: start zeros | given",))
+    return Diagnostic(
+        BAD_VALUE,
+        f"region '{region}' {problem}",
+        span,
+        helps=("regions with a time axis: start zeros | empty | given N; fixed regions: start zeros | given",),
+    )
 
 
 def missing_clock(region: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(MISSING_CLOCK, f"region '{region}' does not say which clock its time axis advances on",
-                      span, helps=("add `on CLOCK`, e.g. `on frame`",))
+    return Diagnostic(
+        MISSING_CLOCK,
+        f"region '{region}' does not say which clock its time axis advances on",
+        span,
+        helps=("add `on CLOCK`, e.g. `on frame`",),
+    )
 
 
 def missing_retention(region: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(MISSING_RETENTION, f"region '{region}' does not say how much of it is kept", span,
-                      helps=("add one of: retain last N | ring N | first A + last B | all horizon H | scratch",))
+    return Diagnostic(
+        MISSING_RETENTION,
+        f"region '{region}' does not say how much of it is kept",
+        span,
+        helps=("add one of: retain last N | ring N | first A + last B | all horizon H | scratch",),
+    )
 
 
 def unbounded_retention(region: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(UNBOUNDED_RETENTION, f"region '{region}' keeps everything with no horizon", span,
-                      helps=("bound it with the session's longest duration, e.g. `retain all horizon 600 s`, "
-                             "or keep a window: `retain last N`",))
+    return Diagnostic(
+        UNBOUNDED_RETENTION,
+        f"region '{region}' keeps everything with no horizon",
+        span,
+        helps=(
+            "bound it with the session's longest duration, e.g. `retain all horizon 600 s`, "
+            "or keep a window: `retain last N`",
+        ),
+    )
 
 
 def bad_count(what: str, region: str, value: str, span: Span | None, help: str) -> Diagnostic:
@@ -352,41 +527,67 @@ def bad_count(what: str, region: str, value: str, span: Span | None, help: str) 
 
 
 def bad_family(region: str, value: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_VALUE, f"the family size of region '{region}' is {value}, not a positive integer", span,
-                      helps=("write the number of members, e.g. `kv[layer < 8]`",))
+    return Diagnostic(
+        BAD_VALUE,
+        f"the family size of region '{region}' is {value}, not a positive integer",
+        span,
+        helps=("write the number of members, e.g. `kv[layer < 8]`",),
+    )
 
 
 def bad_placeholder(region: str, placeholder: str, known: list[str], span: Span | None) -> Diagnostic:
     if known:
-        helps = _did_you_mean(placeholder, known) + ("the placeholders here are " +
-                                                      ", ".join(f"{{{k}}}" for k in known),)
+        helps = _did_you_mean(placeholder, known) + (
+            "the placeholders here are " + ", ".join(f"{{{k}}}" for k in known),
+        )
     else:
         helps = (f"region '{region}' is not a family, so its binding has no placeholders",)
-    return Diagnostic(BAD_BIND, f"the binding of region '{region}' uses the unknown placeholder {{{placeholder}}}",
-                      span, helps=helps)
+    return Diagnostic(
+        BAD_BIND, f"the binding of region '{region}' uses the unknown placeholder {{{placeholder}}}", span, helps=helps
+    )
 
 
 def shared_binding(region: str, path: str, other: str, span: Span | None, first: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_BIND, f"region '{region}' binds to '{path}', which region '{other}' binds to already", span,
-                      notes=(Note(f"'{other}' binds to it here", first),),
-                      helps=("two regions cannot share one tensor: bind one of them elsewhere",))
+    return Diagnostic(
+        BAD_BIND,
+        f"region '{region}' binds to '{path}', which region '{other}' binds to already",
+        span,
+        notes=(Note(f"'{other}' binds to it here", first),),
+        helps=("two regions cannot share one tensor: bind one of them elsewhere",),
+    )
 
 
 def bad_module_path(stage: str, path: str, problem: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_BIND, f"the module path '{path}' of stage '{stage}' {problem}", span,
-                      helps=("a module is an attribute path from the model root, e.g. \"decoder\" or "
-                             "\"decoder.model.0\"; \"\" is the root itself",))
+    return Diagnostic(
+        BAD_BIND,
+        f"the module path '{path}' of stage '{stage}' {problem}",
+        span,
+        helps=(
+            'a module is an attribute path from the model root, e.g. "decoder" or '
+            '"decoder.model.0"; "" is the root itself',
+        ),
+    )
 
 
 def family_bind_without_index(region: str, path: str, count: int, index: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_BIND, f"all {count} members of family '{region}' bind to the same attribute '{path}'",
-                      span, helps=(f"put {{{index}}} where the member's number goes, e.g. \"layers.{{{index}}}.cache\"",))
+    return Diagnostic(
+        BAD_BIND,
+        f"all {count} members of family '{region}' bind to the same attribute '{path}'",
+        span,
+        helps=(f'put {{{index}}} where the member\'s number goes, e.g. "layers.{{{index}}}.cache"',),
+    )
 
 
 def bad_bind(region: str, path: str, problem: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_BIND, f"the binding '{path}' of region '{region}' {problem}", span,
-                      helps=("a binding is an attribute path from the model root, e.g. "
-                             "\"decoder.model.0._streaming_state.previous\"; `{index}` inserts a family index",))
+    return Diagnostic(
+        BAD_BIND,
+        f"the binding '{path}' of region '{region}' {problem}",
+        span,
+        helps=(
+            "a binding is an attribute path from the model root, e.g. "
+            '"decoder.model.0._streaming_state.previous"; `{index}` inserts a family index',
+        ),
+    )
 
 
 # --- stages -------------------------------------------------------------------------------------
@@ -394,101 +595,182 @@ def bad_bind(region: str, path: str, problem: str, span: Span | None) -> Diagnos
 
 def stage_callable(stage: str, count: int, span: Span | None) -> Diagnostic:
     problem = "says nothing to call" if count == 0 else f"has {count} callables"
-    return Diagnostic(STAGE_CALLABLE, f"stage '{stage}' {problem}", span,
-                      helps=("give exactly one `module \"path.from.root\"` or `hook NAME`",))
+    return Diagnostic(
+        STAGE_CALLABLE,
+        f"stage '{stage}' {problem}",
+        span,
+        helps=('give exactly one `module "path.from.root"` or `hook NAME`',),
+    )
 
 
 def write_to_input(stage: str, region: str, span: Span | None, declared: Span | None) -> Diagnostic:
-    return Diagnostic(ROLE, f"stage '{stage}' writes region '{region}', which is an input", span,
-                      notes=(Note(f"'{region}' is declared `input` here", declared),),
-                      helps=("inputs are filled by `step()`; write another region, or drop `input`",))
+    return Diagnostic(
+        ROLE,
+        f"stage '{stage}' writes region '{region}', which is an input",
+        span,
+        notes=(Note(f"'{region}' is declared `input` here", declared),),
+        helps=("inputs are filled by `step()`; write another region, or drop `input`",),
+    )
 
 
 def ring_written(stage: str, region: str, span: Span | None, declared: Span | None) -> Diagnostic:
-    return Diagnostic(ROLE, f"stage '{stage}' appends to region '{region}', a ring its module manages in place",
-                      span, notes=(Note(f"'{region}' is declared `retain ring` here", declared),),
-                      helps=(f"write `update {region} +N` (the module updates the ring), or keep a window: "
-                             "`retain last N`",))
+    return Diagnostic(
+        ROLE,
+        f"stage '{stage}' appends to region '{region}', a ring its module manages in place",
+        span,
+        notes=(Note(f"'{region}' is declared `retain ring` here", declared),),
+        helps=(f"write `update {region} +N` (the module updates the ring), or keep a window: `retain last N`",),
+    )
 
 
 def input_read_twice(region: str, stage: str, first_stage: str, span: Span | None, first: Span | None) -> Diagnostic:
-    return Diagnostic(ROLE, f"stage '{stage}' reads input region '{region}', which stage '{first_stage}' reads too",
-                      span, notes=(Note(f"'{first_stage}' reads it here", first),),
-                      helps=("`step()` feeds an input's units to the one stage that reads it; let that stage write "
-                             "what the others need into a region they read",))
+    return Diagnostic(
+        ROLE,
+        f"stage '{stage}' reads input region '{region}', which stage '{first_stage}' reads too",
+        span,
+        notes=(Note(f"'{first_stage}' reads it here", first),),
+        helps=(
+            "`step()` feeds an input's units to the one stage that reads it; let that stage write "
+            "what the others need into a region they read",
+        ),
+    )
 
 
 def output_retained(region: str, retention: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(ROLE, f"output region '{region}' declares `retain {retention}`: an output keeps nothing between "
-                            "instants", span,
-                      helps=("`step()` returns the units a stage writes in the instant; drop the `retain` clause, or "
-                             "keep the history in a state region the stage also writes",))
+    return Diagnostic(
+        ROLE,
+        f"output region '{region}' declares `retain {retention}`: an output keeps nothing between instants",
+        span,
+        helps=(
+            "`step()` returns the units a stage writes in the instant; drop the `retain` clause, or "
+            "keep the history in a state region the stage also writes",
+        ),
+    )
 
 
 def output_never_written(region: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(ROLE, f"output region '{region}' is not written by any stage", span,
-                      helps=("add `write REGION` to the stage that produces it",))
+    return Diagnostic(
+        ROLE,
+        f"output region '{region}' is not written by any stage",
+        span,
+        helps=("add `write REGION` to the stage that produces it",),
+    )
 
 
 def index_on_plain_region(region: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_INDEX, f"region '{region}' is not a family and cannot be indexed", span,
-                      helps=(f"write `{region}` without an index",))
+    return Diagnostic(
+        BAD_INDEX,
+        f"region '{region}' is not a family and cannot be indexed",
+        span,
+        helps=(f"write `{region}` without an index",),
+    )
 
 
 def index_out_of_range(region: str, index: str, count: int, span: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_INDEX, f"family '{region}' has members 0..{count - 1}; index {index} is out of range",
-                      span, helps=(f"use an index from 0 to {count - 1}, or no index for every member",))
+    return Diagnostic(
+        BAD_INDEX,
+        f"family '{region}' has members 0..{count - 1}; index {index} is out of range",
+        span,
+        helps=(f"use an index from 0 to {count - 1}, or no index for every member",),
+    )
 
 
-def advance_mismatch(stage: str, stage_clock: str, stage_rate: str, verb: str, advance: str, region: str,
-                     region_clock: str, region_rate: str, expected: str, span: Span | None) -> Diagnostic:
+def advance_mismatch(
+    stage: str,
+    stage_clock: str,
+    stage_rate: str,
+    verb: str,
+    advance: str,
+    region: str,
+    region_clock: str,
+    region_rate: str,
+    expected: str,
+    span: Span | None,
+) -> Diagnostic:
     return Diagnostic(
         RATE_INCONSISTENT,
         f"stage '{stage}' on clock '{stage_clock}' ({stage_rate} Hz) {verb} {_units(advance)} of region '{region}' "
         f"per firing, but '{region}' advances on clock '{region_clock}' ({region_rate} Hz), "
         f"i.e. {_units(expected)} per firing",
         span,
-        helps=(f"write `+{expected}`, or put the region on a clock that advances {_units(advance)} per firing",))
+        helps=(f"write `+{expected}`, or put the region on a clock that advances {_units(advance)} per firing",),
+    )
 
 
 def _units(count: str) -> str:
     return f"{count} unit" if count == "1" else f"{count} units"
 
 
-def fractional_advance(stage: str, stage_clock: str, stage_rate: str, verb: str, region: str, region_clock: str,
-                       region_rate: str, per_firing: str, span: Span | None) -> Diagnostic:
+def fractional_advance(
+    stage: str,
+    stage_clock: str,
+    stage_rate: str,
+    verb: str,
+    region: str,
+    region_clock: str,
+    region_rate: str,
+    per_firing: str,
+    span: Span | None,
+) -> Diagnostic:
     return Diagnostic(
         RATE_INCONSISTENT,
         f"stage '{stage}' on clock '{stage_clock}' ({stage_rate} Hz) {verb} region '{region}', whose clock "
         f"'{region_clock}' ({region_rate} Hz) advances {per_firing} units per firing, not a whole number",
         span,
-        helps=("fire the stage on a clock whose period holds a whole number of the region's units, "
-               "or make the region an `output` whose length the module decides",))
+        helps=(
+            "fire the stage on a clock whose period holds a whole number of the region's units, "
+            "or make the region an `output` whose length the module decides",
+        ),
+    )
 
 
 def fixed_advance(stage: str, region: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(RATE_INCONSISTENT, f"stage '{stage}' gives an advance or a window for region '{region}', "
-                      "which has no time axis", span,
-                      helps=(f"write `update {region}` or `read {region}`: a fixed region is used whole",))
+    return Diagnostic(
+        RATE_INCONSISTENT,
+        f"stage '{stage}' gives an advance or a window for region '{region}', which has no time axis",
+        span,
+        helps=(f"write `update {region}` or `read {region}`: a fixed region is used whole",),
+    )
 
 
 def missing_advance(stage: str, region: str, expected: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(RATE_INCONSISTENT, f"stage '{stage}' updates region '{region}' without saying how far it "
-                      "advances", span, helps=(f"write `update {region} +{expected}`",))
+    return Diagnostic(
+        RATE_INCONSISTENT,
+        f"stage '{stage}' updates region '{region}' without saying how far it advances",
+        span,
+        helps=(f"write `update {region} +{expected}`",),
+    )
 
 
-def slower_region(stage: str, stage_clock: str, stage_rate: str, verb: str, region: str, region_clock: str,
-                  region_rate: str, span: Span | None) -> Diagnostic:
+def slower_region(
+    stage: str,
+    stage_clock: str,
+    stage_rate: str,
+    verb: str,
+    region: str,
+    region_clock: str,
+    region_rate: str,
+    span: Span | None,
+) -> Diagnostic:
     return Diagnostic(
         CLOCK_MISMATCH,
         f"stage '{stage}' on clock '{stage_clock}' ({stage_rate} Hz) {verb} region '{region}', whose clock "
         f"'{region_clock}' ({region_rate} Hz) advances less than one unit per firing",
         span,
-        helps=("run the stage on a clock no faster than the region's, or read the whole region instead of `new`",))
+        helps=("run the stage on a clock no faster than the region's, or read the whole region instead of `new`",),
+    )
 
 
-def retention_too_short(stage: str, region: str, need: int, what: str, keeps: int, span: Span | None,
-                        declared: Span | None, arriving: int = 0) -> Diagnostic:
+def retention_too_short(
+    stage: str,
+    region: str,
+    need: int,
+    what: str,
+    keeps: int,
+    span: Span | None,
+    declared: Span | None,
+    arriving: int = 0,
+) -> Diagnostic:
     """`keeps` units are kept between firings; `arriving` more are surely there when the stage fires
     (fed by `step()`, or written earlier in the instant)."""
     if arriving:
@@ -500,56 +782,93 @@ def retention_too_short(stage: str, region: str, need: int, what: str, keeps: in
         f"stage '{stage}' reads {need} units of region '{region}' ({what}), {there}",
         span,
         notes=(Note(f"'{region}' declares its retention here", declared),),
-        helps=(f"raise the retention of '{region}' to at least {need - arriving}, or shorten the read",))
+        helps=(f"raise the retention of '{region}' to at least {need - arriving}, or shorten the read",),
+    )
 
 
 def window_on_ring(stage: str, region: str, window: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_ACCESS, f"stage '{stage}' reads {window} of region '{region}', a ring: a stage always "
-                      "sees the whole ring", span,
-                      helps=(f"write `read {region}`, or keep a window with `retain last N`",))
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' reads {window} of region '{region}', a ring: a stage always sees the whole ring",
+        span,
+        helps=(f"write `read {region}`, or keep a window with `retain last N`",),
+    )
 
 
 def lookahead_too_long(stage: str, region: str, lookahead: int, span_units: int, span: Span | None) -> Diagnostic:
     """A lookahead longer than the read's window (the whole kept region for a read without window)."""
-    return Diagnostic(BAD_ACCESS, f"stage '{stage}' reads a lookahead of {lookahead} units of region '{region}', "
-                      f"more than the {span_units} units it reads", span,
-                      helps=("the lookahead is the newest part of the read: make it at most the read's length",))
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' reads a lookahead of {lookahead} units of region '{region}', "
+        f"more than the {span_units} units it reads",
+        span,
+        helps=("the lookahead is the newest part of the read: make it at most the read's length",),
+    )
 
 
 def bad_latency(stage: str, region: str, problem: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_ACCESS, f"stage '{stage}' writes region '{region}' with a latency {problem}", span,
-                      helps=("a latency holds back part of the first firing's advance: `write pcm +24000 latency 3840`",))
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' writes region '{region}' with a latency {problem}",
+        span,
+        helps=("a latency holds back part of the first firing's advance: `write pcm +24000 latency 3840`",),
+    )
 
 
 def written_twice(stage: str, region: str, span: Span | None, first: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_ACCESS, f"stage '{stage}' writes region '{region}' twice", span,
-                      notes=(Note("first written here", first),),
-                      helps=("write or update a region once per stage, with the whole advance",))
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' writes region '{region}' twice",
+        span,
+        notes=(Note("first written here", first),),
+        helps=("write or update a region once per stage, with the whole advance",),
+    )
 
 
 def several_writers(region: str, stage: str, other: str, span: Span | None, first: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_ACCESS, f"region '{region}' is written by stage '{other}' and by stage '{stage}'", span,
-                      notes=(Note(f"'{other}' writes it here", first),),
-                      helps=("a region with a time axis has one writer, which gives its advance; let the other "
-                             "stage write its own region",))
+    return Diagnostic(
+        BAD_ACCESS,
+        f"region '{region}' is written by stage '{other}' and by stage '{stage}'",
+        span,
+        notes=(Note(f"'{other}' writes it here", first),),
+        helps=(
+            "a region with a time axis has one writer, which gives its advance; let the other "
+            "stage write its own region",
+        ),
+    )
 
 
 def dead_scratch(stage: str, region: str, problem: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_ACCESS, f"stage '{stage}' reads scratch region '{region}' {problem}", span,
-                      helps=("scratch lives for one instant: read it in the same instant, after its writer, or "
-                             "keep it between instants with `retain last N`",))
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' reads scratch region '{region}' {problem}",
+        span,
+        helps=(
+            "scratch lives for one instant: read it in the same instant, after its writer, or "
+            "keep it between instants with `retain last N`",
+        ),
+    )
 
 
 def instant_cycle(cycle: list[str], span: Span | None, notes: list[Note]) -> Diagnostic:
-    return Diagnostic(INSTANT_CYCLE, "stages depend on each other within one instant: " + " -> ".join(cycle),
-                      span, notes=tuple(notes),
-                      helps=("break the cycle with a delayed read: `read prev REGION` sees the version before "
-                             "this instant's writes",))
+    return Diagnostic(
+        INSTANT_CYCLE,
+        "stages depend on each other within one instant: " + " -> ".join(cycle),
+        span,
+        notes=tuple(notes),
+        helps=(
+            "break the cycle with a delayed read: `read prev REGION` sees the version before this instant's writes",
+        ),
+    )
 
 
 def unused_region(region: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(UNUSED_REGION, f"region '{region}' is not used by any stage", span,
-                      helps=("delete it, or add the stage that reads or writes it",))
+    return Diagnostic(
+        UNUSED_REGION,
+        f"region '{region}' is not used by any stage",
+        span,
+        helps=("delete it, or add the stage that reads or writes it",),
+    )
 
 
 # --- params -------------------------------------------------------------------------------------
@@ -557,90 +876,152 @@ def unused_region(region: str, span: Span | None) -> Diagnostic:
 
 def override_unknown(name: str, params: Iterable[str]) -> Diagnostic:
     params = list(params)
-    return Diagnostic(PARAM_OVERRIDE, f"--param {name}: the program has no param '{name}'", None,
-                      helps=_did_you_mean(name, params) or _legal("param", params))
+    return Diagnostic(
+        PARAM_OVERRIDE,
+        f"--param {name}: the program has no param '{name}'",
+        None,
+        helps=_did_you_mean(name, params) or _legal("param", params),
+    )
 
 
-def override_kind(name: str, kind: str, default: str, given: str, problem: str | None,
-                  declared: Span | None) -> Diagnostic:
+def override_kind(
+    name: str, kind: str, default: str, given: str, problem: str | None, declared: Span | None
+) -> Diagnostic:
     detail = f" ({problem})" if problem else ""
-    return Diagnostic(PARAM_OVERRIDE, f"--param {name}={given}: '{name}' is {kind}, default {default}{detail}",
-                      None, notes=(Note(f"'{name}' is declared here", declared),),
-                      helps=(f"give {kind}, e.g. --param {name}={default}",))
+    return Diagnostic(
+        PARAM_OVERRIDE,
+        f"--param {name}={given}: '{name}' is {kind}, default {default}{detail}",
+        None,
+        notes=(Note(f"'{name}' is declared here", declared),),
+        helps=(f"give {kind}, e.g. --param {name}={default}",),
+    )
 
 
 def override_syntax(text: str) -> Diagnostic:
-    return Diagnostic(PARAM_OVERRIDE, f"--param {text!r} is not NAME=VALUE", None,
-                      helps=("write e.g. --param P=200 or --param ratios=[8,6,5,4]",))
+    return Diagnostic(
+        PARAM_OVERRIDE,
+        f"--param {text!r} is not NAME=VALUE",
+        None,
+        helps=("write e.g. --param P=200 or --param ratios=[8,6,5,4]",),
+    )
 
 
 # --- plans and runtime --------------------------------------------------------------------------
 
 
 def over_arena_budget(need: int, budget: int, span: Span | None) -> Diagnostic:
-    return Diagnostic(BUDGET, f"the arena needs {need} bytes, over the budget of {budget} bytes", span,
-                      helps=("raise --max-arena-bytes, or lower the params that size the largest regions",))
+    return Diagnostic(
+        BUDGET,
+        f"the arena needs {need} bytes, over the budget of {budget} bytes",
+        span,
+        helps=("raise --max-arena-bytes, or lower the params that size the largest regions",),
+    )
 
 
 def negative_length(region: str, value: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BAD_VALUE, f"region '{region}' would hold {value} units", span,
-                      helps=("check the params that size this region",))
+    return Diagnostic(
+        BAD_VALUE,
+        f"region '{region}' would hold {value} units",
+        span,
+        helps=("check the params that size this region",),
+    )
 
 
 def nothing_to_plan(path: str) -> Diagnostic:
-    return Diagnostic(CANNOT_PLAN, f"'{path}' declares no stage: there is nothing to plan", None,
-                      helps=("a file of clocks and params is a library: `use` it from a program with stages",))
+    return Diagnostic(
+        CANNOT_PLAN,
+        f"'{path}' declares no stage: there is nothing to plan",
+        None,
+        helps=("a file of clocks and params is a library: `use` it from a program with stages",),
+    )
 
 
 def too_many_firings(seconds: str, firings: int, limit: int, span: Span | None) -> Diagnostic:
-    return Diagnostic(CANNOT_PLAN, f"the clocks repeat only every {seconds} s, after {firings} firings: over the "
-                      f"{limit} firings per hyperperiod the planner traces", span,
-                      helps=("rates with a small common period keep the plan short; check for a typo in a rate",))
+    return Diagnostic(
+        CANNOT_PLAN,
+        f"the clocks repeat only every {seconds} s, after {firings} firings: over the "
+        f"{limit} firings per hyperperiod the planner traces",
+        span,
+        helps=("rates with a small common period keep the plan short; check for a typo in a rate",),
+    )
 
 
-def arena_does_not_fit(need: int, sessions: int, session_bytes: int, scratch_bytes: int, free: int, cached: int,
-                       device: str, lanes: int = 1) -> Diagnostic:
+def arena_does_not_fit(
+    need: int,
+    sessions: int,
+    session_bytes: int,
+    scratch_bytes: int,
+    free: int,
+    cached: int,
+    device: str,
+    lanes: int = 1,
+) -> Diagnostic:
     plural = "session" if sessions == 1 else "sessions"
     scratch = f"{scratch_bytes} shared scratch" if lanes == 1 else f"{lanes} lanes x {scratch_bytes} scratch"
-    return Diagnostic(BUDGET, f"the arena for {sessions} {plural} needs {need} bytes ({sessions} x {session_bytes} "
-                      f"per session + {scratch}) but {device} has {free + cached} bytes "
-                      f"available ({free} free + {cached} cached by PyTorch); nothing was allocated", None,
-                      helps=("load fewer sessions or lanes, lower the params that size the largest regions, or free memory",))
+    return Diagnostic(
+        BUDGET,
+        f"the arena for {sessions} {plural} needs {need} bytes ({sessions} x {session_bytes} "
+        f"per session + {scratch}) but {device} has {free + cached} bytes "
+        f"available ({free} free + {cached} cached by PyTorch); nothing was allocated",
+        None,
+        helps=("load fewer sessions or lanes, lower the params that size the largest regions, or free memory",),
+    )
 
 
 def binding_shape(region: str, attribute: str, declared: str, actual: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BINDING_MISMATCH,
-                      f"region '{region}' is declared {declared} but '{attribute}' is {actual}", span,
-                      helps=("fix the region's dtype/shape in the .clock file, or bind it to another attribute",))
+    return Diagnostic(
+        BINDING_MISMATCH,
+        f"region '{region}' is declared {declared} but '{attribute}' is {actual}",
+        span,
+        helps=("fix the region's dtype/shape in the .clock file, or bind it to another attribute",),
+    )
 
 
 def binding_missing(region: str, attribute: str, problem: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BINDING_MISMATCH, f"region '{region}' binds to '{attribute}', {problem}", span,
-                      helps=("check the path from the model root (print(model) shows the module names)",))
+    return Diagnostic(
+        BINDING_MISMATCH,
+        f"region '{region}' binds to '{attribute}', {problem}",
+        span,
+        helps=("check the path from the model root (print(model) shows the module names)",),
+    )
 
 
 def module_missing(stage: str, path: str, problem: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(BINDING_MISMATCH, f"stage '{stage}' calls '{path}', {problem}", span,
-                      helps=("check the path from the model root (print(model) shows the module names)",))
+    return Diagnostic(
+        BINDING_MISMATCH,
+        f"stage '{stage}' calls '{path}', {problem}",
+        span,
+        helps=("check the path from the model root (print(model) shows the module names)",),
+    )
 
 
 def hook_missing(stage: str, name: str, registered: Iterable[str], span: Span | None) -> Diagnostic:
     registered = list(registered)
-    return Diagnostic(BINDING_MISMATCH, f"stage '{stage}' calls hook '{name}', which was not registered", span,
-                      helps=_did_you_mean(name, registered)
-                      + ("pass it to Runtime.load(..., hooks={'" + name + "': function})",))
+    return Diagnostic(
+        BINDING_MISMATCH,
+        f"stage '{stage}' calls hook '{name}', which was not registered",
+        span,
+        helps=_did_you_mean(name, registered) + ("pass it to Runtime.load(..., hooks={'" + name + "': function})",),
+    )
 
 
-def call_mismatch(stage: str, callee: str, passed: str, signature: str, problem: str,
-                  span: Span | None) -> Diagnostic:
-    return Diagnostic(BINDING_MISMATCH, f"stage '{stage}' calls {callee} as ({passed}), but it is {signature}: "
-                      f"{problem}", span,
-                      helps=("the runtime passes every `read` and `update` of a region without `bind` "
-                             "positionally, in declared order (`read x as name` by keyword); a hook gets the "
-                             "model first; bound regions reach the module through their attribute",))
+def call_mismatch(stage: str, callee: str, passed: str, signature: str, problem: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BINDING_MISMATCH,
+        f"stage '{stage}' calls {callee} as ({passed}), but it is {signature}: {problem}",
+        span,
+        helps=(
+            "the runtime passes every `read` and `update` of a region without `bind` "
+            "positionally, in declared order (`read x as name` by keyword); a hook gets the "
+            "model first; bound regions reach the module through their attribute",
+        ),
+    )
 
 
 def capture_blocked(stage: str, reason: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(CAPTURE_BLOCKED, f"stage '{stage}' cannot be captured: {reason}", span,
-                      helps=("split the stage at this op, or keep its constants on the device; "
-                             "the stage runs eagerly until then",))
+    return Diagnostic(
+        CAPTURE_BLOCKED,
+        f"stage '{stage}' cannot be captured: {reason}",
+        span,
+        helps=("split the stage at this op, or keep its constants on the device; the stage runs eagerly until then",),
+    )

@@ -55,8 +55,14 @@ def grammar_text() -> str:
 
 @functools.cache
 def _parser() -> Lark:
-    return Lark(grammar_text(), start=["program", "value"], parser="lalr", lexer="contextual",
-                propagate_positions=True, maybe_placeholders=True)
+    return Lark(
+        grammar_text(),
+        start=["program", "value"],
+        parser="lalr",
+        lexer="contextual",
+        propagate_positions=True,
+        maybe_placeholders=True,
+    )
 
 
 @functools.cache
@@ -119,9 +125,8 @@ def scan_comments(source: SourceFile) -> list[ast.Comment]:
             if char == '"':
                 in_string = not in_string
             elif char == "#" and not in_string:
-                text = line[column - 1:].rstrip()
-                comments.append(ast.Comment(text, span=Span(source.path, number, column, number,
-                                                            column + len(text))))
+                text = line[column - 1 :].rstrip()
+                comments.append(ast.Comment(text, span=Span(source.path, number, column, number, column + len(text))))
                 break
     return comments
 
@@ -142,8 +147,11 @@ def _check_nesting(source: SourceFile, tree: lark.Tree) -> None:
         node, depth = stack.pop()
         if depth > MAX_NESTING:
             meta = node.meta
-            span = (Span(source.path, meta.line, meta.column, meta.end_line, meta.end_column)
-                    if not getattr(meta, "empty", True) else Span.point(source.path, 1, 1))
+            span = (
+                Span(source.path, meta.line, meta.column, meta.end_line, meta.end_column)
+                if not getattr(meta, "empty", True)
+                else Span.point(source.path, 1, 1)
+            )
             raise ClockError([messages.too_deep(MAX_NESTING, span)])
         stack.extend((child, depth + 1) for child in node.children if isinstance(child, lark.Tree))
 
@@ -160,12 +168,18 @@ def _all_syntax_errors(source: SourceFile, first: UnexpectedInput) -> list[Diagn
     previous_restart = 1
     while error is not None and len(found) < MAX_SYNTAX_ERRORS:
         error_line = error.line if isinstance(error.line, int) and error.line > 0 else len(lines)
-        restart = next((number for number in range(max(error_line, previous_restart + 1), len(lines) + 1)
-                        if _STATEMENT_START.match(lines[number - 1])), None)
+        restart = next(
+            (
+                number
+                for number in range(max(error_line, previous_restart + 1), len(lines) + 1)
+                if _STATEMENT_START.match(lines[number - 1])
+            ),
+            None,
+        )
         if restart is None:
             break
         previous_restart = restart
-        rest = "\n" * (restart - 1) + "\n".join(lines[restart - 1:])
+        rest = "\n" * (restart - 1) + "\n".join(lines[restart - 1 :])
         try:
             _parser().parse(rest, start="program")
             error = None
@@ -209,8 +223,9 @@ def _context(source: SourceFile, position: int) -> tuple[tuple[str, Span] | None
             last = token
             value = str(token)
             if value in STATEMENT_KEYWORDS:
-                words.append((value, None, Span(source.path, token.line, token.column, token.line,
-                                                token.column + len(value))))
+                words.append(
+                    (value, None, Span(source.path, token.line, token.column, token.line, token.column + len(value)))
+                )
             elif token.type == "NAME" and words and words[-1][1] is None and words[-1][0] not in ("use", "cadence"):
                 words[-1] = (words[-1][0], value, words[-1][2])
             elif value == "{":
@@ -253,10 +268,14 @@ def _close_keywords(word: str, expected: set[str]) -> list[str]:
 
 _GROUPS = (
     (frozenset(STATEMENT_KEYWORDS), "the next statement (use, cadence, param, clock, region, stage)"),
-    (frozenset({"module", "hook", "read", "update", "write", "rng"}),
-     "a stage item (module, hook, read, update, write, rng)"),
-    (frozenset({"on", "retain", "start", "stock", "bind", "input", "output"}),
-     "a region clause (on, retain, start, stock, bind, input, output)"),
+    (
+        frozenset({"module", "hook", "read", "update", "write", "rng"}),
+        "a stage item (module, hook, read, update, write, rng)",
+    ),
+    (
+        frozenset({"on", "retain", "start", "stock", "bind", "input", "output"}),
+        "a region clause (on, retain, start, stock, bind, input, output)",
+    ),
     (frozenset({"+", "-", "*", "/"}), "an operator (+, -, *, /)"),
 )
 
@@ -297,16 +316,22 @@ def syntax_diagnostic(source: SourceFile, error: UnexpectedInput) -> Diagnostic:
         end = source.end_span()
         notes = (Note(f"{description} begins here", opened),) if opened is not None and opened.line != end.line else ()
         return messages.syntax_unexpected_end(described, end, description, notes)
-    span = Span(source.path, token.line, token.column, token.end_line or token.line,
-                token.end_column or token.column + len(str(token)))
+    span = Span(
+        source.path,
+        token.line,
+        token.column,
+        token.end_line or token.line,
+        token.end_column or token.column + len(str(token)),
+    )
     notes = ()
     if opened is not None and opened.line != span.line:
         notes = (Note(f"{description} begins here", opened),)
     if str(token) in STATEMENT_KEYWORDS and token.column == 1 and description is not None:
         # A statement cut short: point just after its last token, where something is missing.
         end = _end_of_previous_token(source, position)
-        return messages.syntax_unfinished(description, described, previous, end,
-                                          (Note("the next statement begins here", span),))
+        return messages.syntax_unfinished(
+            description, described, previous, end, (Note("the next statement begins here", span),)
+        )
     suggestions: list[str] = []
     reserved = None
     if token.type == "NAME":
@@ -314,8 +339,9 @@ def syntax_diagnostic(source: SourceFile, error: UnexpectedInput) -> Diagnostic:
     elif str(token.value) in reserved_words() and "NAME" in expected:
         reserved = str(token.value)
     where = description if description is not None and "'" in description else None
-    return messages.syntax_unexpected(_describe_token(token), described, span, where, notes,
-                                      suggestions, reserved, previous)
+    return messages.syntax_unexpected(
+        _describe_token(token), described, span, where, notes, suggestions, reserved, previous
+    )
 
 
 def _end_of_previous_token(source: SourceFile, position: int) -> Span:
@@ -326,7 +352,7 @@ def _end_of_previous_token(source: SourceFile, position: int) -> Span:
         code = lines[number - 1]
         comment = next((c for c in scan_comments(SourceFile(source.path, code))), None)
         if comment is not None:
-            code = code[:comment.span.column - 1]
+            code = code[: comment.span.column - 1]
         code = code.rstrip()
         if code:
             return Span.point(source.path, number, len(code) + 1)
@@ -365,9 +391,13 @@ class _ToAst(Transformer):
     def use_stmt(self, meta, children):
         (module, module_span), *names = children
         listed = names[0] if names and names[0] is not None else None
-        return ast.Use(tuple(module), tuple(str(n) for n in listed) if listed is not None else None,
-                       span=self._span(meta), module_span=module_span,
-                       name_spans=tuple(self._token_span(n) for n in listed or ()))
+        return ast.Use(
+            tuple(module),
+            tuple(str(n) for n in listed) if listed is not None else None,
+            span=self._span(meta),
+            module_span=module_span,
+            name_spans=tuple(self._token_span(n) for n in listed or ()),
+        )
 
     def dotted_name(self, meta, parts):
         return [str(p) for p in parts], self._span(meta)
@@ -388,8 +418,16 @@ class _ToAst(Transformer):
 
     def region_stmt(self, meta, children):
         name, family, dtype, shape, *clauses = children
-        return ast.Region(str(name), family, str(dtype), tuple(shape), tuple(clauses), span=self._span(meta),
-                          name_span=self._token_span(name), dtype_span=self._token_span(dtype))
+        return ast.Region(
+            str(name),
+            family,
+            str(dtype),
+            tuple(shape),
+            tuple(clauses),
+            span=self._span(meta),
+            name_span=self._token_span(name),
+            dtype_span=self._token_span(dtype),
+        )
 
     def family(self, meta, children):
         index, count = children
@@ -449,8 +487,14 @@ class _ToAst(Transformer):
 
     def stage_stmt(self, meta, children):
         name, clock, *items = children
-        return ast.Stage(str(name), str(clock), tuple(items), span=self._span(meta),
-                         name_span=self._token_span(name), clock_span=self._token_span(clock))
+        return ast.Stage(
+            str(name),
+            str(clock),
+            tuple(items),
+            span=self._span(meta),
+            name_span=self._token_span(name),
+            clock_span=self._token_span(clock),
+        )
 
     def module_item(self, meta, children):
         return ast.ModuleItem(str(children[0])[1:-1], span=self._span(meta), path_span=self._token_span(children[0]))
@@ -467,8 +511,15 @@ class _ToAst(Transformer):
         span_clause = next((p for p in optional if isinstance(p, (ast.SpanLast, ast.SpanNew))), None)
         lookahead = next((p[1] for p in optional if isinstance(p, tuple) and p[0] == "lookahead"), None)
         alias = next((p for p in optional if isinstance(p, tuple) and p[0] == "alias"), None)
-        return ast.ReadItem(region, span_clause, lookahead, alias[1] if alias else None, prev,
-                            span=self._span(meta), alias_span=alias[2] if alias else None)
+        return ast.ReadItem(
+            region,
+            span_clause,
+            lookahead,
+            alias[1] if alias else None,
+            prev,
+            span=self._span(meta),
+            alias_span=alias[2] if alias else None,
+        )
 
     def update_item(self, meta, children):
         region, *advance = children
@@ -480,8 +531,13 @@ class _ToAst(Transformer):
         rest = [p for p in rest if p is not None]
         advance = next((p[1] for p in rest if p[0] == "advance"), None)
         latency = next((p for p in rest if p[0] == "latency"), None)
-        return ast.WriteItem(region, advance, latency[1] if latency else None,
-                             latency_dropped=bool(latency and latency[2]), span=self._span(meta))
+        return ast.WriteItem(
+            region,
+            advance,
+            latency[1] if latency else None,
+            latency_dropped=bool(latency and latency[2]),
+            span=self._span(meta),
+        )
 
     def rng_item(self, meta, children):
         return ast.RngItem(span=self._span(meta))
@@ -489,8 +545,9 @@ class _ToAst(Transformer):
     def region_ref(self, meta, children):
         name, *index = children
         index = [i for i in index if i is not None]
-        return ast.RegionRef(str(name), index[0] if index else None, span=self._span(meta),
-                             name_span=self._token_span(name))
+        return ast.RegionRef(
+            str(name), index[0] if index else None, span=self._span(meta), name_span=self._token_span(name)
+        )
 
     def span_last(self, meta, children):
         return ast.SpanLast(children[0], span=self._span(meta))
@@ -520,10 +577,11 @@ class _ToAst(Transformer):
     def name(self, meta, children):
         return ast.Name(str(children[0]), span=self._span(meta))
 
-    def _binop(op):  # noqa: N805 - a factory used inside the class body
+    def _binop(op):
         def method(self, meta, children):
             left, right = children
             return ast.BinOp(op, left, right, span=self._span(meta))
+
         return method
 
     add, sub, mul, div = _binop("+"), _binop("-"), _binop("*"), _binop("/")

@@ -16,7 +16,17 @@ import attrs
 from duplexcadence.dsl import messages
 from duplexcadence.dsl import syntax as ast
 from duplexcadence.dsl.diagnostics import ClockError, DiagnosticBag
-from duplexcadence.dsl.evaluate import HERTZ, PLAIN, SECONDS, EvalError, Quantity, count_of, evaluate, require_int, unit_name
+from duplexcadence.dsl.evaluate import (
+    HERTZ,
+    PLAIN,
+    SECONDS,
+    EvalError,
+    Quantity,
+    count_of,
+    evaluate,
+    require_int,
+    unit_name,
+)
 from duplexcadence.dsl.loader import Loaded
 from duplexcadence.dsl.parse import parse_value
 from duplexcadence.dsl.program import Access, ClockInfo, Program, RegionInfo, Retention, StageInfo
@@ -73,8 +83,11 @@ def collect_declarations(loaded: Loaded, bag: DiagnosticBag) -> dict[str, dict[s
                 if declaration.kind == "cadence":
                     bag.add(messages.duplicate_cadence(at, first, first_imported))
                 else:
-                    bag.add(messages.duplicate_name(declaration.kind, declaration.name, at, first, existing.kind,
-                                                    first_imported))
+                    bag.add(
+                        messages.duplicate_name(
+                            declaration.kind, declaration.name, at, first, existing.kind, first_imported
+                        )
+                    )
 
         for use, target in unit.imports:
             exported = visible.get(target)
@@ -149,8 +162,11 @@ class _Resolver:
         if declaration is None:
             raise EvalError(messages.unknown_name("name", node.id, node.span, candidates))
         if declaration.kind not in ("param", "clock"):
-            raise EvalError(messages.wrong_kind_of_name(node.id, declaration.kind, "param or clock", node.span,
-                                                        declaration.span, candidates))
+            raise EvalError(
+                messages.wrong_kind_of_name(
+                    node.id, declaration.kind, "param or clock", node.span, declaration.span, candidates
+                )
+            )
         return self.value_of(declaration)
 
     def value_of(self, declaration: Declaration) -> Quantity:
@@ -161,10 +177,14 @@ class _Resolver:
         if key in self.broken:
             raise _Skip()
         if key in self.evaluating:
-            cycle = [n for _, n in self.evaluating[self.evaluating.index(key):]] + [name]
-            raise EvalError(messages.bad_value(f"{declaration.kind} '{name}' depends on itself: "
-                                               + " -> ".join(cycle), declaration.name_span,
-                                               "define it from values that do not depend on it"))
+            cycle = [n for _, n in self.evaluating[self.evaluating.index(key) :]] + [name]
+            raise EvalError(
+                messages.bad_value(
+                    f"{declaration.kind} '{name}' depends on itself: " + " -> ".join(cycle),
+                    declaration.name_span,
+                    "define it from values that do not depend on it",
+                )
+            )
         self.evaluating.append(key)
         try:
             with self.in_scope_of(declaration):
@@ -191,13 +211,17 @@ class _Resolver:
         try:
             given = evaluate(parse_value(text), _no_names)
         except ClockError as error:
-            self.bag.add(messages.override_kind(declaration.name, default.kind, default.describe(), text,
-                                                error.diagnostics[0].message, node.span))
+            self.bag.add(
+                messages.override_kind(
+                    declaration.name, default.kind, default.describe(), text, error.diagnostics[0].message, node.span
+                )
+            )
             return default
         problem = kind_mismatch(default, given)
         if problem is not None:
-            self.bag.add(messages.override_kind(declaration.name, default.kind, default.describe(), text, problem,
-                                                node.span))
+            self.bag.add(
+                messages.override_kind(declaration.name, default.kind, default.describe(), text, problem, node.span)
+            )
             return default
         return given
 
@@ -207,8 +231,9 @@ class _Resolver:
         if rate.is_list or rate.unit != HERTZ:
             raise EvalError(messages.bad_rate(declaration.name, f"is {rate.describe()}, not a rate in Hz", node.span))
         if rate.value <= 0:
-            raise EvalError(messages.bad_rate(declaration.name, f"has rate {rate.describe()}; a rate must be positive",
-                                              node.span))
+            raise EvalError(
+                messages.bad_rate(declaration.name, f"has rate {rate.describe()}; a rate must be positive", node.span)
+            )
         return rate
 
     def evaluate_in(self, expr: ast.Expr, local: Mapping[str, int] | None = None) -> Quantity:
@@ -227,8 +252,11 @@ class _Resolver:
     def canonical_uses(self, declaration: Declaration, node, local: Mapping[str, int] | None = None) -> tuple[str, ...]:
         """The canonical names of the declarations `node`'s expressions mention (in its own scope)."""
         scope = self.scopes[declaration.unit]
-        return tuple(sorted(self.canonical(scope[name]) for name in free_names(node)
-                            if name in scope and name not in (local or {})))
+        return tuple(
+            sorted(
+                self.canonical(scope[name]) for name in free_names(node) if name in scope and name not in (local or {})
+            )
+        )
 
     def resolve(self) -> Program:
         params_in_main = self.of_kind("param")
@@ -260,9 +288,17 @@ class _Resolver:
             declaration = self.scopes[unit].get(name)
             if declaration is not None and declaration.kind == "param":
                 params[self.canonical(declaration)] = _python_value(value)
-        return Program(self.loaded.main, cadence or Fraction(1), params, dict(self.clocks), dict(self.regions),
-                       dict(self.families), stages, cadence_span=cadence_span,
-                       incomplete=bool(self.bag.errors))
+        return Program(
+            self.loaded.main,
+            cadence or Fraction(1),
+            params,
+            dict(self.clocks),
+            dict(self.regions),
+            dict(self.families),
+            stages,
+            cadence_span=cadence_span,
+            incomplete=bool(self.bag.errors),
+        )
 
     def clock_info(self, declaration: Declaration) -> ClockInfo | None:
         """The clock's exact rate, added to the program; None if it failed (reported once)."""
@@ -276,8 +312,9 @@ class _Resolver:
                 self.resolved_clocks[key] = None
             else:
                 name = self.canonical(declaration)
-                info = ClockInfo(name, rate, self.canonical_uses(declaration, declaration.node.rate),
-                                 span=declaration.span)
+                info = ClockInfo(
+                    name, rate, self.canonical_uses(declaration, declaration.node.rate), span=declaration.span
+                )
                 self.clocks[name] = info
                 self.resolved_clocks[key] = info
         return self.resolved_clocks[key]
@@ -321,8 +358,14 @@ class _Resolver:
     def _region(self, declaration: Declaration) -> list[RegionInfo] | None:
         node: ast.Region = declaration.node
         ok = True
-        for kind, label in ((ast.OnClause, "on"), (ast.RetainClause, "retain"), (ast.StartClause, "start"),
-                            (ast.StockClause, "stock"), (ast.BindClause, "bind"), (ast.RoleClause, None)):
+        for kind, label in (
+            (ast.OnClause, "on"),
+            (ast.RetainClause, "retain"),
+            (ast.StartClause, "start"),
+            (ast.StockClause, "stock"),
+            (ast.BindClause, "bind"),
+            (ast.RoleClause, None),
+        ):
             found = node.clauses_of(kind)
             for extra in found[1:]:
                 if label is None and extra.role != found[0].role:
@@ -350,8 +393,9 @@ class _Resolver:
                 retain = None  # a fixed scratch region is a working buffer shared by every session
             for clause in (retain, on):
                 if clause is not None:
-                    self.bag.add(messages.fixed_with_clause(node.name, "retain" if clause is not on else "on",
-                                                            clause.span))
+                    self.bag.add(
+                        messages.fixed_with_clause(node.name, "retain" if clause is not on else "on", clause.span)
+                    )
                     ok = False
         clock = None
         if on is None:
@@ -370,8 +414,11 @@ class _Resolver:
         if node.family is not None:
             shadowed = self.decls.get(node.family.index)
             if shadowed is not None and shadowed.kind in ("param", "clock"):
-                self.bag.add(messages.shadowing_index(node.family.index, node.name, shadowed.kind,
-                                                      node.family.index_span, shadowed.name_span))
+                self.bag.add(
+                    messages.shadowing_index(
+                        node.family.index, node.name, shadowed.kind, node.family.index_span, shadowed.name_span
+                    )
+                )
                 ok = False
             try:
                 count = self.evaluate_in(node.family.count)
@@ -388,8 +435,11 @@ class _Resolver:
         bind_clause = node.clause(ast.BindClause)
         if ok and node.family is not None and count > 1 and bind_clause is not None:
             if not _PLACEHOLDER.search(bind_clause.path):  # an unknown placeholder is reported by `_bind`
-                self.bag.add(messages.family_bind_without_index(node.name, bind_clause.path, count, node.family.index,
-                                                                bind_clause.span))
+                self.bag.add(
+                    messages.family_bind_without_index(
+                        node.name, bind_clause.path, count, node.family.index, bind_clause.span
+                    )
+                )
                 ok = False
         if not ok:
             return None
@@ -410,11 +460,19 @@ class _Resolver:
         if declaration is None:
             self.bag.add(messages.unknown_name(want, name, span, candidates))
         elif declaration.kind != want:
-            self.bag.add(messages.wrong_kind_of_name(name, declaration.kind, want, span, declaration.name_span,
-                                                     candidates))
+            self.bag.add(
+                messages.wrong_kind_of_name(name, declaration.kind, want, span, declaration.name_span, candidates)
+            )
 
-    def _member(self, declaration: Declaration, index: int | None, local: dict[str, int], clock: ClockInfo | None,
-                role: str, time_axis: int | None) -> RegionInfo | None:
+    def _member(
+        self,
+        declaration: Declaration,
+        index: int | None,
+        local: dict[str, int],
+        clock: ClockInfo | None,
+        role: str,
+        time_axis: int | None,
+    ) -> RegionInfo | None:
         node: ast.Region = declaration.node
         base = self.canonical(declaration)
         name = f"{base}[{index}]" if index is not None else base
@@ -447,13 +505,29 @@ class _Resolver:
             return None
         except _Skip:
             return None
-        return RegionInfo(name, base if node.family else None, index, node.dtype, messages.DTYPES[node.dtype],
-                          tuple(shape), time_axis, clock.name if clock else None, retention, start, start_length,
-                          stock_shape, bind, role, self.canonical_uses(declaration, node, local),
-                          span=node.span, bind_span=bind_clause.span if bind_clause else None)
+        return RegionInfo(
+            name,
+            base if node.family else None,
+            index,
+            node.dtype,
+            messages.DTYPES[node.dtype],
+            tuple(shape),
+            time_axis,
+            clock.name if clock else None,
+            retention,
+            start,
+            start_length,
+            stock_shape,
+            bind,
+            role,
+            self.canonical_uses(declaration, node, local),
+            span=node.span,
+            bind_span=bind_clause.span if bind_clause else None,
+        )
 
-    def _start(self, node: ast.Region, name: str, retention: Retention, clock: ClockInfo | None,
-               local: dict[str, int]) -> tuple[str, int]:
+    def _start(
+        self, node: ast.Region, name: str, retention: Retention, clock: ClockInfo | None, local: dict[str, int]
+    ) -> tuple[str, int]:
         """The start policy and the units held at session start (see RegionInfo.start_length).
 
         Defaults: a fixed region starts zeros, a region with a time axis starts empty. `start zeros`
@@ -471,38 +545,60 @@ class _Resolver:
                 self.bag.add(messages.bad_start(name, "has no time axis, so it cannot start empty", clause.span))
                 raise _Skip()
             if isinstance(policy, ast.StartGiven) and policy.count is not None:
-                self.bag.add(messages.bad_start(name, "has no time axis, so it starts whole: write `start given` "
-                                                "without a length", clause.span))
+                self.bag.add(
+                    messages.bad_start(
+                        name, "has no time axis, so it starts whole: write `start given` without a length", clause.span
+                    )
+                )
                 raise _Skip()
             return ("zeros", 0) if isinstance(policy, ast.StartZeros) else ("given", 0)
         if isinstance(policy, ast.StartEmpty):
             return "empty", 0
         if retention.kind == "scratch":
-            self.bag.add(messages.bad_start(name, "is scratch: it holds nothing between instants, so it can only "
-                                            "start empty", clause.span))
+            self.bag.add(
+                messages.bad_start(
+                    name, "is scratch: it holds nothing between instants, so it can only start empty", clause.span
+                )
+            )
             raise _Skip()
         if isinstance(policy, ast.StartZeros):
             if retention.kind == "all":
-                self.bag.add(messages.bad_start(name, "keeps everything up to its horizon, so `start zeros` has "
-                                                "no length: write `start given N` for N units of zeros", clause.span))
+                self.bag.add(
+                    messages.bad_start(
+                        name,
+                        "keeps everything up to its horizon, so `start zeros` has "
+                        "no length: write `start given N` for N units of zeros",
+                        clause.span,
+                    )
+                )
                 raise _Skip()
             # a window starts full of zeros; a ring's slots are zeros but its fill starts at 0
             return "zeros", 0 if retention.kind == "ring" else retention.keeps or 0
         if policy.count is None:
-            self.bag.add(messages.bad_start(name, "needs the number of units it starts with: `start given N`",
-                                            clause.span))
+            self.bag.add(
+                messages.bad_start(name, "needs the number of units it starts with: `start given N`", clause.span)
+            )
             raise _Skip()
-        length = count_of(self.evaluate_in(policy.count, local), clock.rate, policy.count,
-                          f"the start length of region '{name}'", 0)
+        length = count_of(
+            self.evaluate_in(policy.count, local), clock.rate, policy.count, f"the start length of region '{name}'", 0
+        )
         keeps = retention.keeps
         if keeps is not None and length > keeps:
-            self.bag.add(messages.bad_count("the start length", name, str(length), policy.span,
-                                            f"the region keeps at most {keeps} units; start with at most {keeps}"))
+            self.bag.add(
+                messages.bad_count(
+                    "the start length",
+                    name,
+                    str(length),
+                    policy.span,
+                    f"the region keeps at most {keeps} units; start with at most {keeps}",
+                )
+            )
             raise _Skip()
         return "given", length
 
-    def _retention(self, node: ast.Region, name: str, clock: ClockInfo, role: str,
-                   local: dict[str, int]) -> Retention | None:
+    def _retention(
+        self, node: ast.Region, name: str, clock: ClockInfo, role: str, local: dict[str, int]
+    ) -> Retention | None:
         clause = node.clause(ast.RetainClause)
         if clause is None:
             if role in ("input", "output"):
@@ -519,8 +615,12 @@ class _Resolver:
         if isinstance(keep, ast.KeepRing):
             return Retention("ring", last=count(keep.count, "the ring size", 1), span=clause.span)
         if isinstance(keep, ast.KeepFirstLast):
-            return Retention("first_last", first=count(keep.first, "the pinned head", 0),
-                             last=count(keep.last, "the window", 1), span=clause.span)
+            return Retention(
+                "first_last",
+                first=count(keep.first, "the pinned head", 0),
+                last=count(keep.last, "the window", 1),
+                span=clause.span,
+            )
         if isinstance(keep, ast.KeepAll):
             if keep.horizon is None:
                 self.bag.add(messages.unbounded_retention(name, clause.span))
@@ -528,8 +628,9 @@ class _Resolver:
             return Retention("all", horizon=count(keep.horizon, "the horizon", 1), span=clause.span)
         return Retention("scratch", span=clause.span)
 
-    def _stock(self, node: ast.Region, name: str, shape: list[int | None],
-               local: dict[str, int]) -> tuple[int, ...] | None:
+    def _stock(
+        self, node: ast.Region, name: str, shape: list[int | None], local: dict[str, int]
+    ) -> tuple[int, ...] | None:
         clause = node.clause(ast.StockClause)
         if clause is None:
             return None
@@ -578,9 +679,11 @@ class _Resolver:
             ok = clock is not None
         callables = node.items_of(ast.ModuleItem) + node.items_of(ast.HookItem)
         if len(callables) != 1:
-            self.bag.add(messages.stage_callable(node.name, len(callables),
-                                                 callables[1].span if len(callables) > 1
-                                                 else node.name_span or node.span))
+            self.bag.add(
+                messages.stage_callable(
+                    node.name, len(callables), callables[1].span if len(callables) > 1 else node.name_span or node.span
+                )
+            )
             ok = False
         for item in node.items_of(ast.ModuleItem):
             problem = path_problem(item.path) if item.path != "" else None
@@ -591,8 +694,11 @@ class _Resolver:
             if item.alias is None:
                 continue
             if item.alias in aliases:
-                self.bag.add(messages.duplicate_argument(node.name, item.alias, item.alias_span or item.span,
-                                                         aliases[item.alias]))
+                self.bag.add(
+                    messages.duplicate_argument(
+                        node.name, item.alias, item.alias_span or item.span, aliases[item.alias]
+                    )
+                )
             else:
                 aliases[item.alias] = item.alias_span or item.span
         accesses: list[Access] = []
@@ -609,9 +715,16 @@ class _Resolver:
             return None
         target = callables[0]
         kind = "module" if isinstance(target, ast.ModuleItem) else "hook"
-        return StageInfo(node.name, clock.name, kind, target.path if kind == "module" else target.name,
-                         tuple(accesses), bool(node.items_of(ast.RngItem)), span=node.span,
-                         callable_span=target.span)
+        return StageInfo(
+            node.name,
+            clock.name,
+            kind,
+            target.path if kind == "module" else target.name,
+            tuple(accesses),
+            bool(node.items_of(ast.RngItem)),
+            span=node.span,
+            callable_span=target.span,
+        )
 
     def _accesses(self, item) -> list[Access]:
         ref: ast.RegionRef = item.region
@@ -641,18 +754,25 @@ class _Resolver:
                 window, count, context = "all", 0, 0
                 if isinstance(item.span_clause, ast.SpanLast):
                     window = "last"
-                    count = count_of(self.evaluate_in(item.span_clause.count), rate, item.span_clause.count,
-                                     "a read span", 1)
+                    count = count_of(
+                        self.evaluate_in(item.span_clause.count), rate, item.span_clause.count, "a read span", 1
+                    )
                 elif isinstance(item.span_clause, ast.SpanNew):
                     window = "new"
                     if item.span_clause.context is not None:
-                        context = count_of(self.evaluate_in(item.span_clause.context), rate,
-                                           item.span_clause.context, "a read context", 0)
+                        context = count_of(
+                            self.evaluate_in(item.span_clause.context),
+                            rate,
+                            item.span_clause.context,
+                            "a read context",
+                            0,
+                        )
                 lookahead = 0
                 if item.lookahead is not None:
                     lookahead = count_of(self.evaluate_in(item.lookahead), rate, item.lookahead, "a lookahead", 0)
-                result.append(Access("read", member, window, count, context, lookahead, item.alias, item.prev,
-                                     span=item.span))
+                result.append(
+                    Access("read", member, window, count, context, lookahead, item.alias, item.prev, span=item.span)
+                )
             elif isinstance(item, ast.UpdateItem):
                 advance = None
                 if item.advance is not None:
@@ -665,17 +785,29 @@ class _Resolver:
                 latency = 0
                 if item.latency is not None:
                     latency = count_of(self.evaluate_in(item.latency), rate, item.latency, "a latency", 0)
-                result.append(Access("write", member, advance=advance, latency=latency,
-                                     latency_dropped=item.latency_dropped, span=item.span))
+                result.append(
+                    Access(
+                        "write",
+                        member,
+                        advance=advance,
+                        latency=latency,
+                        latency_dropped=item.latency_dropped,
+                        span=item.span,
+                    )
+                )
         return result
+
 
 class _Skip(Exception):
     """A declaration that depends on one already reported as broken."""
 
 
 def _no_names(node: ast.Name) -> Quantity:
-    raise EvalError(messages.bad_value(f"'{node.id}': a --param value cannot name other declarations", node.span,
-                                       "give a literal value"))
+    raise EvalError(
+        messages.bad_value(
+            f"'{node.id}': a --param value cannot name other declarations", node.span, "give a literal value"
+        )
+    )
 
 
 def kind_mismatch(default: Quantity, given: Quantity) -> str | None:

@@ -412,7 +412,7 @@ StageItem = Union[ModuleItem, HookItem, ReadItem, UpdateItem, WriteItem, RngItem
 class Stage:
     """A computation that fires on every tick of a clock::
 
-        stage NAME on CLOCK { ITEM* }
+    stage NAME on CLOCK { ITEM* }
     """
 
     name: str

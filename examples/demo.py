@@ -29,11 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    from duplexcadence.interpreter.views.render import render_file
+    from duplexcadence.examples.moshi.cadence import clock_path
     from duplexcadence.interpreter.bench import harness as bench
     from duplexcadence.interpreter.plans.plan import plan_file
     from duplexcadence.interpreter.plans.plan_text import format_plan
-    from duplexcadence.examples.moshi.cadence import clock_path
+    from duplexcadence.interpreter.views.render import render_file
 
     clock = clock_path()
     print(f"== 1. plan: {clock.name}\n")
@@ -54,9 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from duplexcadence.examples.moshi.bench import subject
     except ImportError as error:
-        print(f"the moshi package is needed for this step: {error}\n"
-              "install it with: pip install --no-deps moshi==0.2.13 && pip install einops safetensors "
-              "'huggingface_hub<2' sentencepiece numpy", file=sys.stderr)
+        print(
+            f"the moshi package is needed for this step: {error}\n"
+            "install it with: pip install --no-deps moshi==0.2.13 && pip install einops safetensors "
+            "'huggingface_hub<2' sentencepiece numpy",
+            file=sys.stderr,
+        )
         return 2
     case = subject(device=args.device, seconds=seconds)
     results = bench.run(case, int(case.ticks_per_second * seconds))
@@ -64,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.dump(str(out / "moshi-demo.json"), bench.to_json(case, results))
     print(f"\nresults: {out / 'moshi-demo.json'}")
     identical = all(r.bit_identical is not False for r in results)
-    print("every DuplexCadence output frame was torch.equal to stock eager" if identical
-          else "MISMATCH: see the table")
+    print("every DuplexCadence output frame was torch.equal to stock eager" if identical else "MISMATCH: see the table")
     return 0 if identical else 1
 
 

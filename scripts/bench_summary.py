@@ -79,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     entry = summarize(payload, args.stock, args.cadence, args.command)
     path = DOCS / f"{entry['model']}.json"
     add(entry, path)
-    print(f"{path}: {entry['description']}: {entry['cadence_ms_per_s']} vs {entry['stock_ms_per_s']} ms/s "
-          f"({entry['speedup']}x), bit-identical {entry['bit_identical']}")
+    print(
+        f"{path}: {entry['description']}: {entry['cadence_ms_per_s']} vs {entry['stock_ms_per_s']} ms/s "
+        f"({entry['speedup']}x), bit-identical {entry['bit_identical']}"
+    )
     return 0
 
 

@@ -18,6 +18,7 @@ as ATen copy kernels.
 `--many N` captures N graphs of the chain instead, one after another, and times the first, second, middle
 and last of them: whether a graph's replay depends on how many graphs the process captured before it.
 """
+
 import argparse
 import statistics
 
@@ -107,8 +108,9 @@ def many(count: int, units: int, numel: int, replays: int) -> None:
             for index in picked:
                 times[index] += replay_times(graphs[index], replays // 3)
         kinds = {index: copy_kinds(graphs[index]) for index in picked}
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; "
-          f"{count} graphs of {units} units of {numel} floats")
+    print(
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {count} graphs of {units} units of {numel} floats"
+    )
     for index in picked:
         ran = ", ".join(f"{kind} {n}" for kind, n in kinds[index].items() if n)
         print(f"graph {index + 1:4d} of {count}: replay {statistics.median(times[index]):8.1f} us  ({ran})")
@@ -128,8 +130,13 @@ def main() -> None:
     if args.many:
         many(args.many, args.units, args.numel, args.replays)
         return
-    order = [("1st, memcpy copies", True, False), ("2nd, memcpy copies", True, False),
-             ("3rd, copy kernels", True, True), ("4th, memcpy copies", True, False), ("5th, no copies", False, False)]
+    order = [
+        ("1st, memcpy copies", True, False),
+        ("2nd, memcpy copies", True, False),
+        ("3rd, copy kernels", True, True),
+        ("4th, memcpy copies", True, False),
+        ("5th, no copies", False, False),
+    ]
     graphs = {}
     with torch.no_grad():
         for name, with_copies, kernel_copies in order:

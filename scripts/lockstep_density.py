@@ -109,8 +109,9 @@ def main() -> int:
     parser.add_argument("--in-turn-sessions", default="16,24,32,40,48", help="counts for the in-turn kinds")
     parser.add_argument("--batched-sessions", default="64,128,192,256,320,384", help="counts for the batched kinds")
     parser.add_argument("--stock-mode", default="stock", help="MoshiStockDecoder mode of the moshi kinds")
-    density.add_round_arguments(parser, 4, "1 then 3 sessions (a late join), rows 2, rounds of 2 frames",
-                                "mimi_lockstep_density.json")
+    density.add_round_arguments(
+        parser, 4, "1 then 3 sessions (a late join), rows 2, rounds of 2 frames", "mimi_lockstep_density.json"
+    )
     args = parser.parse_args()
     if args.cpu_dry_run:
         density.DEVICE, density.DRY_RUN = "cpu", True
@@ -122,10 +123,15 @@ def main() -> int:
     in_turn, batched = density.parse_counts(args.in_turn_sessions), density.parse_counts(args.batched_sessions)
     codes_of = density.session_codes([in_turn, batched], args.rounds, args.warmup_rounds)
 
-    payload: dict = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
-                     "tail": "Moshi's Mimi decoder (moshi 0.2.13), fp32, 8 codebooks, one conversation per session",
-                     "rows": args.rows, "stock_mode": args.stock_mode,
-                     "frames_per_round": "13, 12 alternating (12.5 Hz)", "results": []}
+    payload: dict = {
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+        "tail": "Moshi's Mimi decoder (moshi 0.2.13), fp32, 8 codebooks, one conversation per session",
+        "rows": args.rows,
+        "stock_mode": args.stock_mode,
+        "frames_per_round": "13, 12 alternating (12.5 Hz)",
+        "results": [],
+    }
     started = time.perf_counter()
     outputs: dict[str, list] = {}
     base = build_mimi(seed=1234, device=device)
@@ -159,25 +165,45 @@ def main() -> int:
     with deterministic_cudnn(), torch.no_grad():
         kind = "moshi stock, in turn"
         result, served, peak_from = measure(
-            kind, 0, lambda i: MoshiStockDecoder(copy.deepcopy(base), 1, mode=args.stock_mode),
-            lambda decoder, codes: decoder.step(codes), None, in_turn)
+            kind,
+            0,
+            lambda i: MoshiStockDecoder(copy.deepcopy(base), 1, mode=args.stock_mode),
+            lambda decoder, codes: decoder.step(codes),
+            None,
+            in_turn,
+        )
         record(result, served, kind, [], peak_from)
         del served
 
         kind = "duplexcadence, in turn"
         peak_from = start_peak()  # the peak counts the runtime's weights and arena
         runtime = load_runtime(copy.deepcopy(base), 1, device=device, sessions=max(in_turn))
-        result, served, peak_from = measure(kind, 1, lambda i, runtime=runtime: runtime.session(),
-                                            lambda s, codes: s.step(codes=codes), None, in_turn, peak_from)
+        result, served, peak_from = measure(
+            kind,
+            1,
+            lambda i, runtime=runtime: runtime.session(),
+            lambda s, codes: s.step(codes=codes),
+            None,
+            in_turn,
+            peak_from,
+        )
         report = runtime.report()
-        result.update({"arena_bytes": report.arena_bytes, "session_bytes": report.session_bytes,
-                       "graphs_captured": report.graphs_captured, "eager_off_plan": report.eager_off_plan})
+        result.update(
+            {
+                "arena_bytes": report.arena_bytes,
+                "session_bytes": report.session_bytes,
+                "graphs_captured": report.graphs_captured,
+                "eager_off_plan": report.eager_off_plan,
+            }
+        )
         record(result, served, kind, ["moshi stock, in turn"], peak_from)
         del served, runtime
 
         kind = f"moshi stock, batched B={args.rows}"
-        groups = Batched(lambda g: StockBatch(copy.deepcopy(base), args.rows, args.stock_mode),
-                         lambda group, index: (group.join(index), index)[1])
+        groups = Batched(
+            lambda g: StockBatch(copy.deepcopy(base), args.rows, args.stock_mode),
+            lambda group, index: (group.join(index), index)[1],
+        )
         # a stock member is its session index (StockBatch keys rows by it)
         result, served, peak_from = measure(kind, 0, groups.make, None, groups.step_all, batched)
         result["groups"] = len(groups.groups)
@@ -191,9 +217,15 @@ def main() -> int:
         groups = Batched(lambda g, runtime=runtime: LockstepGroup(runtime), lambda group, index: group.join())
         result, served, peak_from = measure(kind, 1, groups.make, None, groups.step_all, batched, peak_from)
         report = runtime.report()
-        result.update({"groups": len(groups.groups), "arena_bytes": report.arena_bytes,
-                       "session_bytes_per_group": report.session_bytes,
-                       "graphs_captured": report.graphs_captured, "eager_off_plan": report.eager_off_plan})
+        result.update(
+            {
+                "groups": len(groups.groups),
+                "arena_bytes": report.arena_bytes,
+                "session_bytes_per_group": report.session_bytes,
+                "graphs_captured": report.graphs_captured,
+                "eager_off_plan": report.eager_off_plan,
+            }
+        )
         record(result, served, kind, [f"moshi stock, batched B={args.rows}", "duplexcadence, in turn"], peak_from)
         del served, groups, runtime
 

@@ -69,12 +69,21 @@ def frame_summary(operations: list[tuple[float, float, str]], top: int) -> dict:
         entry[1] += end - start
     # in order, each operation with the gap since the previous one ended (0 for the first)
     sequence = [[0.0, operations[0][2][:60]]]
-    sequence += [[round(start - operations[index][1], 2), name[:60]]
-                 for index, (start, _, name) in enumerate(operations[1:])]
-    return {"operations": len(operations), **kinds, "by_name": by_name, "sequence": sequence,
-            "busy_us": busy, "span_us": span, "idle_us": span - busy,
-            "largest_gaps": [{"us": round(gap, 2), "after": before[:80], "before": after[:80]}
-                             for gap, before, after in gaps[:top]]}
+    sequence += [
+        [round(start - operations[index][1], 2), name[:60]] for index, (start, _, name) in enumerate(operations[1:])
+    ]
+    return {
+        "operations": len(operations),
+        **kinds,
+        "by_name": by_name,
+        "sequence": sequence,
+        "busy_us": busy,
+        "span_us": span,
+        "idle_us": span - busy,
+        "largest_gaps": [
+            {"us": round(gap, 2), "after": before[:80], "before": after[:80]} for gap, before, after in gaps[:top]
+        ],
+    }
 
 
 def trace(step, frames: int, warmup: int, top: int) -> list[dict]:
@@ -100,7 +109,9 @@ def operation_difference(ours: dict, theirs: dict) -> list[dict]:
         count_ours, us_ours = ours.get(name, (0, 0.0))
         count_theirs, us_theirs = theirs.get(name, (0, 0.0))
         if count_ours != count_theirs or abs(us_ours - us_theirs) > 1.0:
-            rows.append({"name": name, "count": [count_ours, count_theirs], "us": [round(us_ours, 2), round(us_theirs, 2)]})
+            rows.append(
+                {"name": name, "count": [count_ours, count_theirs], "us": [round(us_ours, 2), round(us_theirs, 2)]}
+            )
     return sorted(rows, key=lambda row: -abs(row["us"][0] - row["us"][1]))
 
 
@@ -115,9 +126,12 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=8, help="largest gaps listed per frame")
     default_out = os.path.join(os.environ["OUT"], "mimi_graph_trace.json") if os.environ.get("OUT") else None
     parser.add_argument("--out", default=default_out)
-    parser.add_argument("--order", default="ours,theirs",
-                        help="the sides to build and trace, in order, repeats allowed (ours = DuplexCadence, "
-                             "theirs = moshi's whole-step graph); the first and last are compared")
+    parser.add_argument(
+        "--order",
+        default="ours,theirs",
+        help="the sides to build and trace, in order, repeats allowed (ours = DuplexCadence, "
+        "theirs = moshi's whole-step graph); the first and last are compared",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("mimi_graph_trace: needs a CUDA device (it traces graph replays on the GPU)", file=sys.stderr)
@@ -132,11 +146,11 @@ def main() -> int:
 
     def ours():
         session = load_runtime(build_mimi(device="cuda"), 1, device="cuda").session()
-        return "duplexcadence step", lambda t: session.step(codes=codes[:, :, t:t + 1])
+        return "duplexcadence step", lambda t: session.step(codes=codes[:, :, t : t + 1])
 
     def theirs():
         stock = MoshiStockDecoder(build_mimi(device="cuda"), 1, mode="graphed_compiled_rope")
-        return "moshi whole-step graph", lambda t: stock.step(codes[:, :, t:t + 1])
+        return "moshi whole-step graph", lambda t: stock.step(codes[:, :, t : t + 1])
 
     builders = {"ours": ours, "theirs": theirs}
     order = args.order.split(",")
@@ -152,21 +166,36 @@ def main() -> int:
             del step
     print(f"{'side':24s} {'ops':>5s} {'kernels':>8s} {'memcpy':>7s} {'busy us':>8s} {'span us':>8s} {'idle us':>8s}")
     for name, summaries in sides.items():
-        print(f"{name:24s} {median_of(summaries, 'operations'):5.0f} {median_of(summaries, 'kernel'):8.0f} "
-              f"{median_of(summaries, 'memcpy'):7.0f} {median_of(summaries, 'busy_us'):8.1f} "
-              f"{median_of(summaries, 'span_us'):8.1f} {median_of(summaries, 'idle_us'):8.1f}")
+        print(
+            f"{name:24s} {median_of(summaries, 'operations'):5.0f} {median_of(summaries, 'kernel'):8.0f} "
+            f"{median_of(summaries, 'memcpy'):7.0f} {median_of(summaries, 'busy_us'):8.1f} "
+            f"{median_of(summaries, 'span_us'):8.1f} {median_of(summaries, 'idle_us'):8.1f}"
+        )
         for gap in summaries[len(summaries) // 2].get("largest_gaps", [])[:3]:
             print(f"    gap {gap['us']:7.2f} us after {gap['after']!r} before {gap['before']!r}")
-    first, last = (summaries[len(summaries) // 2].get("by_name", {})
-                   for summaries in (list(sides.values())[0], list(sides.values())[-1]))
+    first, last = (
+        summaries[len(summaries) // 2].get("by_name", {})
+        for summaries in (list(sides.values())[0], list(sides.values())[-1])
+    )
     difference = operation_difference(first, last)
     print(f"operations that differ (count first/last, us first/last: {list(sides)[0]} / {list(sides)[-1]}):")
     for row in difference[:25]:
-        print(f"  {row['count'][0]:3d}/{row['count'][1]:<3d} {row['us'][0]:8.2f}/{row['us'][1]:<8.2f} {row['name'][:110]}")
+        print(
+            f"  {row['count'][0]:3d}/{row['count'][1]:<3d} {row['us'][0]:8.2f}/{row['us'][1]:<8.2f} {row['name'][:110]}"
+        )
     if args.out:
         with open(args.out, "w") as handle:
-            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "frames": args.frames,
-                       "difference": difference, "sides": sides}, handle, indent=1)
+            json.dump(
+                {
+                    "torch": torch.__version__,
+                    "gpu": torch.cuda.get_device_name(),
+                    "frames": args.frames,
+                    "difference": difference,
+                    "sides": sides,
+                },
+                handle,
+                indent=1,
+            )
         print(f"wrote {args.out}")
     return 0
 

@@ -66,17 +66,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--seconds", type=float, default=3600.0, help="seconds of conversation (12.5 frames each)")
-    parser.add_argument("--stock-mode", default="auto", choices=STOCK_MODES,
-                        help="moshi side: auto (default: graphs off, the bit-identity reference), stock (as "
-                             "shipped, its own CUDA graphs), or another MoshiStockDecoder mode")
+    parser.add_argument(
+        "--stock-mode",
+        default="auto",
+        choices=STOCK_MODES,
+        help="moshi side: auto (default: graphs off, the bit-identity reference), stock (as "
+        "shipped, its own CUDA graphs), or another MoshiStockDecoder mode",
+    )
     parser.add_argument("--every", type=int, default=125, help="record memory every N frames (default 125 = 10 s)")
     parser.add_argument("--window", type=int, default=200, help="frames in each spot-check window")
-    parser.add_argument("--checkpoint-s", type=float, default=15.0,
-                        help="write the result at the next memory sample once this many wall seconds have "
-                             "passed since the last write (default 15)")
-    parser.add_argument("--max-wall", type=float, default=None,
-                        help="stop cleanly before this many seconds from the script's start (setup included) "
-                             "and write the result so far (default: no limit)")
+    parser.add_argument(
+        "--checkpoint-s",
+        type=float,
+        default=15.0,
+        help="write the result at the next memory sample once this many wall seconds have "
+        "passed since the last write (default 15)",
+    )
+    parser.add_argument(
+        "--max-wall",
+        type=float,
+        default=None,
+        help="stop cleanly before this many seconds from the script's start (setup included) "
+        "and write the result so far (default: no limit)",
+    )
     parser.add_argument("--seed", type=int, default=1234, help="weights seed; the codes use seed + 1")
     parser.add_argument("--out", default=None, help="JSON result path")
     return parser.parse_args(argv)
@@ -90,10 +102,15 @@ def resident_bytes() -> int:
 
 def counters(runtime) -> dict:
     report = runtime.report()
-    return {"graphs_captured": report.graphs_captured, "stage_graphs_covered": report.stage_graphs_covered,
-            "graphs_planned": report.graphs_planned, "replays": report.replays,
-            "eager_planned": report.eager_planned, "eager_off_plan": report.eager_off_plan,
-            "blocked": [d.message for d in report.blocked]}
+    return {
+        "graphs_captured": report.graphs_captured,
+        "stage_graphs_covered": report.stage_graphs_covered,
+        "graphs_planned": report.graphs_planned,
+        "replays": report.replays,
+        "eager_planned": report.eager_planned,
+        "eager_off_plan": report.eager_off_plan,
+        "blocked": [d.message for d in report.blocked],
+    }
 
 
 def state_pointers(mimi) -> dict[str, int]:
@@ -183,11 +200,17 @@ def run(args: argparse.Namespace, out: Path, wall_started: float, stop: dict | N
         steady = [value for frame, value in samples if frame >= args.every]
         baseline = steady[0] if steady else samples[-1][1]
         growth = max(steady, default=baseline) - baseline
-        spots = {name: {"frames": [lo, hi], "checked": max(0, min(hi, done) - lo),
-                        "mismatches": sum(lo <= t < hi for t in differing)}
-                 for name, (lo, hi) in windows(frames, args.window).items()}
-        graphs_ok = (end_counters["graphs_captured"] == start_counters["graphs_captured"]
-                     and end_counters["eager_off_plan"] == 0)
+        spots = {
+            name: {
+                "frames": [lo, hi],
+                "checked": max(0, min(hi, done) - lo),
+                "mismatches": sum(lo <= t < hi for t in differing),
+            }
+            for name, (lo, hi) in windows(frames, args.window).items()
+        }
+        graphs_ok = (
+            end_counters["graphs_captured"] == start_counters["graphs_captured"] and end_counters["eager_off_plan"] == 0
+        )
         if cuda:
             graphs_ok = graphs_ok and end_counters["eager_planned"] == 0 and end_counters["replays"] > 0
         checks = {
@@ -213,16 +236,25 @@ def run(args: argparse.Namespace, out: Path, wall_started: float, stop: dict | N
             "mismatched_frames": len(differing),
             "first_mismatches": differing[:20],
             "spot_windows": spots,
-            "memory": {"kind": "torch.cuda.memory_allocated" if cuda else "process resident set",
-                       "every_frames": args.every, "start": samples[0][1], "after_first_interval": baseline,
-                       "end": samples[-1][1], "max_after_first_interval": max(steady, default=baseline),
-                       "growth_after_first_interval": growth,
-                       "max_allocated": torch.cuda.max_memory_allocated(device) if cuda else None,
-                       "samples": [[frame, value] for frame, value in samples]},  # a copy, as of now
+            "memory": {
+                "kind": "torch.cuda.memory_allocated" if cuda else "process resident set",
+                "every_frames": args.every,
+                "start": samples[0][1],
+                "after_first_interval": baseline,
+                "end": samples[-1][1],
+                "max_after_first_interval": max(steady, default=baseline),
+                "growth_after_first_interval": growth,
+                "max_allocated": torch.cuda.max_memory_allocated(device) if cuda else None,
+                "samples": [[frame, value] for frame, value in samples],
+            },  # a copy, as of now
             "graphs_start": start_counters,
             "graphs_end": end_counters,
-            "data_ptrs": {"regions_start": start_regions, "regions_end": end_regions,
-                          "state_moved": sorted(moved_state), "regions_moved": sorted(moved_regions)},
+            "data_ptrs": {
+                "regions_start": start_regions,
+                "regions_end": end_regions,
+                "state_moved": sorted(moved_state),
+                "regions_moved": sorted(moved_regions),
+            },
             "checks": checks,
             "ok": all(value is not False for value in checks.values()),
         }
@@ -255,7 +287,7 @@ def run(args: argparse.Namespace, out: Path, wall_started: float, stop: dict | N
                 if deadline is not None and time.perf_counter() + 2 * write_s + 1.0 >= deadline:
                     stopped = "max-wall"
                     break
-                frame = codes[:, :, t:t + 1]
+                frame = codes[:, :, t : t + 1]
                 actual = session.step(codes=frame)
                 expected = stock.step(frame)
                 if actual.shape != expected.shape or actual.dtype != expected.dtype:
@@ -270,10 +302,13 @@ def run(args: argparse.Namespace, out: Path, wall_started: float, stop: dict | N
                     if at_progress or done == frames or time.perf_counter() - last_write >= args.checkpoint_s:
                         result = checkpoint(done, complete=done == frames)
                         if at_progress:
-                            print(f"  {done}/{frames} frames ({done / FRAMES_PER_SECOND:.0f} s of audio) in "
-                                  f"{result['elapsed_s']:.0f} s ({result['ms_per_frame_both_sides']:.2f} ms/frame); "
-                                  f"memory {samples[-1][1] / 2**20:.1f} MiB; mismatches "
-                                  f"{result['mismatched_frames']}", flush=True)
+                            print(
+                                f"  {done}/{frames} frames ({done / FRAMES_PER_SECOND:.0f} s of audio) in "
+                                f"{result['elapsed_s']:.0f} s ({result['ms_per_frame_both_sides']:.2f} ms/frame); "
+                                f"memory {samples[-1][1] / 2**20:.1f} MiB; mismatches "
+                                f"{result['mismatched_frames']}",
+                                flush=True,
+                            )
     except BaseException as error:  # a stage raised, Ctrl-C: the result so far says where, then the error
         try:
             checkpoint(done, stopped=f"error: {error!r}")
@@ -298,27 +333,40 @@ def _version(name: str) -> str | None:
 
 def summary(result: dict) -> str:
     memory = result["memory"]
-    lines = [f"Mimi long session: {result['frames_done']} of {result['frames']} frames "
-             f"({result['seconds_done'] / 60:.1f} of {result['seconds'] / 60:.1f} min of audio) on "
-             f"{result['device']}, stock {result['stock_mode']}; {result['elapsed_s']:.0f} s "
-             f"({result['ms_per_frame_both_sides']:.2f} ms per frame, both sides)"]
+    lines = [
+        f"Mimi long session: {result['frames_done']} of {result['frames']} frames "
+        f"({result['seconds_done'] / 60:.1f} of {result['seconds'] / 60:.1f} min of audio) on "
+        f"{result['device']}, stock {result['stock_mode']}; {result['elapsed_s']:.0f} s "
+        f"({result['ms_per_frame_both_sides']:.2f} ms per frame, both sides)"
+    ]
     if not result["complete"]:
-        lines.append(f"  INCOMPLETE: stopped by {result['stopped'] or '?'} after {result['wall_s']:.0f} s "
-                     "(the checks below cover the frames done)")
-    lines += [f"  frames differing from stock: {result['mismatched_frames']} of {result['frames_done']} "
-              f"(windows: " + ", ".join(f"{name} {w['frames'][0]}-{w['frames'][1]} ({w['checked']} checked): "
-                                        f"{w['mismatches']}" for name, w in result["spot_windows"].items()) + ")",
-              f"  {memory['kind']}: start {memory['start'] / 2**20:.1f} MiB, after {memory['every_frames']} frames "
-              f"{memory['after_first_interval'] / 2**20:.1f} MiB, end {memory['end'] / 2**20:.1f} MiB, growth after "
-              f"that {memory['growth_after_first_interval']} bytes",
-              f"  graphs captured: {result['graphs_start']['graphs_captured']} at start, "
-              f"{result['graphs_end']['graphs_captured']} at end; replays {result['graphs_end']['replays']}, eager "
-              f"{result['graphs_end']['eager_planned']} planned + {result['graphs_end']['eager_off_plan']} off-plan",
-              f"  moved: regions {result['data_ptrs']['regions_moved'] or 'none'}, "
-              f"state tensors {result['data_ptrs']['state_moved'] or 'none'}",
-              "  checks: " + ", ".join(f"{name} {'-' if value is None else 'ok' if value else 'FAILED'}"
-                                       for name, value in result["checks"].items()),
-              f"  {'FAILED' if not result['ok'] else 'OK' if result['complete'] else 'OK so far (incomplete)'}"]
+        lines.append(
+            f"  INCOMPLETE: stopped by {result['stopped'] or '?'} after {result['wall_s']:.0f} s "
+            "(the checks below cover the frames done)"
+        )
+    lines += [
+        f"  frames differing from stock: {result['mismatched_frames']} of {result['frames_done']} "
+        f"(windows: "
+        + ", ".join(
+            f"{name} {w['frames'][0]}-{w['frames'][1]} ({w['checked']} checked): {w['mismatches']}"
+            for name, w in result["spot_windows"].items()
+        )
+        + ")",
+        f"  {memory['kind']}: start {memory['start'] / 2**20:.1f} MiB, after {memory['every_frames']} frames "
+        f"{memory['after_first_interval'] / 2**20:.1f} MiB, end {memory['end'] / 2**20:.1f} MiB, growth after "
+        f"that {memory['growth_after_first_interval']} bytes",
+        f"  graphs captured: {result['graphs_start']['graphs_captured']} at start, "
+        f"{result['graphs_end']['graphs_captured']} at end; replays {result['graphs_end']['replays']}, eager "
+        f"{result['graphs_end']['eager_planned']} planned + {result['graphs_end']['eager_off_plan']} off-plan",
+        f"  moved: regions {result['data_ptrs']['regions_moved'] or 'none'}, "
+        f"state tensors {result['data_ptrs']['state_moved'] or 'none'}",
+        "  checks: "
+        + ", ".join(
+            f"{name} {'-' if value is None else 'ok' if value else 'FAILED'}"
+            for name, value in result["checks"].items()
+        ),
+        f"  {'FAILED' if not result['ok'] else 'OK' if result['complete'] else 'OK so far (incomplete)'}",
+    ]
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ whole-step graph (diagnostic, not a benchmark): build, streaming state, runtime 
     source scripts/device_setup.sh
     python scripts/mimi_memory_phases.py
 """
+
 import gc
 
 import torch
@@ -12,7 +13,7 @@ from duplexcadence.examples.moshi.cadence import load_runtime
 from duplexcadence.examples.moshi.model import build_mimi, random_codes
 from duplexcadence.examples.moshi.stock import MoshiStockDecoder
 
-MIB = 2 ** 20
+MIB = 2**20
 
 
 class Phases:
@@ -38,10 +39,10 @@ def main() -> None:
         stock = MoshiStockDecoder(build_mimi(device="cuda"), 1, mode="graphed_compiled_rope")
         phases.mark("built + streaming")
         for t in range(3):
-            stock.step(codes[:, :, t:t + 1])
+            stock.step(codes[:, :, t : t + 1])
             phases.mark(f"step {t}")
         for t in range(3, 160):
-            stock.step(codes[:, :, t:t + 1])
+            stock.step(codes[:, :, t : t + 1])
         phases.mark("160 steps")
         del stock
         phases = Phases("duplexcadence")
@@ -52,14 +53,21 @@ def main() -> None:
         session = runtime.session()
         phases.mark("session (graphs captured)")
         for t in range(3):
-            session.step(codes=codes[:, :, t:t + 1])
+            session.step(codes=codes[:, :, t : t + 1])
             phases.mark(f"step {t}")
         for t in range(3, 160):
-            session.step(codes=codes[:, :, t:t + 1])
+            session.step(codes=codes[:, :, t : t + 1])
         phases.mark("160 steps")
         snapshot = torch.cuda.memory_snapshot()
-        blocks = sorted(((b["size"], s["stream"], s["segment_type"]) for s in snapshot for b in s["blocks"]
-                         if b["state"] == "active_allocated"), reverse=True)[:12]
+        blocks = sorted(
+            (
+                (b["size"], s["stream"], s["segment_type"])
+                for s in snapshot
+                for b in s["blocks"]
+                if b["state"] == "active_allocated"
+            ),
+            reverse=True,
+        )[:12]
         print("largest live blocks (bytes, stream, segment):", blocks)
 
 

@@ -7,6 +7,7 @@ and for moshi's `CUDAGraphed` around the whole `decode`; then the step's host pa
     source scripts/device_setup.sh
     python scripts/mimi_overhead.py
 """
+
 import cProfile
 import pstats
 import time
@@ -38,8 +39,8 @@ def main() -> None:
     session = load_runtime(build_mimi(device="cuda"), 1, device="cuda").session()
     stock = MoshiStockDecoder(build_mimi(device="cuda"), 1, mode="graphed_compiled_rope")
     codes = random_codes(1, 800, seed=3).cuda()
-    ours = lambda t: session.step(codes=codes[:, :, t:t + 1])  # noqa: E731
-    theirs = lambda t: stock.step(codes[:, :, t:t + 1])  # noqa: E731
+    ours = lambda t: session.step(codes=codes[:, :, t : t + 1])  # noqa: E731
+    theirs = lambda t: stock.step(codes[:, :, t : t + 1])  # noqa: E731
     with torch.no_grad():
         for t in range(150):
             ours(t)
@@ -50,7 +51,7 @@ def main() -> None:
         feed = session.storage["codes"].view(1)
 
         def bare(t):
-            feed.copy_(codes[:, :, t:t + 1])
+            feed.copy_(codes[:, :, t : t + 1])
             graph.replay()
 
         rows = [("duplexcadence step", ours), ("bare fused replay + feed", bare), ("moshi whole-step graph", theirs)]

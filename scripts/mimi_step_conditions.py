@@ -29,6 +29,7 @@ build does: it found what ends the fast state, eager work on a side stream (sixt
 times it after each of several DuplexCadence runtimes is loaded: the fourth Mimi-sized graph alive in the
 process ends it too (seventh session).
 """
+
 import argparse
 import contextlib
 import statistics
@@ -75,7 +76,7 @@ def profiler_aftereffect(first: int, last: int) -> None:
         samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sides}
         for t in range(begin, end):
             for name, step in sides.items():
-                sample = timed(step, codes[:, :, t:t + 1])
+                sample = timed(step, codes[:, :, t : t + 1])
                 if t >= keep_from:
                     samples[name].append(sample)
         return samples
@@ -85,10 +86,9 @@ def profiler_aftereffect(first: int, last: int) -> None:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
             for t in range(last, last + 8):
                 for step in sides.values():
-                    step(codes[:, :, t:t + 1])
+                    step(codes[:, :, t : t + 1])
             torch.cuda.synchronize()
-        print_medians("after a torch.profiler session (CUDA activity) has stopped",
-                      stepped(last + 8, frames, last + 8))
+        print_medians("after a torch.profiler session (CUDA activity) has stopped", stepped(last + 8, frames, last + 8))
 
 
 def graph_phases(first: int, last: int, stock: str = "moshi whole-step graph", theirs_first: bool = False) -> None:
@@ -144,18 +144,29 @@ def graph_phases(first: int, last: int, stock: str = "moshi whole-step graph", t
                             done = time.perf_counter()
                             if t >= first and len(marks) == 1:
                                 entered, before, after = marks[0]
-                                rows[name].append(((entered - began) * 1e6, start.elapsed_time(before) * 1e3,
-                                                   before.elapsed_time(after) * 1e3, after.elapsed_time(end) * 1e3,
-                                                   (returned - began) * 1e6, (done - began) * 1e6))
-            print(f"{arrangement}: medians over frames [{first}, {last}) with one replay "
-                  "(replay called at host us; GPU us before / in / after the replay; host us; wall us)")
+                                rows[name].append(
+                                    (
+                                        (entered - began) * 1e6,
+                                        start.elapsed_time(before) * 1e3,
+                                        before.elapsed_time(after) * 1e3,
+                                        after.elapsed_time(end) * 1e3,
+                                        (returned - began) * 1e6,
+                                        (done - began) * 1e6,
+                                    )
+                                )
+            print(
+                f"{arrangement}: medians over frames [{first}, {last}) with one replay "
+                "(replay called at host us; GPU us before / in / after the replay; host us; wall us)"
+            )
             for name, frames in rows.items():
                 if not frames:
                     print(f"  {name:24s} no frame with exactly one replay")
                     continue
                 called, before, during, after, host, wall = (statistics.median(c) for c in zip(*frames))
-                print(f"  {name:24s} called {called:6.1f}  GPU {before:6.1f} / {during:7.1f} / {after:6.1f}  "
-                      f"host {host:6.1f}  wall {wall:7.1f}  ({len(frames)} frames)")
+                print(
+                    f"  {name:24s} called {called:6.1f}  GPU {before:6.1f} / {during:7.1f} / {after:6.1f}  "
+                    f"host {host:6.1f}  wall {wall:7.1f}  ({len(frames)} frames)"
+                )
     finally:
         torch.cuda.CUDAGraph.replay = replay
 
@@ -201,8 +212,15 @@ def run_frames(step, made, count: int) -> None:
     torch.cuda.synchronize()
 
 
-def builds(first: int, last: int, count: int, stock: str = "moshi whole-step graph", ours_first: bool = False,
-           ours_in_private_pools: bool = False, eager_first: int = 0) -> None:
+def builds(
+    first: int,
+    last: int,
+    count: int,
+    stock: str = "moshi whole-step graph",
+    ours_first: bool = False,
+    ours_in_private_pools: bool = False,
+    eager_first: int = 0,
+) -> None:
     """Each side of the bench subject built `count` times in turn, each build freed before the next and
     timed alone (synchronised per frame, as `dsl bench` does): how much a variant's time moves from one
     build to the next, at the same clocks, with the same kernels, on other addresses. With
@@ -228,8 +246,10 @@ def builds(first: int, last: int, count: int, stock: str = "moshi whole-step gra
             with pools:
                 runner = by_name[name].make()
             walls[name].append(median_wall_us(runner, made, first, last))
-            print(f"build {build}: {name:30s} wall {walls[name][-1]:7.1f} us (median of frames [{first}, {last}))",
-                  flush=True)
+            print(
+                f"build {build}: {name:30s} wall {walls[name][-1]:7.1f} us (median of frames [{first}, {last}))",
+                flush=True,
+            )
             close = getattr(runner, "close", None)
             if callable(close):
                 close()
@@ -237,8 +257,10 @@ def builds(first: int, last: int, count: int, stock: str = "moshi whole-step gra
             gc.collect()
             torch.cuda.empty_cache()
     for name, values in walls.items():
-        print(f"{name:30s} over {count} builds: min {min(values):7.1f}  median {statistics.median(values):7.1f}  "
-              f"max {max(values):7.1f} us")
+        print(
+            f"{name:30s} over {count} builds: min {min(values):7.1f}  median {statistics.median(values):7.1f}  "
+            f"max {max(values):7.1f} us"
+        )
 
 
 def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whole-step graph") -> None:
@@ -354,28 +376,31 @@ def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whol
         torch.cuda.synchronize()
         kept.append(stream)
 
-    actions = {"after a sync-debug probe": sync_debug_probe, "after work on a new side stream": side_stream,
-               "after a small graph captured into a new pool": small_graph,
-               "after 13 stock eager frames": eager_frames,
-               "after 13 stock eager frames on a new side stream": eager_frames_on_side_stream,
-               "after 13 frames of moshi fully eager (no compile)": no_compile_frames,
-               "after 13 frames of an eager DuplexCadence session (graphs=False)": eager_session,
-               "after 13 frames of moshi stock (own graphs), freed": own_graphs_frames_freed,
-               "after dsl bench's reset between variants (cuBLAS workspaces cleared, cache emptied)":
-                   between_variants,
-               "after a second whole-step graph captured": second_whole_step,
-               "after a DuplexCadence runtime loaded (no session)": runtime_loaded,
-               "after its session captured its graphs": session_captured,
-               "after a DuplexCadence session captured without its sync-debug probe": session_captured_without_probe,
-               "after a DuplexCadence session captured as moshi captures (its stream and pool)":
-                   session_captured_as_moshi,
-               "after 16 DuplexCadence sessions captured, one runtime of 16 slots": many_slots_captured,
-               "after the bench's DuplexCadence runner built": duplexcadence,
-               "after everything above freed": duplexcadence_freed}
+    actions = {
+        "after a sync-debug probe": sync_debug_probe,
+        "after work on a new side stream": side_stream,
+        "after a small graph captured into a new pool": small_graph,
+        "after 13 stock eager frames": eager_frames,
+        "after 13 stock eager frames on a new side stream": eager_frames_on_side_stream,
+        "after 13 frames of moshi fully eager (no compile)": no_compile_frames,
+        "after 13 frames of an eager DuplexCadence session (graphs=False)": eager_session,
+        "after 13 frames of moshi stock (own graphs), freed": own_graphs_frames_freed,
+        "after dsl bench's reset between variants (cuBLAS workspaces cleared, cache emptied)": between_variants,
+        "after a second whole-step graph captured": second_whole_step,
+        "after a DuplexCadence runtime loaded (no session)": runtime_loaded,
+        "after its session captured its graphs": session_captured,
+        "after a DuplexCadence session captured without its sync-debug probe": session_captured_without_probe,
+        "after a DuplexCadence session captured as moshi captures (its stream and pool)": session_captured_as_moshi,
+        "after 16 DuplexCadence sessions captured, one runtime of 16 slots": many_slots_captured,
+        "after the bench's DuplexCadence runner built": duplexcadence,
+        "after everything above freed": duplexcadence_freed,
+    }
     chosen = list(actions) if not only else [label for label in actions if any(word in label for word in only)]
     if not chosen:
-        raise SystemExit(f"--state-flips: no action's label holds {', '.join(map(repr, only))}; the actions are:\n  "
-                         + "\n  ".join(actions))
+        raise SystemExit(
+            f"--state-flips: no action's label holds {', '.join(map(repr, only))}; the actions are:\n  "
+            + "\n  ".join(actions)
+        )
     made = subject(device="cuda", seconds=last // 12 + 1)  # the actions above read these three when they run
     by_name = {variant.name: variant for variant in made.variants}
     whole = by_name[stock].make()
@@ -437,25 +462,48 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=150)
     parser.add_argument("--last", type=int, default=300)
     parser.add_argument("--harness", action="store_true", help="time the bench subject's own runners instead")
-    parser.add_argument("--builds", type=int, default=0, metavar="N",
-                        help="build each side N times in turn, each timed alone")
+    parser.add_argument(
+        "--builds", type=int, default=0, metavar="N", help="build each side N times in turn, each timed alone"
+    )
     parser.add_argument("--ours-first", action="store_true", help="with --builds: build DuplexCadence first")
-    parser.add_argument("--private-pools", action="store_true",
-                        help="with --builds: capture each of DuplexCadence's graphs into a pool of its own")
-    parser.add_argument("--eager-first", type=int, default=0, metavar="N",
-                        help="with --builds: run N frames of stock eager before the first build")
-    parser.add_argument("--state-flips", nargs="*", metavar="WORD",
-                        help="time the whole-step graph built first, again after each thing DuplexCadence's build "
-                             "does (only the actions whose label holds one of the WORDs, if given)")
-    parser.add_argument("--graph-count", type=int, default=0, metavar="N",
-                        help="time the whole-step graph built first, again after each of N DuplexCadence runtimes "
-                             "(one session each) is loaded")
-    parser.add_argument("--theirs-first", action="store_true",
-                        help="with --graph-phases: capture the whole-step graph before DuplexCadence is built")
-    parser.add_argument("--graph-phases", action="store_true",
-                        help="split each side's frame around its graph replay, alone and in turn")
-    parser.add_argument("--profiler-aftereffect", action="store_true",
-                        help="time both sides before and after a torch.profiler session")
+    parser.add_argument(
+        "--private-pools",
+        action="store_true",
+        help="with --builds: capture each of DuplexCadence's graphs into a pool of its own",
+    )
+    parser.add_argument(
+        "--eager-first",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --builds: run N frames of stock eager before the first build",
+    )
+    parser.add_argument(
+        "--state-flips",
+        nargs="*",
+        metavar="WORD",
+        help="time the whole-step graph built first, again after each thing DuplexCadence's build "
+        "does (only the actions whose label holds one of the WORDs, if given)",
+    )
+    parser.add_argument(
+        "--graph-count",
+        type=int,
+        default=0,
+        metavar="N",
+        help="time the whole-step graph built first, again after each of N DuplexCadence runtimes "
+        "(one session each) is loaded",
+    )
+    parser.add_argument(
+        "--theirs-first",
+        action="store_true",
+        help="with --graph-phases: capture the whole-step graph before DuplexCadence is built",
+    )
+    parser.add_argument(
+        "--graph-phases", action="store_true", help="split each side's frame around its graph replay, alone and in turn"
+    )
+    parser.add_argument(
+        "--profiler-aftereffect", action="store_true", help="time both sides before and after a torch.profiler session"
+    )
     args = parser.parse_args()
     counts = {"--builds": args.builds, "--graph-count": args.graph_count, "--eager-first": args.eager_first}
     for flag, count in counts.items():
@@ -474,8 +522,14 @@ def main() -> None:
         graph_count(args.first, args.last, args.graph_count)
         return
     if args.builds:
-        builds(args.first, args.last, args.builds, ours_first=args.ours_first, ours_in_private_pools=args.private_pools,
-               eager_first=args.eager_first)
+        builds(
+            args.first,
+            args.last,
+            args.builds,
+            ours_first=args.ours_first,
+            ours_in_private_pools=args.private_pools,
+            eager_first=args.eager_first,
+        )
         return
     if args.graph_phases:
         graph_phases(args.first, args.last, theirs_first=args.theirs_first)
@@ -492,7 +546,7 @@ def main() -> None:
         samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sides}
         with torch.no_grad():
             for t in range(args.last):
-                frame = codes[:, :, t:t + 1]
+                frame = codes[:, :, t : t + 1]
                 if after_eager:
                     eager.step(frame)
                 for name, step in sides.items():

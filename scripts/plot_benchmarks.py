@@ -36,9 +36,13 @@ PLANS = {
     "minicpmo45": ("step_audio2_token2wav.clock", {"P": "150", "steps": "10"}),
     "qwen3omni": ("qwen3_omni_code2wav.clock", {"B": "1"}),
 }
-LABELS = {"moshi": "Moshi (Mimi decoder)", "personaplex": "PersonaPlex (Mimi decoder, per instance)",
-          "minicpmo45": "MiniCPM-o 4.5 (token2wav, n=10, P=150)", "qwen3omni": "Qwen3-Omni (Code2Wav)",
-          "mimi_lockstep_density": "Moshi's Mimi decoder: in turn vs batched (lockstep B=32)"}
+LABELS = {
+    "moshi": "Moshi (Mimi decoder)",
+    "personaplex": "PersonaPlex (Mimi decoder, per instance)",
+    "minicpmo45": "MiniCPM-o 4.5 (token2wav, n=10, P=150)",
+    "qwen3omni": "Qwen3-Omni (Code2Wav)",
+    "mimi_lockstep_density": "Moshi's Mimi decoder: in turn vs batched (lockstep B=32)",
+}
 
 
 def pyplot():
@@ -135,8 +139,10 @@ def plot_ms_per_second(model: str, payload, out_dir: Path) -> Path | None:
 
 
 def plot_density(model: str, payload, out_dir: Path) -> Path | None:
-    series = [(series_name(name), [(p["sessions"], _p99(p)) for p in points if "sessions" in p and _p99(p) is not None])
-              for name, points in sweeps(payload)]
+    series = [
+        (series_name(name), [(p["sessions"], _p99(p)) for p in points if "sessions" in p and _p99(p) is not None])
+        for name, points in sweeps(payload)
+    ]
     series = [(name, sorted(points)) for name, points in series if points]
     if not series:
         note(f"{model}: no sessions sweep in its JSON; density plot skipped")
@@ -205,8 +211,11 @@ def plot_memory_by_region(out_dir: Path) -> Path | None:
         total_demand = sum(d for _, d, _ in families)
         compared = sum(d for _, d, s in families if s is not None)
         total_stock = sum(s for _, _, s in families if s is not None)
-        stock_text = (f"regions with a stock allocation: {mib(compared)} vs stock {mib(total_stock)}" if total_stock
-                      else "no region declares a stock allocation (stock keeps no state between seconds)")
+        stock_text = (
+            f"regions with a stock allocation: {mib(compared)} vs stock {mib(total_stock)}"
+            if total_stock
+            else "no region declares a stock allocation (stock keeps no state between seconds)"
+        )
         axis.set_title(f"{LABELS[model]}: plan {mib(total_demand)} per session; {stock_text}", fontsize=8)
         axis.grid(True, axis="x", which="both", alpha=0.3)
         axis.legend(fontsize=7, loc="lower right")

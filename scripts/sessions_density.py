@@ -96,12 +96,16 @@ class Served:
             for index in range(count):
                 for _ in range(frames):
                     t = self.position[index]
-                    self.outputs[index].append(self.step_one(self.sessions[index], self.codes[index][:, :, t:t + 1]))
+                    self.outputs[index].append(self.step_one(self.sessions[index], self.codes[index][:, :, t : t + 1]))
                     self.position[index] += 1
         else:  # every frame, all sessions together
             for _ in range(frames):
-                pcm = self.step_all({self.sessions[i]: self.codes[i][:, :, self.position[i]:self.position[i] + 1]
-                                     for i in range(count)})
+                pcm = self.step_all(
+                    {
+                        self.sessions[i]: self.codes[i][:, :, self.position[i] : self.position[i] + 1]
+                        for i in range(count)
+                    }
+                )
                 for index in range(count):
                     self.outputs[index].append(pcm[self.sessions[index]])
                     self.position[index] += 1
@@ -113,7 +117,9 @@ def add_round_arguments(parser: argparse.ArgumentParser, rounds: int, dry_run: s
     """The options every density script shares: rounds per count, the CPU dry run, the JSON path."""
     parser.add_argument("--rounds", type=int, default=rounds, help="measured rounds (seconds of audio) per count")
     parser.add_argument("--warmup-rounds", type=int, default=1)
-    parser.add_argument("--cpu-dry-run", action="store_true", help=f"CPU, {dry_run}: checks the script (times mean nothing)")
+    parser.add_argument(
+        "--cpu-dry-run", action="store_true", help=f"CPU, {dry_run}: checks the script (times mean nothing)"
+    )
     default_out = os.path.join(os.environ["OUT"], json_name) if os.environ.get("OUT") else json_name
     parser.add_argument("--out", default=default_out)
 
@@ -150,17 +156,28 @@ def sweep(served: Served, counts: list[int], rounds: int, warmup: int) -> dict:
         for _ in range(warmup):
             served.round(count)
         walls = [served.round(count) for _ in range(rounds)]
-        row = {"sessions": count, "round_ms_median": sorted(walls)[len(walls) // 2], "round_ms_p99": p99(walls),
-               "round_ms_max": max(walls)}
+        row = {
+            "sessions": count,
+            "round_ms_median": sorted(walls)[len(walls) // 2],
+            "round_ms_p99": p99(walls),
+            "round_ms_max": max(walls),
+        }
         rows.append(row)
-        log(f"{served.kind}: {count} sessions: round median {row['round_ms_median']:.1f} ms, p99 "
-            f"{row['round_ms_p99']:.1f} ms")
+        log(
+            f"{served.kind}: {count} sessions: round median {row['round_ms_median']:.1f} ms, p99 "
+            f"{row['round_ms_p99']:.1f} ms"
+        )
         if row["round_ms_p99"] >= 1000 and not DRY_RUN:
             break
         best = count
-    return {"kind": served.kind, "lanes": served.lanes, "rounds": rounds, "warmup_rounds": warmup,
-            "max_sessions_p99_under_1s": best, "sweep": rows}
-
+    return {
+        "kind": served.kind,
+        "lanes": served.lanes,
+        "rounds": rounds,
+        "warmup_rounds": warmup,
+        "max_sessions_p99_under_1s": best,
+        "sweep": rows,
+    }
 
 
 def main() -> int:
@@ -181,17 +198,27 @@ def main() -> int:
     stock_counts, counts, lanes_list = map(parse_counts, (args.stock_sessions, args.sessions, args.lanes))
     codes_of = session_codes([counts, stock_counts], args.rounds, args.warmup_rounds)
 
-    payload: dict = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else None,
-                     "tail": "PersonaPlex Mimi decoder, fp32, B=1, one instance per session",
-                     "frames_per_round": "13, 12 alternating (12.5 Hz)", "results": []}
+    payload: dict = {
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else None,
+        "tail": "PersonaPlex Mimi decoder, fp32, B=1, one instance per session",
+        "frames_per_round": "13, 12 alternating (12.5 Hz)",
+        "results": [],
+    }
     started = time.perf_counter()
     outputs: dict[str, list] = {}
     with deterministic_cudnn(), torch.no_grad():
         if not args.no_stock:
             reset_peak()
             mimi = build_mimi(seed=1234, device=DEVICE)
-            served = Served("stock", 0, lambda i: PersonaPlexMimiDecoder(mimi, 1),
-                            lambda decoder, codes: decoder.decode(codes), None, codes_of)
+            served = Served(
+                "stock",
+                0,
+                lambda i: PersonaPlexMimiDecoder(mimi, 1),
+                lambda decoder, codes: decoder.decode(codes),
+                None,
+                codes_of,
+            )
             result = sweep(served, stock_counts, args.rounds, args.warmup_rounds)
             result["peak_allocated_bytes"] = peak()
             payload["results"].append(result)
@@ -200,20 +227,33 @@ def main() -> int:
         for lanes in lanes_list:
             reset_peak()
             slots = max(counts)
-            runtime = load_runtime(build_mimi(seed=1234, device=DEVICE), 1, device=DEVICE, sessions=slots,
-                                   lanes=lanes)
+            runtime = load_runtime(build_mimi(seed=1234, device=DEVICE), 1, device=DEVICE, sessions=slots, lanes=lanes)
             kind = f"duplexcadence, {lanes} lane{'s' if lanes > 1 else ''}"
-            served = Served(kind, lanes, lambda i, runtime=runtime: runtime.session(),
-                            lambda s, codes: s.step(codes=codes),
-                            None if lanes == 1 else lambda steps, runtime=runtime: runtime.step_many(
-                                {s: {"codes": c} for s, c in steps.items()}), codes_of)
+            served = Served(
+                kind,
+                lanes,
+                lambda i, runtime=runtime: runtime.session(),
+                lambda s, codes: s.step(codes=codes),
+                None
+                if lanes == 1
+                else lambda steps, runtime=runtime: runtime.step_many({s: {"codes": c} for s, c in steps.items()}),
+                codes_of,
+            )
             result = sweep(served, counts, args.rounds, args.warmup_rounds)
             report = runtime.report()
-            result.update({"peak_allocated_bytes": peak(), "session_slots": slots, "arena_bytes": report.arena_bytes,
-                           "session_bytes": report.session_bytes, "scratch_bytes_per_lane": report.scratch_bytes,
-                           "arena_bytes_per_session": report.arena_bytes / slots,
-                           "graphs_captured": report.graphs_captured, "capture_seconds": report.capture_seconds,
-                           "eager_off_plan": report.eager_off_plan})
+            result.update(
+                {
+                    "peak_allocated_bytes": peak(),
+                    "session_slots": slots,
+                    "arena_bytes": report.arena_bytes,
+                    "session_bytes": report.session_bytes,
+                    "scratch_bytes_per_lane": report.scratch_bytes,
+                    "arena_bytes_per_session": report.arena_bytes / slots,
+                    "graphs_captured": report.graphs_captured,
+                    "capture_seconds": report.capture_seconds,
+                    "eager_off_plan": report.eager_off_plan,
+                }
+            )
             for name, reference in outputs.items():
                 compared, mismatched = count_unequal(served.outputs, reference)
                 result[f"frames_compared_with_{name}"] = compared
@@ -222,8 +262,10 @@ def main() -> int:
             if lanes == 1:
                 outputs["duplexcadence, 1 lane"] = served.outputs
             payload["results"].append(result)
-            log(f"{kind}: {result['max_sessions_p99_under_1s']} sessions at 1 s (p99); arena "
-                f"{report.arena_bytes / 2**20:.1f} MiB for {slots} slots")
+            log(
+                f"{kind}: {result['max_sessions_p99_under_1s']} sessions at 1 s (p99); arena "
+                f"{report.arena_bytes / 2**20:.1f} MiB for {slots} slots"
+            )
             del served, runtime
     write_results(payload, "stock", "ratio_to_stock", started, args.out)
     differ = sum(v for r in payload["results"] for k, v in r.items() if k.startswith("frames_not_equal"))

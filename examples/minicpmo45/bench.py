@@ -28,14 +28,18 @@ from fractions import Fraction
 
 import torch
 
-from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant
 from duplexcadence.examples.minicpmo45.cadence import load_runtime
 from duplexcadence.examples.minicpmo45.model import RELEASED, TailConfig, Token2wavTail, build_tail, random_prompt
 from duplexcadence.examples.minicpmo45.patches import estimator_cache_frames
 from duplexcadence.examples.minicpmo45.stock import CHUNK_TOKENS, StockToken2wavSession
+from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant
 
-STOCK_BUFFERS = (("decoder", "att_cache_buffer"), ("decoder", "cnn_cache_buffer"),
-                 ("estimator", "att_cache_buffer"), ("estimator", "cnn_cache_buffer"))
+STOCK_BUFFERS = (
+    ("decoder", "att_cache_buffer"),
+    ("decoder", "cnn_cache_buffer"),
+    ("estimator", "att_cache_buffer"),
+    ("estimator", "cnn_cache_buffer"),
+)
 REDUCED = TailConfig(encoder_blocks=1, encoder_up_blocks=1, dit_depth=1, hift_base_channels=32)
 
 
@@ -49,16 +53,19 @@ class StockBufferStore:
         self.tail = tail
         decoder = tail.flow.decoder
         self.owners = {"decoder": decoder, "estimator": decoder.estimator}
-        self.specs = {key: (getattr(self.owners[key[0]], key[1]).shape, getattr(self.owners[key[0]], key[1]).dtype)
-                      for key in STOCK_BUFFERS}
+        self.specs = {
+            key: (getattr(self.owners[key[0]], key[1]).shape, getattr(self.owners[key[0]], key[1]).dtype)
+            for key in STOCK_BUFFERS
+        }
         self.noise = decoder.rand_noise.cpu()
         self.release()
 
     def release(self) -> None:
         for (owner, name), (shape, dtype) in self.specs.items():
             self.owners[owner]._buffers[name] = torch.empty(shape, dtype=dtype, device="meta")
-        self.owners["decoder"]._buffers["rand_noise"] = torch.empty(self.noise.shape, dtype=self.noise.dtype,
-                                                                    device="meta")
+        self.owners["decoder"]._buffers["rand_noise"] = torch.empty(
+            self.noise.shape, dtype=self.noise.dtype, device="meta"
+        )
 
     def install(self) -> None:
         """Stock's buffers and its whole noise table, on the device."""
@@ -109,21 +116,39 @@ def _compile_flow(tail: Token2wavTail):
 
 def _runtime_info(runner: Runner) -> dict:
     report = runner.bound.runtime.report()
-    return {"graphs_captured": report.graphs_captured, "graphs_planned": report.graphs_planned,
-            "capture_seconds": report.capture_seconds, "blocked": [d.message for d in report.blocked],
-            "replays": report.replays, "eager_planned": report.eager_planned,
-            "eager_off_plan": report.eager_off_plan, "arena_bytes": report.arena_bytes,
-            "session_bytes": report.session_bytes, "scratch_bytes": report.scratch_bytes,
-            "stock_bytes_of_declared_regions": report.stock_bytes}
+    return {
+        "graphs_captured": report.graphs_captured,
+        "graphs_planned": report.graphs_planned,
+        "capture_seconds": report.capture_seconds,
+        "blocked": [d.message for d in report.blocked],
+        "replays": report.replays,
+        "eager_planned": report.eager_planned,
+        "eager_off_plan": report.eager_off_plan,
+        "arena_bytes": report.arena_bytes,
+        "session_bytes": report.session_bytes,
+        "scratch_bytes": report.scratch_bytes,
+        "stock_bytes_of_declared_regions": report.stock_bytes,
+    }
 
 
-def subject(device: str = "cuda", seconds: int = 10, batch: int = 1, dtype: str = "fp32", steps: int | str = 10,
-            prompt: int | str = 150, seed: int | str = 0, reduced: int | str = 0, **_) -> Subject:
+def subject(
+    device: str = "cuda",
+    seconds: int = 10,
+    batch: int = 1,
+    dtype: str = "fp32",
+    steps: int | str = 10,
+    prompt: int | str = 150,
+    seed: int | str = 0,
+    reduced: int | str = 0,
+    **_,
+) -> Subject:
     """The bench subject; `batch` must be 1 (one session per chunk; sessions in turn: scripts/minicpmo45_gpu_bench.py)."""
     steps, prompt_frames, seed = int(steps), int(prompt), int(seed)
     if int(batch) != 1:
-        raise ValueError("the token2wav tail streams one session per call (batch 1); sessions served in turn are "
-                         "measured by scripts/minicpmo45_gpu_bench.py")
+        raise ValueError(
+            "the token2wav tail streams one session per call (batch 1); sessions served in turn are "
+            "measured by scripts/minicpmo45_gpu_bench.py"
+        )
     if dtype not in ("fp32", "fp16"):
         raise ValueError(f"the token2wav tail runs in fp32 or fp16 (flow.half()), not {dtype}")
     device = torch.device(device)
@@ -138,8 +163,9 @@ def subject(device: str = "cuda", seconds: int = 10, batch: int = 1, dtype: str 
         table.extend_pe(torch.zeros(1, 1, device=device))  # float32: they follow the LayerNorm output
     conditioning = random_prompt(prompt_frames, seed=4321, device=device)
     ticks = int(seconds) * 2 + 32  # the bench also profiles steady ticks after the measured ones
-    tokens = torch.randint(0, 6561, (1, CHUNK_TOKENS * ticks), generator=torch.Generator().manual_seed(2024 + seed),
-                           dtype=torch.int32)
+    tokens = torch.randint(
+        0, 6561, (1, CHUNK_TOKENS * ticks), generator=torch.Generator().manual_seed(2024 + seed), dtype=torch.int32
+    )
     weights_bytes = sum(p.numel() * p.element_size() for module in (tail.flow, tail.hift) for p in module.parameters())
     weights_bytes += sum(table.pe.numel() * table.pe.element_size() for table in tables)
 
@@ -152,16 +178,36 @@ def subject(device: str = "cuda", seconds: int = 10, batch: int = 1, dtype: str 
         bound = load_runtime(tail, prompt_frames, steps)
         return Runner(bound.session(conditioning, seed=seed, base_on_host=base_on_host), bound)
 
-    description = (f"Step-Audio2 token2wav ({'released' if config == RELEASED else 'reduced'} sizes), {dtype}, "
-                   f"n_timesteps={steps}, P={prompt_frames}")
-    return Subject("minicpmo45", Fraction(1), lambda t: {"tokens": tokens[:, CHUNK_TOKENS * t : CHUNK_TOKENS * (t + 1)]},
-                   [Variant("stock eager", stock, reference=True),
-                    Variant("duplexcadence", cadence, info=_runtime_info),
-                    Variant("duplexcadence, voice base on host", lambda: cadence(base_on_host=True),
-                            info=_runtime_info)],
-                   device, description=description, warmup_ticks=2, weights_bytes=weights_bytes,
-                   extra={"dtype": dtype, "n_timesteps": steps, "prompt_frames": prompt_frames, "seed": seed,
-                          "released": config == RELEASED},
-                   compile_variants=[compiled_variant(
-                       "stock step, torch.compile reduce-overhead", stock, install=_compile_flow(tail),
-                       note="flow.inference_chunk compiled, HiFT eager")])
+    description = (
+        f"Step-Audio2 token2wav ({'released' if config == RELEASED else 'reduced'} sizes), {dtype}, "
+        f"n_timesteps={steps}, P={prompt_frames}"
+    )
+    return Subject(
+        "minicpmo45",
+        Fraction(1),
+        lambda t: {"tokens": tokens[:, CHUNK_TOKENS * t : CHUNK_TOKENS * (t + 1)]},
+        [
+            Variant("stock eager", stock, reference=True),
+            Variant("duplexcadence", cadence, info=_runtime_info),
+            Variant("duplexcadence, voice base on host", lambda: cadence(base_on_host=True), info=_runtime_info),
+        ],
+        device,
+        description=description,
+        warmup_ticks=2,
+        weights_bytes=weights_bytes,
+        extra={
+            "dtype": dtype,
+            "n_timesteps": steps,
+            "prompt_frames": prompt_frames,
+            "seed": seed,
+            "released": config == RELEASED,
+        },
+        compile_variants=[
+            compiled_variant(
+                "stock step, torch.compile reduce-overhead",
+                stock,
+                install=_compile_flow(tail),
+                note="flow.inference_chunk compiled, HiFT eager",
+            )
+        ],
+    )

@@ -47,18 +47,41 @@ import torch
 
 from duplexcadence.dsl.frontend import load_program
 from duplexcadence.dsl.program import Program
+from duplexcadence.examples.minicpmo45.model import (
+    PRE_LOOKAHEAD_TOKENS,
+    SILENCE_TOKEN,
+    PromptConditioning,
+    Token2wavTail,
+)
+from duplexcadence.examples.minicpmo45.package import load_stepaudio2
+from duplexcadence.examples.minicpmo45.patches import (
+    MAX_LAST_CHUNK_FRAMES,
+    apply_constant_patches,
+    estimator_cache_frames,
+)
+from duplexcadence.examples.minicpmo45.stock import (
+    CHUNK_TOKENS,
+    FLUSH_MIN_TOKENS,
+    SOURCE_CACHE_SAMPLES,
+    ChunkRecord,
+    setup_stream_caches,
+)
+from duplexcadence.interpreter.plans.trace import Firing, View
 from duplexcadence.interpreter.runtime.runtime import Runtime, Session
 from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES, RegionStorage
-from duplexcadence.interpreter.plans.trace import Firing, View
-from duplexcadence.examples.minicpmo45.model import PRE_LOOKAHEAD_TOKENS, SILENCE_TOKEN, PromptConditioning, Token2wavTail
-from duplexcadence.examples.minicpmo45.package import load_stepaudio2
-from duplexcadence.examples.minicpmo45.patches import MAX_LAST_CHUNK_FRAMES, apply_constant_patches, estimator_cache_frames
-from duplexcadence.examples.minicpmo45.stock import CHUNK_TOKENS, FLUSH_MIN_TOKENS, SOURCE_CACHE_SAMPLES, ChunkRecord, setup_stream_caches
 
 CLOCK = Path(__file__).resolve().parents[2] / "stdlib" / "models" / "step_audio2_token2wav.clock"
 
-FLOAT16_REGIONS = ("conformer_att", "estimator_att", "estimator_cnn", "noise", "chunk_mel", "cfm_att", "dit_att",
-                   "dit_cnn")
+FLOAT16_REGIONS = (
+    "conformer_att",
+    "estimator_att",
+    "estimator_cnn",
+    "noise",
+    "chunk_mel",
+    "cfm_att",
+    "dit_att",
+    "dit_cnn",
+)
 """Regions that are float16 in the float16 tail (``flow.half()`` buffers, autocast K/V, the CFM's mel).
 The rest stay float32: HiFT, the speaker embedding, and ``conformer_cnn`` (a ``cat`` of the fp16
 pre-lookahead carry with the fp32 upsample carry, which promotes)."""
@@ -123,9 +146,17 @@ class Token2wavHooks:
     def as_dict(self) -> dict[str, Any]:
         return {"flow_chunk": self.flow_chunk, "hift_front": self.hift_front, "hift_back": self.hift_back}
 
-    def flow_chunk(self, tail: Token2wavTail, tokens: torch.Tensor, speaker: torch.Tensor,
-                   conformer_att: torch.Tensor, conformer_cnn: torch.Tensor, estimator_att: torch.Tensor, *,
-                   firing: Firing) -> tuple[torch.Tensor, ...]:
+    def flow_chunk(
+        self,
+        tail: Token2wavTail,
+        tokens: torch.Tensor,
+        speaker: torch.Tensor,
+        conformer_att: torch.Tensor,
+        conformer_cnn: torch.Tensor,
+        estimator_att: torch.Tensor,
+        *,
+        firing: Firing,
+    ) -> tuple[torch.Tensor, ...]:
         """``flow.inference_chunk`` under ``Token2wav.stream``'s autocast -> (conformer_att, conformer_cnn,
         estimator_att, chunk_mel), the new versions untrimmed (the runtime keeps first P + last 100)."""
         cache = {
@@ -139,12 +170,25 @@ class Token2wavHooks:
         # (no autocast weight cache inside a graph capture; it changes no value: the casts are the same)
         with torch.amp.autocast("cuda", dtype=autocast_dtype, enabled=self.device.type == "cuda", cache_enabled=False):
             chunk_mel, new_cache = tail.flow.inference_chunk(
-                token=tokens, spk=speaker, cache=cache, last_chunk=firing.last, n_timesteps=estimator_att.shape[0])
-        return (new_cache["conformer_att_cache"], new_cache["conformer_cnn_cache"], new_cache["estimator_att_cache"],
-                chunk_mel)
+                token=tokens, spk=speaker, cache=cache, last_chunk=firing.last, n_timesteps=estimator_att.shape[0]
+            )
+        return (
+            new_cache["conformer_att_cache"],
+            new_cache["conformer_cnn_cache"],
+            new_cache["estimator_att_cache"],
+            chunk_mel,
+        )
 
-    def hift_front(self, tail: Token2wavTail, chunk_mel: torch.Tensor, hift_mel: torch.Tensor,
-                   hift_source: torch.Tensor, spectrum: torch.Tensor, *, firing: Firing) -> tuple[torch.Tensor, ...]:
+    def hift_front(
+        self,
+        tail: Token2wavTail,
+        chunk_mel: torch.Tensor,
+        hift_mel: torch.Tensor,
+        hift_source: torch.Tensor,
+        spectrum: torch.Tensor,
+        *,
+        firing: Firing,
+    ) -> tuple[torch.Tensor, ...]:
         """HiFT up to the iSTFT -> (hift_mel, hift_source, spectrum): the mel HiFT ran on, its source
         excitation (cache head overwritten, as stock does), and [magnitude; phase] in the spectrum buffer."""
         mel = torch.concat([hift_mel, chunk_mel], dim=2)
@@ -156,8 +200,9 @@ class Token2wavHooks:
         parts[1].copy_(phase)
         return mel, source, spectrum
 
-    def hift_back(self, tail: Token2wavTail, spectrum: torch.Tensor, hift_speech: torch.Tensor, *,
-                  firing: Firing) -> tuple[torch.Tensor, torch.Tensor]:
+    def hift_back(
+        self, tail: Token2wavTail, spectrum: torch.Tensor, hift_speech: torch.Tensor, *, firing: Firing
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """iSTFT, clamp, cross-fade -> (hift_speech, pcm): the whole faded speech (the runtime keeps its
         last 3840 samples) and the samples this chunk emits (all but those 3840, unless the turn ends)."""
         hift = tail.hift
@@ -193,8 +238,10 @@ class Token2wavRuntime:
         set-up's carried ``estimator_cnn_cache`` (as in stock).
         """
         if prompt.prompt_frames != self.prompt_frames:
-            raise ValueError(f"the runtime was loaded for P = {self.prompt_frames} prompt frames, the prompt has "
-                             f"{prompt.prompt_frames}")
+            raise ValueError(
+                f"the runtime was loaded for P = {self.prompt_frames} prompt frames, the prompt has "
+                f"{prompt.prompt_frames}"
+            )
         runtime = self.runtime
         decoder = self.tail.flow.decoder
         owners = {"decoder": decoder, "estimator": decoder.estimator}
@@ -230,20 +277,29 @@ class Token2wavRuntime:
     def session(self, prompt: PromptConditioning, seed: int = 0, base_on_host: bool = False) -> CadenceToken2wavSession:
         return CadenceToken2wavSession(self, prompt, seed, base_on_host)
 
-    def step_new_many(self, chunks: Mapping[CadenceToken2wavSession, torch.Tensor]) -> dict[CadenceToken2wavSession,
-                                                                                               torch.Tensor]:
+    def step_new_many(
+        self, chunks: Mapping[CadenceToken2wavSession, torch.Tensor]
+    ) -> dict[CadenceToken2wavSession, torch.Tensor]:
         """One planned chunk of each session (``new_tokens`` int32 [1, 25] on the device, as
         :meth:`CadenceToken2wavSession.step_new`), stepped together by ``Runtime.step_many``: sessions of
         different lanes run concurrently. Returns each session's pcm [1, samples] on the device."""
-        outputs = self.runtime.step_many({chunk_session.session: {"tokens": tokens}
-                                          for chunk_session, tokens in chunks.items()})
+        outputs = self.runtime.step_many(
+            {chunk_session.session: {"tokens": tokens} for chunk_session, tokens in chunks.items()}
+        )
         for chunk_session in chunks:
             chunk_session._record(outputs[chunk_session.session], last=False)
         return {chunk_session: outputs[chunk_session.session] for chunk_session in chunks}
 
 
-def load_runtime(tail: Token2wavTail, prompt_frames: int = 150, n_timesteps: int = 10, sessions: int = 1,
-                 graphs: bool | str = "auto", max_graphs: int | None = None, lanes: int = 1) -> Token2wavRuntime:
+def load_runtime(
+    tail: Token2wavTail,
+    prompt_frames: int = 150,
+    n_timesteps: int = 10,
+    sessions: int = 1,
+    graphs: bool | str = "auto",
+    max_graphs: int | None = None,
+    lanes: int = 1,
+) -> Token2wavRuntime:
     """Bind ``step_audio2_token2wav.clock`` to ``tail`` (see the module docstring); the tail is the runtime's now.
 
     ``lanes``: sessions that :meth:`Token2wavRuntime.step_new_many` can run concurrently (see ``Runtime.load``)."""
@@ -261,12 +317,19 @@ def load_runtime(tail: Token2wavTail, prompt_frames: int = 150, n_timesteps: int
     for name, (owner, attribute) in BUFFER_REGIONS.items():
         region = program.regions[name]
         # shape and dtype only: the binding check compares them, then every firing binds the arena's views
-        owners[owner]._buffers[attribute] = torch.empty(region.shape, dtype=TORCH_DTYPES[region.dtype],
-                                                        device="meta")
+        owners[owner]._buffers[attribute] = torch.empty(region.shape, dtype=TORCH_DTYPES[region.dtype], device="meta")
     hooks = Token2wavHooks(tail)
     try:
-        runtime = Runtime.load(program, tail, device=tail.device, hooks=hooks.as_dict(), sessions=sessions,
-                               graphs=graphs, max_graphs=max_graphs, lanes=lanes)
+        runtime = Runtime.load(
+            program,
+            tail,
+            device=tail.device,
+            hooks=hooks.as_dict(),
+            sessions=sessions,
+            graphs=graphs,
+            max_graphs=max_graphs,
+            lanes=lanes,
+        )
     except Exception:
         for name, (owner, attribute) in BUFFER_REGIONS.items():
             owners[owner]._buffers[attribute] = stock_buffers[name]
@@ -286,8 +349,7 @@ class CadenceToken2wavSession:
     the new tokens of each chunk (stock's records hold the whole window).
     """
 
-    def __init__(self, bound: Token2wavRuntime, prompt: PromptConditioning, seed: int = 0,
-                 base_on_host: bool = False):
+    def __init__(self, bound: Token2wavRuntime, prompt: PromptConditioning, seed: int = 0, base_on_host: bool = False):
         self.bound = bound
         self.prompt = prompt
         self.session_seed = seed
@@ -320,8 +382,9 @@ class CadenceToken2wavSession:
         """One planned chunk: ``new_tokens`` int32 [1, 25] on the device -> pcm [1, samples] on the device."""
         return self._run(new_tokens, last=False)
 
-    def push_tokens(self, new_tokens: Sequence[int], flush: bool = False,
-                    end_of_turn: bool = False) -> list[torch.Tensor]:
+    def push_tokens(
+        self, new_tokens: Sequence[int], flush: bool = False, end_of_turn: bool = False
+    ) -> list[torch.Tensor]:
         """MiniCPM-o's buffer logic (:meth:`.stock.StockToken2wavSession.push_tokens`), one instant per ``stream`` call."""
         if self.turn_finished:
             raise RuntimeError("the turn ended (end_of_turn); call reset() to start the next one")
@@ -355,4 +418,3 @@ class CadenceToken2wavSession:
         self.chunk_count += 1
         self.turn_chunk_count += 1
         return pcm
-

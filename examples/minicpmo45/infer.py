@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 import torch
 
-from duplexcadence.interpreter.bench.harness import fresh_peak, sync
-from duplexcadence.interpreter.plans.plan_text import human_bytes
-from duplexcadence.interpreter.runtime.verify import deterministic_cudnn
 from duplexcadence.examples.minicpmo45.cadence import load_runtime
 from duplexcadence.examples.minicpmo45.model import RELEASED, TailConfig, build_tail, random_prompt
 from duplexcadence.examples.minicpmo45.stock import StockToken2wavSession
+from duplexcadence.interpreter.bench.harness import fresh_peak, sync
+from duplexcadence.interpreter.plans.plan_text import human_bytes
+from duplexcadence.interpreter.runtime.verify import deterministic_cudnn
 
 REDUCED = TailConfig(encoder_blocks=1, encoder_up_blocks=1, dit_depth=1, hift_base_channels=32)
 
@@ -92,8 +92,15 @@ def run_turns(session, turns: list[list[Push]], device: torch.device) -> list[Ch
             elapsed = (time.perf_counter() - start) * 1000
             for index, chunk in enumerate(chunks):
                 last = push.end_of_turn and index == len(chunks) - 1
-                kind = "last" if last else "flush" if push.flush else ("first", "second")[turn_chunks] \
-                    if turn_chunks < 2 else "steady"
+                kind = (
+                    "last"
+                    if last
+                    else "flush"
+                    if push.flush
+                    else ("first", "second")[turn_chunks]
+                    if turn_chunks < 2
+                    else "steady"
+                )
                 results.append(ChunkResult(chunk, elapsed / len(chunks), kind))
                 turn_chunks += 1
     return results
@@ -136,19 +143,27 @@ def main(argv: list[str] | None = None) -> int:
     prompt_frames = args.prompt or (150 if released else 20)
     if args.float16 and device.type != "cuda":
         parser.error("--float16 runs under CUDA autocast: use --device cuda")
-    print(f"MiniCPM-o 4.5 token2wav on {device}: {'released' if released else 'reduced (CI)'} sizes, "
-          f"{'float16' if args.float16 else 'float32'}, n_timesteps={args.steps}, P={prompt_frames}, "
-          f"torch {torch.__version__}")
+    print(
+        f"MiniCPM-o 4.5 token2wav on {device}: {'released' if released else 'reduced (CI)'} sizes, "
+        f"{'float16' if args.float16 else 'float32'}, n_timesteps={args.steps}, P={prompt_frames}, "
+        f"torch {torch.__version__}"
+    )
     prompt = random_prompt(prompt_frames, seed=4321, device=device)
-    workloads = {f"utterance of {args.seconds} s": utterance(args.seconds, seed=2024),
-                 "conversation of 3 turns": conversation(seed=7)}
+    workloads = {
+        f"utterance of {args.seconds} s": utterance(args.seconds, seed=2024),
+        "conversation of 3 turns": conversation(seed=7),
+    }
 
     with deterministic_cudnn(), torch.no_grad():
         started = time.perf_counter()
         stock_tail = build_tail(config, seed=1234, device=device, float16=args.float16)
         print(f"built the stock tail in {time.perf_counter() - started:.1f} s")
-        stock = run_side("stock", lambda: StockToken2wavSession(stock_tail, prompt, n_timesteps=args.steps,
-                                                                session_seed=args.seed), workloads, device)
+        stock = run_side(
+            "stock",
+            lambda: StockToken2wavSession(stock_tail, prompt, n_timesteps=args.steps, session_seed=args.seed),
+            workloads,
+            device,
+        )
         stock_tail = None  # free its buffers before the runtime side
         bound_holder = {}
 
@@ -166,22 +181,33 @@ def main(argv: list[str] | None = None) -> int:
         for index, (mine, theirs) in enumerate(zip(cadence.results[label], stock.results[label], strict=True)):
             equal = torch.equal(mine.audio, theirs.audio)
             all_equal &= equal
-            print(f"  {index:>5}  {theirs.kind:<6}  {theirs.audio.shape[-1]:>7}  {theirs.milliseconds:>9.1f}  "
-                  f"{mine.milliseconds:>10.1f}  {'yes' if equal else 'NO'}")
-        steady = [(s.milliseconds, c.milliseconds) for s, c in zip(stock.results[label], cadence.results[label])
-                  if s.kind == "steady"]
+            print(
+                f"  {index:>5}  {theirs.kind:<6}  {theirs.audio.shape[-1]:>7}  {theirs.milliseconds:>9.1f}  "
+                f"{mine.milliseconds:>10.1f}  {'yes' if equal else 'NO'}"
+            )
+        steady = [
+            (s.milliseconds, c.milliseconds)
+            for s, c in zip(stock.results[label], cadence.results[label])
+            if s.kind == "steady"
+        ]
         if steady:
             stock_ms = sorted(s for s, _ in steady)[len(steady) // 2]
             cadence_ms = sorted(c for _, c in steady)[len(steady) // 2]
-            print(f"  steady chunks, median ms per 1 s chunk: stock {stock_ms:.1f}, runtime {cadence_ms:.1f} "
-                  f"({stock_ms / cadence_ms:.2f}x)")
+            print(
+                f"  steady chunks, median ms per 1 s chunk: stock {stock_ms:.1f}, runtime {cadence_ms:.1f} "
+                f"({stock_ms / cadence_ms:.2f}x)"
+            )
 
     report = bound_holder["bound"].runtime.report()
-    print(f"\nset-up: stock {stock.setup_seconds:.1f} s, runtime {cadence.setup_seconds:.1f} s (tail build, voice "
-          f"set-up, graph capture)")
+    print(
+        f"\nset-up: stock {stock.setup_seconds:.1f} s, runtime {cadence.setup_seconds:.1f} s (tail build, voice "
+        f"set-up, graph capture)"
+    )
     if device.type == "cuda":
-        print(f"peak GPU memory allocated (weights included): stock {human_bytes(stock.peak_bytes)}, runtime "
-              f"{human_bytes(cadence.peak_bytes)} ({1 - cadence.peak_bytes / stock.peak_bytes:.0%} lower)")
+        print(
+            f"peak GPU memory allocated (weights included): stock {human_bytes(stock.peak_bytes)}, runtime "
+            f"{human_bytes(cadence.peak_bytes)} ({1 - cadence.peak_bytes / stock.peak_bytes:.0%} lower)"
+        )
     print(report)
     chunks = sum(len(results) for results in cadence.results.values())
     print(f"\n{'all' if all_equal else 'NOT all'} {chunks} chunks torch.equal to stock")

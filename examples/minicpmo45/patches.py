@@ -53,7 +53,9 @@ class DeviceTimestepEmbedding:
     def __init__(self) -> None:
         self._frequencies: dict[tuple[int, int, torch.device, torch.dtype], torch.Tensor] = {}
 
-    def prepare(self, dim: int, device: torch.device, dtype: torch.dtype, max_period: int = TIMESTEP_MAX_PERIOD) -> None:
+    def prepare(
+        self, dim: int, device: torch.device, dtype: torch.dtype, max_period: int = TIMESTEP_MAX_PERIOD
+    ) -> None:
         """Copy the frequency vector to ``device`` / ``dtype`` now (outside any graph capture)."""
         key = (dim, max_period, torch.device(device), dtype)
         if key not in self._frequencies:
@@ -205,7 +207,9 @@ def demand_size_buffers(
     fp32, P = 150, n = 10: attention buffers 2000 + 125 MiB -> 380.0 + 38.0 MiB, noise 9.2 -> 0.1 MiB.
     """
     decoder = flow.decoder
-    stock = StockBuffers(decoder.att_cache_buffer, decoder.cnn_cache_buffer, decoder.estimator.att_cache_buffer, decoder.rand_noise)
+    stock = StockBuffers(
+        decoder.att_cache_buffer, decoder.cnn_cache_buffer, decoder.estimator.att_cache_buffer, decoder.rand_noise
+    )
     frames = estimator_cache_frames(prompt_frames, max_chunk_frames)
     resize_estimator_cache_buffers(flow, ode_slots=n_timesteps, capacity_frames=frames)
     trim_rand_noise(flow, frames)

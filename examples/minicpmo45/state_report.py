@@ -59,7 +59,11 @@ def _describe(session: StockToken2wavSession) -> tuple[TensorState, ...]:
             aliases = [name for name, buffer in buffers.items() if buffer.untyped_storage().data_ptr() == pointer]
             states.append(
                 TensorState(
-                    f"{prefix}['{key}']", tuple(tensor.shape), tensor.dtype, tensor.is_contiguous(), ", ".join(aliases) or "-"
+                    f"{prefix}['{key}']",
+                    tuple(tensor.shape),
+                    tensor.dtype,
+                    tensor.is_contiguous(),
+                    ", ".join(aliases) or "-",
                 )
             )
     return tuple(states)
@@ -78,7 +82,15 @@ def trace_session(session: StockToken2wavSession, token_seed: int = 99) -> list[
         seconds = (time.perf_counter() - start) / max(1, len(session.history) - before)
         for record in session.history[before:]:
             records.append(
-                ChunkState(turn, record.turn_chunk_index, len(record.tokens), record.last_chunk, record.samples, seconds, _describe(session))
+                ChunkState(
+                    turn,
+                    record.turn_chunk_index,
+                    len(record.tokens),
+                    record.last_chunk,
+                    record.samples,
+                    seconds,
+                    _describe(session),
+                )
             )
 
     session.reset()
@@ -104,7 +116,9 @@ def render_markdown(records: list[ChunkState]) -> str:
         lines.append("| --- | --- | --- | --- | --- |")
         for tensor in record.tensors:
             dtype = str(tensor.dtype).removeprefix("torch.")
-            lines.append(f"| `{tensor.key}` | {list(tensor.shape)} | {dtype} | {tensor.contiguous} | {tensor.aliases} |")
+            lines.append(
+                f"| `{tensor.key}` | {list(tensor.shape)} | {dtype} | {tensor.contiguous} | {tensor.aliases} |"
+            )
     return "\n".join(lines)
 
 
@@ -113,12 +127,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-frames", type=int, default=150)
     parser.add_argument("--n-timesteps", type=int, default=10)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dit-depth", type=int, default=RELEASED.dit_depth, help="fewer layers: same state shapes, faster")
+    parser.add_argument(
+        "--dit-depth", type=int, default=RELEASED.dit_depth, help="fewer layers: same state shapes, faster"
+    )
     args = parser.parse_args(argv)
     config = TailConfig(dit_depth=args.dit_depth)
     tail = build_tail(config, device=args.device)
     start = time.perf_counter()
-    session = StockToken2wavSession(tail, random_prompt(args.prompt_frames, device=args.device), n_timesteps=args.n_timesteps)
+    session = StockToken2wavSession(
+        tail, random_prompt(args.prompt_frames, device=args.device), n_timesteps=args.n_timesteps
+    )
     print(f"P = {args.prompt_frames}, n_timesteps = {args.n_timesteps}, device {args.device}, {config}")
     print(f"setup_cache + clones: {time.perf_counter() - start:.1f} s")
     print("\n**base caches (after setup_cache, cloned)**\n")

@@ -52,7 +52,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from duplexcadence.examples.minicpmo45.model import PRE_LOOKAHEAD_TOKENS, SILENCE_TOKEN, PromptConditioning, Token2wavTail
+from duplexcadence.examples.minicpmo45.model import (
+    PRE_LOOKAHEAD_TOKENS,
+    SILENCE_TOKEN,
+    PromptConditioning,
+    Token2wavTail,
+)
 from duplexcadence.examples.minicpmo45.package import load_stepaudio2
 
 CHUNK_TOKENS = 25
@@ -182,7 +187,9 @@ def setup_stream_caches(
     With ``float16`` the call runs under the same autocast ``stream`` uses (stock ``set_stream_cache``
     calls ``setup_cache`` without it and fails on float16 weights).
     """
-    silence = torch.ones(1, PRE_LOOKAHEAD_TOKENS, device=prompt.tokens.device, dtype=prompt.tokens.dtype) * SILENCE_TOKEN
+    silence = (
+        torch.ones(1, PRE_LOOKAHEAD_TOKENS, device=prompt.tokens.device, dtype=prompt.tokens.dtype) * SILENCE_TOKEN
+    )
     tokens = torch.cat([prompt.tokens, silence], dim=1)
     with torch.amp.autocast("cuda", dtype=torch.float16, enabled=tail.float16):
         flow_cache = tail.flow.setup_cache(tokens, prompt.mels, prompt.speaker_embedding, n_timesteps=n_timesteps)
@@ -286,8 +293,11 @@ class StockToken2wavSession:
     def stream_chunk(self, tokens: Sequence[int], last_chunk: bool = False) -> torch.Tensor:
         """One stock ``Token2wav.stream(tokens, None, last_chunk, return_waveform=True)`` call -> float32 [1, samples] (CPU)."""
         token_list = [int(token) for token in tokens]
-        with torch.no_grad(), installed_generator_state(self.tail.device, self.rng_state) as carried, \
-                warnings.catch_warnings():
+        with (
+            torch.no_grad(),
+            installed_generator_state(self.tail.device, self.rng_state) as carried,
+            warnings.catch_warnings(),
+        ):
             warnings.filterwarnings("ignore", message=".*CUDA is not available.*Disabling autocast.*")
             waveform = self._stream(token_list, None, last_chunk=last_chunk, return_waveform=True)
         self.rng_state = carried[0]
@@ -336,6 +346,9 @@ class StockToken2wavSession:
     def _detach_from_module_buffers(self) -> None:
         decoder = self.tail.flow.decoder
         cache = self.token2wav.stream_cache
-        for key, buffer in (("estimator_cnn_cache", decoder.cnn_cache_buffer), ("estimator_att_cache", decoder.att_cache_buffer)):
+        for key, buffer in (
+            ("estimator_cnn_cache", decoder.cnn_cache_buffer),
+            ("estimator_att_cache", decoder.att_cache_buffer),
+        ):
             if _shares_storage(cache[key], buffer):
                 cache[key] = cache[key].clone()

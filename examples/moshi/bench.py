@@ -25,8 +25,8 @@ from fractions import Fraction
 
 import torch
 
-from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant
 from duplexcadence.examples.moshi.model import build_mimi, moshi_torch_compile_enabled, random_codes
+from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant
 
 
 class _Decoder:
@@ -52,10 +52,15 @@ def _compile_decode(runner: _Decoder, compile_fn):
 
 
 def compile_variants(batch: int, device: torch.device, seed: int) -> list[Variant]:
-    return [compiled_variant("stock step, torch.compile reduce-overhead",
-                             lambda: _Decoder(batch, "eager_compiled_rope", device, seed), install=_compile_decode,
-                             dynamo_config={"allow_unspec_int_on_nn_module": True},
-                             note="mimi.decode compiled, moshi's CUDAGraphed off; offset_cpu ints dynamic")]
+    return [
+        compiled_variant(
+            "stock step, torch.compile reduce-overhead",
+            lambda: _Decoder(batch, "eager_compiled_rope", device, seed),
+            install=_compile_decode,
+            dynamo_config={"allow_unspec_int_on_nn_module": True},
+            note="mimi.decode compiled, moshi's CUDAGraphed off; offset_cpu ints dynamic",
+        )
+    ]
 
 
 class _Cadence:
@@ -74,10 +79,16 @@ class _Cadence:
 
 def _cadence_info(runner: _Cadence) -> dict:
     report = runner.runtime.report()
-    return {"graphs": report.graphs_captured, "stage_graphs": report.stage_graphs_covered,
-            "capture_seconds": report.capture_seconds, "arena_bytes": report.arena_bytes,
-            "steps": runner.session.counters.steps, "short_path_steps": report.short_path_steps,
-            "eager_planned": report.eager_planned, "eager_off_plan": report.eager_off_plan}
+    return {
+        "graphs": report.graphs_captured,
+        "stage_graphs": report.stage_graphs_covered,
+        "capture_seconds": report.capture_seconds,
+        "arena_bytes": report.arena_bytes,
+        "steps": runner.session.counters.steps,
+        "short_path_steps": report.short_path_steps,
+        "eager_planned": report.eager_planned,
+        "eager_off_plan": report.eager_off_plan,
+    }
 
 
 def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 1234, **_) -> Subject:
@@ -96,10 +107,20 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 
     if device.type == "cuda":
         # last: a reference point, not a serving path (it does not slow the graph variants after it, as the sixth
         # session thought: a process's fourth large graph does; docs/benchmarks.md, Moshi, seventh session)
-        variants.append(Variant("moshi fully eager (no compile)", lambda: _Decoder(batch, "eager", device, seed),
-                                compare=not compiled))
+        variants.append(
+            Variant(
+                "moshi fully eager (no compile)", lambda: _Decoder(batch, "eager", device, seed), compare=not compiled
+            )
+        )
     rope = "compiled rope" if compiled else "eager rope"
-    return Subject("moshi", Fraction(25, 2), lambda t: {"codes": codes[:, :, t:t + 1]}, variants, device,
-                   description=f"Mimi decoder (moshi 0.2.13), fp32, 8 codebooks, B={batch}, {rope}",
-                   warmup_ticks=13, extra={"batch": batch, "compiled_rope": compiled},
-                   compile_variants=compile_variants(batch, device, seed))
+    return Subject(
+        "moshi",
+        Fraction(25, 2),
+        lambda t: {"codes": codes[:, :, t : t + 1]},
+        variants,
+        device,
+        description=f"Mimi decoder (moshi 0.2.13), fp32, 8 codebooks, B={batch}, {rope}",
+        warmup_ticks=13,
+        extra={"batch": batch, "compiled_rope": compiled},
+        compile_variants=compile_variants(batch, device, seed),
+    )

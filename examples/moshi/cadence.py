@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from duplexcadence.interpreter.runtime.runtime import Runtime
 from duplexcadence.examples.moshi.stages import decode_codes_to_latent, run_decoder_transformer
+from duplexcadence.interpreter.runtime.runtime import Runtime
 
 
 def codes_to_time_major_latent(mimi, codes: torch.Tensor) -> torch.Tensor:
@@ -49,11 +49,25 @@ def clock_path() -> Path:
     return Path(str(resources.files("duplexcadence").joinpath("stdlib", "models", "mimi_decoder.clock")))
 
 
-def load_runtime(mimi, batch_size: int = 1, device: str | torch.device | None = None, sessions: int = 1,
-                 graphs: bool | str = "auto", max_graphs: int | None = None) -> Runtime:
+def load_runtime(
+    mimi,
+    batch_size: int = 1,
+    device: str | torch.device | None = None,
+    sessions: int = 1,
+    graphs: bool | str = "auto",
+    max_graphs: int | None = None,
+) -> Runtime:
     """A runtime for `mimi`'s decode tail; `mimi` is left in moshi's streaming mode (it owns the state
     objects whose tensors the runtime replaces with arena views)."""
     device = device or next(mimi.parameters()).device
     mimi.streaming_forever(batch_size)
-    return Runtime.load(clock_path(), mimi, params={"B": batch_size}, device=device, hooks=HOOKS,
-                        sessions=sessions, graphs=graphs, max_graphs=max_graphs)
+    return Runtime.load(
+        clock_path(),
+        mimi,
+        params={"B": batch_size},
+        device=device,
+        hooks=HOOKS,
+        sessions=sessions,
+        graphs=graphs,
+        max_graphs=max_graphs,
+    )

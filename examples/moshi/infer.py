@@ -49,8 +49,14 @@ def _on_cpu(value: Any) -> Any:
     return tuple(_on_cpu(v) for v in value)
 
 
-def run_side(name: str, device: torch.device, make: Callable[[], Any], step: Callable[[Any, torch.Tensor], Any],
-             state_bytes: Callable[[Any], int | None], codes: torch.Tensor) -> SideResult:
+def run_side(
+    name: str,
+    device: torch.device,
+    make: Callable[[], Any],
+    step: Callable[[Any, torch.Tensor], Any],
+    state_bytes: Callable[[Any], int | None],
+    codes: torch.Tensor,
+) -> SideResult:
     """Build with `make()`, then decode every frame of `codes` [B, K, T] with `step(runner, frame)`."""
     base = fresh_peak(device)
     started = time.perf_counter()
@@ -84,13 +90,17 @@ def report(sides: list[SideResult], device: torch.device, frames_per_tick: int =
         steady = side.frame_ms[1:] or side.frame_ms
         median = statistics.median(steady)
         p90 = sorted(steady)[max(0, int(0.9 * len(steady)) - 1)]
-        print(f"{side.name:<16} {side.setup_s:>8.2f} {median:>9.2f} {p90:>7.2f} "
-              f"{median * FRAMES_PER_SECOND:>11.1f} {_mib(side.state_bytes):>11} {_mib(side.peak_bytes):>11}"
-              + (f"  {side.note}" if side.note else ""))
+        print(
+            f"{side.name:<16} {side.setup_s:>8.2f} {median:>9.2f} {p90:>7.2f} "
+            f"{median * FRAMES_PER_SECOND:>11.1f} {_mib(side.state_bytes):>11} {_mib(side.peak_bytes):>11}"
+            + (f"  {side.note}" if side.note else "")
+        )
     if device.type != "cuda":
         print(f"process max RSS (both sides, CPU): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
-    print("ms/tick: wall time of one tick (first excluded); ms/s audio = ms/tick x 12.5 ticks"
-          + (f"; one tick decodes {frames_per_tick} instances" if frames_per_tick > 1 else ""))
+    print(
+        "ms/tick: wall time of one tick (first excluded); ms/s audio = ms/tick x 12.5 ticks"
+        + (f"; one tick decodes {frames_per_tick} instances" if frames_per_tick > 1 else "")
+    )
 
 
 def compare(expected: list[Any], actual: list[Any], names: tuple[str, ...] = ("pcm",)) -> list[str]:
@@ -106,16 +116,22 @@ def compare(expected: list[Any], actual: list[Any], names: tuple[str, ...] = ("p
     return problems
 
 
-def parse_args(description: str, argv: list[str] | None,
-               extra: list[tuple[str, dict]] | None = None) -> argparse.Namespace:
+def parse_args(
+    description: str, argv: list[str] | None, extra: list[tuple[str, dict]] | None = None
+) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--seconds", type=float, default=11.0,
-                        help="seconds of audio (12.5 frames each); default 11 passes the KV ring's wrap")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=11.0,
+        help="seconds of audio (12.5 frames each); default 11 passes the KV ring's wrap",
+    )
     parser.add_argument("--batch", type=int, default=1, help="streams decoded together (B)")
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--no-compile", action="store_true",
-                        help="set NO_TORCH_COMPILE (moshi's rope eager on CUDA), on both sides")
+    parser.add_argument(
+        "--no-compile", action="store_true", help="set NO_TORCH_COMPILE (moshi's rope eager on CUDA), on both sides"
+    )
     for flag, options in extra or []:
         parser.add_argument(flag, **options)
     return parser.parse_args(argv)
@@ -137,29 +153,53 @@ def setup(args: argparse.Namespace) -> tuple[torch.device, torch.Tensor, bool]:
 
 def main(argv: list[str] | None = None) -> int:
     modes = ("eager_compiled_rope", "stock", "eager", "graphed", "graphed_compiled_rope")
-    args = parse_args("Mimi (moshi 0.2.13): stock streaming decode vs DuplexCadence, frame by frame.", argv,
-                      [("--stock-mode", {"default": "eager_compiled_rope", "choices": modes,
-                                         "help": "moshi loop variant (default: its graphs off, the bit-identity "
-                                                 "reference; 'stock' = as shipped)"})])
+    args = parse_args(
+        "Mimi (moshi 0.2.13): stock streaming decode vs DuplexCadence, frame by frame.",
+        argv,
+        [
+            (
+                "--stock-mode",
+                {
+                    "default": "eager_compiled_rope",
+                    "choices": modes,
+                    "help": "moshi loop variant (default: its graphs off, the bit-identity "
+                    "reference; 'stock' = as shipped)",
+                },
+            )
+        ],
+    )
     device, codes, compiled = setup(args)
     from duplexcadence.examples.moshi.cadence import load_runtime
     from duplexcadence.examples.moshi.model import build_mimi
     from duplexcadence.examples.moshi.state import state_bytes
     from duplexcadence.examples.moshi.stock import MoshiStockDecoder
 
-    print(f"Mimi decoder, released size, fp32, 8 codebooks, B={args.batch}, {codes.shape[-1]} frames "
-          f"({codes.shape[-1] / FRAMES_PER_SECOND:g} s) on {device}, rope {'compiled' if compiled else 'eager'}")
-    stock = run_side("moshi stock", device,
-                     lambda: MoshiStockDecoder(build_mimi(args.seed, device), args.batch, mode=args.stock_mode),
-                     lambda runner, frame: runner.step(frame), lambda runner: state_bytes(runner.mimi), codes)
+    print(
+        f"Mimi decoder, released size, fp32, 8 codebooks, B={args.batch}, {codes.shape[-1]} frames "
+        f"({codes.shape[-1] / FRAMES_PER_SECOND:g} s) on {device}, rope {'compiled' if compiled else 'eager'}"
+    )
+    stock = run_side(
+        "moshi stock",
+        device,
+        lambda: MoshiStockDecoder(build_mimi(args.seed, device), args.batch, mode=args.stock_mode),
+        lambda runner, frame: runner.step(frame),
+        lambda runner: state_bytes(runner.mimi),
+        codes,
+    )
     stock.note = f"mode {args.stock_mode}"
 
     def make_cadence():
         runtime = load_runtime(build_mimi(args.seed, device), args.batch, device=device)
         return runtime, runtime.session()
 
-    cadence = run_side("duplexcadence", device, make_cadence, lambda runner, frame: runner[1].step(codes=frame),
-                       lambda runner: runner[0].report().arena_bytes, codes)
+    cadence = run_side(
+        "duplexcadence",
+        device,
+        make_cadence,
+        lambda runner, frame: runner[1].step(codes=frame),
+        lambda runner: runner[0].report().arena_bytes,
+        codes,
+    )
     cadence.note = "graphs per stage" if device.type == "cuda" else "eager (no graphs on CPU)"
     report([stock, cadence], device)
     problems = compare(stock.outputs, cadence.outputs)

@@ -53,8 +53,8 @@ from typing import Any
 import attrs
 import torch
 
-from duplexcadence.interpreter.bench.harness import sync
 from duplexcadence.examples.moshi.model import FRAME_RATE, FRAME_SIZE, SAMPLE_RATE
+from duplexcadence.interpreter.bench.harness import sync
 
 LM_CONFIGS = ("released", "tiny")
 TINY_LM_OVERRIDES: dict[str, Any] = {
@@ -94,8 +94,9 @@ def lm_kwargs(config: str = "released") -> dict[str, Any]:
 
 
 @torch.no_grad()
-def build_lm(config: str = "released", seed: int = 4242, device: str | torch.device = "cpu",
-             dtype: torch.dtype = torch.bfloat16):
+def build_lm(
+    config: str = "released", seed: int = 4242, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16
+):
     """moshi's ``LMModel`` at ``config`` with seeded random weights, built directly on ``device``.
 
     ``loaders.get_moshi_lm(None, ...)`` (no checkpoint) under ``torch.device(device)``, so that also
@@ -177,9 +178,16 @@ class LiveDuplex:
     ``lm`` may be given (an ``LMModel`` already built) to skip :func:`build_lm`.
     """
 
-    def __init__(self, device: str | torch.device = "cpu", lm_config: str = "released", seed: int = 1234,
-                 lm_seed: int = 4242, sampling: str = "moshi", lm=None,
-                 progress: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        device: str | torch.device = "cpu",
+        lm_config: str = "released",
+        seed: int = 1234,
+        lm_seed: int = 4242,
+        sampling: str = "moshi",
+        lm=None,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
         from duplexcadence.examples.moshi.cadence import load_runtime
         from duplexcadence.examples.moshi.model import build_mimi
 
@@ -199,10 +207,15 @@ class LiveDuplex:
         self.lm_params = sum(p.numel() for p in lm.parameters())
         self.lm_bytes = sum(p.numel() * p.element_size() for p in lm.parameters())
         self.setup_s["lm_build"] = time.perf_counter() - started
-        on_device = (f", {torch.cuda.memory_allocated(self.device) / 2**30:.2f} GiB allocated on the device"
-                     if self.device.type == "cuda" else "")
-        say(f"LM: {self.lm_params / 1e9:.3f} B parameters, {self.lm_bytes / 2**30:.2f} GiB, "
-            f"built in {self.setup_s['lm_build']:.1f} s{on_device}")
+        on_device = (
+            f", {torch.cuda.memory_allocated(self.device) / 2**30:.2f} GiB allocated on the device"
+            if self.device.type == "cuda"
+            else ""
+        )
+        say(
+            f"LM: {self.lm_params / 1e9:.3f} B parameters, {self.lm_bytes / 2**30:.2f} GiB, "
+            f"built in {self.setup_s['lm_build']:.1f} s{on_device}"
+        )
 
         started = time.perf_counter()
         say("building Mimi twice (fp32, same seeded weights): moshi's (encode + stock decode), the runtime's")
@@ -305,9 +318,11 @@ class LiveDuplex:
             frames.append(frame)
             if (t + 1) % 25 == 0 or t + 1 == pcm.shape[0]:
                 recent = frames[-25:]
-                say(f"frame {t + 1}/{pcm.shape[0]} ({(t + 1) / FRAME_RATE:.1f} s of audio): last {len(recent)} "
+                say(
+                    f"frame {t + 1}/{pcm.shape[0]} ({(t + 1) / FRAME_RATE:.1f} s of audio): last {len(recent)} "
                     f"frames mean loop stock {statistics.fmean(f.loop_ms('stock') for f in recent):.1f} ms, "
-                    f"duplexcadence {statistics.fmean(f.loop_ms('cadence') for f in recent):.1f} ms")
+                    f"duplexcadence {statistics.fmean(f.loop_ms('cadence') for f in recent):.1f} ms"
+                )
         counters = {name: getattr(self.session.counters, name) - before[name] for name in counted}
         return LiveRun(frames, pcm_stock, pcm_cadence, text_tokens, counters)
 
@@ -336,9 +351,17 @@ def stats(values: list[float], budget_ms: float) -> dict[str, Any]:
         return {"n": 0}
     mean = statistics.fmean(values)
     p99 = percentile(values, 99)
-    return {"n": len(values), "mean_ms": mean, "p50_ms": percentile(values, 50), "p99_ms": p99,
-            "max_ms": max(values), "budget_ms": budget_ms, "mean_of_budget": mean / budget_ms,
-            "p99_of_budget": p99 / budget_ms, "over_budget": sum(v > budget_ms for v in values)}
+    return {
+        "n": len(values),
+        "mean_ms": mean,
+        "p50_ms": percentile(values, 50),
+        "p99_ms": p99,
+        "max_ms": max(values),
+        "budget_ms": budget_ms,
+        "mean_of_budget": mean / budget_ms,
+        "p99_of_budget": p99 / budget_ms,
+        "over_budget": sum(v > budget_ms for v in values),
+    }
 
 
 def summarize(run: LiveRun) -> dict[str, Any]:
@@ -372,12 +395,21 @@ def environment(device: torch.device) -> dict[str, Any]:
         moshi_version = importlib.metadata.version("moshi")
     except importlib.metadata.PackageNotFoundError:
         moshi_version = None
-    env = {"python": sys.version.split()[0], "platform": platform.platform(), "torch": torch.__version__,
-           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "moshi": moshi_version,
-           "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
-           else platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
-           "moshi_torch_compile": moshi_torch_compile_enabled(),
-           "cudnn_deterministic": torch.backends.cudnn.deterministic}
+    env = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "moshi": moshi_version,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "moshi_torch_compile": moshi_torch_compile_enabled(),
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+    }
     if device.type == "cuda":
         env["device_total_bytes"] = torch.cuda.get_device_properties(device).total_memory
     return env
@@ -391,13 +423,24 @@ def result_json(live: LiveDuplex, run: LiveRun, seconds: float) -> dict[str, Any
     report = live.runtime.report()
     payload: dict[str, Any] = {
         "what": "moshi live duplex loop: Mimi encode -> LMGen.step -> Mimi decode, stock vs DuplexCadence decode "
-                "of the same tokens",
+        "of the same tokens",
         "environment": environment(live.device),
-        "config": {"lm_config": live.lm_config, "lm_params": live.lm_params, "lm_bytes": live.lm_bytes,
-                   "lm_dtype": "bfloat16", "mimi_dtype": "float32", "batch": 1, "sampling": live.sampling,
-                   "seed": live.seed, "seconds": seconds, "frames": len(run.frames),
-                   "sample_rate": SAMPLE_RATE, "frame_samples": FRAME_SIZE, "frame_rate": FRAME_RATE,
-                   "lm_overrides": TINY_LM_OVERRIDES if live.lm_config == "tiny" else {}},
+        "config": {
+            "lm_config": live.lm_config,
+            "lm_params": live.lm_params,
+            "lm_bytes": live.lm_bytes,
+            "lm_dtype": "bfloat16",
+            "mimi_dtype": "float32",
+            "batch": 1,
+            "sampling": live.sampling,
+            "seed": live.seed,
+            "seconds": seconds,
+            "frames": len(run.frames),
+            "sample_rate": SAMPLE_RATE,
+            "frame_samples": FRAME_SIZE,
+            "frame_rate": FRAME_RATE,
+            "lm_overrides": TINY_LM_OVERRIDES if live.lm_config == "tiny" else {},
+        },
         "setup_s": dict(live.setup_s),
         "cadence_ms": {"frame": FRAME_BUDGET_MS, "second": SECOND_BUDGET_MS},
         **summarize(run),
@@ -406,35 +449,58 @@ def result_json(live: LiveDuplex, run: LiveRun, seconds: float) -> dict[str, Any
         "frames_differing": len(mismatches),
         "first_differing_frames": mismatches[:10],
         "pcm_rms": rms,
-        "runtime": {"arena_bytes": report.arena_bytes, "graphs_captured": report.graphs_captured,
-                    "capture_seconds": report.capture_seconds, **run.runtime_counters},
-        "frames_ms": {"listen": [f.listen_ms for f in run.frames], "think": [f.think_ms for f in run.frames],
-                      "speak_stock": [f.speak_stock_ms for f in run.frames],
-                      "speak_duplexcadence": [f.speak_cadence_ms for f in run.frames]},
+        "runtime": {
+            "arena_bytes": report.arena_bytes,
+            "graphs_captured": report.graphs_captured,
+            "capture_seconds": report.capture_seconds,
+            **run.runtime_counters,
+        },
+        "frames_ms": {
+            "listen": [f.listen_ms for f in run.frames],
+            "think": [f.think_ms for f in run.frames],
+            "speak_stock": [f.speak_stock_ms for f in run.frames],
+            "speak_duplexcadence": [f.speak_cadence_ms for f in run.frames],
+        },
     }
     if live.device.type == "cuda":
-        payload["memory"] = {"peak_allocated_bytes": torch.cuda.max_memory_allocated(live.device),
-                             "peak_reserved_bytes": torch.cuda.max_memory_reserved(live.device)}
+        payload["memory"] = {
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated(live.device),
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved(live.device),
+        }
     return payload
 
 
 def table(payload: dict[str, Any]) -> str:
     """The per-frame and per-second table of :func:`result_json`'s payload."""
-    rows = [("LISTEN (Mimi encode)", "shared", "listen"), ("THINK (LMGen.step)", "shared", "think"),
-            ("SPEAK (Mimi decode)", "moshi stock", "speak_stock"),
-            ("SPEAK (Mimi decode)", "duplexcadence", "speak_duplexcadence"),
-            ("frame loop", "moshi stock", "loop_stock"), ("frame loop", "duplexcadence", "loop_duplexcadence")]
-    head = (f"{'phase':<21} {'side':<14} | {'frame mean':>10} {'p99':>8} {'max':>8} {'>80ms':>6} | "
-            f"{'second mean':>11} {'p99':>8} {'% of 1 s':>8} {'>1s':>4}")
+    rows = [
+        ("LISTEN (Mimi encode)", "shared", "listen"),
+        ("THINK (LMGen.step)", "shared", "think"),
+        ("SPEAK (Mimi decode)", "moshi stock", "speak_stock"),
+        ("SPEAK (Mimi decode)", "duplexcadence", "speak_duplexcadence"),
+        ("frame loop", "moshi stock", "loop_stock"),
+        ("frame loop", "duplexcadence", "loop_duplexcadence"),
+    ]
+    head = (
+        f"{'phase':<21} {'side':<14} | {'frame mean':>10} {'p99':>8} {'max':>8} {'>80ms':>6} | "
+        f"{'second mean':>11} {'p99':>8} {'% of 1 s':>8} {'>1s':>4}"
+    )
     lines = [head, "-" * len(head)]
     for label, side, key in rows:
         f, s = payload["per_frame"][key], payload["per_second"][key]
-        frame_part = (f"{f['mean_ms']:>10.2f} {f['p99_ms']:>8.2f} {f['max_ms']:>8.2f} {f['over_budget']:>6}"
-                      if f["n"] else f"{'-':>10} {'-':>8} {'-':>8} {'-':>6}")
-        second_part = (f"{s['mean_ms']:>11.1f} {s['p99_ms']:>8.1f} {s['mean_of_budget']:>8.1%} {s['over_budget']:>4}"
-                       if s["n"] else f"{'-':>11} {'-':>8} {'-':>8} {'-':>4}")
+        frame_part = (
+            f"{f['mean_ms']:>10.2f} {f['p99_ms']:>8.2f} {f['max_ms']:>8.2f} {f['over_budget']:>6}"
+            if f["n"]
+            else f"{'-':>10} {'-':>8} {'-':>8} {'-':>6}"
+        )
+        second_part = (
+            f"{s['mean_ms']:>11.1f} {s['p99_ms']:>8.1f} {s['mean_of_budget']:>8.1%} {s['over_budget']:>4}"
+            if s["n"]
+            else f"{'-':>11} {'-':>8} {'-':>8} {'-':>4}"
+        )
         lines.append(f"{label:<21} {side:<14} | {frame_part} | {second_part}")
     n_frames, n_seconds = payload["per_frame"]["listen"]["n"], payload["per_second"]["listen"]["n"]
-    lines.append(f"ms; {n_frames} frames (SPEAK per frame: the {payload['per_frame']['speak_stock']['n']} that "
-                 f"decoded), {n_seconds} complete seconds; p99 nearest-rank; '% of 1 s' = mean per second / 1000 ms")
+    lines.append(
+        f"ms; {n_frames} frames (SPEAK per frame: the {payload['per_frame']['speak_stock']['n']} that "
+        f"decoded), {n_seconds} complete seconds; p99 nearest-rank; '% of 1 s' = mean per second / 1000 ms"
+    )
     return "\n".join(lines)

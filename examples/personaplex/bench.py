@@ -32,8 +32,8 @@ from fractions import Fraction
 
 import torch
 
-from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant, option_flag
 from duplexcadence.examples.moshi.model import build_mimi, moshi_torch_compile_enabled, random_codes
+from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant, option_flag
 
 
 class _Stock:
@@ -42,8 +42,9 @@ class _Stock:
     def __init__(self, batch: int, device: torch.device, seed: int, graph_transformers: bool):
         from duplexcadence.examples.personaplex.stock import PersonaPlexTail
 
-        self.tail = PersonaPlexTail(build_mimi(seed=seed, device=device), batch_size=batch,
-                                    graph_transformers=graph_transformers)
+        self.tail = PersonaPlexTail(
+            build_mimi(seed=seed, device=device), batch_size=batch, graph_transformers=graph_transformers
+        )
 
     def reset(self) -> None:
         self.tail.reset()
@@ -63,8 +64,9 @@ class _Cadence:
     def __init__(self, batch: int, device: torch.device, seed: int, lanes: int = 1, lockstep: bool = False):
         from duplexcadence.examples.personaplex.cadence import PersonaPlexCadenceTail
 
-        self.tail = PersonaPlexCadenceTail(build_mimi(seed=seed, device=device), batch, device=device, lanes=lanes,
-                                           lockstep=lockstep)
+        self.tail = PersonaPlexCadenceTail(
+            build_mimi(seed=seed, device=device), batch, device=device, lanes=lanes, lockstep=lockstep
+        )
         self.runtime = self.tail.runtime
 
     def reset(self) -> None:
@@ -75,8 +77,15 @@ class _Cadence:
         return {"main": main, "other": other}
 
 
-def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 1234, dtype: str = "fp32",
-            lockstep: str | bool = False, **_) -> Subject:
+def subject(
+    device: str = "cpu",
+    seconds: int = 10,
+    batch: int = 1,
+    seed: int = 1234,
+    dtype: str = "fp32",
+    lockstep: str | bool = False,
+    **_,
+) -> Subject:
     if dtype != "fp32":
         raise ValueError(f"the PersonaPlex tail is benchmarked in fp32 (as PersonaPlex runs Mimi), not {dtype}")
     device = torch.device(device)
@@ -91,25 +100,45 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 
 
     def info(r) -> dict:
         report = r.runtime.report()
-        return {"graphs": report.graphs_captured, "capture_seconds": report.capture_seconds,
-                "arena_bytes": report.arena_bytes, "sessions": report.sessions, "lanes": report.lanes,
-                "lockstep_rows": r.tail.group.rows if r.tail.group is not None else None}
+        return {
+            "graphs": report.graphs_captured,
+            "capture_seconds": report.capture_seconds,
+            "arena_bytes": report.arena_bytes,
+            "sessions": report.sessions,
+            "lanes": report.lanes,
+            "lockstep_rows": r.tail.group.rows if r.tail.group is not None else None,
+        }
 
     variants.append(Variant("duplexcadence", lambda: _Cadence(batch, device, seed), info=info))
     variants.append(Variant("duplexcadence, 2 lanes", lambda: _Cadence(batch, device, seed, lanes=2), info=info))
     if option_flag(lockstep):
         if batch != 1:
-            raise ValueError(f"--option lockstep=1 decodes the two instances of one batch-1 stream as one B=2 "
-                             f"session: run it with --batch 1, not {batch}")
-        variants.append(Variant("duplexcadence, lockstep B=2", lambda: _Cadence(batch, device, seed, lockstep=True),
-                                info=info))
-    compile_variants = [compiled_variant(
-        "stock step, torch.compile reduce-overhead", lambda: _Stock(batch, device, seed, graph_transformers=False),
-        install=_compile_step, dynamo_config={"allow_unspec_int_on_nn_module": True},
-        note="PersonaPlexTail.step compiled (both instances), transformer graphs off")]
+            raise ValueError(
+                f"--option lockstep=1 decodes the two instances of one batch-1 stream as one B=2 "
+                f"session: run it with --batch 1, not {batch}"
+            )
+        variants.append(
+            Variant("duplexcadence, lockstep B=2", lambda: _Cadence(batch, device, seed, lockstep=True), info=info)
+        )
+    compile_variants = [
+        compiled_variant(
+            "stock step, torch.compile reduce-overhead",
+            lambda: _Stock(batch, device, seed, graph_transformers=False),
+            install=_compile_step,
+            dynamo_config={"allow_unspec_int_on_nn_module": True},
+            note="PersonaPlexTail.step compiled (both instances), transformer graphs off",
+        )
+    ]
     rope = "compiled rope" if compiled else "eager rope"
-    return Subject("personaplex", ticks_per_second, lambda t: {"codes": codes[:, :, t:t + 1]}, variants, device,
-                   description=f"PersonaPlex Mimi decoder (old-moshi state handling on moshi 0.2.13 weights), "
-                               f"2 instances per tick, fp32, 8 codebooks, B={batch}, {rope}",
-                   warmup_ticks=13, extra={"batch": batch, "instances": 2, "compiled_rope": compiled},
-                   compile_variants=compile_variants)
+    return Subject(
+        "personaplex",
+        ticks_per_second,
+        lambda t: {"codes": codes[:, :, t : t + 1]},
+        variants,
+        device,
+        description=f"PersonaPlex Mimi decoder (old-moshi state handling on moshi 0.2.13 weights), "
+        f"2 instances per tick, fp32, 8 codebooks, B={batch}, {rope}",
+        warmup_ticks=13,
+        extra={"batch": batch, "instances": 2, "compiled_rope": compiled},
+        compile_variants=compile_variants,
+    )

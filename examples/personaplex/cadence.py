@@ -42,9 +42,9 @@ from typing import Any
 import torch
 from moshi.utils.compile import no_compile
 
+from duplexcadence.examples.personaplex.stock import AddCarry, ConvCarry, PersonaPlexMimiDecoder
 from duplexcadence.interpreter.runtime.lockstep import LockstepGroup, Member
 from duplexcadence.interpreter.runtime.runtime import Runtime, Session
-from duplexcadence.examples.personaplex.stock import AddCarry, ConvCarry, PersonaPlexMimiDecoder
 
 
 def clock_path() -> Path:
@@ -120,8 +120,15 @@ HOOKS = {
 }
 
 
-def load_runtime(mimi, batch_size: int = 1, device: str | torch.device | None = None, sessions: int = 1,
-                 graphs: bool | str = "auto", max_graphs: int | None = None, lanes: int = 1) -> Runtime:
+def load_runtime(
+    mimi,
+    batch_size: int = 1,
+    device: str | torch.device | None = None,
+    sessions: int = 1,
+    graphs: bool | str = "auto",
+    max_graphs: int | None = None,
+    lanes: int = 1,
+) -> Runtime:
     """A runtime for one PersonaPlex Mimi instance's decode tail over `mimi`'s weights.
 
     Each session is one instance (its own KV rings, carries and offsets). `mimi` is a moshi 0.2.13
@@ -132,8 +139,17 @@ def load_runtime(mimi, batch_size: int = 1, device: str | torch.device | None = 
     device = device or next(mimi.parameters()).device
     materialize_codebook_tables(mimi)  # eagerly, so no capture ever creates a codebook table
     model = PersonaPlexCadenceModel(mimi, batch_size)
-    return Runtime.load(clock_path(), model, params={"B": batch_size}, device=device, hooks=HOOKS,
-                        sessions=sessions, graphs=graphs, max_graphs=max_graphs, lanes=lanes)
+    return Runtime.load(
+        clock_path(),
+        model,
+        params={"B": batch_size},
+        device=device,
+        hooks=HOOKS,
+        sessions=sessions,
+        graphs=graphs,
+        max_graphs=max_graphs,
+        lanes=lanes,
+    )
 
 
 class PersonaPlexCadenceTail:
@@ -146,22 +162,32 @@ class PersonaPlexCadenceTail:
     they are the two rows of one B=2 session, decoded by one replay (batch 1 only; not with lanes).
     """
 
-    def __init__(self, mimi, batch_size: int = 1, device: str | torch.device | None = None,
-                 graphs: bool | str = "auto", max_graphs: int | None = None, lanes: int = 1,
-                 lockstep: bool = False) -> None:
+    def __init__(
+        self,
+        mimi,
+        batch_size: int = 1,
+        device: str | torch.device | None = None,
+        graphs: bool | str = "auto",
+        max_graphs: int | None = None,
+        lanes: int = 1,
+        lockstep: bool = False,
+    ) -> None:
         self.lanes = lanes
         self.group: LockstepGroup | None = None
         if lockstep:
             if batch_size != 1 or lanes != 1:
-                raise ValueError(f"lockstep=True decodes the two instances of one batch-1 stream as the rows of one "
-                                 f"B=2 session: it takes batch_size=1 and lanes=1, not {batch_size} and {lanes}")
+                raise ValueError(
+                    f"lockstep=True decodes the two instances of one batch-1 stream as the rows of one "
+                    f"B=2 session: it takes batch_size=1 and lanes=1, not {batch_size} and {lanes}"
+                )
             self.runtime = load_runtime(mimi, 2, device=device, sessions=1, graphs=graphs, max_graphs=max_graphs)
             self.group = LockstepGroup(self.runtime)
             self.main: Session | Member = self.group.join()
             self.other: Session | Member = self.group.join()
             return
-        self.runtime = load_runtime(mimi, batch_size, device=device, sessions=2, graphs=graphs,
-                                    max_graphs=max_graphs, lanes=lanes)
+        self.runtime = load_runtime(
+            mimi, batch_size, device=device, sessions=2, graphs=graphs, max_graphs=max_graphs, lanes=lanes
+        )
         self.main = self.runtime.session()
         self.other = self.runtime.session()
 

@@ -34,26 +34,49 @@ def stock_state_bytes(tail) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args("PersonaPlex's Mimi tail (two instances per tick): stock loop vs DuplexCadence.", argv,
-                      [("--stock-graphs", {"action": "store_true",
-                                           "help": "stock as shipped: its transformer CUDA graphs on (CUDA)"})])
+    args = parse_args(
+        "PersonaPlex's Mimi tail (two instances per tick): stock loop vs DuplexCadence.",
+        argv,
+        [
+            (
+                "--stock-graphs",
+                {"action": "store_true", "help": "stock as shipped: its transformer CUDA graphs on (CUDA)"},
+            )
+        ],
+    )
     device, codes, compiled = setup(args)
     from duplexcadence.examples.moshi.model import build_mimi
     from duplexcadence.examples.personaplex.cadence import PersonaPlexCadenceTail
     from duplexcadence.examples.personaplex.stock import PersonaPlexTail
 
-    print(f"PersonaPlex Mimi tail, released size, fp32, 8 codebooks, 2 instances per tick, B={args.batch}, "
-          f"{codes.shape[-1]} ticks ({codes.shape[-1] / 12.5:g} s) on {device}, rope {'compiled' if compiled else 'eager'}")
-    stock = run_side("personaplex", device,
-                     lambda: PersonaPlexTail(build_mimi(args.seed, device), batch_size=args.batch,
-                                             graph_transformers=args.stock_graphs and device.type == "cuda"),
-                     lambda tail, frame: tail.step(frame), stock_state_bytes, codes)
+    print(
+        f"PersonaPlex Mimi tail, released size, fp32, 8 codebooks, 2 instances per tick, B={args.batch}, "
+        f"{codes.shape[-1]} ticks ({codes.shape[-1] / 12.5:g} s) on {device}, rope {'compiled' if compiled else 'eager'}"
+    )
+    stock = run_side(
+        "personaplex",
+        device,
+        lambda: PersonaPlexTail(
+            build_mimi(args.seed, device),
+            batch_size=args.batch,
+            graph_transformers=args.stock_graphs and device.type == "cuda",
+        ),
+        lambda tail, frame: tail.step(frame),
+        stock_state_bytes,
+        codes,
+    )
     stock.note = "transformer graphs on" if args.stock_graphs and device.type == "cuda" else "eager"
-    cadence = run_side("duplexcadence", device,
-                       lambda: PersonaPlexCadenceTail(build_mimi(args.seed, device), args.batch, device=device),
-                       lambda tail, frame: tail.step(frame), lambda tail: tail.runtime.report().arena_bytes, codes)
-    cadence.note = ("2 sessions of one runtime, " +
-                    ("graphs per stage" if device.type == "cuda" else "eager (no graphs on CPU)"))
+    cadence = run_side(
+        "duplexcadence",
+        device,
+        lambda: PersonaPlexCadenceTail(build_mimi(args.seed, device), args.batch, device=device),
+        lambda tail, frame: tail.step(frame),
+        lambda tail: tail.runtime.report().arena_bytes,
+        codes,
+    )
+    cadence.note = "2 sessions of one runtime, " + (
+        "graphs per stage" if device.type == "cuda" else "eager (no graphs on CPU)"
+    )
     report([stock, cadence], device, frames_per_tick=2)
     problems = compare(stock.outputs, cadence.outputs, names=("main", "other"))
     if problems:

@@ -95,8 +95,13 @@ class RingKVCache:
     """
 
     def __init__(
-        self, batch_size: int, num_heads: int, dim_per_head: int, capacity: int,
-        device: torch.device, dtype: torch.dtype,
+        self,
+        batch_size: int,
+        num_heads: int,
+        dim_per_head: int,
+        capacity: int,
+        device: torch.device,
+        dtype: torch.dtype,
     ) -> None:
         self.capacity = capacity
         self.cache = torch.zeros((2, batch_size, num_heads, capacity, dim_per_head), device=device, dtype=dtype)
@@ -108,7 +113,9 @@ class RingKVCache:
     def complete(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Write ``k, v`` ``[B, H, T, D]``; return all keys, all values and their positions ``[capacity]``."""
         steps = k.shape[2]
-        write_at = (torch.arange(steps, device=self.end_offset.device, dtype=self.end_offset.dtype) + self.end_offset) % self.capacity
+        write_at = (
+            torch.arange(steps, device=self.end_offset.device, dtype=self.end_offset.dtype) + self.end_offset
+        ) % self.capacity
         self.cache[0].index_copy_(2, write_at, k)
         self.cache[1].index_copy_(2, write_at, v)
         self.end_offset.add_(steps)
@@ -237,10 +244,16 @@ class PersonaPlexMimiDecoder:
             attn = layer.self_attn
             weight = attn.in_projs[0].weight
             kv_cache = RingKVCache(
-                batch_size, attn.num_heads, attn.embed_dim // attn.num_heads, attn.context,
-                device=weight.device, dtype=weight.dtype,
+                batch_size,
+                attn.num_heads,
+                attn.embed_dim // attn.num_heads,
+                attn.context,
+                device=weight.device,
+                dtype=weight.dtype,
             )
-            self.attention_carries.append(AttentionCarry(kv_cache, torch.zeros(1, device=weight.device, dtype=torch.long)))
+            self.attention_carries.append(
+                AttentionCarry(kv_cache, torch.zeros(1, device=weight.device, dtype=torch.long))
+            )
         if graph_transformer is None:
             graph_transformer = self.device.type == "cuda"
         self.graphed_transformer = CUDAGraphed(self._run_decoder_transformer, disable=not graph_transformer)

@@ -23,10 +23,10 @@ from fractions import Fraction
 
 import torch
 
-from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant, option_flag
 from duplexcadence.examples.qwen3omni.model import build_code2wav
 from duplexcadence.examples.qwen3omni.stock import StockSecondDecoder, second_bounds
 from duplexcadence.examples.qwen3omni.streaming import StreamingCode2Wav
+from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant, option_flag
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -93,12 +93,19 @@ def stream_difference(tick: int, expected, found) -> float:
     """Max abs difference of a streamed second from stock eager's on the samples both emit: from
     second 1 on the stream is 555 samples behind (stock drops them at every boundary)."""
     ours, theirs = found["output"], expected["output"]
-    ours = ours[..., ours.shape[-1] - theirs.shape[-1]:]
+    ours = ours[..., ours.shape[-1] - theirs.shape[-1] :]
     return (ours.float() - theirs.float()).abs().max().item()
 
 
-def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, dtype: str = "fp32", seed: int = 1234,
-            streaming: str | bool = False, **_) -> Subject:
+def subject(
+    device: str = "cpu",
+    seconds: int = 10,
+    batch: int = 1,
+    dtype: str = "fp32",
+    seed: int = 1234,
+    streaming: str | bool = False,
+    **_,
+) -> Subject:
     device = torch.device(device)
     torch_dtype = DTYPES[dtype]
     total = second_bounds(seconds + 8)[1]
@@ -108,23 +115,50 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, dtype: str =
         start, end = second_bounds(second)
         return {"codes": codes[..., start:end]}
 
-    cadence_info = lambda r: {"graphs": r.runtime.report().graphs_captured,  # noqa: E731
-                              "stage_graphs": r.runtime.report().stage_graphs_covered,
-                              "capture_seconds": r.runtime.report().capture_seconds,
-                              "arena_bytes": r.runtime.report().arena_bytes}
-    variants = [Variant("stock eager", lambda: _Stock(torch_dtype, device, seed), reference=True),
-                Variant("duplexcadence", lambda: _Cadence(torch_dtype, device, seed, batch), info=cadence_info)]
+    cadence_info = lambda r: {
+        "graphs": r.runtime.report().graphs_captured,
+        "stage_graphs": r.runtime.report().stage_graphs_covered,
+        "capture_seconds": r.runtime.report().capture_seconds,
+        "arena_bytes": r.runtime.report().arena_bytes,
+    }
+    variants = [
+        Variant("stock eager", lambda: _Stock(torch_dtype, device, seed), reference=True),
+        Variant("duplexcadence", lambda: _Cadence(torch_dtype, device, seed, batch), info=cadence_info),
+    ]
     description = f"Code2Wav (transformers), {dtype}, B={batch}, 1 s cadence, 25-code context"
     if option_flag(streaming):
-        variants += [Variant("streaming (eager, opt-in)", lambda: _StreamingEager(torch_dtype, device, seed),
-                             compare=False, difference=stream_difference),
-                     Variant("streaming under DuplexCadence (opt-in)",
-                             lambda: _StreamingCadence(torch_dtype, device, seed, batch), info=cadence_info,
-                             compare=False, difference=stream_difference)]
+        variants += [
+            Variant(
+                "streaming (eager, opt-in)",
+                lambda: _StreamingEager(torch_dtype, device, seed),
+                compare=False,
+                difference=stream_difference,
+            ),
+            Variant(
+                "streaming under DuplexCadence (opt-in)",
+                lambda: _StreamingCadence(torch_dtype, device, seed, batch),
+                info=cadence_info,
+                compare=False,
+                difference=stream_difference,
+            ),
+        ]
         description += "; opt-in streaming: KV window 72 + conv carries, not bit-identical to chunked decode"
-    return Subject("qwen3omni", Fraction(1), inputs, variants, device, description=description,
-                   warmup_ticks=2, extra={"batch": batch, "dtype": dtype, "streaming": option_flag(streaming)},
-                   compile_variants=[compiled_variant(
-                       "stock step, torch.compile reduce-overhead", lambda: _Stock(torch_dtype, device, seed),
-                       install=_compile_forward, compile_options={"dynamic": False},
-                       note="Code2Wav forward compiled, one graph per input length")])
+    return Subject(
+        "qwen3omni",
+        Fraction(1),
+        inputs,
+        variants,
+        device,
+        description=description,
+        warmup_ticks=2,
+        extra={"batch": batch, "dtype": dtype, "streaming": option_flag(streaming)},
+        compile_variants=[
+            compiled_variant(
+                "stock step, torch.compile reduce-overhead",
+                lambda: _Stock(torch_dtype, device, seed),
+                install=_compile_forward,
+                compile_options={"dynamic": False},
+                note="Code2Wav forward compiled, one graph per input length",
+            )
+        ],
+    )

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from duplexcadence.interpreter.runtime.runtime import Runtime
 from duplexcadence.examples.qwen3omni.model import forward_for_capture, forward_sample_deficit, samples_per_code
+from duplexcadence.interpreter.runtime.runtime import Runtime
 
 
 def clock_path() -> Path:
@@ -37,8 +37,23 @@ def make_hooks(corrected: bool = False) -> dict:
     return {"code2wav_chunk": code2wav_chunk}
 
 
-def load_runtime(model, batch_size: int = 1, device: str | torch.device | None = None, sessions: int = 1,
-                 corrected: bool = False, graphs: bool | str = "auto", max_graphs: int | None = None) -> Runtime:
+def load_runtime(
+    model,
+    batch_size: int = 1,
+    device: str | torch.device | None = None,
+    sessions: int = 1,
+    corrected: bool = False,
+    graphs: bool | str = "auto",
+    max_graphs: int | None = None,
+) -> Runtime:
     device = device or next(model.parameters()).device
-    return Runtime.load(clock_path(), model, params={"B": batch_size}, device=device, hooks=make_hooks(corrected),
-                        sessions=sessions, graphs=graphs, max_graphs=max_graphs)
+    return Runtime.load(
+        clock_path(),
+        model,
+        params={"B": batch_size},
+        device=device,
+        hooks=make_hooks(corrected),
+        sessions=sessions,
+        graphs=graphs,
+        max_graphs=max_graphs,
+    )

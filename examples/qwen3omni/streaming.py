@@ -65,8 +65,11 @@ CONV_CARRY_REGIONS: dict[str, str] = {
     "upsample.0.1.dwconv": "dwconv_25hz",
     "upsample.1.1.dwconv": "dwconv_50hz",
     "decoder.0": "conv_in",
-    **{f"decoder.{i + 1}.block.{unit + 2}.conv1": f"res_{rate}[{unit}]" for i, rate in enumerate(_RATES)
-       for unit in range(3)},
+    **{
+        f"decoder.{i + 1}.block.{unit + 2}.conv1": f"res_{rate}[{unit}]"
+        for i, rate in enumerate(_RATES)
+        for unit in range(3)
+    },
     "decoder.6": "conv_out",
 }
 """Module path of every causal conv with a left carry -> its region in the streaming ``.clock``."""
@@ -90,8 +93,7 @@ def check_streamable(model: Qwen3OmniMoeCode2Wav) -> None:
                 raise ValueError(f"{name}: streaming assumes kernel = (c + 1) * stride trimmed by c frames")
 
 
-def streaming_window_mask(batch: int, new: int, cached: int, window: int,
-                          device: torch.device) -> torch.Tensor | None:
+def streaming_window_mask(batch: int, new: int, cached: int, window: int, device: torch.device) -> torch.Tensor | None:
     """The sliding-window mask transformers builds eagerly for ``new`` queries on ``cached`` + ``new`` keys.
 
     ``create_sliding_window_causal_mask`` with a ``DynamicCache`` holding ``cached`` (at most
@@ -148,8 +150,11 @@ def stream_step(
     cached = cache.layers[0].keys.shape[-2] if cache.layers[0].is_initialized else 0
     mask = streaming_window_mask(batch, count, cached, model.config.sliding_window, hidden.device)
     hidden = model.pre_transformer(
-        inputs_embeds=hidden, attention_mask={"sliding_attention": mask}, position_ids=position_ids,
-        past_key_values=cache, use_cache=True,
+        inputs_embeds=hidden,
+        attention_mask={"sliding_attention": mask},
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
     ).last_hidden_state
     hidden = hidden.permute(0, 2, 1)
     streamer = _Streamer(conv_carries, frame_carries)
@@ -229,9 +234,7 @@ class _Streamer:
         self.conv_carries[name] = extended[..., -conv.padding :].clone()
         return conv.conv(extended)
 
-    def _transposed_conv(
-        self, name: str, trans: Qwen3OmniMoeCausalTransConvNet, hidden: torch.Tensor
-    ) -> torch.Tensor:
+    def _transposed_conv(self, name: str, trans: Qwen3OmniMoeCausalTransConvNet, hidden: torch.Tensor) -> torch.Tensor:
         """The stock module on [overlap frames, new frames]; its two-sided trim then returns exactly the
         samples whose every contributing input frame has arrived."""
         (kernel,), (stride,) = trans.conv.kernel_size, trans.conv.stride

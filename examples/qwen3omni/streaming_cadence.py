@@ -24,19 +24,26 @@ from pathlib import Path
 import attrs
 import torch
 
-from duplexcadence.dsl.program import Program
 from duplexcadence.dsl.frontend import load_program
-from duplexcadence.interpreter.runtime.runtime import Runtime
+from duplexcadence.dsl.program import Program
 from duplexcadence.examples.qwen3omni.model import Qwen3OmniMoeCode2Wav
-from duplexcadence.examples.qwen3omni.streaming import CONV_CARRY_REGIONS, FRAME_CARRY_REGIONS, check_streamable, prefilled_cache, stream_step
+from duplexcadence.examples.qwen3omni.streaming import (
+    CONV_CARRY_REGIONS,
+    FRAME_CARRY_REGIONS,
+    check_streamable,
+    prefilled_cache,
+    stream_step,
+)
+from duplexcadence.interpreter.runtime.runtime import Runtime
 
 STAGE = "stream"
 _DTYPE_NAMES = {torch.float32: ("f32", 4), torch.bfloat16: ("bf16", 2), torch.float16: ("f16", 2)}
 
 
 def clock_path() -> Path:
-    return Path(str(resources.files("duplexcadence").joinpath("stdlib", "models",
-                                                             "qwen3_omni_code2wav_streaming.clock")))
+    return Path(
+        str(resources.files("duplexcadence").joinpath("stdlib", "models", "qwen3_omni_code2wav_streaming.clock"))
+    )
 
 
 def program_for(dtype: torch.dtype, batch_size: int = 1) -> Program:
@@ -45,8 +52,10 @@ def program_for(dtype: torch.dtype, batch_size: int = 1) -> Program:
     name, itemsize = _DTYPE_NAMES[dtype]
     if name == "f32":
         return program
-    regions = {key: attrs.evolve(region, dtype=name, itemsize=itemsize) if region.dtype == "f32" else region
-               for key, region in program.regions.items()}
+    regions = {
+        key: attrs.evolve(region, dtype=name, itemsize=itemsize) if region.dtype == "f32" else region
+        for key, region in program.regions.items()
+    }
     return attrs.evolve(program, regions=regions)
 
 
@@ -61,8 +70,9 @@ def make_hook(program: Program, layers: int):
         codes, position = held["codes"], held["position"]
         count = codes.shape[-1]
         position_ids = (position + torch.arange(count, device=codes.device))[None]  # [1, n], like eager's arange
-        cache = prefilled_cache(model, [held[f"keys[{i}]"] for i in range(layers)],
-                                [held[f"values[{i}]"] for i in range(layers)])
+        cache = prefilled_cache(
+            model, [held[f"keys[{i}]"] for i in range(layers)], [held[f"values[{i}]"] for i in range(layers)]
+        )
         conv_carries = {path: held[region] for path, region in CONV_CARRY_REGIONS.items()}
         frame_carries = {path: held[region] for path, region in FRAME_CARRY_REGIONS.items()}
         wav = stream_step(model, codes, position_ids, cache, conv_carries, frame_carries)
@@ -76,16 +86,28 @@ def make_hook(program: Program, layers: int):
     return code2wav_stream
 
 
-def load_streaming_runtime(model: Qwen3OmniMoeCode2Wav, batch_size: int = 1,
-                           device: str | torch.device | None = None, sessions: int = 1,
-                           graphs: bool | str = "auto", max_graphs: int | None = None) -> Runtime:
+def load_streaming_runtime(
+    model: Qwen3OmniMoeCode2Wav,
+    batch_size: int = 1,
+    device: str | torch.device | None = None,
+    sessions: int = 1,
+    graphs: bool | str = "auto",
+    max_graphs: int | None = None,
+) -> Runtime:
     """The runtime of the opt-in streaming mode on `model` (one instant per code; see module doc)."""
     check_streamable(model)
     device = device or next(model.parameters()).device
     program = program_for(next(model.parameters()).dtype, batch_size)
     hook = make_hook(program, model.config.num_hidden_layers)
-    return Runtime.load(program, model, device=device, hooks={"code2wav_stream": hook}, sessions=sessions,
-                        graphs=graphs, max_graphs=max_graphs)
+    return Runtime.load(
+        program,
+        model,
+        device=device,
+        hooks={"code2wav_stream": hook},
+        sessions=sessions,
+        graphs=graphs,
+        max_graphs=max_graphs,
+    )
 
 
 class StreamingSecondDecoder:
@@ -104,7 +126,7 @@ class StreamingSecondDecoder:
         self.session.reset()
 
     def step(self, new_codes: torch.Tensor) -> torch.Tensor:
-        pieces = [self.session.step(codes=new_codes[..., index:index + 1]) for index in range(new_codes.shape[-1])]
+        pieces = [self.session.step(codes=new_codes[..., index : index + 1]) for index in range(new_codes.shape[-1])]
         return torch.cat(pieces, dim=-1)
 
     def close(self) -> None:

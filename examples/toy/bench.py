@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
+from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
 from duplexcadence.interpreter.bench.harness import Subject, Variant
 from duplexcadence.interpreter.runtime.runtime import Runtime
-from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
 
 CLOCK = Path(__file__).with_name("toy.clock")
 PROMPT, WINDOW = 6, 20
@@ -55,7 +55,15 @@ def subject(device: str = "cpu", seconds: int = 10, seed: int = 0, **_) -> Subje
         runner = SessionRunner(runtime, {"cache": prompt}, seed)
         return runner
 
-    return Subject("toy", Fraction(25, 2), lambda t: {"codes": codes[:, t:t + 1]},
-                   [Variant("stock eager", stock, reference=True),
-                    Variant("duplexcadence", cadence, info=lambda r: {"graphs": r.runtime.report().graphs_captured})],
-                   device, description="toy tail (tests, docs/runtime.md)", warmup_ticks=25)
+    return Subject(
+        "toy",
+        Fraction(25, 2),
+        lambda t: {"codes": codes[:, t : t + 1]},
+        [
+            Variant("stock eager", stock, reference=True),
+            Variant("duplexcadence", cadence, info=lambda r: {"graphs": r.runtime.report().graphs_captured}),
+        ],
+        device,
+        description="toy tail (tests, docs/runtime.md)",
+        warmup_ticks=25,
+    )

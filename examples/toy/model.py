@@ -10,8 +10,8 @@ conv whose overlap tail is updated in place (moshi style) -> plus a random draw 
 from __future__ import annotations
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 
 class CausalConv(nn.Module):
@@ -28,7 +28,7 @@ class CausalConv(nn.Module):
             padded = torch.cat([torch.zeros(*x.shape[:-1], self.kernel - 1, dtype=x.dtype, device=x.device), x], -1)
         else:
             padded = torch.cat([self.carry, x], dim=-1)
-        self.carry = padded[..., -(self.kernel - 1):]
+        self.carry = padded[..., -(self.kernel - 1) :]
         return torch.tanh(self.conv(padded))
 
 
@@ -136,6 +136,6 @@ class ToyStockStream:
         hidden = self.model.encoder(codes)
         attended, cache = self.model.attention(hidden, self.cache)
         if cache.shape[3] > self.prompt + self.window:  # keep the prompt and the newest `window` frames
-            cache = torch.cat([cache[:, :, :, : self.prompt], cache[:, :, :, -self.window:]], dim=3)
+            cache = torch.cat([cache[:, :, :, : self.prompt], cache[:, :, :, -self.window :]], dim=3)
         self.cache = cache
         return self.model.upsample(attended)

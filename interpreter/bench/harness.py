@@ -125,7 +125,7 @@ def sm_clock_reader(device: torch.device) -> Callable[[], float] | None:
         return None
     try:
         torch.cuda.clock_rate(device)
-    except Exception:  # noqa: BLE001 - no NVML here: the column stays empty
+    except Exception:
         return None
     return lambda: float(torch.cuda.clock_rate(device))
 
@@ -207,8 +207,9 @@ def profiled_ticks(subject: Subject, ticks: int) -> int:
     return min(ticks, max(8, int(subject.ticks_per_second * 2)))
 
 
-def profile_busy(subject: Subject, variant: Variant, ticks: int,
-                 progress: Callable[[str, int, int], None] | None = None) -> tuple[float | None, float | None]:
+def profile_busy(
+    subject: Subject, variant: Variant, ticks: int, progress: Callable[[str, int, int], None] | None = None
+) -> tuple[float | None, float | None]:
     """GPU busy ms per duplex second and busy fraction of `variant`, built afresh: its first ticks are
     stepped unprofiled (no synchronisation between them), the last `profiled_ticks` under torch.profiler,
     so the profile covers the same ticks, inputs and state as the end of the timed run.
@@ -291,9 +292,15 @@ def memory_breakdown(subject: Subject, runner: Any, info: dict, peak: int | None
     else:
         state, state_source = None, None
     other = peak - (weights if weights_in_peak else 0) - (state or 0)
-    return {"peak_bytes": peak, "weights_bytes": weights, "weights_in_peak": weights_in_peak,
-            "weights_source": weights_source, "state_bytes": state, "state_source": state_source,
-            "other_bytes": other}
+    return {
+        "peak_bytes": peak,
+        "weights_bytes": weights,
+        "weights_in_peak": weights_in_peak,
+        "weights_source": weights_source,
+        "state_bytes": state,
+        "state_source": state_source,
+        "other_bytes": other,
+    }
 
 
 class VariantBudgetExceeded(Exception):
@@ -329,8 +336,9 @@ def failed_result(variant: Variant, error: BaseException, ticks_done: int = 0) -
     text = f"{type(error).__name__}: {error}".strip()
     if len(text) > 600:
         text = text[:600] + " ..."
-    return VariantResult(variant.name, None, None, None, None, None, None, None, None, None, 0.0, None, None,
-                         ticks_done, {}, error=text)
+    return VariantResult(
+        variant.name, None, None, None, None, None, None, None, None, None, 0.0, None, None, ticks_done, {}, error=text
+    )
 
 
 @attrs.frozen
@@ -352,16 +360,22 @@ def second_statistics(subject: Subject, tick_ms: list[float]) -> SecondStatistic
     every_second = [sum(tick_ms[t] for t in second) for second in whole_seconds]
     warmup_seconds = sum(1 for second in whole_seconds if second.start < subject.warmup_ticks)
     per_second = every_second[warmup_seconds:]
-    steady_ticks = tick_ms[subject.warmup_ticks:] or tick_ms
+    steady_ticks = tick_ms[subject.warmup_ticks :] or tick_ms
     if not per_second:
         per_second = [statistics.median(steady_ticks) * float(subject.ticks_per_second)]
-    return SecondStatistics(statistics.median(per_second), _percentile(per_second, 0.9),
-                            _percentile(per_second, 0.99), statistics.median(steady_ticks), every_second,
-                            warmup_seconds)
+    return SecondStatistics(
+        statistics.median(per_second),
+        _percentile(per_second, 0.9),
+        _percentile(per_second, 0.99),
+        statistics.median(steady_ticks),
+        every_second,
+        warmup_seconds,
+    )
 
 
-def run_interleaved(subject: Subject, variants: list[Variant], ticks: int,
-                    progress: Callable[[str, int, int], None] | None = None) -> dict[str, SecondStatistics]:
+def run_interleaved(
+    subject: Subject, variants: list[Variant], ticks: int, progress: Callable[[str, int, int], None] | None = None
+) -> dict[str, SecondStatistics]:
     """Time `variants` again, all built at once and stepped in turn: tick t of each, each between two
     synchronisations. Every variant is then timed over the same stretch of wall-clock time, so drift of the
     machine over a run (clocks, neighbours) is shared, where the sequential pass gives each variant its own
@@ -397,12 +411,19 @@ def run_interleaved(subject: Subject, variants: list[Variant], ticks: int,
             if callable(close):
                 close()
         del runners
-    return {name: attrs.evolve(second_statistics(subject, times), sm_clock_mhz_median=_median_or_none(clocks[name]))
-            for name, times in tick_ms.items()}
+    return {
+        name: attrs.evolve(second_statistics(subject, times), sm_clock_mhz_median=_median_or_none(clocks[name]))
+        for name, times in tick_ms.items()
+    }
 
 
-def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list | None,
-                progress: Callable[[str, int, int], None] | None = None) -> tuple[VariantResult, list]:
+def run_variant(
+    subject: Subject,
+    variant: Variant,
+    ticks: int,
+    reference: list | None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> tuple[VariantResult, list]:
     device = subject.device
     base_allocated = fresh_peak(device)
     started = time.perf_counter()
@@ -456,11 +477,27 @@ def run_variant(subject: Subject, variant: Variant, ticks: int, reference: list 
             info = {**info, "max_abs_diff_vs_reference": largest_difference}
         memory = memory_breakdown(subject, runner, info, peak_allocated, state_bytes)
         result = VariantResult(
-            variant.name, timing.median, timing.p90, timing.p99, timing.tick_median, None, None,
-            peak_allocated, peak_reserved, state_bytes, setup_seconds, identical, mismatch, ticks, info,
-            timing.every_second, timing.warmup_seconds, memory,
-            host_ms_median=statistics.median(host_ms[subject.warmup_ticks:] or host_ms),
-            sm_clock_mhz_median=_median_or_none(clocks))
+            variant.name,
+            timing.median,
+            timing.p90,
+            timing.p99,
+            timing.tick_median,
+            None,
+            None,
+            peak_allocated,
+            peak_reserved,
+            state_bytes,
+            setup_seconds,
+            identical,
+            mismatch,
+            ticks,
+            info,
+            timing.every_second,
+            timing.warmup_seconds,
+            memory,
+            host_ms_median=statistics.median(host_ms[subject.warmup_ticks :] or host_ms),
+            sm_clock_mhz_median=_median_or_none(clocks),
+        )
     finally:
         close = getattr(runner, "close", None)
         if callable(close):
@@ -476,7 +513,7 @@ def _run_guarded(subject: Subject, variant: Variant, ticks: int, reference: list
     try:
         with time_budget(variant.budget_s, f"variant {variant.name!r}"):
             return run_variant(subject, variant, ticks, reference, report)
-    except Exception as error:  # noqa: BLE001 - reported, not raised: that is the point of may_fail
+    except Exception as error:
         _recover(subject.device)
         return failed_result(variant, error), []
 
@@ -490,8 +527,9 @@ def _recover(device: torch.device) -> None:
             torch.cuda.empty_cache()
 
 
-def profile_all(subject: Subject, results: list[VariantResult], ticks: int, report=None,
-                variants: list[Variant] | None = None) -> list[VariantResult]:
+def profile_all(
+    subject: Subject, results: list[VariantResult], ticks: int, report=None, variants: list[Variant] | None = None
+) -> list[VariantResult]:
     """`results` (of `run(subject, ticks, ...)`), each that ran with its GPU busy time from `profile_busy`
     (nothing off CUDA). A `may_fail` variant that fails here (or runs out of its budget) keeps its
     timings, with the reason in `info["busy_error"]`. Call it after the process's last timed tick.
@@ -505,8 +543,9 @@ def profile_all(subject: Subject, results: list[VariantResult], ticks: int, repo
         variant = by_name.get(result.name)
         if result.error is None and variant is not None:
             try:
-                with time_budget(variant.budget_s if variant.may_fail else None,
-                                 f"variant {variant.name!r} (GPU busy profile)"):
+                with time_budget(
+                    variant.budget_s if variant.may_fail else None, f"variant {variant.name!r} (GPU busy profile)"
+                ):
                     busy_ms, busy_fraction = profile_busy(subject, variant, ticks, report)
             except Exception as error:
                 if not variant.may_fail:
@@ -520,8 +559,15 @@ def profile_all(subject: Subject, results: list[VariantResult], ticks: int, repo
     return profiled
 
 
-def run(subject: Subject, ticks: int, progress: bool = True, compile: bool = False,
-        compile_budget_s: float | None = None, interleave: bool = False, profile: bool = True) -> list[VariantResult]:
+def run(
+    subject: Subject,
+    ticks: int,
+    progress: bool = True,
+    compile: bool = False,
+    compile_budget_s: float | None = None,
+    interleave: bool = False,
+    profile: bool = True,
+) -> list[VariantResult]:
     """Every variant of `subject`, reference first, under deterministic cuDNN; with `compile`, the
     subject's compile variants last (a failed compile cannot disturb the others). With `interleave`, the
     subject's own variants that ran are then timed again by `run_interleaved`, into each result's
@@ -553,8 +599,10 @@ def run(subject: Subject, ticks: int, progress: bool = True, compile: bool = Fal
         with deterministic_cudnn():
             ordered = sorted(subject.variants, key=lambda v: not v.reference)
             if compile:
-                ordered += [v if compile_budget_s is None else attrs.evolve(v, budget_s=compile_budget_s)
-                            for v in subject.compile_variants]
+                ordered += [
+                    v if compile_budget_s is None else attrs.evolve(v, budget_s=compile_budget_s)
+                    for v in subject.compile_variants
+                ]
             for variant in ordered:
                 result, outputs = _run_guarded(subject, variant, ticks, reference_outputs, report)
                 if variant.reference:
@@ -570,14 +618,31 @@ def run(subject: Subject, ticks: int, progress: bool = True, compile: bool = Fal
                     timed = run_interleaved(subject, again, ticks, report)
                 except Exception as error:  # e.g. every variant at once does not fit: keep the sequential results
                     text = f"{type(error).__name__}: {error}".strip()[:600]
-                    results = [attrs.evolve(r, info={**r.info, "interleaved": {"error": text}})
-                               if r.name in {v.name for v in again} else r for r in results]
+                    results = [
+                        attrs.evolve(r, info={**r.info, "interleaved": {"error": text}})
+                        if r.name in {v.name for v in again}
+                        else r
+                        for r in results
+                    ]
                 else:
-                    results = [attrs.evolve(r, info={**r.info, "interleaved": {
-                        "ms_per_s_median": timed[r.name].median, "ms_per_s_p90": timed[r.name].p90,
-                        "ms_per_s_p99": timed[r.name].p99, "tick_ms_median": timed[r.name].tick_median,
-                        "sm_clock_mhz_median": timed[r.name].sm_clock_mhz_median}})
-                        if r.name in timed else r for r in results]
+                    results = [
+                        attrs.evolve(
+                            r,
+                            info={
+                                **r.info,
+                                "interleaved": {
+                                    "ms_per_s_median": timed[r.name].median,
+                                    "ms_per_s_p90": timed[r.name].p90,
+                                    "ms_per_s_p99": timed[r.name].p99,
+                                    "tick_ms_median": timed[r.name].tick_median,
+                                    "sm_clock_mhz_median": timed[r.name].sm_clock_mhz_median,
+                                },
+                            },
+                        )
+                        if r.name in timed
+                        else r
+                        for r in results
+                    ]
             if profile and kernel_time_measurable(subject.device):  # last: see profile_busy
                 results = profile_all(subject, results, ticks, report, variants=ordered)
     finally:
@@ -594,10 +659,13 @@ def _dynamo_counts() -> dict:
     """The torch._dynamo counters this bench reports, as plain numbers (a snapshot)."""
     from torch._dynamo.utils import counters
 
-    return {"frames": counters["frames"]["total"], "frames_ok": counters["frames"]["ok"],
-            "graphs": counters["stats"]["unique_graphs"],
-            "graph_breaks": dict(counters["graph_break"]),
-            "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}
+    return {
+        "frames": counters["frames"]["total"],
+        "frames_ok": counters["frames"]["ok"],
+        "graphs": counters["stats"]["unique_graphs"],
+        "graph_breaks": dict(counters["graph_break"]),
+        "cudagraph_skips": counters["inductor"]["cudagraph_skips"],
+    }
 
 
 class _WarningLog(logging.Handler):
@@ -642,9 +710,14 @@ class CompiledRunner:
     that compiled.
     """
 
-    def __init__(self, runner: Any, install: Callable[[Any, Callable], Any] | None = None,
-                 dynamo_config: Mapping[str, Any] | None = None, compile_options: Mapping[str, Any] | None = None,
-                 note: str = ""):
+    def __init__(
+        self,
+        runner: Any,
+        install: Callable[[Any, Callable], Any] | None = None,
+        dynamo_config: Mapping[str, Any] | None = None,
+        compile_options: Mapping[str, Any] | None = None,
+        note: str = "",
+    ):
         self.runner = runner
         self.dynamo_config = dict(dynamo_config or {})
         self.compile_options = dict(compile_options or {})
@@ -708,15 +781,25 @@ class CompiledRunner:
         return output
 
     def stats(self) -> dict:
-        return {"mode": COMPILE_MODE, "compile_options": self.compile_options, "dynamo_config": self.dynamo_config,
-                "note": self.note, "calls": self.calls, "first_call_seconds": self.first_call_s,
-                "compiling_calls_seconds": self.compiling_calls_s, "compiling_ticks": self.compiling_ticks,
-                "compilations_first_call": self.first_call_compilations,
-                "recompilations": self.recompilations, "frames_failed": self.failed_frames,
-                "graphs": self.graphs, "graph_breaks": self.graph_breaks,
-                "graph_break_reasons": dict(sorted(self.break_reasons.items(), key=lambda kv: -kv[1])[:8]),
-                "cudagraph_skips": self.cudagraph_skips, "suppress_errors": self.suppress_errors,
-                "warnings": list(self.warnings.messages)}
+        return {
+            "mode": COMPILE_MODE,
+            "compile_options": self.compile_options,
+            "dynamo_config": self.dynamo_config,
+            "note": self.note,
+            "calls": self.calls,
+            "first_call_seconds": self.first_call_s,
+            "compiling_calls_seconds": self.compiling_calls_s,
+            "compiling_ticks": self.compiling_ticks,
+            "compilations_first_call": self.first_call_compilations,
+            "recompilations": self.recompilations,
+            "frames_failed": self.failed_frames,
+            "graphs": self.graphs,
+            "graph_breaks": self.graph_breaks,
+            "graph_break_reasons": dict(sorted(self.break_reasons.items(), key=lambda kv: -kv[1])[:8]),
+            "cudagraph_skips": self.cudagraph_skips,
+            "suppress_errors": self.suppress_errors,
+            "warnings": list(self.warnings.messages),
+        }
 
     def close(self) -> None:
         for name in ("torch._dynamo", "torch._inductor"):
@@ -740,26 +823,46 @@ def output_device(value: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def compiled_variant(name: str, make: Callable[[], Any], *, install: Callable[[Any, Callable], Any] | None = None,
-                     dynamo_config: Mapping[str, Any] | None = None, compile_options: Mapping[str, Any] | None = None,
-                     note: str = "", budget_s: float | None = DEFAULT_COMPILE_BUDGET_S) -> Variant:
+def compiled_variant(
+    name: str,
+    make: Callable[[], Any],
+    *,
+    install: Callable[[Any, Callable], Any] | None = None,
+    dynamo_config: Mapping[str, Any] | None = None,
+    compile_options: Mapping[str, Any] | None = None,
+    note: str = "",
+    budget_s: float | None = DEFAULT_COMPILE_BUDGET_S,
+) -> Variant:
     """A compile variant: `make()` builds the stock runner, `install` compiles (default: its whole
     step). Compared with stock eager like every variant; may fail (reported, not raised)."""
-    return Variant(name, lambda: CompiledRunner(make(), install, dynamo_config, compile_options, note),
-                   info=lambda runner: {"compile": runner.stats()}, may_fail=True, budget_s=budget_s)
+    return Variant(
+        name,
+        lambda: CompiledRunner(make(), install, dynamo_config, compile_options, note),
+        info=lambda runner: {"compile": runner.stats()},
+        may_fail=True,
+        budget_s=budget_s,
+    )
 
 
 def compile_summary(stats: Mapping[str, Any]) -> str:
     first = stats.get("first_call_seconds")
-    parts = [f"torch.compile({stats.get('mode')!r}"
-             + "".join(f", {k}={v!r}" for k, v in (stats.get("compile_options") or {}).items()) + ")"]
+    parts = [
+        f"torch.compile({stats.get('mode')!r}"
+        + "".join(f", {k}={v!r}" for k, v in (stats.get("compile_options") or {}).items())
+        + ")"
+    ]
     if stats.get("dynamo_config"):
         parts.append("dynamo " + ", ".join(f"{k}={v!r}" for k, v in stats["dynamo_config"].items()))
-    parts.append("first call " + ("-" if first is None else f"{first:.1f} s")
-                 + f", calls that compiled {stats.get('compiling_calls_seconds', 0):.1f} s")
-    parts.append(f"{stats.get('compilations_first_call', 0)} compilations in the first call, "
-                 f"{stats.get('recompilations', 0)} after it, {stats.get('graph_breaks', 0)} graph breaks, "
-                 f"{stats.get('cudagraph_skips', 0)} cudagraph skips")
+    parts.append(
+        "first call "
+        + ("-" if first is None else f"{first:.1f} s")
+        + f", calls that compiled {stats.get('compiling_calls_seconds', 0):.1f} s"
+    )
+    parts.append(
+        f"{stats.get('compilations_first_call', 0)} compilations in the first call, "
+        f"{stats.get('recompilations', 0)} after it, {stats.get('graph_breaks', 0)} graph breaks, "
+        f"{stats.get('cudagraph_skips', 0)} cudagraph skips"
+    )
     if stats.get("frames_failed"):
         parts.append(f"{stats['frames_failed']} frames failed to compile (ran eagerly)")
     if stats.get("suppress_errors"):
@@ -772,25 +875,46 @@ def compile_summary(stats: Mapping[str, Any]) -> str:
 def format_table(subject: Subject, results: list[VariantResult]) -> str:
     from duplexcadence.interpreter.plans.plan_text import human_bytes, table
 
-    reference = next((r for r in results if r.bit_identical and r.first_mismatch is None and r.error is None),
-                     results[0])
+    reference = next(
+        (r for r in results if r.bit_identical and r.first_mismatch is None and r.error is None), results[0]
+    )
     clocked = any(r.sm_clock_mhz_median is not None for r in results)  # CUDA with NVML
     rows = []
     for r in results:
         if r.error is not None:
             rows.append([r.name, "FAILED", *["-"] * (10 + clocked)])
             continue
-        rows.append([r.name, f"{r.ms_per_s_median:.1f}", f"{r.ms_per_s_p90:.1f}", f"{r.ms_per_s_p99:.1f}",
-                     f"{reference.ms_per_s_median / r.ms_per_s_median:.2f}x",
-                     "-" if r.host_ms_median is None else f"{r.host_ms_median:.3f}",
-                     "-" if r.gpu_busy_ms_per_s is None else f"{r.gpu_busy_ms_per_s:.1f}",
-                     "-" if r.busy_fraction is None else f"{r.busy_fraction:.0%}",
-                     *([_mhz(r.sm_clock_mhz_median)] if clocked else []),
-                     human_bytes(r.peak_allocated_bytes), human_bytes(r.peak_reserved_bytes),
-                     {True: "yes", False: "NO", None: "-"}[r.bit_identical]])
+        rows.append(
+            [
+                r.name,
+                f"{r.ms_per_s_median:.1f}",
+                f"{r.ms_per_s_p90:.1f}",
+                f"{r.ms_per_s_p99:.1f}",
+                f"{reference.ms_per_s_median / r.ms_per_s_median:.2f}x",
+                "-" if r.host_ms_median is None else f"{r.host_ms_median:.3f}",
+                "-" if r.gpu_busy_ms_per_s is None else f"{r.gpu_busy_ms_per_s:.1f}",
+                "-" if r.busy_fraction is None else f"{r.busy_fraction:.0%}",
+                *([_mhz(r.sm_clock_mhz_median)] if clocked else []),
+                human_bytes(r.peak_allocated_bytes),
+                human_bytes(r.peak_reserved_bytes),
+                {True: "yes", False: "NO", None: "-"}[r.bit_identical],
+            ]
+        )
     lines = [f"{subject.name} on {subject.device}: {subject.description}".rstrip(": ")]
-    header = ["variant", "ms/s median", "p90", "p99", "vs first", "host ms/tick", "GPU busy ms/s", "busy",
-              *(["SM MHz"] if clocked else []), "peak alloc", "peak reserved", "== stock eager"]
+    header = [
+        "variant",
+        "ms/s median",
+        "p90",
+        "p99",
+        "vs first",
+        "host ms/tick",
+        "GPU busy ms/s",
+        "busy",
+        *(["SM MHz"] if clocked else []),
+        "peak alloc",
+        "peak reserved",
+        "== stock eager",
+    ]
     lines += table(header, rows, right=tuple(range(1, len(header) - 1)))
     interleaved = [r for r in results if "interleaved" in r.info and "error" not in r.info["interleaved"]]
     failed = next((r.info["interleaved"]["error"] for r in results if "error" in r.info.get("interleaved", {})), None)
@@ -800,18 +924,28 @@ def format_table(subject: Subject, results: list[VariantResult]) -> str:
         first = interleaved[0].info["interleaved"]["ms_per_s_median"]
         clocked = any(r.info["interleaved"].get("sm_clock_mhz_median") is not None for r in interleaved)
         lines.append("  timed again, every variant built at once and stepped in turn each tick:")
-        lines += table(["variant", "ms/s median", "p90", "p99", "vs first", "tick ms median",
-                        *(["SM MHz"] if clocked else [])],
-                       [[r.name, *(f"{r.info['interleaved'][key]:.1f}" for key in
-                                   ("ms_per_s_median", "ms_per_s_p90", "ms_per_s_p99")),
-                         f"{first / r.info['interleaved']['ms_per_s_median']:.2f}x",
-                         f"{r.info['interleaved']['tick_ms_median']:.3f}",
-                         *([_mhz(r.info["interleaved"].get("sm_clock_mhz_median"))] if clocked else [])]
-                        for r in interleaved],
-                       right=tuple(range(1, 6 + clocked)))
+        lines += table(
+            ["variant", "ms/s median", "p90", "p99", "vs first", "tick ms median", *(["SM MHz"] if clocked else [])],
+            [
+                [
+                    r.name,
+                    *(
+                        f"{r.info['interleaved'][key]:.1f}"
+                        for key in ("ms_per_s_median", "ms_per_s_p90", "ms_per_s_p99")
+                    ),
+                    f"{first / r.info['interleaved']['ms_per_s_median']:.2f}x",
+                    f"{r.info['interleaved']['tick_ms_median']:.3f}",
+                    *([_mhz(r.info["interleaved"].get("sm_clock_mhz_median"))] if clocked else []),
+                ]
+                for r in interleaved
+            ],
+            right=tuple(range(1, 6 + clocked)),
+        )
         for faster, other, sequential, again in pass_disagreements(results):
-            lines.append(f"  the passes disagree: {faster} is {1 / sequential:.2f}x as fast as {other} sequentially, "
-                         f"{1 / again:.2f}x interleaved; the interleaved pass is the fairer (docs/benchmarks.md)")
+            lines.append(
+                f"  the passes disagree: {faster} is {1 / sequential:.2f}x as fast as {other} sequentially, "
+                f"{1 / again:.2f}x interleaved; the interleaved pass is the fairer (docs/benchmarks.md)"
+            )
     for r in results:
         if r.first_mismatch:
             lines.append(f"  {r.name}: first mismatch at {r.first_mismatch}")
@@ -822,8 +956,10 @@ def format_table(subject: Subject, results: list[VariantResult]) -> str:
         if r.info.get("compile"):
             lines.append(f"  {r.name}: {compile_summary(r.info['compile'])}")
         if "max_abs_diff_vs_reference" in r.info:
-            lines.append(f"  {r.name}: not bit-identical by design; max abs difference from "
-                         f"{results[0].name} {r.info['max_abs_diff_vs_reference']:.3g}")
+            lines.append(
+                f"  {r.name}: not bit-identical by design; max abs difference from "
+                f"{results[0].name} {r.info['max_abs_diff_vs_reference']:.3g}"
+            )
     return "\n".join(lines)
 
 
@@ -842,7 +978,7 @@ def pass_disagreements(results: list[VariantResult]) -> list[tuple[str, str, flo
     timed = [r for r in results if r.error is None and "ms_per_s_median" in r.info.get("interleaved", {})]
     found = []
     for index, first in enumerate(timed):
-        for second in timed[index + 1:]:
+        for second in timed[index + 1 :]:
             sequential = first.ms_per_s_median / second.ms_per_s_median
             interleaved = first.info["interleaved"]["ms_per_s_median"] / second.info["interleaved"]["ms_per_s_median"]
             opposite = (sequential - 1) * (interleaved - 1) < 0
@@ -860,14 +996,21 @@ def _mhz(value: float | None) -> str:
 
 
 def to_json(subject: Subject, results: list[VariantResult]) -> dict:
-    return {"model": subject.name, "device": str(subject.device), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(subject.device)
-            if subject.device.type == "cuda" else None, "description": subject.description,
-            "ticks_per_second": str(subject.ticks_per_second), "extra": subject.extra,
-            "variants": [r.to_json() for r in results],
-            "pass_disagreements": [{"faster_sequentially": faster, "other": other, "ratio_sequential": sequential,
-                                    "ratio_interleaved": again}
-                                   for faster, other, sequential, again in pass_disagreements(results)]}
+    return {
+        "model": subject.name,
+        "device": str(subject.device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(subject.device) if subject.device.type == "cuda" else None,
+        "description": subject.description,
+        "ticks_per_second": str(subject.ticks_per_second),
+        "extra": subject.extra,
+        "variants": [r.to_json() for r in results],
+        "pass_disagreements": [
+            {"faster_sequentially": faster, "other": other, "ratio_sequential": sequential, "ratio_interleaved": again}
+            for faster, other, sequential, again in pass_disagreements(results)
+        ],
+    }
 
 
 def dump(path: str, payload: dict) -> None:

@@ -42,12 +42,16 @@ def _subject_function(model: str):
         try:
             return importlib.import_module(MODELS[model]).subject
         except ImportError as error:
-            return (f"the '{model}' example needs its optional packages: {error}. "
-                    f"See examples/{model}/README.md for the install line.")
+            return (
+                f"the '{model}' example needs its optional packages: {error}. "
+                f"See examples/{model}/README.md for the install line."
+            )
     module_name, sep, function_name = model.partition(":")
     if not sep or not module_name or not function_name:
-        return (f"'{model}' is neither a registered model ({', '.join(sorted(MODELS))}) nor "
-                "MODULE:FUNCTION (a subject of your own, e.g. mybench:subject)")
+        return (
+            f"'{model}' is neither a registered model ({', '.join(sorted(MODELS))}) nor "
+            "MODULE:FUNCTION (a subject of your own, e.g. mybench:subject)"
+        )
     if os.getcwd() not in sys.path:  # a console script does not put the current folder on the path
         sys.path.insert(0, os.getcwd())
     try:
@@ -67,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     device = args.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
     try:
-        subject = make_subject(device=device, seconds=args.seconds, batch=args.batch, dtype=args.dtype,
-                               **_options(args.option))
+        subject = make_subject(
+            device=device, seconds=args.seconds, batch=args.batch, dtype=args.dtype, **_options(args.option)
+        )
     except ValueError as error:  # an option the subject does not take (a dtype, a batch for a mode)
         print(f"dsl bench: {args.model}: {error}", file=sys.stderr)
         return 2
@@ -81,8 +86,14 @@ def run(args: argparse.Namespace) -> int:
     ticks = int(subject.ticks_per_second * args.seconds)
     if args.compile and not subject.compile_variants:
         print(f"dsl bench: {subject.name} declares no torch.compile variant; --compile adds nothing", file=sys.stderr)
-    results = bench.run(subject, ticks, progress=not args.no_progress, compile=args.compile,
-                        compile_budget_s=args.compile_budget, interleave=args.interleave)
+    results = bench.run(
+        subject,
+        ticks,
+        progress=not args.no_progress,
+        compile=args.compile,
+        compile_budget_s=args.compile_budget,
+        interleave=args.interleave,
+    )
     print(bench.format_table(subject, results))
     if args.json:
         bench.dump(args.json, bench.to_json(subject, results))
@@ -97,35 +108,60 @@ def select_variants(subject: bench.Subject, names: str) -> list[bench.Variant] |
     wanted = [name.strip() for name in names.split(",") if name.strip()]
     unknown = [name for name in wanted if name not in by_name]
     if unknown or not wanted:
-        return (f"--variants {names!r}: {'no variant named ' + repr(unknown[0]) if unknown else 'names no variant'}; "
-                f"the variants are {', '.join(repr(name) for name in by_name)}")
+        return (
+            f"--variants {names!r}: {'no variant named ' + repr(unknown[0]) if unknown else 'names no variant'}; "
+            f"the variants are {', '.join(repr(name) for name in by_name)}"
+        )
     reference = [variant for variant in subject.variants if variant.reference]
     return reference + [by_name[name] for name in dict.fromkeys(wanted) if not by_name[name].reference]
 
 
 def register(commands) -> None:
     parser = commands.add_parser("bench", help="benchmark a model tail: stock variants vs DuplexCadence")
-    parser.add_argument("model", metavar="MODEL",
-                        help=f"a registered model ({', '.join(sorted(MODELS))}) or MODULE:FUNCTION, a subject "
-                             "of your own importable from the current folder")
+    parser.add_argument(
+        "model",
+        metavar="MODEL",
+        help=f"a registered model ({', '.join(sorted(MODELS))}) or MODULE:FUNCTION, a subject "
+        "of your own importable from the current folder",
+    )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--seconds", type=int, default=10, help="duplex seconds to stream per variant")
     parser.add_argument("--batch", type=int, default=1, help="sessions decoded together (B)")
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"))
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="model-specific option (e.g. steps=5 for minicpmo45)")
-    parser.add_argument("--compile", action="store_true",
-                        help="also run the stock step under torch.compile(mode='reduce-overhead') (slow: compiles; "
-                             "a variant that fails is reported as failed)")
-    parser.add_argument("--compile-budget", type=float, default=None, metavar="SECONDS",
-                        help=f"wall-clock budget of each compile variant (default {bench.DEFAULT_COMPILE_BUDGET_S:g})")
-    parser.add_argument("--interleave", action="store_true",
-                        help="then time the variants again, all built at once and stepped in turn each tick, so "
-                             "that drift of the machine over the run is shared (needs every variant's memory "
-                             "at once; compile variants are left out)")
-    parser.add_argument("--variants", default=None, metavar="NAME,NAME",
-                        help="run only these variants, in this order, after the reference (stock eager, always "
-                             "first): the order matters on a GPU, see docs/benchmarks.md")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="model-specific option (e.g. steps=5 for minicpmo45)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also run the stock step under torch.compile(mode='reduce-overhead') (slow: compiles; "
+        "a variant that fails is reported as failed)",
+    )
+    parser.add_argument(
+        "--compile-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"wall-clock budget of each compile variant (default {bench.DEFAULT_COMPILE_BUDGET_S:g})",
+    )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="then time the variants again, all built at once and stepped in turn each tick, so "
+        "that drift of the machine over the run is shared (needs every variant's memory "
+        "at once; compile variants are left out)",
+    )
+    parser.add_argument(
+        "--variants",
+        default=None,
+        metavar="NAME,NAME",
+        help="run only these variants, in this order, after the reference (stock eager, always "
+        "first): the order matters on a GPU, see docs/benchmarks.md",
+    )
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(handler=run)

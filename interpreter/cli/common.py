@@ -50,8 +50,9 @@ def parse_params(pairs: Sequence[str]) -> tuple[dict[str, str], list[Diagnostic]
     return overrides, problems
 
 
-def print_diagnostics(diagnostics: Sequence[Diagnostic], sources, fmt: str, color: bool, stream,
-                      path: str | None = None) -> None:
+def print_diagnostics(
+    diagnostics: Sequence[Diagnostic], sources, fmt: str, color: bool, stream, path: str | None = None
+) -> None:
     """Print diagnostics in the `full` or `concise` form; `path` locates those without a span."""
     for diagnostic in diagnostics:
         if fmt == "concise":

@@ -15,8 +15,8 @@ import traceback
 from collections.abc import Sequence
 
 from duplexcadence.dsl import diagnostic_text as report
-from duplexcadence.dsl.frontend import check_file
 from duplexcadence.dsl.diagnostics import ClockError, InternalError
+from duplexcadence.dsl.frontend import check_file
 from duplexcadence.dsl.loader import read_source
 from duplexcadence.dsl.parse import parse_module
 from duplexcadence.dsl.printer import module as print_module
@@ -29,6 +29,7 @@ from duplexcadence.interpreter.cli.common import (
     parse_params,
     print_diagnostics,
 )
+
 
 def cmd_check(args: argparse.Namespace) -> int:
     overrides, problems = parse_params(args.param)
@@ -148,8 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("DUPLEXCADENCE_DEBUG"):
             traceback.print_exc()
         print(f"dsl: internal error: {type(error).__name__}: {error}", file=sys.stderr)
-        print("dsl: this is a bug in DuplexCadence; rerun with DUPLEXCADENCE_DEBUG=1 and report the traceback",
-              file=sys.stderr)
+        print(
+            "dsl: this is a bug in DuplexCadence; rerun with DUPLEXCADENCE_DEBUG=1 and report the traceback",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
 
 

@@ -7,9 +7,15 @@ import json
 import sys
 from typing import Any
 
-from duplexcadence.interpreter.cli.common import EXIT_CLEAN, EXIT_PROBLEMS, non_negative, parse_params, print_diagnostics
-from duplexcadence.dsl.frontend import check_file
 from duplexcadence.dsl.diagnostics import ClockError
+from duplexcadence.dsl.frontend import check_file
+from duplexcadence.interpreter.cli.common import (
+    EXIT_CLEAN,
+    EXIT_PROBLEMS,
+    non_negative,
+    parse_params,
+    print_diagnostics,
+)
 from duplexcadence.interpreter.plans.plan import Plan, make_plan, to_json
 from duplexcadence.interpreter.plans.plan_text import format_plan
 
@@ -30,8 +36,9 @@ def plan_of_file(args: argparse.Namespace, **plan_options) -> tuple[Plan | None,
 
 
 def run(args: argparse.Namespace) -> int:
-    plan, _ = plan_of_file(args, max_graphs=args.max_graphs, max_arena_bytes=args.max_arena_bytes,
-                           sessions=args.sessions)
+    plan, _ = plan_of_file(
+        args, max_graphs=args.max_graphs, max_arena_bytes=args.max_arena_bytes, sessions=args.sessions
+    )
     if plan is None:
         return EXIT_PROBLEMS
     if args.json:
@@ -46,10 +53,19 @@ def register(commands) -> None:
     plan.add_argument("file", metavar="FILE")
     plan.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (docs/plan-json.md)")
-    plan.add_argument("--max-graphs", type=non_negative, default=None, metavar="N",
-                      help="capture at most N graphs (the rest of the firings run eagerly)")
-    plan.add_argument("--max-arena-bytes", type=non_negative, default=None, metavar="BYTES",
-                      help="fail if the arena would exceed BYTES")
+    plan.add_argument(
+        "--max-graphs",
+        type=non_negative,
+        default=None,
+        metavar="N",
+        help="capture at most N graphs (the rest of the firings run eagerly)",
+    )
+    plan.add_argument(
+        "--max-arena-bytes",
+        type=non_negative,
+        default=None,
+        metavar="BYTES",
+        help="fail if the arena would exceed BYTES",
+    )
     plan.add_argument("--sessions", type=int, default=1, metavar="N", help="sessions sharing the arena")
     plan.set_defaults(handler=run)
-

@@ -7,8 +7,15 @@ import sys
 
 from duplexcadence.interpreter.cli.common import EXIT_CLEAN, EXIT_PROBLEMS, EXIT_USAGE, non_negative, positive
 from duplexcadence.interpreter.cli.plan import plan_of_file
-from duplexcadence.interpreter.views.render import FORMATS, VIEWS, RenderError, output_format, render_plan, to_bytes, write_output
-
+from duplexcadence.interpreter.views.render import (
+    FORMATS,
+    VIEWS,
+    RenderError,
+    output_format,
+    render_plan,
+    to_bytes,
+    write_output,
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,20 +45,41 @@ def run(args: argparse.Namespace) -> int:
 
 def register(commands) -> None:
     render = commands.add_parser(
-        "render", help="draw the plan with graphviz: timeline, dataflow graph or arena map",
+        "render",
+        help="draw the plan with graphviz: timeline, dataflow graph or arena map",
         description="Draw a .clock file's plan. DOT text needs nothing else; svg, png and pdf need "
-                    "Graphviz's `dot` (apt-get install graphviz / brew install graphviz).")
+        "Graphviz's `dot` (apt-get install graphviz / brew install graphviz).",
+    )
     render.add_argument("file", metavar="FILE")
-    render.add_argument("--view", choices=VIEWS, default="timeline",
-                        help="timeline (default): firings and region fill per instant; graph: the dataflow; "
-                             "arena: the memory map")
+    render.add_argument(
+        "--view",
+        choices=VIEWS,
+        default="timeline",
+        help="timeline (default): firings and region fill per instant; graph: the dataflow; arena: the memory map",
+    )
     render.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
-    render.add_argument("-o", "--output", default=None, metavar="OUT",
-                        help="write here (.dot/.gv, .svg, .png, .pdf); default: standard output")
-    render.add_argument("--format", choices=FORMATS, default=None,
-                        help="output format (default: from the -o suffix, else dot)")
-    render.add_argument("--ticks", type=positive, default=None, metavar="N",
-                        help="timeline: draw N instants from session start (default: warm-up + one steady period)")
-    render.add_argument("--max-graphs", type=non_negative, default=None, metavar="N",
-                        help="plan with at most N graphs (the other firings show as eager)")
+    render.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        metavar="OUT",
+        help="write here (.dot/.gv, .svg, .png, .pdf); default: standard output",
+    )
+    render.add_argument(
+        "--format", choices=FORMATS, default=None, help="output format (default: from the -o suffix, else dot)"
+    )
+    render.add_argument(
+        "--ticks",
+        type=positive,
+        default=None,
+        metavar="N",
+        help="timeline: draw N instants from session start (default: warm-up + one steady period)",
+    )
+    render.add_argument(
+        "--max-graphs",
+        type=non_negative,
+        default=None,
+        metavar="N",
+        help="plan with at most N graphs (the other firings show as eager)",
+    )
     render.set_defaults(handler=run)

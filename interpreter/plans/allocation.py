@@ -107,12 +107,23 @@ def schedule(program: Program, trace: Trace, stage_order: tuple[str, ...]) -> Al
         shape = region.shape if region.fixed else region.shape_at(capacity)
         nbytes = math.prod(shape) * region.itemsize
         persistent = region.retention.kind != "scratch"
-        staged = max((v.moved if v.kind != "update" else 0 for f in trace.firings for v in f.views
-                      if v.region == name and v.overlap), default=0)
+        staged = max(
+            (
+                v.moved if v.kind != "update" else 0
+                for f in trace.firings
+                for v in f.views
+                if v.region == name and v.overlap
+            ),
+            default=0,
+        )
         if staged:
             # the staging buffer holds a whole kept or appended version
-            staged = max(v.transient if v.kind in ("feed", "write") else (v.kept or 0)
-                         for f in trace.firings for v in f.views if v.region == name and v.overlap)
+            staged = max(
+                v.transient if v.kind in ("feed", "write") else (v.kept or 0)
+                for f in trace.firings
+                for v in f.views
+                if v.region == name and v.overlap
+            )
         double_buffer_bytes = staged * region.unit_elements * region.itemsize if staged else 0
         users = [position[f.stage] for f in trace.firings for v in f.views if v.region == name]
         live = None
@@ -122,7 +133,20 @@ def schedule(program: Program, trace: Trace, stage_order: tuple[str, ...]) -> Al
             first = 0 if region.role == "input" else min(users, default=0)
             live = (first, len(stage_order)) if region.role == "output" else (first, max(users, default=first))
         kept = None if region.fixed else region.retention.keeps
-        plans[name] = RegionPlan(name, region.family, region.dtype, region.itemsize, capacity, tuple(shape), nbytes,
-                                 persistent, staged, double_buffer_bytes, kept, region.stock_shape, region.stock_bytes,
-                                 live)
+        plans[name] = RegionPlan(
+            name,
+            region.family,
+            region.dtype,
+            region.itemsize,
+            capacity,
+            tuple(shape),
+            nbytes,
+            persistent,
+            staged,
+            double_buffer_bytes,
+            kept,
+            region.stock_shape,
+            region.stock_bytes,
+            live,
+        )
     return AllocationSchedule(plans)

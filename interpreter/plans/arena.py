@@ -68,12 +68,14 @@ def _live_together(a: Allocation, b: Allocation) -> bool:
 def check_no_overlap(allocations: list[Allocation]) -> None:
     """Raise InternalError if two allocations that are live together share a byte."""
     for i, a in enumerate(allocations):
-        for b in allocations[i + 1:]:
+        for b in allocations[i + 1 :]:
             if a.persistent != b.persistent:
                 continue  # different blocks of the arena
             if a.bytes and b.bytes and _live_together(a, b) and a.offset < b.end and b.offset < a.end:
-                raise InternalError(f"arena overlap: '{a.name}' [{a.offset}, {a.end}) and "
-                                    f"'{b.name}' [{b.offset}, {b.end}) are live at the same time")
+                raise InternalError(
+                    f"arena overlap: '{a.name}' [{a.offset}, {a.end}) and "
+                    f"'{b.name}' [{b.offset}, {b.end}) are live at the same time"
+                )
 
 
 def plan_arena(schedule: AllocationSchedule, alignment: int = ALIGNMENT) -> ArenaPlan:

@@ -64,9 +64,11 @@ class CapturePlan:
         return None
 
 
-EAGER_RULE = ("graphs used in the steady period are kept first, then warm-up graphs by the number of "
-              "firings they serve, ties by first use; firings of graphs over the budget, and firings "
-              "outside the plan, run eagerly")
+EAGER_RULE = (
+    "graphs used in the steady period are kept first, then warm-up graphs by the number of "
+    "firings they serve, ties by first use; firings of graphs over the budget, and firings "
+    "outside the plan, run eagerly"
+)
 
 
 def plan_capture(trace: Trace, max_graphs: int | None = None) -> CapturePlan:
@@ -74,19 +76,30 @@ def plan_capture(trace: Trace, max_graphs: int | None = None) -> CapturePlan:
     for firing in trace.firings:
         order.setdefault(firing.signature, []).append(firing)
     steady_signatures = {f.signature for f in trace.steady()} if trace.periodic else set()
-    ranked = sorted(order.items(), key=lambda item: (item[0] not in steady_signatures, -len(item[1]),
-                                                      item[1][0].instant, item[1][0].stage))
+    ranked = sorted(
+        order.items(),
+        key=lambda item: (item[0] not in steady_signatures, -len(item[1]), item[1][0].instant, item[1][0].stage),
+    )
     keep = {sig for sig, _ in ranked[: max_graphs if max_graphs is not None else len(ranked)]}
     graphs = []
     key_of: dict[tuple, int] = {}
     for key, (signature, firings) in enumerate(order.items()):
         key_of[signature] = key
-        graphs.append(GraphPlan(key, firings[0].stage, signature, tuple(f.count for f in firings),
-                                signature in steady_signatures, signature in keep))
+        graphs.append(
+            GraphPlan(
+                key,
+                firings[0].stage,
+                signature,
+                tuple(f.count for f in firings),
+                signature in steady_signatures,
+                signature in keep,
+            )
+        )
 
     def replay(firing) -> Replay:
-        return Replay(firing.instant, firing.stage, firing.count,
-                      key_of[firing.signature] if firing.signature in keep else None)
+        return Replay(
+            firing.instant, firing.stage, firing.count, key_of[firing.signature] if firing.signature in keep else None
+        )
 
     warmup = tuple(replay(f) for f in trace.warmup())
     steady = tuple(replay(f) for f in trace.steady())

@@ -78,14 +78,20 @@ def plan_clocks(program: Program) -> ClockPlan:
     # arrival pattern only every denominator firings: that stretches the hyperperiod too
     arrival_periods = [
         (1 / rates[stage.clock]) * (program.rate_of_region(access.region) / rates[stage.clock]).denominator
-        for stage in program.stages.values() for access in stage.accesses
+        for stage in program.stages.values()
+        for access in stage.accesses
         if not program.regions[access.region].fixed
     ]
     hyperperiod = lcm_fractions([program.cadence] + stage_periods + arrival_periods)
     firings = sum(hyperperiod * rates[stage.clock] for stage in program.stages.values())
     if firings > MAX_FIRINGS_PER_HYPERPERIOD:
-        raise ClockError([messages.too_many_firings(number_text(hyperperiod), int(firings),
-                                                    MAX_FIRINGS_PER_HYPERPERIOD, program.cadence_span)])
+        raise ClockError(
+            [
+                messages.too_many_firings(
+                    number_text(hyperperiod), int(firings), MAX_FIRINGS_PER_HYPERPERIOD, program.cadence_span
+                )
+            ]
+        )
     order = tuple(depgraph.stage_order(program))
     stages = {}
     for name in order:

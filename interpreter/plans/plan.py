@@ -12,11 +12,11 @@ from pathlib import Path
 import attrs
 
 from duplexcadence.dsl import messages
-from duplexcadence.dsl.frontend import load_program
 from duplexcadence.dsl.diagnostics import ClockError
+from duplexcadence.dsl.frontend import load_program
 from duplexcadence.dsl.program import Program
-from duplexcadence.interpreter.plans.arena import ArenaPlan, plan_arena
 from duplexcadence.interpreter.plans.allocation import AllocationSchedule, schedule
+from duplexcadence.interpreter.plans.arena import ArenaPlan, plan_arena
 from duplexcadence.interpreter.plans.capture import CapturePlan, plan_capture
 from duplexcadence.interpreter.plans.clocks import ClockPlan, plan_clocks
 from duplexcadence.interpreter.plans.trace import Trace, trace
@@ -38,8 +38,9 @@ class Plan:
         return self.program.path
 
 
-def make_plan(program: Program, max_graphs: int | None = None, max_arena_bytes: int | None = None,
-              sessions: int = 1) -> Plan:
+def make_plan(
+    program: Program, max_graphs: int | None = None, max_arena_bytes: int | None = None, sessions: int = 1
+) -> Plan:
     """Run every pass; raises ClockError (over-budget) when the arena exceeds `max_arena_bytes`."""
     clock_plan = plan_clocks(program)
     shape_trace = trace(program, clock_plan)
@@ -88,9 +89,15 @@ def to_json(plan: Plan) -> dict:
             "instants_per_hyperperiod": clocks.instants_per_hyperperiod,
             "rates_hz": {name: _rational(rate) for name, rate in sorted(clocks.rates.items())},
             "stage_order": list(clocks.stage_order),
-            "stages": {name: {"clock": t.clock, "rate_hz": _rational(t.rate), "per_cadence": _rational(t.per_cadence),
-                              "per_hyperperiod": t.per_hyperperiod}
-                       for name, t in clocks.stages.items()},
+            "stages": {
+                name: {
+                    "clock": t.clock,
+                    "rate_hz": _rational(t.rate),
+                    "per_cadence": _rational(t.per_cadence),
+                    "per_hyperperiod": t.per_hyperperiod,
+                }
+                for name, t in clocks.stages.items()
+            },
         },
         "trace": {
             "periodic": plan.trace.periodic,
@@ -99,28 +106,60 @@ def to_json(plan: Plan) -> dict:
             "shape_warmup_instants": plan.trace.shape_warmup_instants,
             "period_instants": plan.trace.period_instants,
             "firings": [
-                {"instant": f.instant, "time_s": _rational(f.time), "stage": f.stage, "count": f.count,
-                 "views": [{"region": v.region, "kind": v.kind, "start": v.start, "length": v.length,
-                            "shape": list(v.shape) if v.shape is not None else None, "transient": v.transient,
-                            "kept": v.kept, "moved": v.moved, "double_buffer": v.overlap} for v in f.views]}
+                {
+                    "instant": f.instant,
+                    "time_s": _rational(f.time),
+                    "stage": f.stage,
+                    "count": f.count,
+                    "views": [
+                        {
+                            "region": v.region,
+                            "kind": v.kind,
+                            "start": v.start,
+                            "length": v.length,
+                            "shape": list(v.shape) if v.shape is not None else None,
+                            "transient": v.transient,
+                            "kept": v.kept,
+                            "moved": v.moved,
+                            "double_buffer": v.overlap,
+                        }
+                        for v in f.views
+                    ],
+                }
                 for f in plan.trace.firings
             ],
         },
         "regions": {
-            name: {"family": r.family, "dtype": r.dtype, "capacity": r.capacity, "shape": list(r.shape),
-                   "bytes": r.bytes, "persistent": r.persistent, "kept": r.kept,
-                   "double_buffer_bytes": r.double_buffer_bytes,
-                   "stock_shape": list(r.stock_shape) if r.stock_shape is not None else None,
-                   "stock_bytes": r.stock_bytes, "saving_bytes": r.saving_bytes,
-                   "live": list(r.live) if r.live is not None else None}
+            name: {
+                "family": r.family,
+                "dtype": r.dtype,
+                "capacity": r.capacity,
+                "shape": list(r.shape),
+                "bytes": r.bytes,
+                "persistent": r.persistent,
+                "kept": r.kept,
+                "double_buffer_bytes": r.double_buffer_bytes,
+                "stock_shape": list(r.stock_shape) if r.stock_shape is not None else None,
+                "stock_bytes": r.stock_bytes,
+                "saving_bytes": r.saving_bytes,
+                "live": list(r.live) if r.live is not None else None,
+            }
             for name, r in sorted(plan.schedule.regions.items())
         },
         "arena": {
             "alignment": plan.arena.alignment,
             "session_bytes": plan.arena.session_bytes,
             "scratch_bytes": plan.arena.scratch_bytes,
-            "allocations": [{"name": a.name, "offset": a.offset, "bytes": a.bytes, "persistent": a.persistent,
-                             "live": list(a.live) if a.live is not None else None} for a in plan.arena.allocations],
+            "allocations": [
+                {
+                    "name": a.name,
+                    "offset": a.offset,
+                    "bytes": a.bytes,
+                    "persistent": a.persistent,
+                    "live": list(a.live) if a.live is not None else None,
+                }
+                for a in plan.arena.allocations
+            ],
         },
         "memory": {
             "demand_bytes": plan.schedule.demand_bytes,
@@ -130,8 +169,10 @@ def to_json(plan: Plan) -> dict:
         "capture": {
             "max_graphs": plan.capture.max_graphs,
             "eager_rule": plan.capture.eager_rule,
-            "graphs": [{"key": g.key, "stage": g.stage, "firings": list(g.firings), "steady": g.steady,
-                        "captured": g.captured} for g in plan.capture.graphs],
+            "graphs": [
+                {"key": g.key, "stage": g.stage, "firings": list(g.firings), "steady": g.steady, "captured": g.captured}
+                for g in plan.capture.graphs
+            ],
             "warmup": [[r.instant, r.stage, r.key] for r in plan.capture.warmup],
             "steady": [[r.instant, r.stage, r.key] for r in plan.capture.steady],
             "eager_firings": plan.capture.eager_firings,

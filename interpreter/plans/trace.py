@@ -198,8 +198,9 @@ class Simulator:
     def stages_at(self, index: int) -> tuple[str, ...]:
         return self.clocks.instants[index % len(self.clocks.instants)].stages
 
-    def run_instant(self, index: int, arrivals_override: dict[str, int] | None = None,
-                    last: bool = False) -> list[Firing]:
+    def run_instant(
+        self, index: int, arrivals_override: dict[str, int] | None = None, last: bool = False
+    ) -> list[Firing]:
         """Advance one instant; `arrivals_override` gives the units fed into input regions when they
         differ from the clocks' arrivals (a tick outside the plan); `last` makes it the last instant
         of the stream. Raises ValueError when the input's units do not give whole advances."""
@@ -232,16 +233,20 @@ class Simulator:
                     continue
                 scales[access.region] = Fraction(units, planned)
         if len(set(scales.values())) > 1:
-            raise ValueError("the inputs of one instant must cover the same fraction of its planned time, not "
-                             + ", ".join(f"{name} {value}" for name, value in sorted(scales.items())))
+            raise ValueError(
+                "the inputs of one instant must cover the same fraction of its planned time, not "
+                + ", ".join(f"{name} {value}" for name, value in sorted(scales.items()))
+            )
         return next(iter(scales.values()), Fraction(1))
 
     def scaled(self, stage: str, region: str, advance: int) -> int:
         """`advance` scaled to the fraction of the planned time this instant covers."""
         units = advance * self.scale
         if units.denominator != 1:
-            raise ValueError(f"stage '{stage}' advances region '{region}' by {advance} units a planned instant; "
-                             f"this instant covers {self.scale} of one, which is not a whole number of units")
+            raise ValueError(
+                f"stage '{stage}' advances region '{region}' by {advance} units a planned instant; "
+                f"this instant covers {self.scale} of one, which is not a whole number of units"
+            )
         return int(units)
 
     def fire(self, stage_name: str, instant: int, time: Fraction) -> Firing:
@@ -286,7 +291,9 @@ class Simulator:
             firing = firings[f_index]
             views = list(firing.views)
             view = views[v_index]
-            views[v_index] = attrs.evolve(view, kept=kept, moved=max(view.moved, moved), overlap=view.overlap or overlap)
+            views[v_index] = attrs.evolve(
+                view, kept=kept, moved=max(view.moved, moved), overlap=view.overlap or overlap
+            )
             firings[f_index] = attrs.evolve(firing, views=tuple(views))
         return firings
 
@@ -302,8 +309,17 @@ class Simulator:
         current = self.length[name]
         self.length[name] = current + units
         relayout = current > 0 and not _time_outermost(self.program.regions[name])
-        return View(name, kind, current, units, self._shape(name, units), offset=current, transient=current + units,
-                    moved=current if relayout else 0, overlap=relayout)
+        return View(
+            name,
+            kind,
+            current,
+            units,
+            self._shape(name, units),
+            offset=current,
+            transient=current + units,
+            moved=current if relayout else 0,
+            overlap=relayout,
+        )
 
     def read(self, stage: str, k: int, access) -> View:
         name = access.region
@@ -339,8 +355,9 @@ class Simulator:
         kept = region.retention.trim(transient)
         self.length[name] = kept
         # the stage's new version is a fresh tensor: the kept part is copied from it, never overlapping
-        return View(name, "update", 0, current, self._shape(name, current), offset=current, transient=transient,
-                    kept=kept)
+        return View(
+            name, "update", 0, current, self._shape(name, current), offset=current, transient=transient, kept=kept
+        )
 
     def write(self, stage: str, access, k: int) -> View:
         name = access.region
@@ -374,8 +391,12 @@ def _last_instant(simulator: Simulator, index: int) -> list[Firing]:
     """The last instant a stream could end with at `index`: with the full planned input, or, when that
     advances some region by a fraction of a unit, with the input that covers exactly the planned time."""
     planned = {v.region: v.length for f in simulator.copy().run_instant(index) for v in f.views if v.kind == "feed"}
-    lookahead = {a.region: a.lookahead for name in simulator.stages_at(index)
-                 for a in simulator.program.stages[name].accesses if a.region in planned and a.kind == "read"}
+    lookahead = {
+        a.region: a.lookahead
+        for name in simulator.stages_at(index)
+        for a in simulator.program.stages[name].accesses
+        if a.region in planned and a.kind == "read"
+    }
     exact = {name: units - lookahead.get(name, 0) for name, units in planned.items()}
     for override in (None, exact):
         if override is not None and any(units < 0 for units in override.values()):
@@ -390,8 +411,11 @@ def _last_instant(simulator: Simulator, index: int) -> list[Firing]:
 def trace(program: Program, clocks: ClockPlan) -> Trace:
     period = clocks.instants_per_hyperperiod
     simulator = Simulator(program, clocks)
-    releases = any(a.lookahead or (a.latency and not a.latency_dropped)
-                   for stage in program.stages.values() for a in stage.accesses)
+    releases = any(
+        a.lookahead or (a.latency and not a.latency_dropped)
+        for stage in program.stages.values()
+        for a in stage.accesses
+    )
     states: list[tuple] = []
     snapshots: list[tuple] = []
     by_instant: list[list[Firing]] = []
@@ -399,8 +423,9 @@ def trace(program: Program, clocks: ClockPlan) -> Trace:
     warmup = None
     limit = MAX_INSTANTS
     index = 0
-    horizons = {name: region.retention.horizon for name, region in program.regions.items()
-                if region.retention.kind == "all"}
+    horizons = {
+        name: region.retention.horizon for name, region in program.regions.items() if region.retention.kind == "all"
+    }
     ended_at = None
     while index < limit:
         states.append(simulator.state(index % period))
@@ -423,8 +448,9 @@ def trace(program: Program, clocks: ClockPlan) -> Trace:
     reason = None
     if not periodic:
         if ended_at is not None:
-            reason = (f"{', '.join(ended_at[1])} reached its horizon at instant {ended_at[0]}: the session "
-                      "cannot go further")
+            reason = (
+                f"{', '.join(ended_at[1])} reached its horizon at instant {ended_at[0]}: the session cannot go further"
+            )
         else:
             reason = f"the state did not repeat within {MAX_INSTANTS} instants"
         warmup = len(by_instant)
@@ -438,5 +464,13 @@ def trace(program: Program, clocks: ClockPlan) -> Trace:
             shape_warmup -= 1
     firings = tuple(f for firings in by_instant[:end] for f in firings)
     last_instants = tuple(f for firings in last_by_instant[:end] for f in firings)
-    return Trace(firings, warmup, shape_warmup, period if periodic else 0, periodic, reason, last_instants,
-                 states=tuple(snapshots[:end]))
+    return Trace(
+        firings,
+        warmup,
+        shape_warmup,
+        period if periodic else 0,
+        periodic,
+        reason,
+        last_instants,
+        states=tuple(snapshots[:end]),
+    )

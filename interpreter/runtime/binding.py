@@ -84,8 +84,9 @@ class Attribute:
         elif isinstance(self.owner, torch.nn.Module) and self.name in self.owner._buffers:
             self.owner._buffers[self.name] = value
         else:
-            object.__setattr__(self.owner, self.name, value) if not isinstance(self.owner, torch.nn.Module) \
-                else setattr(self.owner, self.name, value)
+            object.__setattr__(self.owner, self.name, value) if not isinstance(
+                self.owner, torch.nn.Module
+            ) else setattr(self.owner, self.name, value)
 
 
 def attribute(root: Any, path: str) -> Attribute:
@@ -108,8 +109,9 @@ class StageCallable:
     wants_firing: bool
 
 
-def bind_program(program: Program, model: Any, hooks: Mapping[str, Callable] | None,
-                 device: torch.device) -> tuple[dict[str, StageCallable], dict[str, Attribute]]:
+def bind_program(
+    program: Program, model: Any, hooks: Mapping[str, Callable] | None, device: torch.device
+) -> tuple[dict[str, StageCallable], dict[str, Attribute]]:
     """Resolve every stage callable and every bound attribute, checking declared vs real tensors."""
     hooks = dict(hooks or {})
     problems: list[Diagnostic] = []
@@ -158,8 +160,11 @@ def _bind_stage(stage: StageInfo, model: Any, hooks: Mapping[str, Callable], pro
         problems.append(messages.module_missing(stage.name, stage.target or "(root)", str(error), stage.callable_span))
         return None
     if not callable(fn):
-        problems.append(messages.module_missing(stage.name, stage.target, f"which is a {type(fn).__name__}, not callable",
-                                                stage.callable_span))
+        problems.append(
+            messages.module_missing(
+                stage.name, stage.target, f"which is a {type(fn).__name__}, not callable", stage.callable_span
+            )
+        )
         return None
     return StageCallable(fn, False, False)
 
@@ -209,9 +214,10 @@ def call_mismatch(program: Program, stage: StageInfo, found: StageCallable) -> D
         passed = ", ".join(args + [f"{key}={value}" for key, value in kwargs.items()])
         callee = f"hook '{stage.target}'" if found.is_hook else f"module '{stage.target or '(root)'}'"
         name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__name__
-        plain = signature.replace(parameters=[p.replace(annotation=inspect.Parameter.empty)
-                                              for p in signature.parameters.values()],
-                                  return_annotation=inspect.Signature.empty)
+        plain = signature.replace(
+            parameters=[p.replace(annotation=inspect.Parameter.empty) for p in signature.parameters.values()],
+            return_annotation=inspect.Signature.empty,
+        )
         return messages.call_mismatch(stage.name, callee, passed, f"{name}{plain}", str(error), stage.callable_span)
     return None
 
@@ -231,7 +237,7 @@ def declared(region: RegionInfo) -> str:
 def check_tensor(region: RegionInfo, tensor: Any, device: torch.device) -> Diagnostic | None:
     """None if `tensor` can be replaced by the region's views; else a located mismatch."""
     if tensor is None:
-        if region.start == "empty" or region.fixed is False and region.retention.kind != "ring":
+        if region.start == "empty" or (region.fixed is False and region.retention.kind != "ring"):
             return None  # lazily created state (e.g. None until the first call)
         return messages.binding_shape(region.name, region.bind, declared(region), "None", region.bind_span)
     if not isinstance(tensor, torch.Tensor):

@@ -23,7 +23,8 @@ opt-in. Stages that draw random numbers draw them for all rows at once.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 import torch
@@ -44,22 +45,28 @@ def batch_axes(program: Program, batch_param: str) -> dict[str, int | None]:
     follow the param without one of them being it (`2 * B`, `B * H`) has no row either: it counts as
     shared by the rows."""
     if batch_param not in program.params:
-        raise LockstepError(f"{program.path} has no param '{batch_param}' (its params: "
-                            f"{', '.join(sorted(program.params)) or 'none'}); name the param that sets the batch")
+        raise LockstepError(
+            f"{program.path} has no param '{batch_param}' (its params: "
+            f"{', '.join(sorted(program.params)) or 'none'}); name the param that sets the batch"
+        )
     rows = program.params[batch_param]
     # Keep what the runtime was loaded with: a param that differs from the file's own value at this batch was
     # overridden (re-applied below); one that does not follows the file, so a param derived from the batch
     # (`param N = B`) follows it into the wider program.
     as_filed = load_program(program.path, {batch_param: str(rows)})
-    overrides = {name: str(value) for name, value in program.params.items()
-                 if "." not in name and as_filed.params.get(name) != value}
+    overrides = {
+        name: str(value)
+        for name, value in program.params.items()
+        if "." not in name and as_filed.params.get(name) != value
+    }
     overrides[batch_param] = str(rows + 1)
     wider = load_program(program.path, overrides)
     axes: dict[str, int | None] = {}
     for name, region in program.regions.items():
         changed = [axis for axis, (a, b) in enumerate(zip(region.shape, wider.regions[name].shape)) if a != b]
-        is_row = (len(changed) == 1 and region.shape[changed[0]] == rows
-                  and wider.regions[name].shape[changed[0]] == rows + 1)
+        is_row = (
+            len(changed) == 1 and region.shape[changed[0]] == rows and wider.regions[name].shape[changed[0]] == rows + 1
+        )
         axes[name] = changed[0] if is_row else None
     return axes
 
@@ -93,8 +100,9 @@ class LockstepGroup:
     batch axis.
     """
 
-    def __init__(self, runtime: Runtime, batch_param: str = "B", seed: int = 0,
-                 initial: Mapping[str, torch.Tensor] | None = None):
+    def __init__(
+        self, runtime: Runtime, batch_param: str = "B", seed: int = 0, initial: Mapping[str, torch.Tensor] | None = None
+    ):
         program = runtime.program
         self.runtime = runtime
         self.axes = batch_axes(program, batch_param)
@@ -103,8 +111,10 @@ class LockstepGroup:
         io = [name for name, region in program.regions.items() if region.role in ("input", "output")]
         unbatched_io = [name for name in io if self.axes[name] is None]
         if unbatched_io:
-            raise LockstepError(f"input/output region(s) {', '.join(unbatched_io)} have no dimension that is "
-                                f"'{batch_param}': a lockstep group cannot hand each member its row")
+            raise LockstepError(
+                f"input/output region(s) {', '.join(unbatched_io)} have no dimension that is "
+                f"'{batch_param}': a lockstep group cannot hand each member its row"
+            )
         persistent = [name for name in program.regions if runtime.plan.schedule.regions[name].persistent]
         self.shared_state = [name for name in persistent if self.axes[name] is None]
         self.row_state = [name for name in persistent if self.axes[name] is not None]
@@ -126,12 +136,15 @@ class LockstepGroup:
         with self.runtime.lock:
             self._check_open()
             if self.session.failed is not None:
-                raise LockstepError(f"a member cannot join a failed group ({self.session.failed!r}); reset() the "
-                                    "group first")
+                raise LockstepError(
+                    f"a member cannot join a failed group ({self.session.failed!r}); reset() the group first"
+                )
             free = [row for row, member in enumerate(self.members) if member is None]
             if not free:
-                raise LockstepError(f"all {self.rows} rows of the group are taken; load the runtime with a larger "
-                                    f"'{self.batch_param}' or wait for a member to leave")
+                raise LockstepError(
+                    f"all {self.rows} rows of the group are taken; load the runtime with a larger "
+                    f"'{self.batch_param}' or wait for a member to leave"
+                )
             row = free[0]
             instant = self.session.instant
             if instant:
@@ -146,27 +159,41 @@ class LockstepGroup:
     def join_problem(self, instant: int) -> str | None:
         """Why a member could not start at group instant `instant` (None: it can)."""
         if self.shared_state:
-            return (f"region(s) {', '.join(self.shared_state)} are shared by all rows (no dimension is "
-                    f"'{self.batch_param}'), so one row cannot start over alone; members join at the group's start")
+            return (
+                f"region(s) {', '.join(self.shared_state)} are shared by all rows (no dimension is "
+                f"'{self.batch_param}'), so one row cannot start over alone; members join at the group's start"
+            )
         bad_start = [name for name in self.row_state if self.runtime.program.regions[name].start != "zeros"]
         if bad_start:
-            return (f"region(s) {', '.join(bad_start)} do not start as zeros, so a zeroed row is not a fresh one; "
-                    "members join at the group's start")
+            return (
+                f"region(s) {', '.join(bad_start)} do not start as zeros, so a zeroed row is not a fresh one; "
+                "members join at the group's start"
+            )
         # State a zeroed row cannot restart: what hooks read from the clock, what on_reset rebuilds in the model
         clocked = [name for name, call in self.runtime.callables.items() if call.is_hook and call.wants_firing]
         if clocked:
-            return (f"stage(s) {', '.join(clocked)} take the firing (the group's instant and counts, not a new "
-                    "member's); members join at the group's start")
+            return (
+                f"stage(s) {', '.join(clocked)} take the firing (the group's instant and counts, not a new "
+                "member's); members join at the group's start"
+            )
         if self.runtime.on_reset is not None:
-            return ("the runtime has an on_reset callback (model state outside the regions, reset for all rows "
-                    "at once); members join at the group's start")
+            return (
+                "the runtime has an on_reset callback (model state outside the regions, reset for all rows "
+                "at once); members join at the group's start"
+            )
         if not self._repeats_instant_0(instant):
-            following = next((n for n in range(instant + 1, instant + 1 + len(self._signatures))
-                              if self._repeats_instant_0(n)), None)
-            when = f"the next instant that does is {following}" if following is not None else \
-                "no later instant of the plan does"
-            return (f"the plan's shapes and lengths from instant {instant} on are not those from instant 0 ({when}); "
-                    "members join at the group's start, or at an instant that repeats instant 0")
+            following = next(
+                (n for n in range(instant + 1, instant + 1 + len(self._signatures)) if self._repeats_instant_0(n)), None
+            )
+            when = (
+                f"the next instant that does is {following}"
+                if following is not None
+                else "no later instant of the plan does"
+            )
+            return (
+                f"the plan's shapes and lengths from instant {instant} on are not those from instant 0 ({when}); "
+                "members join at the group's start, or at an instant that repeats instant 0"
+            )
         return None
 
     def _repeats_instant_0(self, instant: int) -> bool:
@@ -215,8 +242,10 @@ class LockstepGroup:
             names = {tuple(sorted(value)) for value in named.values()}
             if len(names) > 1:
                 raise StepError(f"lockstep step: members name different inputs ({sorted(names)}); give each the same")
-            batched = {name: self._batch(name, {m: value[name] for m, value in named.items()})
-                       for name in (names.pop() if names else ())}
+            batched = {
+                name: self._batch(name, {m: value[name] for m, value in named.items()})
+                for name in (names.pop() if names else ())
+            }
             written = self._outputs_written()
             result = self.session.step(**batched)
             if not isinstance(result, dict):
@@ -230,8 +259,12 @@ class LockstepGroup:
         index = self.runtime.plan.trace.planned_index(self.session.instant)
         if index is None or index >= len(self.runtime.templates):
             return [name for name, region in program.regions.items() if region.role == "output"]
-        return [v.region for f in self.runtime.templates[index].firings for v in f.views
-                if v.kind == "write" and program.regions[v.region].role == "output"]
+        return [
+            v.region
+            for f in self.runtime.templates[index].firings
+            for v in f.views
+            if v.kind == "write" and program.regions[v.region].role == "output"
+        ]
 
     def _named(self, member: Member, value) -> dict[str, torch.Tensor]:
         if isinstance(value, torch.Tensor):
@@ -239,12 +272,16 @@ class LockstepGroup:
             index = self.runtime.plan.trace.planned_index(self.session.instant)
             expected = list(templates[index].inputs) if index is not None and index < len(templates) else []
             if len(expected) != 1:
-                raise StepError(f"lockstep step: pass row {member.row}'s inputs by name: this instant takes "
-                                f"{', '.join(expected) or 'no input'}")
+                raise StepError(
+                    f"lockstep step: pass row {member.row}'s inputs by name: this instant takes "
+                    f"{', '.join(expected) or 'no input'}"
+                )
             return {expected[0]: value}
         if not isinstance(value, Mapping):
-            raise StepError(f"lockstep step: row {member.row}'s inputs are a {type(value).__name__}; give a tensor or a "
-                            "dict of tensors by input name")
+            raise StepError(
+                f"lockstep step: row {member.row}'s inputs are a {type(value).__name__}; give a tensor or a "
+                "dict of tensors by input name"
+            )
         return dict(value)
 
     def _batch(self, name: str, rows: dict[Member, torch.Tensor]) -> torch.Tensor:
@@ -256,15 +293,21 @@ class LockstepGroup:
         for member, tensor in rows.items():
             if isinstance(tensor, torch.Tensor) and (tensor.dtype != declared or tensor.device != self.runtime.device):
                 region = self.runtime.program.regions[name]
-                raise StepError(f"lockstep step: row {member.row}'s '{name}' is {_described(tensor)}; the region is "
-                                f"{region.dtype} on {self.runtime.device}")
+                raise StepError(
+                    f"lockstep step: row {member.row}'s '{name}' is {_described(tensor)}; the region is "
+                    f"{region.dtype} on {self.runtime.device}"
+                )
             if not isinstance(tensor, torch.Tensor) or tensor.dim() <= axis or tensor.shape[axis] != 1:
                 shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
-                raise StepError(f"lockstep step: row {member.row}'s '{name}' is {shape}; a member's input has a batch "
-                                f"of 1 on axis {axis}")
+                raise StepError(
+                    f"lockstep step: row {member.row}'s '{name}' is {shape}; a member's input has a batch "
+                    f"of 1 on axis {axis}"
+                )
             if (tensor.shape, tensor.dtype, tensor.device) != (first.shape, first.dtype, first.device):
-                raise StepError(f"lockstep step: row {member.row}'s '{name}' is {_described(tensor)} where another "
-                                f"row's is {_described(first)}; members step in lockstep, with equal shapes")
+                raise StepError(
+                    f"lockstep step: row {member.row}'s '{name}' is {_described(tensor)} where another "
+                    f"row's is {_described(first)}; members step in lockstep, with equal shapes"
+                )
         parts = [rows[m] if m is not None and m in rows else torch.zeros_like(first) for m in self.members]
         return torch.cat(parts, dim=axis)
 

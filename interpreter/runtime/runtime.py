@@ -22,8 +22,7 @@ import inspect
 import threading
 import time
 import warnings
-from collections import Counter
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Generator, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,13 +31,13 @@ import attrs
 import torch
 
 from duplexcadence.dsl import messages
-from duplexcadence.dsl.frontend import load_program
 from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
+from duplexcadence.dsl.frontend import load_program
 from duplexcadence.dsl.program import Program
-from duplexcadence.interpreter.runtime.binding import Attribute, StageCallable, bind_program, describe
 from duplexcadence.interpreter.plans.plan import Plan, make_plan
-from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES, DeviceArena, RegionStorage
 from duplexcadence.interpreter.plans.trace import Firing, Simulator, View
+from duplexcadence.interpreter.runtime.binding import Attribute, StageCallable, bind_program, describe
+from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES, DeviceArena, RegionStorage
 
 
 class StepError(ValueError):
@@ -176,20 +175,28 @@ class RuntimeReport:
         from duplexcadence.interpreter.plans.plan_text import human_bytes
 
         if self.lanes == 1:
-            lines = [f"DuplexCadence runtime on {self.device}: {self.sessions} session slot(s)",
-                     f"  arena {human_bytes(self.arena_bytes)} in one allocation ({human_bytes(self.session_bytes)} "
-                     f"per session + {human_bytes(self.scratch_bytes)} shared scratch)"]
+            lines = [
+                f"DuplexCadence runtime on {self.device}: {self.sessions} session slot(s)",
+                f"  arena {human_bytes(self.arena_bytes)} in one allocation ({human_bytes(self.session_bytes)} "
+                f"per session + {human_bytes(self.scratch_bytes)} shared scratch)",
+            ]
         else:
-            lines = [f"DuplexCadence runtime on {self.device}: {self.sessions} session slot(s) in {self.lanes} lanes",
-                     f"  arena {human_bytes(self.arena_bytes)} in one allocation ({human_bytes(self.session_bytes)} "
-                     f"per session + {self.lanes} x {human_bytes(self.scratch_bytes)} scratch, one copy per lane)"]
+            lines = [
+                f"DuplexCadence runtime on {self.device}: {self.sessions} session slot(s) in {self.lanes} lanes",
+                f"  arena {human_bytes(self.arena_bytes)} in one allocation ({human_bytes(self.session_bytes)} "
+                f"per session + {self.lanes} x {human_bytes(self.scratch_bytes)} scratch, one copy per lane)",
+            ]
         if self.stock_bytes:
-            lines.append(f"  regions with a stock allocation: {human_bytes(self.compared_bytes)} vs stock "
-                         f"{human_bytes(self.stock_bytes)} per session")
-        lines.append(f"  graphs: {self.stage_graphs_covered} of {self.graphs_planned} planned stage graphs captured, "
-                     f"fused into {self.graphs_captured} instant graphs in {self.capture_seconds:.2f} s; stage "
-                     f"replays {self.replays}; eager firings {self.eager_planned} planned + {self.eager_off_plan} "
-                     f"outside the plan; {self.short_path_steps} steps on the short replay path")
+            lines.append(
+                f"  regions with a stock allocation: {human_bytes(self.compared_bytes)} vs stock "
+                f"{human_bytes(self.stock_bytes)} per session"
+            )
+        lines.append(
+            f"  graphs: {self.stage_graphs_covered} of {self.graphs_planned} planned stage graphs captured, "
+            f"fused into {self.graphs_captured} instant graphs in {self.capture_seconds:.2f} s; stage "
+            f"replays {self.replays}; eager firings {self.eager_planned} planned + {self.eager_off_plan} "
+            f"outside the plan; {self.short_path_steps} steps on the short replay path"
+        )
         for diagnostic in self.blocked:
             lines.append(f"  blocked: {diagnostic.message}")
         return "\n".join(lines)
@@ -224,8 +231,20 @@ def check_arena_fits(plan: Plan, sessions: int, device: torch.device, lanes: int
     needed = plan.arena.total_bytes(sessions, lanes)
     free, cached = available
     if needed > free + cached:
-        raise ClockError([messages.arena_does_not_fit(needed, sessions, plan.arena.session_bytes,
-                                                      plan.arena.scratch_bytes, free, cached, str(device), lanes)])
+        raise ClockError(
+            [
+                messages.arena_does_not_fit(
+                    needed,
+                    sessions,
+                    plan.arena.session_bytes,
+                    plan.arena.scratch_bytes,
+                    free,
+                    cached,
+                    str(device),
+                    lanes,
+                )
+            ]
+        )
 
 
 class Runtime:
@@ -240,9 +259,18 @@ class Runtime:
     own model instance (binding sets the model's attributes).
     """
 
-    def __init__(self, plan: Plan, model: Any, device: torch.device, callables: dict[str, StageCallable],
-                 attributes: dict[str, Attribute], sessions: int, graphs: bool,
-                 on_reset: Callable[[Any], None] | None, lanes: int = 1):
+    def __init__(
+        self,
+        plan: Plan,
+        model: Any,
+        device: torch.device,
+        callables: dict[str, StageCallable],
+        attributes: dict[str, Attribute],
+        sessions: int,
+        graphs: bool,
+        on_reset: Callable[[Any], None] | None,
+        lanes: int = 1,
+    ):
         self.plan = plan
         self.program: Program = plan.program
         self.model = model
@@ -256,9 +284,20 @@ class Runtime:
             self.arena = DeviceArena(plan.arena, sessions, device, lanes)
         except torch.cuda.OutOfMemoryError:  # the free memory was there, but in pieces
             free, cached = available_bytes(device) or (0, 0)
-            raise ClockError([messages.arena_does_not_fit(
-                plan.arena.total_bytes(sessions, lanes), sessions, plan.arena.session_bytes, plan.arena.scratch_bytes,
-                free, cached, str(device), lanes)]) from None
+            raise ClockError(
+                [
+                    messages.arena_does_not_fit(
+                        plan.arena.total_bytes(sessions, lanes),
+                        sessions,
+                        plan.arena.session_bytes,
+                        plan.arena.scratch_bytes,
+                        free,
+                        cached,
+                        str(device),
+                        lanes,
+                    )
+                ]
+            ) from None
         self.lock = threading.RLock()
         self.free_slots = list(range(sessions))
         self.blocked: dict[str, Diagnostic] = {}
@@ -304,16 +343,26 @@ class Runtime:
         """How many times each stage has fired before `instant` (from the clocks alone)."""
         periods, phase = divmod(instant, len(self.plan.clocks.instants))
         partial = self._prefix_counts[phase]
-        return {name: periods * timing.per_hyperperiod + partial[name]
-                for name, timing in self.plan.clocks.stages.items()}
+        return {
+            name: periods * timing.per_hyperperiod + partial[name] for name, timing in self.plan.clocks.stages.items()
+        }
 
     # --- construction ----------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, clock: str | Path | Program, model: Any, params: Mapping[str, Any] | None = None,
-             device: str | torch.device | None = None, hooks: Mapping[str, Callable] | None = None,
-             sessions: int = 1, graphs: bool | str = "auto", max_graphs: int | None = None,
-             on_reset: Callable[[Any], None] | None = None, lanes: int = 1) -> Runtime:
+    def load(
+        cls,
+        clock: str | Path | Program,
+        model: Any,
+        params: Mapping[str, Any] | None = None,
+        device: str | torch.device | None = None,
+        hooks: Mapping[str, Callable] | None = None,
+        sessions: int = 1,
+        graphs: bool | str = "auto",
+        max_graphs: int | None = None,
+        on_reset: Callable[[Any], None] | None = None,
+        lanes: int = 1,
+    ) -> Runtime:
         """Check the `.clock` file, plan it, bind it to `model`, and allocate the arena.
 
         `params` override the file's params (values as Python numbers or `.clock` text).
@@ -326,10 +375,13 @@ class Runtime:
         if sessions < 1:
             raise ValueError(f"sessions must be at least 1, not {sessions}")
         if not isinstance(lanes, int) or not 1 <= lanes <= sessions:
-            raise ValueError(f"lanes must be a whole number from 1 to sessions ({sessions}), not {lanes!r}: a lane "
-                             "without a session slot would hold a scratch block nothing uses")
-        program = clock if isinstance(clock, Program) else load_program(
-            clock, {k: str(v) for k, v in (params or {}).items()})
+            raise ValueError(
+                f"lanes must be a whole number from 1 to sessions ({sessions}), not {lanes!r}: a lane "
+                "without a session slot would hold a scratch block nothing uses"
+            )
+        program = (
+            clock if isinstance(clock, Program) else load_program(clock, {k: str(v) for k, v in (params or {}).items()})
+        )
         plan = make_plan(program, max_graphs=max_graphs)
         callables, attributes = bind_program(program, model, hooks, device)
         check_arena_fits(plan, sessions, device, lanes)
@@ -340,8 +392,10 @@ class Runtime:
         """A new session in a free slot: its regions at their start, its own RNG state from `seed`."""
         with self.lock:
             if not self.free_slots:
-                raise RuntimeError(f"all {self.arena.sessions} session slots are in use; close a session or load "
-                                   f"the runtime with sessions={self.arena.sessions + 1}")
+                raise RuntimeError(
+                    f"all {self.arena.sessions} session slots are in use; close a session or load "
+                    f"the runtime with sessions={self.arena.sessions + 1}"
+                )
             slot = self.free_slots[0]
             session = Session(self, slot, initial, seed)  # raises before taking the slot on bad initial values
             if self.graphs_enabled:
@@ -380,8 +434,9 @@ class Runtime:
                     session._check_steppable()
                     pending[session] = session._begin(args, named, False, session._planned_index(args, named, False))
                 except (StepError, SessionFailed, RuntimeError) as error:
-                    raise type(error)(f"step_many(), the session in slot {session.slot}: {error}; no session "
-                                      "was stepped") from error
+                    raise type(error)(
+                        f"step_many(), the session in slot {session.slot}: {error}; no session was stepped"
+                    ) from error
             lanes: dict[int, deque[Session]] = {}
             for session in pending:
                 lanes.setdefault(session.lane, deque()).append(session)
@@ -414,15 +469,18 @@ class Runtime:
                             tensor.record_stream(caller)
             if failures:
                 names = ", ".join(f"slot {session.slot}" for session in failures)
-                raise SessionsFailed(f"step_many(): the session(s) in {names} failed; the others completed their "
-                                     f"instant: {next(iter(failures.values()))}",
-                                     {s: outputs[s] for s in steps if s in outputs}, failures) \
-                    from next(iter(failures.values()))
+                raise SessionsFailed(
+                    f"step_many(): the session(s) in {names} failed; the others completed their "
+                    f"instant: {next(iter(failures.values()))}",
+                    {s: outputs[s] for s in steps if s in outputs},
+                    failures,
+                ) from next(iter(failures.values()))
             return {session: outputs[session] for session in steps}
 
     @staticmethod
-    def _advance_lane(lanes: dict[int, deque], lane: int, pending: dict, running: dict, outputs: dict,
-                      failures: dict) -> None:
+    def _advance_lane(
+        lanes: dict[int, deque], lane: int, pending: dict, running: dict, outputs: dict, failures: dict
+    ) -> None:
         """One run of lane `lane`'s current session; a session that is done hands the lane to the next."""
         queue = lanes[lane]
         while queue:
@@ -447,17 +505,31 @@ class Runtime:
 
     def _report(self) -> RuntimeReport:
         schedule = self.plan.schedule
-        regions = tuple(RegionReport(r.name, r.bytes, r.stock_bytes, r.double_buffer_bytes)
-                        for r in schedule.regions.values())
+        regions = tuple(
+            RegionReport(r.name, r.bytes, r.stock_bytes, r.double_buffer_bytes) for r in schedule.regions.values()
+        )
         totals = attrs.evolve(self.closed_counters)
         for session in self.sessions:
             totals.add_totals(session.counters)
         covered = {signature for graphs, _, _ in self.slot_graphs.values() for key in graphs for signature in key}
-        return RuntimeReport(str(self.device), self.arena.sessions, self.arena.nbytes, self.plan.arena.session_bytes,
-                             self.plan.arena.scratch_bytes, regions, len(self.plan.capture.graphs),
-                             self.graphs_captured, len(covered), self.capture_seconds, tuple(self.blocked.values()),
-                             totals.replays, totals.eager_planned, totals.eager_off_plan, self.lanes,
-                             totals.short_path_steps)
+        return RuntimeReport(
+            str(self.device),
+            self.arena.sessions,
+            self.arena.nbytes,
+            self.plan.arena.session_bytes,
+            self.plan.arena.scratch_bytes,
+            regions,
+            len(self.plan.capture.graphs),
+            self.graphs_captured,
+            len(covered),
+            self.capture_seconds,
+            tuple(self.blocked.values()),
+            totals.replays,
+            totals.eager_planned,
+            totals.eager_off_plan,
+            self.lanes,
+            totals.short_path_steps,
+        )
 
     def verify(self, stock, inputs, ticks: int | None = None, seed: int = 0):
         """Run stock eager and a fresh session side by side; see `duplexcadence.interpreter.runtime.verify`."""
@@ -576,11 +648,13 @@ class Session:
         if self.closed:
             raise RuntimeError("this session is closed")
         if self.failed is not None:
-            raise SessionFailed(f"the session failed at instant {self._instant} ({self.failed!r}); "
-                                "call reset() to start it again") from self.failed
+            raise SessionFailed(
+                f"the session failed at instant {self._instant} ({self.failed!r}); call reset() to start it again"
+            ) from self.failed
         if self.finished:
-            raise StepError(f"the session finished its stream at instant {self._instant - 1}; call reset() to "
-                            "start the next one")
+            raise StepError(
+                f"the session finished its stream at instant {self._instant - 1}; call reset() to start the next one"
+            )
 
     def _planned_index(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool) -> int | None:
         """The planned instant this step repeats (`_template_index`), None when it takes the general path."""
@@ -666,8 +740,10 @@ class Session:
         return outputs
 
     def _stage_failed(self, firing: Firing, error: Exception) -> SessionFailed:
-        return SessionFailed(f"stage '{firing.stage}' ({self._call_text(firing)}) raised at instant "
-                             f"{self._instant}: {error!r}; the session refuses further steps until reset()")
+        return SessionFailed(
+            f"stage '{firing.stage}' ({self._call_text(firing)}) raised at instant "
+            f"{self._instant}: {error!r}; the session refuses further steps until reset()"
+        )
 
     def _replays_at(self, index: int | None) -> tuple[GraphReplay, ...] | None:
         """The resolved graph runs of planned instant `index`, or None when it has an eager firing (or a
@@ -697,9 +773,13 @@ class Session:
                         feeds.append((view.region, target))
                     elif view.kind == "write" and program.regions[view.region].role == "output":
                         region = program.regions[view.region]
-                        source = (graph.module_outputs[view.region] if view.length is None else
-                                  self.storage[view.region].view(view.transient).narrow(
-                                      region.time_axis, view.offset, view.length))
+                        source = (
+                            graph.module_outputs[view.region]
+                            if view.length is None
+                            else self.storage[view.region]
+                            .view(view.transient)
+                            .narrow(region.time_axis, view.offset, view.length)
+                        )
                         outputs.append((view.region, source))
             rng = any(program.stages[f.stage].rng for f in firings)
             resolved.append(GraphReplay(tuple(feeds), graph, tuple(firings), rng, tuple(outputs)))
@@ -781,8 +861,12 @@ class Session:
         if named.keys() != template.inputs.keys():
             return None
         for name, tensor in named.items():
-            if (not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != template.inputs[name]
-                    or tensor.dtype != runtime.storage_dtypes[name] or tensor.device != runtime.device):
+            if (
+                not isinstance(tensor, torch.Tensor)
+                or tuple(tensor.shape) != template.inputs[name]
+                or tensor.dtype != runtime.storage_dtypes[name]
+                or tensor.device != runtime.device
+            ):
                 return None
         inputs.update(named)  # only on a match: the off-plan path names a positional input itself
         return index
@@ -797,8 +881,9 @@ class Session:
         self.simulator.restore(lengths, fills, runtime.counts_before(self._instant))
         self.simulator_stale = False
 
-    def _plan_step(self, args: tuple, inputs: dict[str, torch.Tensor],
-                   last: bool = False) -> tuple[list[Firing], Simulator, bool]:
+    def _plan_step(
+        self, args: tuple, inputs: dict[str, torch.Tensor], last: bool = False
+    ) -> tuple[list[Firing], Simulator, bool]:
         runtime = self.runtime
         expected = self._input_regions(self._instant)
         if args:
@@ -813,8 +898,9 @@ class Session:
                 parts.append("missing " + ", ".join(missing))
             if unknown:
                 parts.append("unexpected " + ", ".join(unknown))
-            raise StepError(f"step() at instant {self._instant}: {'; '.join(parts)}; this instant takes "
-                            f"{_names(expected)}")
+            raise StepError(
+                f"step() at instant {self._instant}: {'; '.join(parts)}; this instant takes {_names(expected)}"
+            )
         override: dict[str, int] = {}
         probe = self.simulator.copy()
         planned = {v.region: v for f in probe.copy().run_instant(self._instant) for v in f.views if v.kind == "feed"}
@@ -822,8 +908,10 @@ class Session:
             region = runtime.program.regions[name]
             problem = _input_problem(region, tensor, runtime.device)
             if problem:
-                raise StepError(f"step() input '{name}': {problem}; expected {_expected(region, planned[name].length)} "
-                                f"on {runtime.device}")
+                raise StepError(
+                    f"step() input '{name}': {problem}; expected {_expected(region, planned[name].length)} "
+                    f"on {runtime.device}"
+                )
             units = tensor.shape[region.time_axis]
             if units != planned[name].length:
                 override[name] = units
@@ -835,21 +923,38 @@ class Session:
         for firing in firings:
             for view in firing.views:
                 capacity = runtime.plan.schedule.regions[view.region].capacity
-                needed = max(view.transient if view.kind in ("feed", "write") else 0,
-                             (view.start + view.length) if view.length is not None and view.kind != "update" else 0)
+                needed = max(
+                    view.transient if view.kind in ("feed", "write") else 0,
+                    (view.start + view.length) if view.length is not None and view.kind != "update" else 0,
+                )
                 if capacity is not None and needed > capacity:
                     region = runtime.program.regions[view.region]
-                    longer = [f"'{name}' has {units} units where the plan feeds {planned[name].length}"
-                              for name, units in sorted(override.items()) if units > planned[name].length]
-                    cause = (f"input {', '.join(longer)}: feed at most the planned units an instant" if longer else
-                             "the session has reached the end of what its .clock plans for: reset() it, or declare "
-                             "a longer retention or horizon")
-                    raise StepError(f"step() at instant {self._instant}: region '{view.region}' would hold {needed} "
-                                    f"units, over its capacity of {capacity} ({region.retention.describe()}); {cause}")
+                    longer = [
+                        f"'{name}' has {units} units where the plan feeds {planned[name].length}"
+                        for name, units in sorted(override.items())
+                        if units > planned[name].length
+                    ]
+                    cause = (
+                        f"input {', '.join(longer)}: feed at most the planned units an instant"
+                        if longer
+                        else "the session has reached the end of what its .clock plans for: reset() it, or declare "
+                        "a longer retention or horizon"
+                    )
+                    raise StepError(
+                        f"step() at instant {self._instant}: region '{view.region}' would hold {needed} "
+                        f"units, over its capacity of {capacity} ({region.retention.describe()}); {cause}"
+                    )
         return firings, probe, off_plan
 
-    def _execute(self, kind: str, key: tuple | None, firings: tuple[Firing, ...],
-                 inputs: Mapping[str, torch.Tensor], outputs: dict, off_plan: bool) -> None:
+    def _execute(
+        self,
+        kind: str,
+        key: tuple | None,
+        firings: tuple[Firing, ...],
+        inputs: Mapping[str, torch.Tensor],
+        outputs: dict,
+        off_plan: bool,
+    ) -> None:
         """Feed, then replay one fused graph (or run one firing eagerly), then collect outputs."""
         runtime = self.runtime
         for firing in firings:
@@ -868,8 +973,9 @@ class Session:
                 firing = firings[0]
                 if firing.instant != self._instant:  # a template: hooks see the real instant and count
                     count = runtime.counts_before(self._instant)[firing.stage]
-                    firing = attrs.evolve(firing, instant=self._instant, count=count,
-                                          time=runtime.plan.clocks.instant_time(self._instant))
+                    firing = attrs.evolve(
+                        firing, instant=self._instant, count=count, time=runtime.plan.clocks.instant_time(self._instant)
+                    )
                 module_outputs = self._run_body(firing)
                 if not off_plan and firing.signature in runtime.first_firing:
                     self.counters.eager_planned += 1
@@ -885,8 +991,12 @@ class Session:
                 if view.length is None:
                     outputs[view.region] = module_outputs[view.region].clone()
                 else:
-                    outputs[view.region] = self.storage[view.region].view(view.transient).narrow(
-                        region.time_axis, view.offset, view.length).clone()
+                    outputs[view.region] = (
+                        self.storage[view.region]
+                        .view(view.transient)
+                        .narrow(region.time_axis, view.offset, view.length)
+                        .clone()
+                    )
 
     @torch.no_grad()
     def _run_body(self, firing: Firing) -> dict[str, torch.Tensor]:
@@ -945,9 +1055,11 @@ class Session:
                 module_outputs[name] = value
                 continue
             region = program.regions[name]
-            if (not _fits(region, value) or value.shape[region.time_axis] != view.length):  # copy_ would broadcast
-                raise TypeError(f"stage '{stage.name}' wrote {describe(value)} to region '{name}', declared "
-                                f"{region.dtype}[{_dims(region)}] with {view.length} units at this firing")
+            if not _fits(region, value) or value.shape[region.time_axis] != view.length:  # copy_ would broadcast
+                raise TypeError(
+                    f"stage '{stage.name}' wrote {describe(value)} to region '{name}', declared "
+                    f"{region.dtype}[{_dims(region)}] with {view.length} units at this firing"
+                )
             self.storage[name].append(view.offset, 0, value)
         for view in firing.views:
             if view.kind in ("feed", "write") and view.kept is not None and view.length is not None:
@@ -979,8 +1091,10 @@ class Session:
         """Keep the retained part of a stage's new version; it must agree with the plan's lengths."""
         region = self.runtime.program.regions[view.region]
         if not _fits(region, version):  # a copy into the region would broadcast it or cast it silently
-            raise TypeError(f"stage '{stage}' gave {describe(version)} as the new version of region "
-                            f"'{view.region}', declared {region.dtype}[{_dims(region)}]")
+            raise TypeError(
+                f"stage '{stage}' gave {describe(version)} as the new version of region "
+                f"'{view.region}', declared {region.dtype}[{_dims(region)}]"
+            )
         kept = self.storage[view.region].store_version(version, region.retention)
         if region.fixed:
             return
@@ -989,7 +1103,8 @@ class Session:
             raise ValueError(
                 f"stage '{stage}' returned {units} units of region '{view.region}'; the .clock says it held "
                 f"{view.length} and advances {view.transient - view.length} per firing, so it keeps {view.kept}, "
-                f"not {kept} ({region.retention.describe()}); check its `start` and `update` declarations")
+                f"not {kept} ({region.retention.describe()}); check its `start` and `update` declarations"
+            )
 
     def _view_tensor(self, view: View) -> torch.Tensor:
         region = self.runtime.program.regions[view.region]
@@ -1087,12 +1202,14 @@ class Session:
             torch.cuda.synchronize(runtime.device)
         for index, template in enumerate(runtime.templates):
             self.runs[index] = self._capture_template(
-                template, lambda key, firings: self._capture_run(key, firings, stream))
+                template, lambda key, firings: self._capture_run(key, firings, stream)
+            )
         self.replays = self._resolve_all_replays()
         self.reset()
 
-    def _capture_template(self, template: StepTemplate,
-                          capture: Callable[[tuple, tuple[Firing, ...]], BaseException | None]) -> list:
+    def _capture_template(
+        self, template: StepTemplate, capture: Callable[[tuple, tuple[Firing, ...]], BaseException | None]
+    ) -> list:
         """The instant's runs, each fused run captured by `capture` (None on success, else the error).
 
         A fused run whose capture fails is split: its firings are captured one by one, the first that
@@ -1174,8 +1291,10 @@ class Session:
         given = {n: r for n, r in runtime.program.regions.items() if r.start == "given"}
         for name in initial:
             if name not in given:
-                raise StepError(f"initial value for '{name}', which is not a region declared `start given`; "
-                                f"those are: {_names(given) or 'none'}")
+                raise StepError(
+                    f"initial value for '{name}', which is not a region declared `start given`; "
+                    f"those are: {_names(given) or 'none'}"
+                )
         missing = sorted(set(given) - set(initial))
         if missing:
             raise StepError(f"the session needs initial values for {', '.join(missing)} (declared `start given`)")
@@ -1183,17 +1302,25 @@ class Session:
             region = given[name]
             length = None if region.fixed else region.start_length
             want = region.shape if region.fixed else region.shape_at(length)
-            if (not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != tuple(want)
-                    or tensor.dtype != TORCH_DTYPES[region.dtype]):
-                raise StepError(f"initial value for '{name}' is {describe(tensor)}; expected {region.dtype}"
-                                f"[{', '.join(map(str, want))}]")
+            if (
+                not isinstance(tensor, torch.Tensor)
+                or tuple(tensor.shape) != tuple(want)
+                or tensor.dtype != TORCH_DTYPES[region.dtype]
+            ):
+                raise StepError(
+                    f"initial value for '{name}' is {describe(tensor)}; expected {region.dtype}"
+                    f"[{', '.join(map(str, want))}]"
+                )
 
 
 def _fits(region, value: Any) -> bool:
     """Whether `value` is a tensor of the region's dtype and declared dims (any length on the time axis)."""
-    return (isinstance(value, torch.Tensor) and value.dtype == TORCH_DTYPES[region.dtype]
-            and value.dim() == len(region.shape)
-            and all(dim is None or value.shape[axis] == dim for axis, dim in enumerate(region.shape)))
+    return (
+        isinstance(value, torch.Tensor)
+        and value.dtype == TORCH_DTYPES[region.dtype]
+        and value.dim() == len(region.shape)
+        and all(dim is None or value.shape[axis] == dim for axis, dim in enumerate(region.shape))
+    )
 
 
 def _dims(region) -> str:
@@ -1234,8 +1361,10 @@ def _as_tuple(result: Any, count: int, stage: str) -> tuple:
             return (result[0],)
         return (result,)
     if not isinstance(result, (tuple, list)) or len(result) != count:
-        raise TypeError(f"stage '{stage}' must return {count} tensors (its unbound updates and writes, in "
-                        f"declared order), got {type(result).__name__}")
+        raise TypeError(
+            f"stage '{stage}' must return {count} tensors (its unbound updates and writes, in "
+            f"declared order), got {type(result).__name__}"
+        )
     return tuple(result)
 
 

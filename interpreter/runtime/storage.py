@@ -18,8 +18,15 @@ from duplexcadence.dsl.program import RegionInfo, Retention
 from duplexcadence.interpreter.plans.arena import ArenaPlan
 
 TORCH_DTYPES = {
-    "f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
-    "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
+    "f64": torch.float64,
+    "f32": torch.float32,
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "i64": torch.int64,
+    "i32": torch.int32,
+    "i16": torch.int16,
+    "i8": torch.int8,
+    "u8": torch.uint8,
     "bool": torch.bool,
 }
 
@@ -49,7 +56,7 @@ class DeviceArena:
                 raise InternalError(f"lane {lane} of an arena with {self.lanes} lane(s)")
             base = self.sessions * self.plan.session_bytes + lane * self.plan.scratch_bytes
         start = base + allocation.offset
-        return self.buffer[start:start + allocation.bytes]
+        return self.buffer[start : start + allocation.bytes]
 
 
 def keep_positions(retention: Retention, length: int) -> list[tuple[int, int]]:

@@ -46,17 +46,23 @@ class VerifyReport:
         if self.equal:
             return f"bit-identical: {self.outputs} outputs over {self.ticks} ticks are torch.equal to stock eager"
         m = self.first
-        return (f"NOT bit-identical: {len(self.mismatches)} of {self.outputs} outputs differ; first at tick {m.tick}, "
-                f"output '{m.output}': {m.detail}")
+        return (
+            f"NOT bit-identical: {len(self.mismatches)} of {self.outputs} outputs differ; first at tick {m.tick}, "
+            f"output '{m.output}': {m.detail}"
+        )
 
 
 def compare(tick: int, name: str, expected: torch.Tensor, actual: torch.Tensor) -> Mismatch | None:
     if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
         return Mismatch(tick, name, float("nan"), None, f"got {type(actual).__name__}, expected a tensor")
     if expected.shape != actual.shape or expected.dtype != actual.dtype:
-        return Mismatch(tick, name, float("nan"), None,
-                        f"shape/dtype {tuple(actual.shape)} {actual.dtype} vs stock {tuple(expected.shape)} "
-                        f"{expected.dtype}")
+        return Mismatch(
+            tick,
+            name,
+            float("nan"),
+            None,
+            f"shape/dtype {tuple(actual.shape)} {actual.dtype} vs stock {tuple(expected.shape)} {expected.dtype}",
+        )
     if torch.equal(expected, actual):
         return None
     difference = (expected.double() - actual.double()).abs()
@@ -92,8 +98,13 @@ def _as_dict(value: Any) -> dict[str, torch.Tensor]:
     return {"output": value}
 
 
-def verify(runtime, stock, inputs: Iterable[Mapping[str, torch.Tensor]] | Callable[[int], Mapping],
-           ticks: int | None = None, seed: int = 0) -> VerifyReport:
+def verify(
+    runtime,
+    stock,
+    inputs: Iterable[Mapping[str, torch.Tensor]] | Callable[[int], Mapping],
+    ticks: int | None = None,
+    seed: int = 0,
+) -> VerifyReport:
     """Run `ticks` instants through `stock` and a fresh runtime session; compare every output."""
     from duplexcadence.interpreter.runtime.runtime import _get_rng, _seeded_rng_state, _set_rng
 
@@ -106,8 +117,11 @@ def verify(runtime, stock, inputs: Iterable[Mapping[str, torch.Tensor]] | Callab
     mismatches: list[Mismatch] = []
     outputs = 0
     with deterministic_cudnn(), torch.no_grad():
-        session = runtime.session(seed=seed) if not getattr(stock, "initial", None) else \
-            runtime.session(initial=stock.initial, seed=seed)
+        session = (
+            runtime.session(seed=seed)
+            if not getattr(stock, "initial", None)
+            else runtime.session(initial=stock.initial, seed=seed)
+        )
         try:
             stock.reset()
             stock_rng = _seeded_rng_state(seed, device)
@@ -119,8 +133,11 @@ def verify(runtime, stock, inputs: Iterable[Mapping[str, torch.Tensor]] | Callab
                 stock_rng = _get_rng(device)
                 _set_rng(device, saved)
                 actual = session.step(**step_inputs)
-                actual = _as_dict(actual) if isinstance(actual, Mapping) or len(expected) != 1 else \
-                    {next(iter(expected)): actual}
+                actual = (
+                    _as_dict(actual)
+                    if isinstance(actual, Mapping) or len(expected) != 1
+                    else {next(iter(expected)): actual}
+                )
                 for name, value in expected.items():
                     outputs += 1
                     found = compare(tick, name, value, actual.get(name))

@@ -29,27 +29,54 @@ from pathlib import Path
 import attrs
 import graphviz
 
-from duplexcadence.interpreter.plans.plan import Plan, make_plan
-from duplexcadence.interpreter.plans.plan_text import human_bytes, seconds
 from duplexcadence.dsl.frontend import load_program
 from duplexcadence.dsl.program import Access, Program, RegionInfo
+from duplexcadence.interpreter.plans.plan import Plan, make_plan
+from duplexcadence.interpreter.plans.plan_text import human_bytes, seconds
 
 VIEWS = ("timeline", "graph", "arena")
 FORMATS = ("dot", "svg", "png", "pdf")
 SUFFIX_FORMATS = {".dot": "dot", ".gv": "dot", ".svg": "svg", ".png": "png", ".pdf": "pdf"}
 
-INSTALL_DOT = ("install Graphviz: `apt-get install graphviz` (Debian/Ubuntu), `brew install graphviz` "
-               "(macOS), or see https://graphviz.org/download/; or write DOT text with `--format dot`, "
-               "which needs no extra program")
+INSTALL_DOT = (
+    "install Graphviz: `apt-get install graphviz` (Debian/Ubuntu), `brew install graphviz` "
+    "(macOS), or see https://graphviz.org/download/; or write DOT text with `--format dot`, "
+    "which needs no extra program"
+)
 
 # Fill colours for graph keys: light enough for black text, distinct side by side (ColorBrewer Set3
 # without its grey, then Paired's light hues). A key past the end wraps round; its "gN" text still tells.
-GRAPH_PALETTE = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",
-                 "#bc80bd", "#ccebc5", "#ffed6f", "#a6cee3", "#fdbf6f", "#cab2d6", "#b2df8a")
+GRAPH_PALETTE = (
+    "#8dd3c7",
+    "#ffffb3",
+    "#bebada",
+    "#fb8072",
+    "#80b1d3",
+    "#fdb462",
+    "#b3de69",
+    "#fccde5",
+    "#bc80bd",
+    "#ccebc5",
+    "#ffed6f",
+    "#a6cee3",
+    "#fdbf6f",
+    "#cab2d6",
+    "#b2df8a",
+)
 # Clock colours (Tableau 10): clusters, lane swatches, fill bars and arena bars. Clocks are ranked
 # fastest first, ties by name, so `sample` (24 kHz) is the first colour in every stdlib model.
-CLOCK_PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
-                 "#9c755f", "#bab0ac")
+CLOCK_PALETTE = (
+    "#4e79a7",
+    "#f28e2b",
+    "#59a14f",
+    "#e15759",
+    "#76b7b2",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)
 FIXED_COLOUR = "#9d9d9d"
 WARMUP_BAND, STEADY_BAND, REPEAT_BAND, GROWING_BAND = "#fde2c4", "#d4ecd1", "#e6e6e6", "#f6d0d0"
 SEPARATOR = "#3c3c3c"
@@ -59,7 +86,7 @@ TRIM_BORDER = "#b35806"
 FONT = "Helvetica"
 
 HEAD_INSTANTS = 3  # the first instants of a session are drawn one by one, even when alike
-MIN_RUN = 3        # runs of at least this many alike instants share one column
+MIN_RUN = 3  # runs of at least this many alike instants share one column
 NON_PERIODIC_HYPERPERIODS = 3  # without a steady state the timeline shows this much unless --ticks says
 EMPTY_STAGE = "#f4f4f4"
 FIXED_LANE = "fixed-size state"  # the one lane all regions without a time axis share
@@ -86,7 +113,7 @@ def _node_id(prefix: str, name: str) -> str:
 
 def _lighten(colour: str, amount: float) -> str:
     """`colour` mixed with white (`amount` of white, 0..1), as #rrggbb."""
-    channels = [int(colour[i:i + 2], 16) for i in (1, 3, 5)]
+    channels = [int(colour[i : i + 2], 16) for i in (1, 3, 5)]
     mixed = [round(c + (255 - c) * amount) for c in channels]
     return "#" + "".join(f"{c:02x}" for c in mixed)
 
@@ -108,10 +135,11 @@ def _span_bar(colour: str, start: float, end: float, width: int = 160, height: i
     left = min(left, width - middle)
     right = width - left - middle
     cells = [(left, "white"), (middle, colour), (right, "white")]
-    return ('<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="0"><TR>'
-            + "".join(f'<TD WIDTH="{w}" HEIGHT="{height}" FIXEDSIZE="TRUE" BGCOLOR="{c}"></TD>'
-                      for w, c in cells if w > 0)
-            + "</TR></TABLE>")
+    return (
+        '<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="0"><TR>'
+        + "".join(f'<TD WIDTH="{w}" HEIGHT="{height}" FIXEDSIZE="TRUE" BGCOLOR="{c}"></TD>' for w, c in cells if w > 0)
+        + "</TR></TABLE>"
+    )
 
 
 def _graph_colour(key: int) -> str:
@@ -144,7 +172,7 @@ def _member_range(members: Sequence[str]) -> str:
     if len(members) == 1:
         return members[0]
     family, _, _ = members[0].partition("[")
-    indices = [int(m[len(family) + 1:-1]) for m in members]
+    indices = [int(m[len(family) + 1 : -1]) for m in members]
     if indices == list(range(indices[0], indices[0] + len(indices))):
         return f"{family}[{indices[0]}..{indices[-1]}]"
     return ", ".join(members)
@@ -164,16 +192,29 @@ def _param_text(value) -> str:
 
 
 def _new_digraph(name: str, plan: Plan, view: str, **graph_attr: str) -> graphviz.Digraph:
-    attributes = {"label": _title(plan, view), "labelloc": "t", "labeljust": "l", "fontname": FONT,
-                  "fontsize": "18", "bgcolor": "white"}
+    attributes = {
+        "label": _title(plan, view),
+        "labelloc": "t",
+        "labeljust": "l",
+        "fontname": FONT,
+        "fontsize": "18",
+        "bgcolor": "white",
+    }
     attributes.update(graph_attr)
-    return graphviz.Digraph(name, graph_attr=attributes, node_attr={"fontname": FONT, "fontsize": "11"},
-                            edge_attr={"fontname": FONT, "fontsize": "10"})
+    return graphviz.Digraph(
+        name,
+        graph_attr=attributes,
+        node_attr={"fontname": FONT, "fontsize": "11"},
+        edge_attr={"fontname": FONT, "fontsize": "10"},
+    )
 
 
 def _table(rows: Sequence[str], border: int = 0, spacing: int = 0, padding: int = 4) -> str:
-    return (f'<<TABLE BORDER="{border}" CELLBORDER="0" CELLSPACING="{spacing}" CELLPADDING="{padding}">'
-            + "".join(rows) + "</TABLE>>")
+    return (
+        f'<<TABLE BORDER="{border}" CELLBORDER="0" CELLSPACING="{spacing}" CELLPADDING="{padding}">'
+        + "".join(rows)
+        + "</TABLE>>"
+    )
 
 
 def _td(content: str = "", **attributes: object) -> str:
@@ -235,8 +276,16 @@ class RegionCell:
 
     def shape_key(self) -> tuple:
         """What must match for two instants to share a column (numbers may progress linearly)."""
-        return (self.kind, self.touched, self.trimmed, self.double_buffer, self.module_sized, self.read,
-                self.size, self.peak - self.before)
+        return (
+            self.kind,
+            self.touched,
+            self.trimmed,
+            self.double_buffer,
+            self.module_sized,
+            self.read,
+            self.size,
+            self.peak - self.before,
+        )
 
     def numbers(self) -> tuple[int, int, int]:
         return (self.before, self.peak, self.after)
@@ -308,8 +357,11 @@ def _region_cells(plan: Plan, traced: int) -> dict[str, list[RegionCell]]:
     by_instant: list[list] = [[] for _ in range(traced)]
     for firing in plan.trace.firings:
         by_instant[firing.instant].append(firing)
-    length = {name: r.start_length for name, r in program.regions.items()
-              if not r.fixed and r.retention.kind not in ("ring", "scratch")}
+    length = {
+        name: r.start_length
+        for name, r in program.regions.items()
+        if not r.fixed and r.retention.kind not in ("ring", "scratch")
+    }
     fill = {name: 0 for name, r in program.regions.items() if not r.fixed and r.retention.kind == "ring"}
     cells: dict[str, list[RegionCell]] = {name: [] for name in program.regions}
     for firings in by_instant:
@@ -331,22 +383,37 @@ def _region_cells(plan: Plan, traced: int) -> dict[str, list[RegionCell]]:
                         access = _access_for(program, stage, name, "update")
                         advance = access.advance if access is not None and access.advance else 0
                         fill[name] = min(fill[name] + advance, size)
-                cells[name].append(RegionCell("ring", bool(grows), after=fill[name], peak=fill[name],
-                                              before=fill[name], size=size, read=read))
+                cells[name].append(
+                    RegionCell(
+                        "ring", bool(grows), after=fill[name], peak=fill[name], before=fill[name], size=size, read=read
+                    )
+                )
             elif region.retention.kind == "scratch":
                 sized = [v.transient for v in grows if v.length is not None]
                 module_sized = any(v.length is None for v in grows)
                 peak = max(sized, default=0)
-                cells[name].append(RegionCell("scratch", bool(grows), peak=peak, after=0, module_sized=module_sized,
-                                              double_buffer=double, read=read))
+                cells[name].append(
+                    RegionCell(
+                        "scratch",
+                        bool(grows),
+                        peak=peak,
+                        after=0,
+                        module_sized=module_sized,
+                        double_buffer=double,
+                        read=read,
+                    )
+                )
             else:
                 before = length[name]
                 peak = max([before] + [v.transient for v in grows])
                 kept = [v.kept for v in grows if v.kept is not None]
                 after = kept[-1] if kept else peak
                 length[name] = after
-                cells[name].append(RegionCell("window", bool(grows), before=before, peak=peak, after=after,
-                                              double_buffer=double, read=read))
+                cells[name].append(
+                    RegionCell(
+                        "window", bool(grows), before=before, peak=peak, after=after, double_buffer=double, read=read
+                    )
+                )
     return cells
 
 
@@ -401,20 +468,25 @@ def _stage_cells(plan: Plan, instants: int, traced: int) -> dict[str, tuple[Stag
     return result
 
 
-def _columns(phases: Sequence[str], stage_cells: Mapping[str, Sequence[StageCell]],
-             lanes: Sequence[Lane]) -> tuple[Column, ...]:
+def _columns(
+    phases: Sequence[str], stage_cells: Mapping[str, Sequence[StageCell]], lanes: Sequence[Lane]
+) -> tuple[Column, ...]:
     """Collapse runs of alike instants (same graphs, same kind of change, numbers moving by a constant
     step) into one column; the session's first instants and short runs stay one column each; the
     repeats of the steady period after the first one become a single column."""
     count = len(phases)
 
     def shape(i: int) -> tuple:
-        return (phases[i], tuple(cells[i].shape_key() for cells in stage_cells.values()),
-                tuple(lane.cells[i].shape_key() for lane in lanes))
+        return (
+            phases[i],
+            tuple(cells[i].shape_key() for cells in stage_cells.values()),
+            tuple(lane.cells[i].shape_key() for lane in lanes),
+        )
 
     def numbers(i: int) -> tuple:
-        return (tuple(cells[i].graph for cells in stage_cells.values())
-                + tuple(n for lane in lanes for n in lane.cells[i].numbers()))
+        return tuple(cells[i].graph for cells in stage_cells.values()) + tuple(
+            n for lane in lanes for n in lane.cells[i].numbers()
+        )
 
     columns: list[Column] = []
     i = 0
@@ -488,8 +560,7 @@ def _phase_label(plan: Plan, phase: str, columns: Sequence[Column], word: str, t
         if shown < trace.warmup_instants:
             text += f" (first {shown} shown)"
         if trace.shape_warmup_instants < trace.warmup_instants:
-            text += (f" · shapes already repeat from {word} {trace.shape_warmup_instants}: "
-                     "only fills change")
+            text += f" · shapes already repeat from {word} {trace.shape_warmup_instants}: only fills change"
         return f"<B>{_esc(text)}</B><BR/>{_small(_esc(span))}"
     if phase == "steady":
         shown = last - first + 1
@@ -560,15 +631,18 @@ def _region_text(cells: Sequence[RegionCell]) -> tuple[str, bool]:
         return _progress(afters), True
     trim = f" ✂{_progress(afters)}" if cell.trimmed else ""
     if single or (afters[0] == afters[-1] and cells[0].before == cells[-1].before):
-        return f"{_progress([c.before for c in cells])} +{cell.peak - cell.before} → " \
-               f"{_progress([c.peak for c in cells])}{trim}", False
+        return (
+            f"{_progress([c.before for c in cells])} +{cell.peak - cell.before} → "
+            f"{_progress([c.peak for c in cells])}{trim}",
+            False,
+        )
     return f"{_progress(afters)}{step}" + (" ✂" if cell.trimmed else ""), False
 
 
 def _region_td(plan: Plan, lane: Lane, column: Column, colour: str) -> str:
     if column.phase == "repeat":
         return _td(_small("as in the steady period", IDLE_TEXT), BORDER=1, COLOR=GRID)
-    cells = list(lane.cells[column.first: column.last + 1])
+    cells = list(lane.cells[column.first : column.last + 1])
     text, muted = _region_text(cells)
     last = cells[-1]
     capacity = _lane_capacity(plan, lane)
@@ -601,8 +675,10 @@ def _lane_label(plan: Plan, lane: Lane, colour: str) -> str:
     if lane.name == FIXED_LANE:
         total = sum(plan.schedule.regions[m].bytes for m in lane.members)
         names = _group_names(program, lane.members)
-        return (f'<B>{_esc(lane.name)}</B><BR/>{_small(_esc(names))}<BR/>'
-                f'{_small(_esc(f"{len(lane.members)} tensors, {human_bytes(total)}, no time axis"), IDLE_TEXT)}')
+        return (
+            f"<B>{_esc(lane.name)}</B><BR/>{_small(_esc(names))}<BR/>"
+            f"{_small(_esc(f'{len(lane.members)} tensors, {human_bytes(total)}, no time axis'), IDLE_TEXT)}"
+        )
     region = program.regions[lane.members[0]]
     plan_region = plan.schedule.regions[lane.members[0]]
     role = {"input": "input · ", "output": "output · "}.get(region.role, "")
@@ -610,8 +686,10 @@ def _lane_label(plan: Plan, lane: Lane, colour: str) -> str:
     each = " each" if len(lane.members) > 1 else ""
     detail = f"{role}{region.retention.describe()} · {clock}"
     size = f"capacity {plan_region.capacity} · {human_bytes(plan_region.bytes)}{each}"
-    return (f'<FONT COLOR="{colour}">■</FONT> <B>{_esc(lane.name)}</B><BR/>{_small(_esc(detail))}<BR/>'
-            f'{_small(_esc(size), IDLE_TEXT)}')
+    return (
+        f'<FONT COLOR="{colour}">■</FONT> <B>{_esc(lane.name)}</B><BR/>{_small(_esc(detail))}<BR/>'
+        f"{_small(_esc(size), IDLE_TEXT)}"
+    )
 
 
 def _group_names(program: Program, names: Sequence[str]) -> str:
@@ -653,8 +731,12 @@ def _graph_legend_rows(plan: Plan) -> list[str]:
     groups: list[list] = []
     for graph in plan.capture.graphs:
         last = groups[-1][-1] if groups else None
-        if (last is not None and last.stage == graph.stage and last.key + 1 == graph.key
-                and (last.captured, last.steady, len(last.firings)) == (graph.captured, graph.steady, len(graph.firings))):
+        if (
+            last is not None
+            and last.stage == graph.stage
+            and last.key + 1 == graph.key
+            and (last.captured, last.steady, len(last.firings)) == (graph.captured, graph.steady, len(graph.firings))
+        ):
             groups[-1].append(graph)
         else:
             groups.append([graph])
@@ -663,13 +745,15 @@ def _graph_legend_rows(plan: Plan) -> list[str]:
         rows_of.extend([group] if len(group) >= FOLD_GRAPHS else [[g] for g in group])
     hidden = 0
     if len(rows_of) > MAX_LEGEND_ROWS:
-        hidden = sum(len(r) for r in rows_of[MAX_LEGEND_ROWS - 4: -4])
+        hidden = sum(len(r) for r in rows_of[MAX_LEGEND_ROWS - 4 : -4])
         rows_of = rows_of[: MAX_LEGEND_ROWS - 4] + [[]] + rows_of[-4:]
     descriptions = _graph_descriptions(plan, [g for row in rows_of for g in (row[:1] + row[-1:])])
     rows = []
     for row in rows_of:
         if not row:
-            rows.append(f'<TR><TD COLSPAN="4" ALIGN="LEFT">{_esc(f"… {hidden} more graphs (dsl plan lists them all)")}</TD></TR>')
+            rows.append(
+                f'<TR><TD COLSPAN="4" ALIGN="LEFT">{_esc(f"… {hidden} more graphs (dsl plan lists them all)")}</TD></TR>'
+            )
             continue
         first, last = row[0], row[-1]
         each = " each" if len(row) > 1 else ""
@@ -680,13 +764,21 @@ def _graph_legend_rows(plan: Plan) -> list[str]:
             used = f"{len(row)} graphs, " + used
             description = f"{description} … {descriptions[last.key]}"
         if first.captured:
-            colour = _graph_colour(first.key) if len(row) == 1 else f"{_graph_colour(first.key)}:{_graph_colour(last.key)}"
+            colour = (
+                _graph_colour(first.key) if len(row) == 1 else f"{_graph_colour(first.key)}:{_graph_colour(last.key)}"
+            )
             swatch = _td(f"<B>{name}</B>", BGCOLOR=colour, BORDER=1, COLOR=GRID)
         else:
             swatch = _eager_td(f"<I>{name}</I>")
             used += " · over the graph budget: eager"
-        rows.append("<TR>" + swatch + _td(_esc(first.stage), ALIGN="LEFT")
-                    + _td(_esc(description), ALIGN="LEFT") + _td(_esc(used), ALIGN="LEFT") + "</TR>")
+        rows.append(
+            "<TR>"
+            + swatch
+            + _td(_esc(first.stage), ALIGN="LEFT")
+            + _td(_esc(description), ALIGN="LEFT")
+            + _td(_esc(used), ALIGN="LEFT")
+            + "</TR>"
+        )
     return rows
 
 
@@ -770,25 +862,60 @@ def render_timeline(plan: Plan, ticks: int | None = None) -> graphviz.Digraph:
         return "<TR>" + "".join(parts) + "</TR>"
 
     rows = [
-        row("<B>phase</B>", lambda g: [_td(_phase_label(plan, g[0].phase, g, word, timeline), COLSPAN=len(g),
-                                           BGCOLOR=band[g[0].phase], BORDER=1, COLOR=GRID)]),
-        row("<B>time</B>", lambda g: [_td(_esc(_time_text(plan, c)), BGCOLOR=_lighten(band[c.phase], 0.5),
-                                          BORDER=1, COLOR=GRID) for c in g]),
-        row(f"<B>{_esc(word)}</B>", lambda g: [
-            _td(_esc(_range_text(c.first, c.last, word)) + (_small(_esc(f" ×{c.count}")) if c.count > 1 else ""),
-                BGCOLOR=_lighten(band[c.phase], 0.5), BORDER=1, COLOR=GRID) for c in g]),
-        row(f"<B>STAGES</B> {_small('colour = the CUDA graph replayed')}",
-            lambda g: [_td("", BGCOLOR="#efefef", BORDER=1, COLOR=GRID, COLSPAN=len(g))], "#efefef"),
+        row(
+            "<B>phase</B>",
+            lambda g: [
+                _td(
+                    _phase_label(plan, g[0].phase, g, word, timeline),
+                    COLSPAN=len(g),
+                    BGCOLOR=band[g[0].phase],
+                    BORDER=1,
+                    COLOR=GRID,
+                )
+            ],
+        ),
+        row(
+            "<B>time</B>",
+            lambda g: [
+                _td(_esc(_time_text(plan, c)), BGCOLOR=_lighten(band[c.phase], 0.5), BORDER=1, COLOR=GRID) for c in g
+            ],
+        ),
+        row(
+            f"<B>{_esc(word)}</B>",
+            lambda g: [
+                _td(
+                    _esc(_range_text(c.first, c.last, word)) + (_small(_esc(f" ×{c.count}")) if c.count > 1 else ""),
+                    BGCOLOR=_lighten(band[c.phase], 0.5),
+                    BORDER=1,
+                    COLOR=GRID,
+                )
+                for c in g
+            ],
+        ),
+        row(
+            f"<B>STAGES</B> {_small('colour = the CUDA graph replayed')}",
+            lambda g: [_td("", BGCOLOR="#efefef", BORDER=1, COLOR=GRID, COLSPAN=len(g))],
+            "#efefef",
+        ),
     ]
     for stage in plan.clocks.stage_order:
         cells = timeline.stage_cells[stage]
         rows.append(row(_stage_label(plan, stage), lambda g, cells=cells: [_stage_td(plan, c, cells) for c in g]))
-    rows.append(row(f"<B>REGIONS</B> {_small('length or fill after the ' + _esc(word) + '; bar = share of capacity')}",
-                    lambda g: [_td("", BGCOLOR="#efefef", BORDER=1, COLOR=GRID, COLSPAN=len(g))], "#efefef"))
+    rows.append(
+        row(
+            f"<B>REGIONS</B> {_small('length or fill after the ' + _esc(word) + '; bar = share of capacity')}",
+            lambda g: [_td("", BGCOLOR="#efefef", BORDER=1, COLOR=GRID, COLSPAN=len(g))],
+            "#efefef",
+        )
+    )
     for lane in timeline.lanes:
         colour = colours.get(lane.clock, FIXED_COLOUR) if lane.clock else FIXED_COLOUR
-        rows.append(row(_lane_label(plan, lane, colour),
-                        lambda g, lane=lane, colour=colour: [_region_td(plan, lane, c, colour) for c in g]))
+        rows.append(
+            row(
+                _lane_label(plan, lane, colour),
+                lambda g, lane=lane, colour=colour: [_region_td(plan, lane, c, colour) for c in g],
+            )
+        )
 
     graph = _new_digraph("timeline", plan, "timeline", rankdir="TB", nodesep="0.3", ranksep="0.3")
     graph.node("lanes", _table(rows, spacing=0, padding=5), shape="plaintext")
@@ -802,29 +929,47 @@ def _timeline_legend(plan: Plan, timeline: Timeline, word: str) -> str:
     summary = []
     if trace.periodic:
         warm = seconds(plan.clocks.instant_time(trace.warmup_instants)) if trace.warmup_instants else "0 s"
-        summary.append(f"warm-up {_plural(trace.warmup_instants, word)} ({warm}), then a steady period of "
-                       f"{_plural(trace.period_instants, word)} ({seconds(plan.clocks.hyperperiod)}) repeated forever")
+        summary.append(
+            f"warm-up {_plural(trace.warmup_instants, word)} ({warm}), then a steady period of "
+            f"{_plural(trace.period_instants, word)} ({seconds(plan.clocks.hyperperiod)}) repeated forever"
+        )
     else:
         summary.append(f"no steady state ({trace.reason}); {_plural(timeline.instants, word)} shown")
-    summary.append(f"{len(capture.captured)} of {_plural(len(capture.graphs), 'graph')} captured; "
-                   f"{capture.eager_firings} eager firings in the warm-up and one period")
+    summary.append(
+        f"{len(capture.captured)} of {_plural(len(capture.graphs), 'graph')} captured; "
+        f"{capture.eager_firings} eager firings in the warm-up and one period"
+    )
     rows = [f'<TR><TD COLSPAN="4" ALIGN="LEFT"><B>Legend</B> — {_esc("; ".join(summary))}</TD></TR>']
     rows += _graph_legend_rows(plan)
     samples = [
-        (_eager_td("<I>eager</I>"),
-         "a firing that runs eagerly (no graph: over the budget or outside the plan)"),
+        (_eager_td("<I>eager</I>"), "a firing that runs eagerly (no graph: over the budget or outside the plan)"),
         (_td("", BGCOLOR=EMPTY_STAGE, BORDER=1, COLOR=GRID), f"the stage does not fire at this {word}"),
-        (_td(_esc("8 +2 → 10"), BGCOLOR=_bar(_lighten(CLOCK_PALETTE[0], 0.55), 0.4), BORDER=1, COLOR=GRID),
-         "a kept history: units before, appended, after; the bar is the share of the region's capacity"),
-        (_td(_esc("250 +50 → 300 ✂250"), BGCOLOR=_bar(_lighten(CLOCK_PALETTE[0], 0.55), 1.0), BORDER=2,
-             COLOR=TRIM_BORDER), "✂ trimmed back to its retention at the end of the instant (dark orange border)"),
-        (_td(_esc("fill 8..250/250 (+2 each)"), BORDER=1, COLOR=GRID),
-         "a ring the module keeps whole: only its fill grows; a column over a run shows the first..last value"),
+        (
+            _td(_esc("8 +2 → 10"), BGCOLOR=_bar(_lighten(CLOCK_PALETTE[0], 0.55), 0.4), BORDER=1, COLOR=GRID),
+            "a kept history: units before, appended, after; the bar is the share of the region's capacity",
+        ),
+        (
+            _td(
+                _esc("250 +50 → 300 ✂250"),
+                BGCOLOR=_bar(_lighten(CLOCK_PALETTE[0], 0.55), 1.0),
+                BORDER=2,
+                COLOR=TRIM_BORDER,
+            ),
+            "✂ trimmed back to its retention at the end of the instant (dark orange border)",
+        ),
+        (
+            _td(_esc("fill 8..250/250 (+2 each)"), BORDER=1, COLOR=GRID),
+            "a ring the module keeps whole: only its fill grows; a column over a run shows the first..last value",
+        ),
         (_td(f'<FONT COLOR="{IDLE_TEXT}">25</FONT>', BORDER=1, COLOR=GRID), "grey text: held, not touched"),
-        (_td(f'<FONT COLOR="{CLOCK_PALETTE[0]}">■</FONT> {_esc("region")}', BORDER=1, COLOR=GRID),
-         "a region's square and fill bar take the colour of its clock (grey: fixed size)"),
-        (_td(_small("⇆ double buffer"), BORDER=1, COLOR=GRID),
-         "the append or trim moves kept units onto overlapping memory: staged through a double buffer"),
+        (
+            _td(f'<FONT COLOR="{CLOCK_PALETTE[0]}">■</FONT> {_esc("region")}', BORDER=1, COLOR=GRID),
+            "a region's square and fill bar take the colour of its clock (grey: fixed size)",
+        ),
+        (
+            _td(_small("⇆ double buffer"), BORDER=1, COLOR=GRID),
+            "the append or trim moves kept units onto overlapping memory: staged through a double buffer",
+        ),
         (_td("", BGCOLOR=SEPARATOR, WIDTH=3), "phase boundary: warm-up | steady period | repeats"),
     ]
     for swatch, text in samples:
@@ -901,18 +1046,24 @@ def _stage_node_label(plan: Plan, stage: str) -> str:
     timing = plan.clocks.stages[stage]
     graphs = [g for g in plan.capture.graphs if g.stage == stage]
     calls = f"{info.callable_kind} {info.target or '(root)'}"
-    fires = f"on {info.clock} · {_param_text(timing.per_cadence)} per cadence · {timing.per_hyperperiod} per hyperperiod"
-    replays = _plural(len(graphs), "graph") + ": " + " ".join(f"g{g.key}" for g in graphs) + (" · rng" if info.rng else "")
+    fires = (
+        f"on {info.clock} · {_param_text(timing.per_cadence)} per cadence · {timing.per_hyperperiod} per hyperperiod"
+    )
+    replays = (
+        _plural(len(graphs), "graph") + ": " + " ".join(f"g{g.key}" for g in graphs) + (" · rng" if info.rng else "")
+    )
     rows = [f'<TR><TD BGCOLOR="#f0f0f0"><B>{_esc(stage)}</B></TD></TR>'] + [
-        f"<TR><TD>{_esc(text)}</TD></TR>" for text in (calls, fires, replays)]
+        f"<TR><TD>{_esc(text)}</TD></TR>" for text in (calls, fires, replays)
+    ]
     return '<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="3">' + "".join(rows) + "</TABLE>>"
 
 
 def render_graph(plan: Plan) -> graphviz.Digraph:
     program = plan.program
     colours = _clock_colours(program)
-    graph = _new_digraph("dataflow", plan, "dataflow", rankdir="LR", newrank="true", compound="true",
-                         nodesep="0.25", ranksep="0.6")
+    graph = _new_digraph(
+        "dataflow", plan, "dataflow", rankdir="LR", newrank="true", compound="true", nodesep="0.25", ranksep="0.6"
+    )
     groups = _region_groups(program)
     members_of = dict(groups)
     node_of_region = {m: _node_id("region", name) for name, members in groups for m in members}
@@ -950,13 +1101,27 @@ def render_graph(plan: Plan) -> graphviz.Digraph:
             parents = [name for name in clock.uses if name in program.clocks]
             if parents:
                 label += f" · from {', '.join(parents)}"
-            cluster.attr(label=label, style="filled,rounded", color=colour, fillcolor=_lighten(colour, 0.85),
-                         fontname=FONT, fontsize="12", labeljust="l")
+            cluster.attr(
+                label=label,
+                style="filled,rounded",
+                color=colour,
+                fillcolor=_lighten(colour, 0.85),
+                fontname=FONT,
+                fontsize="12",
+                labeljust="l",
+            )
             add_nodes(cluster, domains[clock.name])
     if None in domains:
         with graph.subgraph(name="cluster_fixed") as cluster:
-            cluster.attr(label="fixed-size state (no time axis)", style="filled,rounded", color=FIXED_COLOUR,
-                         fillcolor=_lighten(FIXED_COLOUR, 0.85), fontname=FONT, fontsize="12", labeljust="l")
+            cluster.attr(
+                label="fixed-size state (no time axis)",
+                style="filled,rounded",
+                color=FIXED_COLOUR,
+                fillcolor=_lighten(FIXED_COLOUR, 0.85),
+                fontname=FONT,
+                fontsize="12",
+                labeljust="l",
+            )
             add_nodes(cluster, domains[None])
 
     for stage in plan.clocks.stage_order:
@@ -976,12 +1141,28 @@ def render_graph(plan: Plan) -> graphviz.Digraph:
             text = label + (f" ×{count}" if count > 1 else "")
             if kind == "read":
                 style = "dashed" if access.prev else "solid"
-                graph.edge(node, stage_node, label=text, style=style, color="#555555",
-                           constraint="false" if access.prev else "true")
+                graph.edge(
+                    node,
+                    stage_node,
+                    label=text,
+                    style=style,
+                    color="#555555",
+                    constraint="false" if access.prev else "true",
+                )
             elif kind == "update":
                 # head labels sit beside the state, not in the fan of edges leaving the stage
-                graph.edge(stage_node, node, headlabel=text, labelfontsize="9", labelfontcolor="#1f5f9f",
-                           labeldistance="3", labelangle="30", dir="both", color="#1f5f9f", penwidth="1.6")
+                graph.edge(
+                    stage_node,
+                    node,
+                    headlabel=text,
+                    labelfontsize="9",
+                    labelfontcolor="#1f5f9f",
+                    labeldistance="3",
+                    labelangle="30",
+                    dir="both",
+                    color="#1f5f9f",
+                    penwidth="1.6",
+                )
             else:
                 graph.edge(stage_node, node, label=text, color="#222222", penwidth="1.6")
     # state a single stage updates sits in that stage's column (newrank lets rank=same cross clusters)
@@ -1004,15 +1185,15 @@ def render_graph(plan: Plan) -> graphviz.Digraph:
 
 def _graph_legend() -> str:
     rows = [
-        "<TR><TD ALIGN=\"LEFT\" COLSPAN=\"2\"><B>Legend</B></TD></TR>",
-        "<TR><TD>box table</TD><TD ALIGN=\"LEFT\">stage: what it calls, its clock, firings, the graphs captured</TD></TR>",
-        "<TR><TD>cylinder</TD><TD ALIGN=\"LEFT\">kept state (window or ring); inputs and outputs are house shapes; "
+        '<TR><TD ALIGN="LEFT" COLSPAN="2"><B>Legend</B></TD></TR>',
+        '<TR><TD>box table</TD><TD ALIGN="LEFT">stage: what it calls, its clock, firings, the graphs captured</TD></TR>',
+        '<TR><TD>cylinder</TD><TD ALIGN="LEFT">kept state (window or ring); inputs and outputs are house shapes; '
         "dashed boxes are per-instant scratch; rounded boxes fixed-size state</TD></TR>",
-        "<TR><TD>cluster</TD><TD ALIGN=\"LEFT\">a clock domain: the regions whose time axis advances on it, "
+        '<TR><TD>cluster</TD><TD ALIGN="LEFT">a clock domain: the regions whose time axis advances on it, '
         "the stages that fire on it</TD></TR>",
-        "<TR><TD>grey arrow</TD><TD ALIGN=\"LEFT\">read, labelled with the span (dashed: the previous instant's value)</TD></TR>",
-        "<TR><TD>black arrow</TD><TD ALIGN=\"LEFT\">write, +units appended per firing</TD></TR>",
-        "<TR><TD>blue two-way arrow</TD><TD ALIGN=\"LEFT\">update (read-modify-write), +units per firing</TD></TR>",
+        '<TR><TD>grey arrow</TD><TD ALIGN="LEFT">read, labelled with the span (dashed: the previous instant\'s value)</TD></TR>',
+        '<TR><TD>black arrow</TD><TD ALIGN="LEFT">write, +units appended per firing</TD></TR>',
+        '<TR><TD>blue two-way arrow</TD><TD ALIGN="LEFT">update (read-modify-write), +units per firing</TD></TR>',
     ]
     return _table(rows, border=1, spacing=0, padding=3)
 
@@ -1041,14 +1222,17 @@ def _arena_rows(plan: Plan, persistent: bool) -> list[_ArenaRow]:
         base = allocation.name.removesuffix("~double")
         family = program.regions[base].family if base in program.regions else None
         previous = rows[-1] if rows else None
-        if (previous is not None and family is not None and not allocation.name.endswith("~double")
-                and previous.bytes_each == allocation.bytes and previous.live == allocation.live
-                and all(program.regions.get(n) is not None and program.regions[n].family == family
-                        for n in previous.names)):
+        if (
+            previous is not None
+            and family is not None
+            and not allocation.name.endswith("~double")
+            and previous.bytes_each == allocation.bytes
+            and previous.live == allocation.live
+            and all(program.regions.get(n) is not None and program.regions[n].family == family for n in previous.names)
+        ):
             rows[-1] = attrs.evolve(previous, names=previous.names + (allocation.name,), end=allocation.end)
             continue
-        rows.append(_ArenaRow((allocation.name,), allocation.offset, allocation.end, allocation.bytes,
-                              allocation.live))
+        rows.append(_ArenaRow((allocation.name,), allocation.offset, allocation.end, allocation.bytes, allocation.live))
     return rows
 
 
@@ -1074,12 +1258,29 @@ def render_arena(plan: Plan) -> graphviz.Digraph:
 
     # the pinned block, one per session: offsets, and demand beside stock on one scale
     session_rows = _arena_rows(plan, persistent=True)
-    scale = max([plan.schedule.regions[n].stock_bytes or 0 for r in session_rows for n in r.names
-                 if n in plan.schedule.regions] + [r.bytes_each for r in session_rows] + [1])
+    scale = max(
+        [plan.schedule.regions[n].stock_bytes or 0 for r in session_rows for n in r.names if n in plan.schedule.regions]
+        + [r.bytes_each for r in session_rows]
+        + [1]
+    )
     block = max(arena.session_bytes, 1)
-    header = ("<TR>" + "".join(_td(f"<B>{h}</B>", BGCOLOR="#efefef", BORDER=1, COLOR=GRID) for h in
-                               ("offset", "region", "shape", "position in the session block",
-                                "demand (colour) vs stock (grey), one scale", "demand", "stock", "saving")) + "</TR>")
+    header = (
+        "<TR>"
+        + "".join(
+            _td(f"<B>{h}</B>", BGCOLOR="#efefef", BORDER=1, COLOR=GRID)
+            for h in (
+                "offset",
+                "region",
+                "shape",
+                "position in the session block",
+                "demand (colour) vs stock (grey), one scale",
+                "demand",
+                "stock",
+                "saving",
+            )
+        )
+        + "</TR>"
+    )
     allocations = _plural(sum(len(r.names) for r in session_rows), "allocation")
     title = _esc(f"Session block: pinned, one per session · {human_bytes(arena.session_bytes)}")
     subtitle = _esc(f" · {allocations}, offsets aligned to {arena.alignment} B")
@@ -1092,30 +1293,51 @@ def render_arena(plan: Plan) -> graphviz.Digraph:
         stock = region.stock_bytes
         demand_text = human_bytes(row.bytes_each) + (" each" if count > 1 else "")
         saving = "-" if region.saving_fraction is None else f"{region.saving_fraction:.1%}"
-        bars = ('<TABLE BORDER="0" CELLSPACING="1" CELLPADDING="0">'
-                f'<TR><TD WIDTH="220" HEIGHT="7" FIXEDSIZE="TRUE" BGCOLOR="{_bar(colour, row.bytes_each / scale, "#f7f7f7")}"></TD></TR>'
-                + (f'<TR><TD WIDTH="220" HEIGHT="7" FIXEDSIZE="TRUE" BGCOLOR="{_bar("#9a9a9a", stock / scale, "#f7f7f7")}"></TD></TR>'
-                   if stock is not None else "") + "</TABLE>")
+        bars = (
+            '<TABLE BORDER="0" CELLSPACING="1" CELLPADDING="0">'
+            f'<TR><TD WIDTH="220" HEIGHT="7" FIXEDSIZE="TRUE" BGCOLOR="{_bar(colour, row.bytes_each / scale, "#f7f7f7")}"></TD></TR>'
+            + (
+                f'<TR><TD WIDTH="220" HEIGHT="7" FIXEDSIZE="TRUE" BGCOLOR="{_bar("#9a9a9a", stock / scale, "#f7f7f7")}"></TD></TR>'
+                if stock is not None
+                else ""
+            )
+            + "</TABLE>"
+        )
         position = _span_bar(colour, row.offset / block, row.end / block)
-        note = f"<BR/>{_small(_esc('+ double buffer ' + human_bytes(region.double_buffer_bytes) + ' in scratch'))}" \
-            if region.double_buffer_bytes else ""
-        rows.append("<TR>" + "".join([
-            _td(_esc(offset), ALIGN="RIGHT", BORDER=1, COLOR=GRID),
-            _td(f'<FONT COLOR="{colour}">■</FONT> {_esc(_row_title(program, row))}{note}', ALIGN="LEFT", BORDER=1,
-                COLOR=GRID),
-            _td(_esc(_shape_text(region.shape)), BORDER=1, COLOR=GRID),
-            _td(position, BORDER=1, COLOR=GRID),
-            _td(bars, BORDER=1, COLOR=GRID),
-            _td(_esc(demand_text), ALIGN="RIGHT", BORDER=1, COLOR=GRID),
-            _td(_esc(human_bytes(stock) if stock is not None else "-"), ALIGN="RIGHT", BORDER=1, COLOR=GRID),
-            _td(_esc(saving), ALIGN="RIGHT", BORDER=1, COLOR=GRID),
-        ]) + "</TR>")
+        note = (
+            f"<BR/>{_small(_esc('+ double buffer ' + human_bytes(region.double_buffer_bytes) + ' in scratch'))}"
+            if region.double_buffer_bytes
+            else ""
+        )
+        rows.append(
+            "<TR>"
+            + "".join(
+                [
+                    _td(_esc(offset), ALIGN="RIGHT", BORDER=1, COLOR=GRID),
+                    _td(
+                        f'<FONT COLOR="{colour}">■</FONT> {_esc(_row_title(program, row))}{note}',
+                        ALIGN="LEFT",
+                        BORDER=1,
+                        COLOR=GRID,
+                    ),
+                    _td(_esc(_shape_text(region.shape)), BORDER=1, COLOR=GRID),
+                    _td(position, BORDER=1, COLOR=GRID),
+                    _td(bars, BORDER=1, COLOR=GRID),
+                    _td(_esc(demand_text), ALIGN="RIGHT", BORDER=1, COLOR=GRID),
+                    _td(_esc(human_bytes(stock) if stock is not None else "-"), ALIGN="RIGHT", BORDER=1, COLOR=GRID),
+                    _td(_esc(saving), ALIGN="RIGHT", BORDER=1, COLOR=GRID),
+                ]
+            )
+            + "</TR>"
+        )
     schedule = plan.schedule
     if schedule.stock_bytes:
         saved = schedule.stock_bytes - schedule.compared_demand_bytes
-        total = (f"regions with a stock size: stock {human_bytes(schedule.stock_bytes)}, demand "
-                 f"{human_bytes(schedule.compared_demand_bytes)}, saving {human_bytes(saved)} "
-                 f"({saved / schedule.stock_bytes:.1%})")
+        total = (
+            f"regions with a stock size: stock {human_bytes(schedule.stock_bytes)}, demand "
+            f"{human_bytes(schedule.compared_demand_bytes)}, saving {human_bytes(saved)} "
+            f"({saved / schedule.stock_bytes:.1%})"
+        )
     else:
         total = "no region declares a stock size"
     rows.append(f'<TR><TD COLSPAN="8" ALIGN="LEFT">{_esc(total)}</TD></TR>')
@@ -1126,45 +1348,72 @@ def render_arena(plan: Plan) -> graphviz.Digraph:
     order = plan.clocks.stage_order
     positions = list(order) + ["(output out)"]
     scratch = max(arena.scratch_bytes, 1)
-    head = ("<TR>" + "".join(_td(f"<B>{h}</B>", BGCOLOR="#efefef", BORDER=1, COLOR=GRID)
-                             for h in ("offset", "allocation", "bytes", "position in the scratch block"))
-            + "".join(_td(_small(f"<B>{_esc(p)}</B>"), BGCOLOR="#efefef", BORDER=1, COLOR=GRID) for p in positions)
-            + "</TR>")
+    head = (
+        "<TR>"
+        + "".join(
+            _td(f"<B>{h}</B>", BGCOLOR="#efefef", BORDER=1, COLOR=GRID)
+            for h in ("offset", "allocation", "bytes", "position in the scratch block")
+        )
+        + "".join(_td(_small(f"<B>{_esc(p)}</B>"), BGCOLOR="#efefef", BORDER=1, COLOR=GRID) for p in positions)
+        + "</TR>"
+    )
     width = 4 + len(positions)
-    rows = [f'<TR><TD COLSPAN="{width}" ALIGN="LEFT"><B>{_esc("Scratch block: shared by all sessions, packed by liveness · " + human_bytes(arena.scratch_bytes))}</B>'
-            f'{_small(_esc(" · columns: the stages of an instant in dataflow order; filled = live"))}</TD></TR>', head]
+    rows = [
+        f'<TR><TD COLSPAN="{width}" ALIGN="LEFT"><B>{_esc("Scratch block: shared by all sessions, packed by liveness · " + human_bytes(arena.scratch_bytes))}</B>'
+        f"{_small(_esc(' · columns: the stages of an instant in dataflow order; filled = live'))}</TD></TR>",
+        head,
+    ]
     if not scratch_rows:
         rows.append(f'<TR><TD COLSPAN="{width}">{_esc("(empty: every region is pinned)")}</TD></TR>')
     for row in scratch_rows:
         colour = _row_colour(plan, colours, row)
         live = row.live if row.live is not None else (0, len(positions) - 1)
-        cells = [_td("", BGCOLOR=_lighten(colour, 0.3) if live[0] <= p <= live[1] else "white", BORDER=1, COLOR=GRID)
-                 for p in range(len(positions))]
+        cells = [
+            _td("", BGCOLOR=_lighten(colour, 0.3) if live[0] <= p <= live[1] else "white", BORDER=1, COLOR=GRID)
+            for p in range(len(positions))
+        ]
         region = plan.schedule.regions.get(row.names[0])
         size = human_bytes(row.bytes_each)
         if region is not None and region.stock_bytes:
             # a working buffer the stock code keeps at a fixed size: its saving belongs beside it
             size += f" (stock {human_bytes(region.stock_bytes)}, {region.saving_fraction:.1%} less)"
-        rows.append("<TR>" + "".join([
-            _td(_esc(f"{row.offset:,}"), ALIGN="RIGHT", BORDER=1, COLOR=GRID),
-            _td(f'<FONT COLOR="{colour}">■</FONT> {_esc(_row_title(program, row))}', ALIGN="LEFT", BORDER=1,
-                COLOR=GRID),
-            _td(_esc(size), ALIGN="RIGHT", BORDER=1, COLOR=GRID),
-            _td(_span_bar(colour, row.offset / scratch, row.end / scratch), BORDER=1, COLOR=GRID),
-        ] + cells) + "</TR>")
+        rows.append(
+            "<TR>"
+            + "".join(
+                [
+                    _td(_esc(f"{row.offset:,}"), ALIGN="RIGHT", BORDER=1, COLOR=GRID),
+                    _td(
+                        f'<FONT COLOR="{colour}">■</FONT> {_esc(_row_title(program, row))}',
+                        ALIGN="LEFT",
+                        BORDER=1,
+                        COLOR=GRID,
+                    ),
+                    _td(_esc(size), ALIGN="RIGHT", BORDER=1, COLOR=GRID),
+                    _td(_span_bar(colour, row.offset / scratch, row.end / scratch), BORDER=1, COLOR=GRID),
+                ]
+                + cells
+            )
+            + "</TR>"
+        )
     graph.node("scratch", _table(rows, spacing=0, padding=3), shape="plaintext")
-    sessions_note = (f"one device allocation: sessions × {human_bytes(arena.session_bytes)} + "
-                     f"{human_bytes(arena.scratch_bytes)} shared scratch; 1 session = "
-                     f"{human_bytes(arena.total_bytes(1))}, 8 sessions = {human_bytes(arena.total_bytes(8))}")
-    legend = [f'<TR><TD ALIGN="LEFT"><B>Legend</B> — {_esc(sessions_note)}</TD></TR>',
-              '<TR><TD ALIGN="LEFT">colour = the clock the region\'s time axis advances on (grey: fixed size); '
-              'bars are to scale within their table</TD></TR>']
+    sessions_note = (
+        f"one device allocation: sessions × {human_bytes(arena.session_bytes)} + "
+        f"{human_bytes(arena.scratch_bytes)} shared scratch; 1 session = "
+        f"{human_bytes(arena.total_bytes(1))}, 8 sessions = {human_bytes(arena.total_bytes(8))}"
+    )
+    legend = [
+        f'<TR><TD ALIGN="LEFT"><B>Legend</B> — {_esc(sessions_note)}</TD></TR>',
+        '<TR><TD ALIGN="LEFT">colour = the clock the region\'s time axis advances on (grey: fixed size); '
+        "bars are to scale within their table</TD></TR>",
+    ]
     used = {r.clock for r in program.regions.values()}
     for clock in sorted(program.clocks.values(), key=lambda c: (-c.rate, c.name)):
         if clock.name not in used:
             continue
-        legend.append(f'<TR><TD ALIGN="LEFT"><FONT COLOR="{colours[clock.name]}">■</FONT> '
-                      f'{_esc(f"{clock.name} · {_rate_text(clock.rate)}")}</TD></TR>')
+        legend.append(
+            f'<TR><TD ALIGN="LEFT"><FONT COLOR="{colours[clock.name]}">■</FONT> '
+            f"{_esc(f'{clock.name} · {_rate_text(clock.rate)}')}</TD></TR>"
+        )
     graph.node("legend", _table(legend, border=1, spacing=0, padding=3), shape="plaintext")
     graph.edge("session", "scratch", style="invis")
     graph.edge("scratch", "legend", style="invis")
@@ -1195,13 +1444,16 @@ def output_format(output: str | Path | None, fmt: str | None) -> str:
         if fmt not in FORMATS:
             raise RenderError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
         if implied is not None and implied != fmt:
-            raise RenderError(f"the output {output} ends in {suffix} but --format is {fmt}; drop one or make them agree")
+            raise RenderError(
+                f"the output {output} ends in {suffix} but --format is {fmt}; drop one or make them agree"
+            )
         return fmt
     if output is None:
         return "dot"
     if implied is None:
-        raise RenderError(f"cannot tell the format from {output!r}: end it in .dot, .svg, .png or .pdf, "
-                          "or give --format")
+        raise RenderError(
+            f"cannot tell the format from {output!r}: end it in .dot, .svg, .png or .pdf, or give --format"
+        )
     return implied
 
 
@@ -1212,16 +1464,23 @@ def to_bytes(graph: graphviz.Digraph, fmt: str) -> bytes:
     try:
         return graph.pipe(format=fmt, quiet=True)
     except graphviz.ExecutableNotFound:
-        raise DotMissing(f"writing {fmt} needs Graphviz's `dot` program, which is not on PATH; "
-                         + INSTALL_DOT) from None
+        raise DotMissing(
+            f"writing {fmt} needs Graphviz's `dot` program, which is not on PATH; " + INSTALL_DOT
+        ) from None
     except graphviz.CalledProcessError as error:
         detail = (error.stderr or b"").decode("utf-8", "replace").strip().splitlines()
         raise RenderError(f"`dot` failed to write {fmt}: " + (detail[-1] if detail else str(error))) from None
 
 
-def render_file(path: str | Path, params: Mapping[str, str] | None = None, view: str = "timeline",
-                output: str | Path | None = None, ticks: int | None = None, fmt: str | None = None,
-                max_graphs: int | None = None) -> bytes:
+def render_file(
+    path: str | Path,
+    params: Mapping[str, str] | None = None,
+    view: str = "timeline",
+    output: str | Path | None = None,
+    ticks: int | None = None,
+    fmt: str | None = None,
+    max_graphs: int | None = None,
+) -> bytes:
     """Plan `path` with `params`, render `view`, write it to `output` (if given) and return the bytes.
 
     Raises ClockError for a bad program and RenderError when the file cannot be written.

@@ -22,8 +22,13 @@ from duplexcadence.interpreter.cli import main as cli
 HERE = Path(__file__).parent
 SNAPSHOTS = HERE / "snapshots"
 UPDATE = os.environ.get("UPDATE_SNAPSHOTS") == "1"
-BAD_FILES = ["bad/retention_too_short.clock", "bad/instant_cycle.clock", "bad/duplicate_name.clock",
-             "bad/syntax_missing_brace.clock", "bad/warnings.clock"]
+BAD_FILES = [
+    "bad/retention_too_short.clock",
+    "bad/instant_cycle.clock",
+    "bad/duplicate_name.clock",
+    "bad/syntax_missing_brace.clock",
+    "bad/warnings.clock",
+]
 GOOD_FILES = sorted(f"good/{p.name}" for p in (HERE / "good").glob("*.clock"))
 
 
@@ -97,8 +102,11 @@ def test_fmt_check_and_write(capsys, tmp_path) -> None:
     messy = tmp_path / "messy.clock"
     messy.write_text("cadence 1 s\nparam n=3   # three\nclock c = 10 Hz\n")
     code, out, err = dsl(capsys, "fmt", "--check", str(messy))
-    assert (code, out, err) == (1, f"would reformat {messy}\n",
-                                "1 file would be reformatted, 0 already in canonical form.\n")
+    assert (code, out, err) == (
+        1,
+        f"would reformat {messy}\n",
+        "1 file would be reformatted, 0 already in canonical form.\n",
+    )
     assert dsl(capsys, "fmt", "--write", str(messy))[0] == 0
     assert messy.read_text() == "cadence 1 s\n\nparam n = 3  # three\n\nclock c = 10 Hz\n"
     assert dsl(capsys, "fmt", "--check", str(messy))[:2] == (0, "")
@@ -120,8 +128,10 @@ def test_usage_errors_exit_2(capsys, in_tests_dir) -> None:
     assert dsl(capsys)[0] == 2
     code, out, err = dsl(capsys, "check", "--param", "B", GOOD_FILES[0])
     assert (code, out) == (2, "")
-    assert err == ("dsl check: error: --param 'B' is not NAME=VALUE\n"
-                   "  help: write e.g. --param P=200 or --param ratios=[8,6,5,4]\n")
+    assert err == (
+        "dsl check: error: --param 'B' is not NAME=VALUE\n"
+        "  help: write e.g. --param P=200 or --param ratios=[8,6,5,4]\n"
+    )
     for malformed in ("=3", "B=", "3B=1", "a.b=2"):
         assert dsl(capsys, "check", "--param", malformed, GOOD_FILES[0])[0] == 2
 
@@ -154,8 +164,15 @@ def test_files_that_are_not_programs_get_a_clear_message(capsys, tmp_path, monke
     Path("empty.clock").write_text("")
     Path("huge.clock").write_text("# padding\n" * 1_000_000)  # 10 MB
     Path("garbage.clock").write_text("\u2603\u00a0\ufffd \x1b[31m {{{ }}} ;;; ''")
-    files = ["missing.clock", "folder.clock", "binary.clock", "latin1.clock", "empty.clock", "huge.clock",
-             "garbage.clock"]
+    files = [
+        "missing.clock",
+        "folder.clock",
+        "binary.clock",
+        "latin1.clock",
+        "empty.clock",
+        "huge.clock",
+        "garbage.clock",
+    ]
     code, out, err = dsl(capsys, "check", *files)
     assert (code, err) == (1, "")
     assert "Traceback" not in out and "\x1b" not in out  # no escape sequence from a file reaches the terminal
@@ -177,8 +194,10 @@ def test_check_and_fmt_start_without_importing_torch(tmp_path) -> None:
     """The interpreter's subcommands (which import torch) are only registered for other commands,
     so an editor can run `dsl check` on every save."""
     (tmp_path / "ok.clock").write_text("cadence 1 s\n")
-    code = ("import sys; from duplexcadence.interpreter.cli.main import main; "
-            "codes = [main(['check', 'ok.clock']), main(['fmt', '--check', 'ok.clock'])]; "
-            "print(codes, 'torch' in sys.modules)")
+    code = (
+        "import sys; from duplexcadence.interpreter.cli.main import main; "
+        "codes = [main(['check', 'ok.clock']), main(['fmt', '--check', 'ok.clock'])]; "
+        "print(codes, 'torch' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.stdout.splitlines()[-1] == "[0, 0] False", done.stdout + done.stderr

@@ -25,8 +25,8 @@ import attrs
 import pytest
 
 from duplexcadence.dsl import messages
-from duplexcadence.interpreter.cli.main import parse_params
 from duplexcadence.dsl.frontend import check_file
+from duplexcadence.interpreter.cli.main import parse_params
 
 HERE = Path(__file__).parent
 DOCS = HERE.parents[1] / "docs" / "language.md"
@@ -99,7 +99,7 @@ def flags(text: str) -> dict[str, str]:
 def doc_blocks() -> list[tuple[int, str]]:
     """The ```clock blocks of docs/language.md, with the line each starts on."""
     text = DOCS.read_text(encoding="utf-8")
-    return [(text[:m.start()].count("\n") + 2, m.group(1)) for m in re.finditer(r"```clock\n(.*?)```", text, re.S)]
+    return [(text[: m.start()].count("\n") + 2, m.group(1)) for m in re.finditer(r"```clock\n(.*?)```", text, re.S)]
 
 
 def run(path: Path, text: str | None = None) -> tuple[list[Expected], list[Found]]:
@@ -112,9 +112,17 @@ def run(path: Path, text: str | None = None) -> tuple[list[Expected], list[Found
     for key, source in result.sources.items():
         if Path(key) != path:
             expected += expectations(source.path, source.text)
-    found = [Found("E" if d.severity is messages.Severity.ERROR else "W", d.code.name,
-                   d.span.path if d.span else None, d.span.line if d.span else None,
-                   d.span.column if d.span else None, d.message) for d in result.diagnostics]
+    found = [
+        Found(
+            "E" if d.severity is messages.Severity.ERROR else "W",
+            d.code.name,
+            d.span.path if d.span else None,
+            d.span.line if d.span else None,
+            d.span.column if d.span else None,
+            d.message,
+        )
+        for d in result.diagnostics
+    ]
     return expected, found
 
 

@@ -23,16 +23,17 @@ from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
 
 from duplexcadence.dsl import messages
-from duplexcadence.interpreter.cli import main as cli
 from duplexcadence.dsl.frontend import CheckResult, check_file
 from duplexcadence.dsl.loader import stdlib_root
 from duplexcadence.dsl.parse import grammar_text, reserved_words
+from duplexcadence.interpreter.cli import main as cli
 
 HERE = Path(__file__).parent
 SEEDS = sorted((HERE / "good").glob("*.clock")) + sorted(stdlib_root().rglob("*.clock"))
 FILE_LEVEL = {messages.UNREADABLE, messages.PARAM_OVERRIDE, messages.EMPTY_FILE}
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                         HealthCheck.filter_too_much])
+FUZZ = settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
 
 
 def assert_well_formed(result: CheckResult) -> None:
@@ -67,18 +68,24 @@ def _explicit() -> dict[str, st.SearchStrategy[str]]:
         if isinstance(terminal.pattern, lark.lexer.PatternStr):
             explicit[terminal.name] = st.just(f" {terminal.pattern.value} ")
     free_names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,6}", fullmatch=True).filter(
-        lambda name: name not in reserved_words())
-    explicit.update({
-        "NAME": _spaced(st.sampled_from(NAMES) | free_names),
-        "NUMBER": _spaced(st.sampled_from(["0", "1", "2", "12.5", "1920", "0.001", "24000", "99999999999999999"])
-                          | st.integers(0, 10**6).map(str)),
-        "UNIT": _spaced(st.sampled_from(["Hz", "kHz", "s", "ms"])),
-        "STRING": _spaced(st.sampled_from(['""', '"decoder"', '"layers.{layer}.kv"', '"a..b"', '"{x}"',
-                                           '"m.0.state"'])),
-        "PREV": st.just(" prev "),
-        "COMMENT": st.just(" # note\n"),
-        "WS": st.sampled_from([" ", "\n", "\t", "\r\n"]),
-    })
+        lambda name: name not in reserved_words()
+    )
+    explicit.update(
+        {
+            "NAME": _spaced(st.sampled_from(NAMES) | free_names),
+            "NUMBER": _spaced(
+                st.sampled_from(["0", "1", "2", "12.5", "1920", "0.001", "24000", "99999999999999999"])
+                | st.integers(0, 10**6).map(str)
+            ),
+            "UNIT": _spaced(st.sampled_from(["Hz", "kHz", "s", "ms"])),
+            "STRING": _spaced(
+                st.sampled_from(['""', '"decoder"', '"layers.{layer}.kv"', '"a..b"', '"{x}"', '"m.0.state"'])
+            ),
+            "PREV": st.just(" prev "),
+            "COMMENT": st.just(" # note\n"),
+            "WS": st.sampled_from([" ", "\n", "\t", "\r\n"]),
+        }
+    )
     return explicit
 
 
@@ -104,7 +111,8 @@ def _small_sentences(strategy):
 _USE = re.compile(r"\buse\s+[A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*")
 
 PROGRAMS = _small_sentences(from_lark(_PARSER, start="program", explicit=_explicit())).map(
-    lambda text: _USE.sub("use std.audio", text))  # an unknown module stops a check before resolution
+    lambda text: _USE.sub("use std.audio", text)
+)  # an unknown module stops a check before resolution
 
 
 @FUZZ
@@ -119,10 +127,39 @@ def test_every_sentence_of_the_grammar_parses_and_checks_without_raising(text: s
 # --- mutations of real files ---------------------------------------------------------------------------
 
 TOKEN = re.compile(r'"[^"\n]*"|#[^\n]*|[A-Za-z_][A-Za-z0-9_]*|[0-9]+(?:\.[0-9]+)?|\S')
-INSERTS = ["999999999999999999999999", "0", "-3", "0 Hz", "-12.5 Hz", "1 / 0", "((((((((((1))))))))))",
-           "(" * 300 + "1" + ")" * 300, "- " * 300 + "1", "1 + " * 150 + "1", "\u00e9t\u00e9", "\u2603",
-           "\x00", "\x1b[2J", "\ufeff", "{", "}", "[", "]", "time", "stage", "region r : f32[time]",
-           "use std.audio", "use models.mimi_decoder", "cadence 0 s", "\n", ";", "#", '"', "prev", "kv[99]"]
+INSERTS = [
+    "999999999999999999999999",
+    "0",
+    "-3",
+    "0 Hz",
+    "-12.5 Hz",
+    "1 / 0",
+    "((((((((((1))))))))))",
+    "(" * 300 + "1" + ")" * 300,
+    "- " * 300 + "1",
+    "1 + " * 150 + "1",
+    "\u00e9t\u00e9",
+    "\u2603",
+    "\x00",
+    "\x1b[2J",
+    "\ufeff",
+    "{",
+    "}",
+    "[",
+    "]",
+    "time",
+    "stage",
+    "region r : f32[time]",
+    "use std.audio",
+    "use models.mimi_decoder",
+    "cadence 0 s",
+    "\n",
+    ";",
+    "#",
+    '"',
+    "prev",
+    "kv[99]",
+]
 
 
 @st.composite
@@ -130,8 +167,21 @@ def mutated(draw) -> tuple[Path, str]:
     seed = draw(st.sampled_from(SEEDS))
     text = seed.read_text(encoding="utf-8")
     for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["delete", "duplicate", "swap", "insert", "number", "line-delete",
-                                     "line-duplicate", "line-swap", "truncate"]))
+        kind = draw(
+            st.sampled_from(
+                [
+                    "delete",
+                    "duplicate",
+                    "swap",
+                    "insert",
+                    "number",
+                    "line-delete",
+                    "line-duplicate",
+                    "line-swap",
+                    "truncate",
+                ]
+            )
+        )
         if kind.startswith("line"):
             lines = text.split("\n")
             i, j = draw(st.integers(0, len(lines) - 1)), draw(st.integers(0, len(lines) - 1))
@@ -144,7 +194,7 @@ def mutated(draw) -> tuple[Path, str]:
             text = "\n".join(lines)
             continue
         if kind == "truncate":
-            text = text[:draw(st.integers(0, len(text)))]
+            text = text[: draw(st.integers(0, len(text)))]
             continue
         tokens = [(m.start(), m.end()) for m in TOKEN.finditer(text)]
         if not tokens:
@@ -158,8 +208,13 @@ def mutated(draw) -> tuple[Path, str]:
         elif kind == "swap":
             other_start, other_end = tokens[draw(st.integers(0, len(tokens) - 1))]
             if other_start > end:
-                text = (text[:start] + text[other_start:other_end] + text[end:other_start] + text[start:end]
-                        + text[other_end:])
+                text = (
+                    text[:start]
+                    + text[other_start:other_end]
+                    + text[end:other_start]
+                    + text[start:end]
+                    + text[other_end:]
+                )
         elif kind == "insert":
             text = text[:start] + draw(st.sampled_from(INSERTS) | st.text(max_size=8)) + " " + text[start:]
         else:
@@ -167,7 +222,7 @@ def mutated(draw) -> tuple[Path, str]:
             if numbers:
                 m = numbers[draw(st.integers(0, len(numbers) - 1))]
                 replacement = draw(st.sampled_from(["0", "-1", "0.0", "1" + "0" * 40, "1.5", "7", "-0"]))
-                text = text[:m.start()] + replacement + text[m.end():]
+                text = text[: m.start()] + replacement + text[m.end() :]
     return seed, text
 
 
@@ -178,8 +233,9 @@ def test_mutated_real_files_give_located_diagnostics_and_never_raise(case: tuple
     assert_well_formed(check_file(str(seed), text=text))  # the seed's path, so its imports resolve
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                   HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(case=mutated(), garbage=st.binary(max_size=64), where=st.floats(0, 1))
 def test_dsl_check_exits_0_or_1_on_mutated_bytes(tmp_path: Path, capsys, case, garbage: bytes, where: float) -> None:
     _, text = case

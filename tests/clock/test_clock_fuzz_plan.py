@@ -32,11 +32,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from duplexcadence.dsl import messages
-from duplexcadence.interpreter.cli import main as cli
 from duplexcadence.dsl.frontend import check_file
+from duplexcadence.interpreter.bench.harness import time_budget
+from duplexcadence.interpreter.cli import main as cli
 from duplexcadence.interpreter.plans import clocks as clocks_module
 from duplexcadence.interpreter.plans import trace as trace_module
-from duplexcadence.interpreter.bench.harness import time_budget
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("clock_fuzz_strategies", HERE / "test_clock_fuzz.py")
@@ -59,15 +59,16 @@ def renumbered(draw) -> tuple[Path, str]:
             break
         match = numbers[draw(st.integers(0, len(numbers) - 1))]
         value = draw(st.sampled_from(["1", "2", "3", "4", "5", "7", "8", "16", "25", "100", "0.5", "12.5"]))
-        text = text[:match.start()] + value + text[match.end():]
+        text = text[: match.start()] + value + text[match.end() :]
     return seed, text
 
 
 MUTANTS = st.one_of(mutated(), renumbered())
 
 TIME_BOUND_S = 20.0  # a hang detector: examples take well under a second on a 2-core runner
-PLAN_FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                            HealthCheck.filter_too_much])
+PLAN_FUZZ = settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
 RENDER_FUZZ = settings(PLAN_FUZZ, max_examples=50)
 LOCATION = re.compile(r"^\s*--> \S")
 
@@ -81,7 +82,11 @@ def run_dsl(*argv: str) -> tuple[int, str, str]:
     raw = io.BytesIO()
     stdout = io.TextIOWrapper(raw, encoding="utf-8")
     stderr = io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), time_budget(TIME_BOUND_S, "the command", error=TooSlow):
+    with (
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+        time_budget(TIME_BOUND_S, "the command", error=TooSlow),
+    ):
         code = cli.main(list(argv))
         stdout.flush()
     return code, raw.getvalue().decode("utf-8", "replace"), stderr.getvalue()
@@ -145,7 +150,7 @@ def assert_plan_consistent(data: dict) -> None:
             if capacity is None or view["length"] is None:
                 continue
             end = view["length"] if view["kind"] == "update" else view["start"] + view["length"]
-            assert 0 <= view["start"] and end <= capacity, (view, capacity)
+            assert view["start"] >= 0 and end <= capacity, (view, capacity)
             if view["kind"] in ("feed", "write"):
                 assert view["transient"] <= capacity, (view, capacity)
             if view["kept"] is not None:
@@ -170,11 +175,14 @@ def assert_plan_consistent(data: dict) -> None:
         block = arena["session_bytes"] if allocation["persistent"] else arena["scratch_bytes"]
         assert allocation["offset"] + allocation["bytes"] <= block, allocation
     for i, a in enumerate(allocations):
-        for b in allocations[i + 1:]:
+        for b in allocations[i + 1 :]:
             if a["persistent"] != b["persistent"] or not a["bytes"] or not b["bytes"]:
                 continue
-            together = a["live"] is None or b["live"] is None or (
-                a["live"][0] <= b["live"][1] and b["live"][0] <= a["live"][1])
+            together = (
+                a["live"] is None
+                or b["live"] is None
+                or (a["live"][0] <= b["live"][1] and b["live"][0] <= a["live"][1])
+            )
             disjoint = a["offset"] + a["bytes"] <= b["offset"] or b["offset"] + b["bytes"] <= a["offset"]
             assert not together or disjoint, (a, b)
 
@@ -200,8 +208,12 @@ def write_mutant(folder: Path, text: str) -> Path:
 
 
 @PLAN_FUZZ
-@given(case=MUTANTS, max_graphs=st.sampled_from([None, 0, 1, 3]), sessions=st.sampled_from([1, 2]),
-       budget=st.sampled_from([None, None, 4096]))
+@given(
+    case=MUTANTS,
+    max_graphs=st.sampled_from([None, 0, 1, 3]),
+    sessions=st.sampled_from([1, 2]),
+    budget=st.sampled_from([None, None, 4096]),
+)
 def test_dsl_plan_json_is_consistent_or_a_located_diagnostic(folder, case, max_graphs, sessions, budget) -> None:
     _, text = case
     path = write_mutant(folder, text)
@@ -224,8 +236,7 @@ def test_dsl_plan_json_is_consistent_or_a_located_diagnostic(folder, case, max_g
 
 
 @RENDER_FUZZ
-@given(case=MUTANTS, view=st.sampled_from(["timeline", "graph", "arena"]),
-       ticks=st.sampled_from([None, 1, 7, 400]))
+@given(case=MUTANTS, view=st.sampled_from(["timeline", "graph", "arena"]), ticks=st.sampled_from([None, 1, 7, 400]))
 def test_dsl_render_dot_is_a_graph_or_a_located_diagnostic(folder, case, view, ticks) -> None:
     _, text = case
     path = write_mutant(folder, text)
@@ -261,8 +272,11 @@ EDGE_PROGRAMS = {
     "empty file": ("", 1, "declares no stage"),
     "unused input": (ONE_STAGE.replace("    read x\n", ""), 0, ""),
     "unused scratch": (ONE_STAGE + "region t : f32[1, time] on c retain scratch\n", 0, ""),
-    "ten million firings": (ONE_STAGE.replace("cadence 1 s", "cadence 1000003 s"), 1,
-                            "after 10000030 firings: over the 100000 firings per hyperperiod the planner traces"),
+    "ten million firings": (
+        ONE_STAGE.replace("cadence 1 s", "cadence 1000003 s"),
+        1,
+        "after 10000030 firings: over the 100000 firings per hyperperiod the planner traces",
+    ),
 }
 
 

@@ -45,8 +45,25 @@ def parse(text: str) -> ast.Module:
     return parse_module(SourceFile("g.clock", text))
 
 
-@pytest.mark.parametrize("name", ["user", "clocks", "timer", "s", "ms", "Hz", "kHz", "_", "stage2", "input_pcm",
-                                  "prevalue", "lastly", "newer", "as_"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "user",
+        "clocks",
+        "timer",
+        "s",
+        "ms",
+        "Hz",
+        "kHz",
+        "_",
+        "stage2",
+        "input_pcm",
+        "prevalue",
+        "lastly",
+        "newer",
+        "as_",
+    ],
+)
 def test_names_that_only_contain_a_keyword_are_names(name: str) -> None:
     assert parse(f"param {name} = 1\n").statements[0].name == name
 
@@ -60,7 +77,7 @@ def test_a_reserved_word_cannot_be_a_name(word: str) -> None:
 
 
 def test_every_construct_parses_to_its_node() -> None:
-    module = parse('''
+    module = parse("""
         use std.audio (sample, mel,)
         cadence 1 s
         param P = 150
@@ -81,14 +98,20 @@ def test_every_construct_parses_to_its_node() -> None:
             write c +2 latency 1 dropped
             rng
         }
-    ''')
+    """)
     kinds = [type(s).__name__ for s in module.statements]
     assert kinds == ["Use", "Cadence", "Param", "Clock", "Region", "Region", "Region", "Region", "Region", "Stage"]
     use = module.statements[0]
     assert (use.module, use.names) == (("std", "audio"), ("sample", "mel"))
     kv = module.statements[4]
     assert kv.family.index == "layer" and [type(c).__name__ for c in kv.clauses] == [
-        "OnClause", "RetainClause", "StartClause", "StockClause", "BindClause", "RoleClause"]
+        "OnClause",
+        "RetainClause",
+        "StartClause",
+        "StockClause",
+        "BindClause",
+        "RoleClause",
+    ]
     stage = module.statements[-1]
     read = stage.items[2]
     assert (read.prev, read.alias, type(read.span_clause).__name__) == (True, "x", "SpanLast")

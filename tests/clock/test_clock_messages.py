@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import textwrap
 
-from duplexcadence.dsl.frontend import check_file
-from duplexcadence.dsl.diagnostics import Diagnostic
 from duplexcadence.dsl.diagnostic_text import format_full
+from duplexcadence.dsl.diagnostics import Diagnostic
+from duplexcadence.dsl.frontend import check_file
 
 HEADER = "cadence 1 s\nclock frame = 12.5 Hz\nclock latent = frame * 2\n"
 
@@ -46,17 +46,20 @@ def test_unknown_clock_suggests_the_close_one() -> None:
 def test_unknown_name_without_a_close_one_lists_what_is_defined() -> None:
     found = only(HEADER + "region r : f32[zzz, time] on frame retain last 2\n")
     assert found.message == "unknown name 'zzz'"
-    assert found.helps == ("defined param or clocks: frame, latent",) or found.helps == ("defined names: frame, latent",)
+    assert found.helps == ("defined param or clocks: frame, latent",) or found.helps == (
+        "defined names: frame, latent",
+    )
 
 
 def test_unknown_region_in_a_stage_suggests_the_close_one() -> None:
-    found = only(HEADER + "region history : f32[time] on frame retain last 2\n"
-                 "stage s on frame { module \"s\"; read histroy }\n")
+    found = only(
+        HEADER + 'region history : f32[time] on frame retain last 2\nstage s on frame { module "s"; read histroy }\n'
+    )
     assert (found.message, found.helps) == ("unknown region 'histroy'", ("did you mean 'history'?",))
 
 
 def test_a_name_of_the_wrong_kind_says_what_it_is_and_where() -> None:
-    found = only(HEADER + "stage s on frame { module \"s\"; read latent }\n")
+    found = only(HEADER + 'stage s on frame { module "s"; read latent }\n')
     assert found.message == "'latent' is a clock, not a region"
     assert [(n.message, n.span.line, n.span.column) for n in found.notes] == [("'latent' is declared here", 3, 7)]
 
@@ -65,9 +68,15 @@ def test_unknown_function_and_unknown_import_and_imported_name() -> None:
     assert only("param x = mx(1, 2)\n").helps == ("did you mean 'max'?",)
     found = only("use std.audi\n")
     assert (found.code.name, found.message, found.helps) == (
-        "unknown-import", "no module 'std.audi' in the stdlib or beside this file", ("did you mean 'std.audio'?",))
+        "unknown-import",
+        "no module 'std.audi' in the stdlib or beside this file",
+        ("did you mean 'std.audio'?",),
+    )
     found = only("use std.audio (sampel)\n")
-    assert (found.message, found.helps) == ("module 'std.audio' defines no 'sampel'", ("did you mean 'sample' or 'mel'?",))
+    assert (found.message, found.helps) == (
+        "module 'std.audio' defines no 'sampel'",
+        ("did you mean 'sample' or 'mel'?",),
+    )
 
 
 def test_unknown_dtype_and_bind_placeholder_suggest() -> None:
@@ -79,7 +88,7 @@ def test_unknown_dtype_and_bind_placeholder_suggest() -> None:
 
 
 def test_misspelt_keywords_and_units_are_suggested_in_syntax_errors() -> None:
-    assert only(HEADER + "stage s on frame { modul \"x\" }\n").helps[0] == "did you mean 'module'?"
+    assert only(HEADER + 'stage s on frame { modul "x" }\n').helps[0] == "did you mean 'module'?"
     assert only("clock c = 10 hz\n").helps[0] == "did you mean 'Hz'?"
     assert only("regoin r : f32[time]\n").helps[0] == "did you mean 'region'?"
 
@@ -87,7 +96,10 @@ def test_misspelt_keywords_and_units_are_suggested_in_syntax_errors() -> None:
 def test_unknown_param_override_suggests() -> None:
     found = only("param batch = 1\n", batchh="2")
     assert (found.span, found.message, found.helps) == (
-        None, "--param batchh: the program has no param 'batchh'", ("did you mean 'batch'?",))
+        None,
+        "--param batchh: the program has no param 'batchh'",
+        ("did you mean 'batch'?",),
+    )
 
 
 # --- both sites ------------------------------------------------------------------------------------
@@ -114,13 +126,17 @@ def test_a_duplicate_of_another_kind_names_both_kinds() -> None:
 def test_a_name_clashing_with_an_import_points_at_the_use() -> None:
     found = only("use std.audio (sample)\nclock sample = 16 kHz\n")
     assert found.message == "clock 'sample' is defined twice"
-    assert [(n.message, n.span.line, n.span.column) for n in found.notes] == [("'sample' is first imported here", 1, 16)]
+    assert [(n.message, n.span.line, n.span.column) for n in found.notes] == [
+        ("'sample' is first imported here", 1, 16)
+    ]
 
 
 def test_a_region_written_by_two_stages_points_at_both_writes() -> None:
-    found = only(HEADER + "region r : f32[time] on frame retain last 2\n"
-                 "stage a on frame { module \"a\"; update r +1 }\n"
-                 "stage b on frame { module \"b\"; update r +1 }\n")
+    found = only(
+        HEADER + "region r : f32[time] on frame retain last 2\n"
+        'stage a on frame { module "a"; update r +1 }\n'
+        'stage b on frame { module "b"; update r +1 }\n'
+    )
     assert found.message == "region 'r' is written by stage 'a' and by stage 'b'"
     assert (found.span.line, found.notes[0].span.line) == (6, 5)
 
@@ -129,8 +145,10 @@ def test_a_region_written_by_two_stages_points_at_both_writes() -> None:
 
 
 def test_retention_too_short_gives_both_numbers_and_the_retention_site() -> None:
-    assert full(HEADER + "region kv : f32[time] on latent retain last 2048\n"
-                "stage lm on latent { module \"lm\"; read kv last 3000; update kv +1 }\n") == textwrap.dedent("""\
+    assert full(
+        HEADER + "region kv : f32[time] on latent retain last 2048\n"
+        'stage lm on latent { module "lm"; read kv last 3000; update kv +1 }\n'
+    ) == textwrap.dedent("""\
         error[retention-too-short]: stage 'lm' reads 3000 units of region 'kv' (last 3000), which keeps 2048
          --> prog.clock:5:35
           |
@@ -143,33 +161,46 @@ def test_retention_too_short_gives_both_numbers_and_the_retention_site() -> None
 
 
 def test_a_read_of_new_units_needs_only_its_context_kept() -> None:
-    found = only("cadence 1 s\nclock code = 12.5 Hz\nclock tick = 1 Hz\n"
-                 "region codes : i64[time] on code input retain last 20\n"
-                 "region wav : f32[time] on tick output\n"
-                 "stage decode on tick { hook d; read codes new + 25; write wav }\n")
-    assert found.message == "stage 'decode' reads 25 units of region 'codes' (context before the new ones), which keeps 20"
+    found = only(
+        "cadence 1 s\nclock code = 12.5 Hz\nclock tick = 1 Hz\n"
+        "region codes : i64[time] on code input retain last 20\n"
+        "region wav : f32[time] on tick output\n"
+        "stage decode on tick { hook d; read codes new + 25; write wav }\n"
+    )
+    assert (
+        found.message == "stage 'decode' reads 25 units of region 'codes' (context before the new ones), which keeps 20"
+    )
 
 
 def test_an_input_read_counts_what_arrives_for_the_firing() -> None:
-    found = only("cadence 1 s\nclock code = 12.5 Hz\nclock tick = 1 Hz\n"
-                 "region codes : i64[time] on code input retain last 5\n"
-                 "stage decode on tick { hook d; read codes last 30 }\n")
-    assert found.message == ("stage 'decode' reads 30 units of region 'codes' (last 30), but only 17 are there when "
-                             "it fires (5 kept + 12 arriving)")
+    found = only(
+        "cadence 1 s\nclock code = 12.5 Hz\nclock tick = 1 Hz\n"
+        "region codes : i64[time] on code input retain last 5\n"
+        "stage decode on tick { hook d; read codes last 30 }\n"
+    )
+    assert found.message == (
+        "stage 'decode' reads 30 units of region 'codes' (last 30), but only 17 are there when "
+        "it fires (5 kept + 12 arriving)"
+    )
     assert found.helps == ("raise the retention of 'codes' to at least 18, or shorten the read",)
 
 
 def test_an_advance_mismatch_gives_both_rates() -> None:
-    found = only(HEADER + "region r : f32[time] on latent retain last 4\n"
-                 "stage s on frame { module \"s\"; update r +3 }\n")
-    assert found.message == ("stage 's' on clock 'frame' (12.5 Hz) updates 3 units of region 'r' per firing, but 'r' "
-                             "advances on clock 'latent' (25 Hz), i.e. 2 units per firing")
+    found = only(
+        HEADER + 'region r : f32[time] on latent retain last 4\nstage s on frame { module "s"; update r +3 }\n'
+    )
+    assert found.message == (
+        "stage 's' on clock 'frame' (12.5 Hz) updates 3 units of region 'r' per firing, but 'r' "
+        "advances on clock 'latent' (25 Hz), i.e. 2 units per firing"
+    )
     assert found.helps == ("write `+2`, or put the region on a clock that advances 3 units per firing",)
 
 
 def test_a_family_error_is_reported_once_for_the_family() -> None:
-    found = only(HEADER + "region kv[layer < 8] : f32[time] on latent retain last 4 bind \"l.{layer}\"\n"
-                 "stage s on frame { module \"s\"; update kv +3 }\n")
+    found = only(
+        HEADER + 'region kv[layer < 8] : f32[time] on latent retain last 4 bind "l.{layer}"\n'
+        'stage s on frame { module "s"; update kv +3 }\n'
+    )
     assert found.message.startswith("stage 's' on clock 'frame' (12.5 Hz) updates 3 units of region 'kv' per")
 
 
@@ -177,14 +208,17 @@ def test_a_family_error_is_reported_once_for_the_family() -> None:
 
 
 def test_an_instant_cycle_is_printed_with_each_edge() -> None:
-    found = only(HEADER + "region x : f32[time] on frame retain last 1\nregion y : f32[time] on frame retain last 1\n"
-                 "stage b on frame { module \"b\"; read x; write y +1 }\n"
-                 "stage a on frame { module \"a\"; read y; write x +1 }\n")
+    found = only(
+        HEADER + "region x : f32[time] on frame retain last 1\nregion y : f32[time] on frame retain last 1\n"
+        'stage b on frame { module "b"; read x; write y +1 }\n'
+        'stage a on frame { module "a"; read y; write x +1 }\n'
+    )
     assert found.message == "stages depend on each other within one instant: a -> b -> a"
     assert [n.message for n in found.notes] == ["'b' reads 'x', written by 'a'", "'a' reads 'y', written by 'b'"]
     assert [(n.span.line, n.span.column) for n in found.notes] == [(6, 32), (7, 32)]
-    assert found.helps == ("break the cycle with a delayed read: `read prev REGION` sees the version before this "
-                           "instant's writes",)
+    assert found.helps == (
+        "break the cycle with a delayed read: `read prev REGION` sees the version before this instant's writes",
+    )
 
 
 def test_an_import_cycle_is_printed(tmp_path) -> None:
@@ -205,8 +239,7 @@ def test_a_param_defined_from_itself_prints_the_chain() -> None:
 
 
 def test_a_missing_brace_points_where_the_stage_stops() -> None:
-    assert full(HEADER + "stage a on frame {\n    module \"a\"\n\nstage b on frame { module \"b\" }\n") == \
-        textwrap.dedent("""\
+    assert full(HEADER + 'stage a on frame {\n    module "a"\n\nstage b on frame { module "b" }\n') == textwrap.dedent("""\
         error[syntax]: stage 'a' is unfinished: expected '}' or another item after string "a"
          --> prog.clock:5:15
           |
@@ -219,7 +252,7 @@ def test_a_missing_brace_points_where_the_stage_stops() -> None:
 
 
 def test_the_file_ending_early_names_the_open_declaration() -> None:
-    found = only(HEADER + "stage a on frame {\n    module \"a\"\n")
+    found = only(HEADER + 'stage a on frame {\n    module "a"\n')
     assert (found.message, found.span.line, found.span.column) == ("the file ended inside stage 'a'", 5, 15)
     assert found.notes[0].message == "stage 'a' begins here"
     assert found.helps == ("expected ';', '}' or a stage item (module, hook, read, update, write, rng)",)
@@ -235,7 +268,7 @@ def test_a_bad_character_and_an_open_string() -> None:
     assert only("param x = 3 ?\n").message == "unexpected character '?'"
     assert only("param x = 3 \u00e9\n").message == "unexpected character '\u00e9'"
     assert only("param x = 3 \x07\n").message == "unexpected character U+0007"
-    assert only("stage s on c { module \"abc }\n").message == "this string is not closed on its line"
+    assert only('stage s on c { module "abc }\n').message == "this string is not closed on its line"
 
 
 def test_each_broken_statement_gets_its_own_syntax_error() -> None:
@@ -249,9 +282,16 @@ def test_each_broken_statement_gets_its_own_syntax_error() -> None:
 
 def test_override_of_the_wrong_kind_names_the_kind_and_the_default() -> None:
     program = "param ratios = [8, 6, 5, 4]\nparam window = 2 s\nparam steps = 10\n"
-    assert only(program, ratios="8").message == "--param ratios=8: 'ratios' is a list, default [8, 6, 5, 4] (got an integer)"
-    assert only(program, window="3").message == "--param window=3: 'window' is a duration (s), default 2 s (got an integer)"
+    assert (
+        only(program, ratios="8").message
+        == "--param ratios=8: 'ratios' is a list, default [8, 6, 5, 4] (got an integer)"
+    )
+    assert (
+        only(program, window="3").message
+        == "--param window=3: 'window' is a duration (s), default 2 s (got an integer)"
+    )
     assert only(program, steps="2.5").message == "--param steps=2.5: 'steps' is an integer, default 10 (got a fraction)"
     assert only(program, ratios="[8, 1 s]").message == (
         "--param ratios=[8, 1 s]: 'ratios' is a list, default [8, 6, 5, 4] "
-        "(item 1 is a duration (s), the default's items are an integer)")
+        "(item 1 is a duration (s), the default's items are an integer)"
+    )

@@ -31,8 +31,13 @@ def wheel(tmp_path_factory) -> Path:
     # Build from a clean copy: an in-tree build would leave build/ behind, whose stale files a later
     # wheel could pick up.
     source = tmp_path_factory.mktemp("source") / "duplexcadence"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", ".pytest_cache"))
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", ".pytest_cache"
+        ),
+    )
     command = [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w", str(out)]
     if _setuptools_is_recent():
         command.insert(5, "--no-build-isolation")
@@ -69,15 +74,23 @@ def test_an_installed_wheel_checks_files_from_another_folder(wheel: Path, tmp_pa
         subprocess.run([str(python), "-c", f"import {requirement}"], check=True, timeout=60)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    (elsewhere / "mine.clock").write_text("use std.audio (sample, mel)\ncadence 1 s\n"
-                                          "region pcm : f32[1, time] on sample retain last 480\n"
-                                          "stage s on mel { hook h; update pcm +480 }\n")
-    where = subprocess.run([str(python), "-c", "import duplexcadence; print(duplexcadence.__file__)"],
-                           capture_output=True, text=True, timeout=60, cwd=elsewhere)
+    (elsewhere / "mine.clock").write_text(
+        "use std.audio (sample, mel)\ncadence 1 s\n"
+        "region pcm : f32[1, time] on sample retain last 480\n"
+        "stage s on mel { hook h; update pcm +480 }\n"
+    )
+    where = subprocess.run(
+        [str(python), "-c", "import duplexcadence; print(duplexcadence.__file__)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=elsewhere,
+    )
     assert Path(where.stdout.strip()).is_relative_to(env_dir), where.stdout  # the wheel, not this checkout
     dsl = shutil.which("dsl", path=str(python.parent))
     assert dsl is not None
     installed_stdlib = Path(where.stdout.strip()).parent / "stdlib" / "models" / "mimi_decoder.clock"
-    done = subprocess.run([dsl, "check", "mine.clock", str(installed_stdlib)], capture_output=True, text=True,
-                          timeout=120, cwd=elsewhere)
+    done = subprocess.run(
+        [dsl, "check", "mine.clock", str(installed_stdlib)], capture_output=True, text=True, timeout=120, cwd=elsewhere
+    )
     assert (done.returncode, done.stdout, done.stderr) == (0, "All clean: 2 files checked.\n", "")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from duplexcadence.interpreter.cli import main as cli
 from duplexcadence.dsl.frontend import check_file
+from duplexcadence.interpreter.cli import main as cli
 
 PROGRAM = """\
 use std.audio
@@ -72,15 +72,20 @@ def test_wrong_kinds_are_refused_and_the_default_kept() -> None:
     assert messages_of(check(B="[1, 2]")) == ["--param B=[1, 2]: 'B' is an integer, default 1 (got a list)"]
     assert messages_of(check(B="1 s")) == ["--param B=1 s: 'B' is an integer, default 1 (got a duration (s))"]
     assert messages_of(check(ratios="4")) == [
-        "--param ratios=4: 'ratios' is a list, default [8, 6, 5, 4] (got an integer)"]
-    assert messages_of(check(window="2")) == ["--param window=2: 'window' is a duration (s), default 2 s (got an integer)"]
+        "--param ratios=4: 'ratios' is a list, default [8, 6, 5, 4] (got an integer)"
+    ]
+    assert messages_of(check(window="2")) == [
+        "--param window=2: 'window' is a duration (s), default 2 s (got an integer)"
+    ]
     assert messages_of(check(window="2 Hz")) == [
-        "--param window=2 Hz: 'window' is a duration (s), default 2 s (got a rate (Hz))"]
+        "--param window=2 Hz: 'window' is a duration (s), default 2 s (got a rate (Hz))"
+    ]
 
 
 def test_values_that_are_not_literals_are_refused_with_the_reason() -> None:
     assert messages_of(check(B="hop")) == [
-        "--param B=hop: 'B' is an integer, default 1 ('hop': a --param value cannot name other declarations)"]
+        "--param B=hop: 'B' is an integer, default 1 ('hop': a --param value cannot name other declarations)"
+    ]
     [message] = messages_of(check(B="(2"))
     assert message.startswith("--param B=(2: 'B' is an integer, default 1 (the file ended")
     [message] = messages_of(check(B="1/0"))
@@ -102,4 +107,4 @@ def test_the_command_line_reports_overrides_and_malformed_pairs(capsys, tmp_path
     assert out.splitlines()[0] == f"{path}: error: --param Bee: the program has no param 'Bee' [param-override]"
     assert cli.main(["check", "--param", "B 2", str(path)]) == 2
     assert "--param 'B 2' is not NAME=VALUE" in capsys.readouterr().err
-    assert cli.parse_params(["a=1", "b = [1, 2] ", "bad"]) [0] == {"a": "1", "b": "[1, 2]"}
+    assert cli.parse_params(["a=1", "b = [1, 2] ", "bad"])[0] == {"a": "1", "b": "[1, 2]"}

@@ -14,10 +14,10 @@ import pytest
 
 from duplexcadence.dsl import printer
 from duplexcadence.dsl import syntax as ast
-from duplexcadence.interpreter.cli.main import main
 from duplexcadence.dsl.loader import stdlib_root
 from duplexcadence.dsl.parse import parse_module
 from duplexcadence.dsl.source import SourceFile
+from duplexcadence.interpreter.cli.main import main
 
 HERE = Path(__file__).parent
 STDLIB = sorted(stdlib_root().rglob("*.clock"))
@@ -66,12 +66,24 @@ def test_the_stdlib_is_in_canonical_form(capsys) -> None:
     assert capsys.readouterr().out == ""
 
 
-@pytest.mark.parametrize("text", [
-    "param x = 1 - (2 - 3)", "param x = (1 - 2) - 3", "param x = 2 / (3 * 4)", "param x = -(-2)",
-    "param x = 2 * (1 s)", "param x = (12.5 Hz) / 2", "param x = [1, [2, 3], []][1][0]",
-    "param x = 0.125", "param x = 1.10", "param x = 00012", "param x = max(1, 2, min(3, 4)) * sum([1])",
-    "param x = 1 / 3 * 3", "param x = -1 s + 2 ms",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "param x = 1 - (2 - 3)",
+        "param x = (1 - 2) - 3",
+        "param x = 2 / (3 * 4)",
+        "param x = -(-2)",
+        "param x = 2 * (1 s)",
+        "param x = (12.5 Hz) / 2",
+        "param x = [1, [2, 3], []][1][0]",
+        "param x = 0.125",
+        "param x = 1.10",
+        "param x = 00012",
+        "param x = max(1, 2, min(3, 4)) * sum([1])",
+        "param x = 1 / 3 * 3",
+        "param x = -1 s + 2 ms",
+    ],
+)
 def test_expressions_keep_their_structure(text: str) -> None:
     tree = parse("e.clock", text + "\n")
     assert parse("e.clock", printer.module(tree)) == tree
@@ -87,10 +99,13 @@ def test_numbers_print_exactly() -> None:
 
 
 def test_comments_stay_where_they_were() -> None:
-    source = ("# header\n\nparam a = 1  # trailing\n"
-              "stage s on c {  # on the brace line\n    # before the item\n    hook h\n    # before the brace\n}\n"
-              "# footer\n")
+    source = (
+        "# header\n\nparam a = 1  # trailing\n"
+        "stage s on c {  # on the brace line\n    # before the item\n    hook h\n    # before the brace\n}\n"
+        "# footer\n"
+    )
     assert printer.module(parse("c.clock", source)) == (
         "# header\n\nparam a = 1  # trailing\n\n"
         "stage s on c {  # on the brace line\n    # before the item\n    hook h\n    # before the brace\n}\n"
-        "# footer\n")
+        "# footer\n"
+    )

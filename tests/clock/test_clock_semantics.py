@@ -32,13 +32,13 @@ def test_rates_are_exact_and_derived_clocks_follow() -> None:
 
 def test_durations_are_converted_by_the_region_clock() -> None:
     p = load_program(GOOD / "units_and_values.clock")
-    assert p.regions["window"].retention.last == 6          # 0.48 s at 12.5 Hz
-    assert p.regions["audio"].retention.last == 3840        # 80 ms + 80 ms at 24 kHz
+    assert p.regions["window"].retention.last == 6  # 0.48 s at 12.5 Hz
+    assert p.regions["audio"].retention.last == 3840  # 80 ms + 80 ms at 24 kHz
     assert p.regions["fine_state"].retention.horizon == 100  # 10 s at 10 Hz
     flow = load_program(GOOD / "flow_matching_chunks.clock")
     assert flow.regions["estimator_att"].retention.describe() == "first 150 + last 100"  # 2 s at 50 Hz
-    assert flow.stages["flow"].accesses[1].advance == 50                               # +1 s at 50 Hz
-    assert flow.regions["vocoder_tail"].retention.last == 3840                         # 160 ms at 24 kHz
+    assert flow.stages["flow"].accesses[1].advance == 50  # +1 s at 50 Hz
+    assert flow.regions["vocoder_tail"].retention.last == 3840  # 160 ms at 24 kHz
 
 
 def test_start_policies_give_the_units_held_at_session_start() -> None:
@@ -61,17 +61,25 @@ def test_start_policies_give_the_units_held_at_session_start() -> None:
         }
     """)
     starts = {name: (r.start, r.start_length) for name, r in p.regions.items()}
-    assert starts == {"zero": ("zeros", 6), "kv": ("zeros", 0), "pinned": ("zeros", 7), "prompt": ("given", 2),
-                      "fresh": ("empty", 0), "counter": ("zeros", 0), "speaker": ("given", 0), "io": ("zeros", 4)}
+    assert starts == {
+        "zero": ("zeros", 6),
+        "kv": ("zeros", 0),
+        "pinned": ("zeros", 7),
+        "prompt": ("given", 2),
+        "fresh": ("empty", 0),
+        "counter": ("zeros", 0),
+        "speaker": ("given", 0),
+        "io": ("zeros", 4),
+    }
 
 
 def test_inputs_without_retain_keep_the_history_their_readers_need_and_outputs_nothing() -> None:
     p = load_program(GOOD / "chunked_context.clock")
     assert p.regions["codes"].retention.describe() == "last 25"  # the context; the 12 or 13 new codes arrive
     assert p.regions["wav"].retention.kind == "scratch"
-    assert p.stages["decode"].accesses[1].advance is None         # written without an advance: the module decides
+    assert p.stages["decode"].accesses[1].advance is None  # written without an advance: the module decides
     seanet = load_program(GOOD / "seanet_decoder.clock")
-    assert seanet.regions["codes"].retention.kind == "scratch"    # read whole: what arrives is all it needs
+    assert seanet.regions["codes"].retention.kind == "scratch"  # read whole: what arrives is all it needs
     assert seanet.regions["pcm"].retention.kind == "scratch"
     assert seanet.stages["decoder"].accesses[-1].advance == 1920  # +80 ms at 24 kHz
     flow = load_program(GOOD / "flow_matching_chunks.clock")

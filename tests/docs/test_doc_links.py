@@ -10,8 +10,11 @@ from urllib.parse import unquote
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
-         *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples").glob("*/README.md"))]
+PAGES = [
+    "README.md",
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples").glob("*/README.md")),
+]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -25,8 +28,9 @@ def heading_ids(markdown: str) -> set[str]:
     """GitHub's ids: lower case, punctuation dropped (word characters, spaces and hyphens kept),
     spaces as hyphens, `-1`, `-2`... for repeats."""
     ids: set[str] = set()
-    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", re.sub(r"^```.*?^```[ \t]*$", "", markdown,
-                                                           flags=re.M | re.S), flags=re.M):
+    for heading in re.findall(
+        r"^#{1,6} +(.+?) *#*$", re.sub(r"^```.*?^```[ \t]*$", "", markdown, flags=re.M | re.S), flags=re.M
+    ):
         slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
         candidate, n = slug, 0
         while candidate in ids:

@@ -42,16 +42,23 @@ def test_plots_of_the_committed_json(tmp_path, capsys):
 
 
 def test_a_run_with_per_second_series_and_a_foreign_sweep(tmp_path, capsys):
-    run = {"model": "toy", "description": "toy tail", "variants": [
-        {"name": "stock eager", "per_second_ms": [9.0, 7.5, 7.0, 7.2], "warmup_seconds": 2},
-        {"name": "duplexcadence", "per_second_ms": [5.0, 3.1, 3.0, 3.1], "warmup_seconds": 2},
-        {"name": "stock step, torch.compile reduce-overhead", "per_second_ms": [], "error": "RuntimeError: no"}]}
+    run = {
+        "model": "toy",
+        "description": "toy tail",
+        "variants": [
+            {"name": "stock eager", "per_second_ms": [9.0, 7.5, 7.0, 7.2], "warmup_seconds": 2},
+            {"name": "duplexcadence", "per_second_ms": [5.0, 3.1, 3.0, 3.1], "warmup_seconds": 2},
+            {"name": "stock step, torch.compile reduce-overhead", "per_second_ms": [], "error": "RuntimeError: no"},
+        ],
+    }
     density = {"lanes": {"sweep": [{"sessions": 1, "round_ms_p99": 40.0}, {"sessions": 8, "round_ms_p99": 90.0}]}}
     (tmp_path / "json").mkdir()
     (tmp_path / "json" / "toy.json").write_text(json.dumps([run, run]))
     (tmp_path / "json" / "other.json").write_text(json.dumps(density))
-    assert load_script().main(["--json-dir", str(tmp_path / "json"), "--out-dir", str(tmp_path / "png"),
-                               "--no-plans"]) == 0
+    assert (
+        load_script().main(["--json-dir", str(tmp_path / "json"), "--out-dir", str(tmp_path / "png"), "--no-plans"])
+        == 0
+    )
     assert_png(tmp_path / "png" / "toy-ms-per-second.png")
     assert_png(tmp_path / "png" / "other-density.png")
     assert not (tmp_path / "png" / "memory-by-region.png").exists()

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from duplexcadence.dsl import messages
-from duplexcadence.interpreter.cli import main as cli
 from duplexcadence.dsl.diagnostics import ClockError, InternalError
+from duplexcadence.interpreter.cli import main as cli
 from duplexcadence.interpreter.runtime import lockstep as lockstep_module
 from duplexcadence.interpreter.runtime import runtime as runtime_module
 
@@ -64,15 +64,17 @@ def run_page(markdown: str, folder: Path) -> list[tuple[tutorial.Block, str]]:
                 exec(compile(block.text, f"docs/reliability.md:{block.line}", "exec"), namespace)
             previous_stdout = stdout.getvalue()
         elif block.language == "text" and "output" in block.flags:
-            assert previous is not None and previous.language == "python", \
+            assert previous is not None and previous.language == "python", (
                 f"reliability.md:{block.line}: an output block must follow a python block"
+            )
             printed.append((block, previous_stdout))
         elif block.language == "clock":
             assert "file" in block.options, f"reliability.md:{block.line}: a clock block without file="
             tutorial.write_files(block, folder, written)
         else:
-            assert block.language not in tutorial.RUN_LANGUAGES, \
+            assert block.language not in tutorial.RUN_LANGUAGES, (
                 f"reliability.md:{block.line}: a {block.language} block the test would not run"
+            )
         previous = block
     return printed
 
@@ -95,8 +97,12 @@ def test_the_page_runs_and_prints_what_it_shows(page_folder):
     markdown = PAGE.read_text()
     for block, actual in run_page(markdown, page_folder):
         if not tutorial.output_matches(shown(block), actual):
-            pytest.fail(tutorial.explain("this block", block, shown(block), actual).replace(
-                "docs/tutorial.md", "docs/reliability.md"), pytrace=False)
+            pytest.fail(
+                tutorial.explain("this block", block, shown(block), actual).replace(
+                    "docs/tutorial.md", "docs/reliability.md"
+                ),
+                pytrace=False,
+            )
 
 
 def sections(markdown: str) -> dict[str, str]:
@@ -109,18 +115,28 @@ def test_every_diagnostic_code_has_an_example_that_prints_it():
     found = sections(PAGE.read_text())
     for code in messages.ALL_CODES:
         assert code.name in found, f"docs/reliability.md has no section ### `{code.name}`"
-        outputs = "\n".join(shown(b) for b in tutorial.blocks(found[code.name])
-                            if b.language == "console" or (b.language == "text" and "output" in b.flags))
+        outputs = "\n".join(
+            shown(b)
+            for b in tutorial.blocks(found[code.name])
+            if b.language == "console" or (b.language == "text" and "output" in b.flags)
+        )
         kind = "warning" if code.severity is messages.Severity.WARNING else "error"
-        printed = f"{kind}[{code.name}]" in outputs or f"[{code.name}]" in outputs \
+        printed = (
+            f"{kind}[{code.name}]" in outputs
+            or f"[{code.name}]" in outputs
             or (code is messages.CAPTURE_BLOCKED and "cannot be captured" in outputs)
+        )
         assert printed, f"the example of `{code.name}` does not show it"
         assert "Fix:" in found[code.name], f"the section of `{code.name}` gives no fix"
 
 
 def test_every_runtime_exception_is_documented():
-    defined = {name for module in (runtime_module, lockstep_module) for name, value in vars(module).items()
-               if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == module.__name__}
+    defined = {
+        name
+        for module in (runtime_module, lockstep_module)
+        for name, value in vars(module).items()
+        if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == module.__name__
+    }
     assert defined == {"StepError", "SessionFailed", "SessionsFailed", "CaptureWarning", "LockstepError"}
     found = sections(PAGE.read_text())
     for name in defined | {ClockError.__name__, InternalError.__name__, "RuntimeError"}:
@@ -143,8 +159,8 @@ def update(folder: Path) -> None:
             text = "\n".join(lines) + "\n"
         else:
             text = actual if actual.endswith("\n") or not actual else actual + "\n"
-        head = markdown[block.start:].index("\n") + 1
-        markdown = markdown[:block.start + head] + text + markdown[block.end - 3:]
+        head = markdown[block.start :].index("\n") + 1
+        markdown = markdown[: block.start + head] + text + markdown[block.end - 3 :]
     PAGE.write_text(markdown)
 
 

@@ -105,8 +105,11 @@ def output_matches(expected: str, actual: str, timing: bool = False) -> bool:
 
 
 def explain(what: str, block: Block, expected: str, actual: str) -> str:
-    diff = "\n".join(difflib.unified_diff(expected.rstrip("\n").split("\n"), actual.rstrip("\n").split("\n"),
-                                          "tutorial", "actual", lineterm=""))
+    diff = "\n".join(
+        difflib.unified_diff(
+            expected.rstrip("\n").split("\n"), actual.rstrip("\n").split("\n"), "tutorial", "actual", lineterm=""
+        )
+    )
     return f"docs/tutorial.md:{block.line}: {what} printed something else than the tutorial shows:\n{diff}"
 
 
@@ -114,10 +117,10 @@ def apply_diff(text: str, diff: str, block: Block) -> str:
     old = [line[1:] for line in diff.rstrip("\n").split("\n") if line.startswith("-")]
     new = [line[1:] for line in diff.rstrip("\n").split("\n") if line.startswith("+")]
     lines = text.split("\n")
-    places = [i for i in range(len(lines)) if lines[i:i + len(old)] == old]
+    places = [i for i in range(len(lines)) if lines[i : i + len(old)] == old]
     assert len(places) == 1, f"docs/tutorial.md:{block.line}: the '-' lines occur {len(places)} times, not once"
     at = places[0]
-    return "\n".join(lines[:at] + new + lines[at + len(old):])
+    return "\n".join(lines[:at] + new + lines[at + len(old) :])
 
 
 def console_commands(text: str) -> list[tuple[str, str]]:
@@ -190,8 +193,12 @@ def test_every_code_block_is_run():
     for block in blocks(TUTORIAL.read_text()):
         if block.language not in RUN_LANGUAGES:
             continue
-        known = (block.language in ("python", "console") and not block.options) or "file" in block.options \
-            or "same" in block.options or (block.language == "console" and set(block.options) <= {"needs"})
+        known = (
+            (block.language in ("python", "console") and not block.options)
+            or "file" in block.options
+            or "same" in block.options
+            or (block.language == "console" and set(block.options) <= {"needs"})
+        )
         assert known, f"docs/tutorial.md:{block.line}: a {block.language} block the test would not run"
         assert block.language != "bash", f"docs/tutorial.md:{block.line}: write shell commands as `console`"
 
@@ -204,24 +211,40 @@ def test_the_tutorial_runs_and_prints_what_it_shows(tutorial_folder):
     previous: Block | None = None
     previous_stdout = ""
     for block in blocks(markdown):
-        unshown = previous is not None and previous.language == "python" and not previous.options \
-            and previous_stdout and not (block.language == "text" and "output" in block.flags)
+        unshown = (
+            previous is not None
+            and previous.language == "python"
+            and not previous.options
+            and previous_stdout
+            and not (block.language == "text" and "output" in block.flags)
+        )
         assert not unshown, f"docs/tutorial.md:{previous.line}: the block prints, so show its output after it"
         if block.language == "text" and "output" in block.flags:
-            assert previous is not None and previous.language == "python" and not previous.options \
-                and not markdown[previous.end:block.start].strip(), \
-                f"docs/tutorial.md:{block.line}: an output block must follow a python block directly"
+            assert (
+                previous is not None
+                and previous.language == "python"
+                and not previous.options
+                and not markdown[previous.end : block.start].strip()
+            ), f"docs/tutorial.md:{block.line}: an output block must follow a python block directly"
             if not output_matches(block.text, previous_stdout, "timing" in block.flags):
                 pytest.fail(explain("the python block before", block, block.text, previous_stdout), pytrace=False)
         elif block.options.get("needs") == "dot" and shutil.which("dot") is None:
             pass  # SVG needs Graphviz's dot; CI installs it (scripts/install.sh)
         elif block.language == "console":
             for command, expected in console_commands(block.text):
-                result = subprocess.run(["bash", "-c", command], cwd=workdir, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True, timeout=300)
+                result = subprocess.run(
+                    ["bash", "-c", command],
+                    cwd=workdir,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    timeout=300,
+                )
                 if not output_matches(expected, result.stdout, "timing" in block.flags):
-                    pytest.fail(explain(f"`{command}` (exit {result.returncode})", block, expected, result.stdout),
-                                pytrace=False)
+                    pytest.fail(
+                        explain(f"`{command}` (exit {result.returncode})", block, expected, result.stdout),
+                        pytrace=False,
+                    )
         elif block.language == "python" and not block.options:
             stdout = io.StringIO()
             with contextlib.redirect_stdout(stdout):
@@ -236,7 +259,8 @@ def test_the_tutorial_runs_and_prints_what_it_shows(tutorial_folder):
     assert timeline == TIMELINE_GOLDEN.read_text(), (
         "the tutorial's timeline changed: review it, then copy tinyvoc-timeline.dot to "
         f"{TIMELINE_GOLDEN.relative_to(ROOT)} and redraw docs/diagrams/tinyvoc-timeline.svg "
-        "(bash scripts/render_diagrams.sh)")
+        "(bash scripts/render_diagrams.sh)"
+    )
 
 
 def test_the_capture_warning_shown_is_the_runtimes_wording():
@@ -283,7 +307,7 @@ def test_the_tutorial_model_on_the_gpu_replays_graphs_bit_identically(tmp_path, 
     import tinyvoc_cadence
 
     codes = torch.randint(0, 64, (1, 60), generator=torch.Generator().manual_seed(0)).cuda()
-    feed = lambda t: {"codes": codes[:, t:t + 1]}  # noqa: E731
+    feed = lambda t: {"codes": codes[:, t : t + 1]}  # noqa: E731
     runtime = tinyvoc_cadence.load_runtime(tinyvoc.build_model(device="cuda"), device="cuda")
     report = runtime.verify(tinyvoc.StockStream(tinyvoc.build_model(device="cuda")), feed, ticks=60)
     assert report.equal, str(report)

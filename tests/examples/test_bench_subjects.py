@@ -17,8 +17,10 @@ def test_qwen3omni_streaming_is_opt_in():
     plain = subject(device="cpu", seconds=1, dtype="bf16")
     streaming = subject(device="cpu", seconds=1, dtype="bf16", streaming="1")
     assert not any("streaming" in name for name in _names(plain))
-    assert _names(streaming)[len(_names(plain)):] == ["streaming (eager, opt-in)",
-                                                       "streaming under DuplexCadence (opt-in)"]
+    assert _names(streaming)[len(_names(plain)) :] == [
+        "streaming (eager, opt-in)",
+        "streaming under DuplexCadence (opt-in)",
+    ]
     assert (plain.extra["streaming"], streaming.extra["streaming"]) == (False, True)
 
 

@@ -17,13 +17,26 @@ _spec.loader.exec_module(graph_trace)
 
 
 def test_busy_span_idle_and_gaps_of_overlapping_operations():
-    operations = [(0.0, 10.0, "k1"), (12.0, 20.0, "Memcpy DtoD (Device -> Device)"), (15.0, 18.0, "k2"),
-                  (30.0, 35.0, "k3")]
+    operations = [
+        (0.0, 10.0, "k1"),
+        (12.0, 20.0, "Memcpy DtoD (Device -> Device)"),
+        (15.0, 18.0, "k2"),
+        (30.0, 35.0, "k3"),
+    ]
     summary = graph_trace.frame_summary(operations, top=2)
     assert {k: summary[k] for k in ("operations", "kernel", "memcpy", "memset", "busy_us", "span_us", "idle_us")} == {
-        "operations": 4, "kernel": 3, "memcpy": 1, "memset": 0, "busy_us": 23.0, "span_us": 35.0, "idle_us": 12.0}
-    assert summary["largest_gaps"] == [{"us": 10.0, "after": "k2", "before": "k3"},
-                                       {"us": 2.0, "after": "k1", "before": "Memcpy DtoD (Device -> Device)"}]
+        "operations": 4,
+        "kernel": 3,
+        "memcpy": 1,
+        "memset": 0,
+        "busy_us": 23.0,
+        "span_us": 35.0,
+        "idle_us": 12.0,
+    }
+    assert summary["largest_gaps"] == [
+        {"us": 10.0, "after": "k2", "before": "k3"},
+        {"us": 2.0, "after": "k1", "before": "Memcpy DtoD (Device -> Device)"},
+    ]
     assert summary["sequence"] == [[0.0, "k1"], [2.0, "Memcpy DtoD (Device -> Device)"], [-5.0, "k2"], [12.0, "k3"]]
     assert graph_trace.frame_summary([], top=2) == {"operations": 0}
 

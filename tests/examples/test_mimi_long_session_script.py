@@ -44,9 +44,11 @@ def test_two_seconds_on_cpu_write_a_passing_result(tmp_path, capsys, one_thread,
     assert result["complete"] and result["stopped"] is None and result["max_wall_s"] is None
     assert result["frames"] == result["frames_done"] == 25 and result["seconds_done"] == 2.0
     assert result["mismatched_frames"] == 0 and result["stock_mode"] == "eager"
-    assert result["spot_windows"] == {"start": {"frames": [0, 5], "checked": 5, "mismatches": 0},
-                                      "half-way": {"frames": [7, 12], "checked": 5, "mismatches": 0},
-                                      "end": {"frames": [20, 25], "checked": 5, "mismatches": 0}}
+    assert result["spot_windows"] == {
+        "start": {"frames": [0, 5], "checked": 5, "mismatches": 0},
+        "half-way": {"frames": [7, 12], "checked": 5, "mismatches": 0},
+        "end": {"frames": [20, 25], "checked": 5, "mismatches": 0},
+    }
     assert result["data_ptrs"]["regions_moved"] == [] and result["data_ptrs"]["state_moved"] == []
     assert result["data_ptrs"]["regions_start"] == result["data_ptrs"]["regions_end"]
     assert result["graphs_end"]["eager_planned"] == 3 * 25 and result["graphs_end"]["eager_off_plan"] == 0
@@ -74,8 +76,9 @@ class StopAfter(dict):
 
 def test_a_run_stopped_early_writes_every_checkpoint_and_says_it_is_incomplete(tmp_path, one_thread, script):
     out = tmp_path / "result.json"
-    args = script.parse_args(["--device", "cpu", "--seconds", "2", "--every", "5", "--window", "5",
-                              "--checkpoint-s", "0", "--out", str(out)])
+    args = script.parse_args(
+        ["--device", "cpu", "--seconds", "2", "--every", "5", "--window", "5", "--checkpoint-s", "0", "--out", str(out)]
+    )
     args.command = "test"
     written = []
     write_atomic = script.write_atomic
@@ -88,7 +91,10 @@ def test_a_run_stopped_early_writes_every_checkpoint_and_says_it_is_incomplete(t
     result = script.run(args, out, script.time.perf_counter(), StopAfter(7))
     assert json.loads(out.read_text()) == result == written[-1]
     assert [(r["frames_done"], r["complete"], r["stopped"]) for r in written] == [
-        (0, False, None), (5, False, None), (7, False, "test")]
+        (0, False, None),
+        (5, False, None),
+        (7, False, "test"),
+    ]
     assert [r["checkpoints"] for r in written] == [1, 2, 3]
     assert written[0]["checks"] == dict.fromkeys(written[0]["checks"]) and written[0]["ok"]  # nothing checked yet
     assert all(r["mismatched_frames"] == 0 and r["frames"] == 25 for r in written)

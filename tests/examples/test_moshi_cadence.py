@@ -62,12 +62,23 @@ def run() -> Run:
             state_pointers.append(_state_pointers(mimi))
         session.reset()
         after_reset = session.data_ptrs()
-        reset_mismatches = [t for t in range(RESET_FRAMES)
-                            if not torch.equal(session.step(codes=codes[:, :, t : t + 1]), stock_first[t])]
+        reset_mismatches = [
+            t
+            for t in range(RESET_FRAMES)
+            if not torch.equal(session.step(codes=codes[:, :, t : t + 1]), stock_first[t])
+        ]
     bound = {region.bind: name for name, region in runtime.program.regions.items() if region.bind}
     buffer = runtime.arena.buffer
-    return Run(mismatches, region_pointers, state_pointers, bound, reset_mismatches, after_reset,
-               _state_pointers(mimi), (buffer.data_ptr(), buffer.data_ptr() + buffer.numel()))
+    return Run(
+        mismatches,
+        region_pointers,
+        state_pointers,
+        bound,
+        reset_mismatches,
+        after_reset,
+        _state_pointers(mimi),
+        (buffer.data_ptr(), buffer.data_ptr() + buffer.numel()),
+    )
 
 
 def test_bit_identical_to_moshi_eager_every_frame(run: Run) -> None:

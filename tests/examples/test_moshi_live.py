@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("moshi")
 
-import duplexcadence  # noqa: E402
-from duplexcadence.examples.moshi import live  # noqa: E402
+import duplexcadence
+from duplexcadence.examples.moshi import live
 
 PACKAGE = Path(duplexcadence.__file__).parent  # the repo root is the package
 IMPORT_ROOT = Path(duplexcadence.__file__).parent.parent  # where `import duplexcadence` found it
@@ -69,9 +69,25 @@ def test_cli_tiny_lm_on_cpu(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(IMPORT_ROOT), env.get("PYTHONPATH")]))
     env.pop("NO_TORCH_COMPILE", None)
     result = subprocess.run(
-        [sys.executable, str(PACKAGE / "scripts" / "moshi_live_duplex.py"), "--device", "cpu", "--lm-config", "tiny",
-         "--seconds", "1", "--warmup-frames", "2", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, env=env)
+        [
+            sys.executable,
+            str(PACKAGE / "scripts" / "moshi_live_duplex.py"),
+            "--device",
+            "cpu",
+            "--lm-config",
+            "tiny",
+            "--seconds",
+            "1",
+            "--warmup-frames",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "bit-identical: all 12 decoded frames torch.equal" in result.stdout
     assert "frame loop" in result.stdout and "SPEAK (Mimi decode)" in result.stdout

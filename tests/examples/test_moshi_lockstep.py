@@ -23,9 +23,9 @@ from duplexcadence.interpreter.runtime.lockstep import LockstepGroup  # noqa: E4
 pytestmark = pytest.mark.models
 
 ROWS = 3
-LATE_JOIN = 5      # row 2's member joins here ...
+LATE_JOIN = 5  # row 2's member joins here ...
 FRAMES = LATE_JOIN + 132  # ... and decodes 132 frames: past the ring's wrap at 125
-SWAP = 60          # row 1's member leaves here and a new one takes the row
+SWAP = 60  # row 1's member leaves here and a new one takes the row
 
 
 def test_members_joining_late_equal_moshis_batched_decode_with_row_resets():
@@ -47,14 +47,16 @@ def test_members_joining_late_equal_moshis_batched_decode_with_row_resets():
                 members["d"] = group.join()
                 position["d"] = 0
                 stock.reset(torch.tensor([False, True, False]))
-            frames = {name: streams[ord(name) - ord("a")][:, :, position[name]:position[name] + 1] for name in members}
+            frames = {
+                name: streams[ord(name) - ord("a")][:, :, position[name] : position[name] + 1] for name in members
+            }
             batch = torch.zeros(ROWS, 8, 1, dtype=torch.long)
             for name, member in members.items():
                 batch[member.row] = frames[name][0]
             expected = stock.step(batch)
             outputs = group.step({member: frames[name] for name, member in members.items()})
             for name, member in members.items():
-                if not torch.equal(outputs[member], expected[member.row:member.row + 1]):
+                if not torch.equal(outputs[member], expected[member.row : member.row + 1]):
                     unequal[name] = unequal.get(name, 0) + 1
                 position[name] += 1
             assert group.session.data_ptrs() == pointers

@@ -55,8 +55,9 @@ def stock_run(mimi, codes) -> StockRun:
         after_reset = state.snapshot_addresses(mimi)
         counters_after_reset = state.decode_state_counters(mimi)
         reset_outputs = [decoder.step(codes[:, :, t : t + 1]) for t in range(RESET_FRAMES)]
-    return StockRun(outputs, reset_outputs, at_entry, after_session, after_reset,
-                    counters_after_session, counters_after_reset)
+    return StockRun(
+        outputs, reset_outputs, at_entry, after_session, after_reset, counters_after_session, counters_after_reset
+    )
 
 
 def _all_equal(expected: list[torch.Tensor], actual: list[torch.Tensor]) -> list[int]:
@@ -126,8 +127,7 @@ def test_stages_chain_equals_decode(mimi, codes, stock_run: StockRun, contiguous
     """(a) codebooks + upsample, (b) decoder transformer, (c) SEANet chained == ``mimi.decode``."""
     with mimi.streaming(1):
         outputs = [
-            stages.decode_frame_by_stages(mimi, codes[:, :, t : t + 1], contiguous_boundaries)
-            for t in range(FRAMES)
+            stages.decode_frame_by_stages(mimi, codes[:, :, t : t + 1], contiguous_boundaries) for t in range(FRAMES)
         ]
     assert _all_equal(stock_run.outputs, outputs) == []
 
@@ -147,8 +147,9 @@ def test_state_rebound_into_flat_buffers_matches_stock(mimi, codes, stock_run: S
     """State moved into one flat buffer per dtype before the first decode, and again after a reset."""
     with MoshiStockDecoder(mimi, batch_size=1, mode="stock") as decoder:
         buffers = state.rebind_decode_state_to_flat_buffers(mimi)
-        bounds = {dtype: (buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size())
-                  for dtype, buf in buffers.items()}
+        bounds = {
+            dtype: (buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()) for dtype, buf in buffers.items()
+        }
         rebound = state.snapshot_addresses(mimi)
         for pointer, shape, _, dtype in rebound.values():
             if 0 not in shape:
@@ -170,9 +171,8 @@ def test_state_rebound_into_flat_buffers_matches_stock(mimi, codes, stock_run: S
 
 def test_install_state_tensor_rejects_wrong_shape(mimi) -> None:
     path = "decoder.model.0._streaming_state.previous"
-    with mimi.streaming(1):
-        with pytest.raises(ValueError, match="expected"):
-            state.install_state_tensor(mimi, path, torch.zeros(1, 512, 7))
+    with mimi.streaming(1), pytest.raises(ValueError, match="expected"):
+        state.install_state_tensor(mimi, path, torch.zeros(1, 512, 7))
 
 
 def test_eager_mode_equals_stock_on_cpu(mimi, codes, stock_run: StockRun) -> None:
@@ -248,8 +248,7 @@ def test_gpu_stages_equal_eager_decode(codes, deterministic_cudnn) -> None:
     from moshi.utils.compile import no_compile
 
     with mimi.streaming(1), no_compile():
-        chained = [stages.decode_frame_by_stages(mimi, gpu_codes[:, :, t : t + 1], True).cpu()
-                   for t in range(FRAMES)]
+        chained = [stages.decode_frame_by_stages(mimi, gpu_codes[:, :, t : t + 1], True).cpu() for t in range(FRAMES)]
     assert _all_equal(eager, chained) == []
 
 

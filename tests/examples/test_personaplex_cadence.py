@@ -74,8 +74,11 @@ def runs() -> Runs:
                 stock_first.append(expected["main"].clone())
             squares += float(expected["main"].double().pow(2).sum())
             count += expected["main"].numel()
-        stock_carry_storage = {name: tensor.untyped_storage().nbytes()
-                               for name, tensor in stock.mimi.state_tensors().items() if tensor is not None}
+        stock_carry_storage = {
+            name: tensor.untyped_storage().nbytes()
+            for name, tensor in stock.mimi.state_tensors().items()
+            if tensor is not None
+        }
         tail.reset()
         after_reset = {name: session.data_ptrs() for name, session in sessions.items()}
         reset_mismatches = []
@@ -88,8 +91,19 @@ def runs() -> Runs:
                     reset_mismatches.append((t, name))
     buffer = tail.runtime.arena.buffer
     arena = (buffer.data_ptr(), buffer.data_ptr() + buffer.numel())
-    return Runs(mismatches, stock_first, pointers, region_pointers, arena, stock_carry_storage, reset_mismatches,
-                reset_pointers, after_reset, (squares / count) ** 0.5, tail)
+    return Runs(
+        mismatches,
+        stock_first,
+        pointers,
+        region_pointers,
+        arena,
+        stock_carry_storage,
+        reset_mismatches,
+        reset_pointers,
+        after_reset,
+        (squares / count) ** 0.5,
+        tail,
+    )
 
 
 def test_both_instances_bit_identical_to_personaplex_stock_every_frame(runs: Runs) -> None:
@@ -142,7 +156,7 @@ def test_declared_stock_sizes_are_what_stock_keeps_alive(runs: Runs) -> None:
     checked = 0
     for name, region in runtime.program.regions.items():
         if region.bind and region.bind.startswith("carries."):
-            assert regions[name].stock_bytes == runs.stock_carry_storage[region.bind[len("carries."):]], name
+            assert regions[name].stock_bytes == runs.stock_carry_storage[region.bind[len("carries.") :]], name
             checked += 1
     assert checked == 11
 
@@ -195,8 +209,7 @@ def test_gpu_bench_subject_runs_and_is_bit_identical() -> None:
 
     subj = subject(device="cuda", seconds=2, batch=1)
     results = bench.run(subj, int(subj.ticks_per_second * 2), progress=False)
-    assert [r.name for r in results] == ["stock eager", "personaplex stock", "duplexcadence",
-                                         "duplexcadence, 2 lanes"]
+    assert [r.name for r in results] == ["stock eager", "personaplex stock", "duplexcadence", "duplexcadence, 2 lanes"]
     assert all(r.bit_identical for r in results), [(r.name, r.first_mismatch) for r in results]
 
 
@@ -266,7 +279,7 @@ def _lockstep_vs_reproduction_at_batch_2(device: str, frames: int) -> tuple[list
         expected = batched.decode(torch.cat([frame, frame]))
         solo = stock.step(frame)
         for row, (name, actual) in enumerate(zip(("main", "other"), tail.step(frame))):
-            if not torch.equal(actual, expected[row:row + 1]):
+            if not torch.equal(actual, expected[row : row + 1]):
                 against_batch_2.append((t, name))
             if not torch.equal(actual, solo[row]):
                 against_stock.append((t, name))
@@ -294,11 +307,13 @@ def test_lockstep_members_cannot_join_late_since_the_old_offsets_are_shared_by_t
         group.step({member: mimi_model.random_codes(1, 1, seed=7)})
     with pytest.raises(LockstepError) as error:
         group.join()
-    shared = ", ".join([f"kv_end[{i}]" for i in range(8)] + [f"rope_offset[{i}]" for i in range(8)]
-                       + ["transformer_offset"])
+    shared = ", ".join(
+        [f"kv_end[{i}]" for i in range(8)] + [f"rope_offset[{i}]" for i in range(8)] + ["transformer_offset"]
+    )
     assert str(error.value) == (
         f"a member cannot join at instant 1: region(s) {shared} are shared by all rows (no dimension is 'B'), "
-        "so one row cannot start over alone; members join at the group's start")
+        "so one row cannot start over alone; members join at the group's start"
+    )
     with pytest.raises(ValueError, match=r"it takes batch_size=1 and lanes=1, not 1 and 2"):
         PersonaPlexCadenceTail(mimi_model.build_mimi(seed=1234), lanes=2, lockstep=True)
 

@@ -49,8 +49,9 @@ def tail_run(mimi, codes) -> TailRun:
         main_pcm, other_pcm = tail.step(codes[:, :, t : t + 1])
         main.append(main_pcm)
         other.append(other_pcm)
-        pointers.append({name: None if tensor is None else tensor.data_ptr()
-                         for name, tensor in tail.mimi.state_tensors().items()})
+        pointers.append(
+            {name: None if tensor is None else tensor.data_ptr() for name, tensor in tail.mimi.state_tensors().items()}
+        )
     tail.reset()
     reset_main = [tail.step(codes[:, :, t : t + 1])[0] for t in range(RESET_FRAMES)]
     return TailRun(main, other, initial, pointers, reset_main)

@@ -11,16 +11,16 @@ import torch
 
 pytest.importorskip("transformers")
 
-from duplexcadence.examples.qwen3omni.bench import _Stock  # noqa: E402
-from duplexcadence.examples.qwen3omni.cadence import load_runtime  # noqa: E402
-from duplexcadence.examples.qwen3omni.model import build_code2wav  # noqa: E402
-from duplexcadence.examples.qwen3omni.stock import second_bounds  # noqa: E402
+from duplexcadence.examples.qwen3omni.bench import _Stock
+from duplexcadence.examples.qwen3omni.cadence import load_runtime
+from duplexcadence.examples.qwen3omni.model import build_code2wav
+from duplexcadence.examples.qwen3omni.stock import second_bounds
 
 pytestmark = pytest.mark.models
 
 
 def feed(codes):
-    return lambda second: {"codes": codes[..., second_bounds(second)[0]:second_bounds(second)[1]]}
+    return lambda second: {"codes": codes[..., second_bounds(second)[0] : second_bounds(second)[1]]}
 
 
 def codes_for(seconds, device="cpu", batch=1):

@@ -16,14 +16,23 @@ import pytest
 
 pytest.importorskip("transformers")
 
-import torch  # noqa: E402
-import transformers.masking_utils as masking_utils  # noqa: E402
-import transformers.utils.import_utils as import_utils  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+import torch
+import transformers.masking_utils as masking_utils
+import transformers.utils.import_utils as import_utils
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from duplexcadence.examples.qwen3omni.model import RELEASED_PARAMETER_COUNT, Qwen3OmniMoeCode2WavConfig, build_code2wav, forward_for_capture, forward_sample_deficit, output_length, samples_per_code, sliding_window_mask
+from duplexcadence.examples.qwen3omni.model import (
+    RELEASED_PARAMETER_COUNT,
+    Qwen3OmniMoeCode2WavConfig,
+    build_code2wav,
+    forward_for_capture,
+    forward_sample_deficit,
+    output_length,
+    samples_per_code,
+    sliding_window_mask,
+)
 from duplexcadence.examples.qwen3omni.stock import StockSecondDecoder, second_bounds, split_into_seconds
-from duplexcadence.examples.qwen3omni.streaming import StreamingCode2Wav  # noqa: E402
+from duplexcadence.examples.qwen3omni.streaming import StreamingCode2Wav
 
 pytestmark = pytest.mark.models
 
@@ -183,7 +192,9 @@ def test_forward_for_capture_on_long_input_uses_the_eager_mask():
     Reduced config for CI time: the released embedding and 8-layer transformer (where the mask
     lives), with a 48-channel decoder of rates (2, 2, 2, 2) instead of 1536 channels and x1920.
     """
-    model = build_code2wav(torch.float32, config=Qwen3OmniMoeCode2WavConfig(decoder_dim=48, upsample_rates=(2, 2, 2, 2)))
+    model = build_code2wav(
+        torch.float32, config=Qwen3OmniMoeCode2WavConfig(decoder_dim=48, upsample_rates=(2, 2, 2, 2))
+    )
     codes = torch.randint(0, 2048, (1, 16, 88), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert torch.equal(forward_for_capture(model, codes), model(codes))

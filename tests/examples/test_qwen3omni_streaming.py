@@ -17,14 +17,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-from transformers.cache_utils import DynamicCache  # noqa: E402
-from transformers.masking_utils import create_sliding_window_causal_mask  # noqa: E402
+from transformers.cache_utils import DynamicCache
+from transformers.masking_utils import create_sliding_window_causal_mask
 
-from duplexcadence.examples.qwen3omni.model import Qwen3OmniMoeCode2WavConfig, build_code2wav  # noqa: E402
-from duplexcadence.examples.qwen3omni.stock import StockSecondDecoder, second_bounds, split_into_seconds  # noqa: E402
-from duplexcadence.examples.qwen3omni.streaming import StreamingCode2Wav, streaming_window_mask  # noqa: E402
-from duplexcadence.interpreter.runtime.runtime import StepError  # noqa: E402
+from duplexcadence.examples.qwen3omni.model import Qwen3OmniMoeCode2WavConfig, build_code2wav
+from duplexcadence.examples.qwen3omni.stock import StockSecondDecoder, second_bounds, split_into_seconds
+from duplexcadence.examples.qwen3omni.streaming import StreamingCode2Wav, streaming_window_mask
 from duplexcadence.examples.qwen3omni.streaming_cadence import StreamingSecondDecoder, load_streaming_runtime
+from duplexcadence.interpreter.runtime.runtime import StepError
 
 SECONDS = 7
 DEFICIT = 555
@@ -70,8 +70,12 @@ def test_the_explicit_mask_is_what_transformers_builds_eagerly(cumulative, new):
             layer.update(torch.zeros(2, 16, cumulative, 64), torch.zeros(2, 16, cumulative, 64))
     cached = min(cumulative, config.sliding_window - 1)
     expected = create_sliding_window_causal_mask(
-        config=config, inputs_embeds=torch.zeros(2, new, config.hidden_size), attention_mask=None,
-        past_key_values=cache, position_ids=torch.arange(cumulative, cumulative + new)[None])
+        config=config,
+        inputs_embeds=torch.zeros(2, new, config.hidden_size),
+        attention_mask=None,
+        past_key_values=cache,
+        position_ids=torch.arange(cumulative, cumulative + new)[None],
+    )
     mask = streaming_window_mask(2, new, cached, config.sliding_window, torch.device("cpu"))
     if expected is None:
         assert mask is None
@@ -93,8 +97,8 @@ def test_runtime_equals_eager_streaming_per_code_and_is_measured_against_stock(r
         for chunk in split_into_seconds(codes):
             pieces = []
             for index in range(chunk.shape[-1]):
-                ours = decoder.session.step(codes=chunk[..., index:index + 1])
-                assert torch.equal(ours, eager.step(chunk[..., index:index + 1])), f"code {eager.streaming.position}"
+                ours = decoder.session.step(codes=chunk[..., index : index + 1])
+                assert torch.equal(ours, eager.step(chunk[..., index : index + 1])), f"code {eager.streaming.position}"
                 pieces.append(ours)
             stream_seconds.append(torch.cat(pieces, dim=-1))
             assert decoder.session.data_ptrs() == pointers
@@ -106,7 +110,8 @@ def test_runtime_equals_eager_streaming_per_code_and_is_measured_against_stock(r
     assert torch.equal(decoder.session.region("res_24khz[2]"), eager.streaming.conv_carries["decoder.4.block.4.conv1"])
     assert torch.equal(decoder.session.region("frame_50hz"), eager.streaming.frame_carries["decoder.1.block.1"])
     assert [piece.shape[-1] for piece in stream_seconds] == [12 * 1920 - DEFICIT] + [
-        (second_bounds(k)[1] - second_bounds(k)[0]) * 1920 for k in range(1, SECONDS)]
+        (second_bounds(k)[1] - second_bounds(k)[0]) * 1920 for k in range(1, SECONDS)
+    ]
     assert runtime.report().eager_off_plan == 0  # every instant was on the plan
 
     with torch.no_grad():
@@ -120,8 +125,10 @@ def test_runtime_equals_eager_streaming_per_code_and_is_measured_against_stock(r
     versus_stock_early = stock_difference(stream_seconds[:3], stock_seconds[:3])
     record_property("max_abs_vs_whole_forward", versus_whole)
     record_property("max_abs_vs_stock_chunked", versus_stock)
-    print(f"streaming runtime, fp32, {SECONDS} s: max abs vs whole forward {versus_whole:.3g}, "
-          f"vs stock chunked decode {versus_stock:.3g} (seconds 0-2: {versus_stock_early:.3g})")
+    print(
+        f"streaming runtime, fp32, {SECONDS} s: max abs vs whole forward {versus_whole:.3g}, "
+        f"vs stock chunked decode {versus_stock:.3g} (seconds 0-2: {versus_stock_early:.3g})"
+    )
     assert versus_whole < 1e-4  # rounding: a wrong carry or window gives errors of order 1
     # reported, not asserted equal: from second 3 the chunked decode has lost context (NOTES.md: 1.1-1.4)
     assert versus_stock_early < 1e-4 and versus_stock > 0.1
@@ -151,9 +158,9 @@ def test_finish_ends_the_utterance_with_a_whole_code_and_releases_nothing():
     session = load_streaming_runtime(model).session()
     eager = PerCodeEager(model)
     with torch.no_grad():
-        pieces = [session.step(codes=codes[..., index:index + 1]) for index in range(3)]
+        pieces = [session.step(codes=codes[..., index : index + 1]) for index in range(3)]
         pieces.append(session.finish(codes=codes[..., 3:4]))
-        expected = [eager.step(codes[..., index:index + 1]) for index in range(4)]
+        expected = [eager.step(codes[..., index : index + 1]) for index in range(4)]
         whole = model(codes)
     assert [piece.shape[-1] for piece in pieces] == [1920 - DEFICIT, 1920, 1920, 1920]
     assert all(torch.equal(mine, theirs) for mine, theirs in zip(pieces, expected, strict=True))
@@ -169,8 +176,9 @@ def test_gpu_graphs_equal_eager_streaming_per_code(dtype, batch):
     model = build_code2wav(dtype=dtype, device="cuda", seed=1234)
     runtime = load_streaming_runtime(model, batch, device="cuda")
     codes = codes_for(SECONDS, "cuda", batch)
-    report = runtime.verify(PerCodeEager(model), lambda tick: {"codes": codes[..., tick:tick + 1]},
-                            ticks=codes.shape[-1])
+    report = runtime.verify(
+        PerCodeEager(model), lambda tick: {"codes": codes[..., tick : tick + 1]}, ticks=codes.shape[-1]
+    )
     assert report.equal, str(report)
     assert report.runtime_counters.eager_planned == 0 and report.runtime_counters.eager_off_plan == 0
     assert runtime.report().stage_graphs_covered == 72  # KV fill 0..71 (71 warm-up shapes), then one steady

@@ -46,12 +46,34 @@ def test_mimi_kv_fill_grows_two_per_frame_to_250(mimi):
 
 
 def test_mimi_seanet_carries_have_the_anatomy_shapes(mimi):
-    shapes = {name: mimi.schedule.regions[name].shape for name in
-              ("upsample_partial", "conv_in", "up8", "res8", "up6", "res6", "up5", "res5", "up4", "res4", "conv_out")}
+    shapes = {
+        name: mimi.schedule.regions[name].shape
+        for name in (
+            "upsample_partial",
+            "conv_in",
+            "up8",
+            "res8",
+            "up6",
+            "res6",
+            "up5",
+            "res5",
+            "up4",
+            "res4",
+            "conv_out",
+        )
+    }
     assert shapes == {
-        "upsample_partial": (1, 512, 2), "conv_in": (1, 512, 6), "up8": (1, 512, 8), "res8": (1, 512, 2),
-        "up6": (1, 256, 6), "res6": (1, 256, 2), "up5": (1, 128, 5), "res5": (1, 128, 2),
-        "up4": (1, 64, 4), "res4": (1, 64, 2), "conv_out": (1, 64, 2),
+        "upsample_partial": (1, 512, 2),
+        "conv_in": (1, 512, 6),
+        "up8": (1, 512, 8),
+        "res8": (1, 512, 2),
+        "up6": (1, 256, 6),
+        "res6": (1, 256, 2),
+        "up5": (1, 128, 5),
+        "res5": (1, 128, 2),
+        "up4": (1, 64, 4),
+        "res4": (1, 64, 2),
+        "conv_out": (1, 64, 2),
     }
 
 
@@ -103,14 +125,21 @@ def test_qwen_code2wav_streaming_state_is_state_md():
     assert plan.clocks.hyperperiod == 2 and plan.trace.period_instants == 25
     assert plan.trace.warmup_instants == 71  # the KV window fills one code per firing
     assert all(regions[f"{kv}[{i}]"].shape == (1, 16, 71, 64) for kv in ("keys", "values") for i in range(8))
-    carries = {name: regions[name].shape for name in regions
-               if name.startswith(("dwconv", "conv_", "res_", "frame_"))}
+    carries = {name: regions[name].shape for name in regions if name.startswith(("dwconv", "conv_", "res_", "frame_"))}
     assert carries == {
-        "dwconv_25hz": (1, 1024, 6), "dwconv_50hz": (1, 1024, 6), "conv_in": (1, 1024, 6), "conv_out": (1, 96, 6),
-        **{f"res_{rate}[{unit}]": (1, channels, 6 * dilation)
-           for rate, channels in (("400hz", 768), ("2khz", 384), ("8khz", 192), ("24khz", 96))
-           for unit, dilation in enumerate((1, 3, 9))},
-        "frame_50hz": (1, 1536, 1), "frame_400hz": (1, 768, 1), "frame_2khz": (1, 384, 1), "frame_8khz": (1, 192, 1),
+        "dwconv_25hz": (1, 1024, 6),
+        "dwconv_50hz": (1, 1024, 6),
+        "conv_in": (1, 1024, 6),
+        "conv_out": (1, 96, 6),
+        **{
+            f"res_{rate}[{unit}]": (1, channels, 6 * dilation)
+            for rate, channels in (("400hz", 768), ("2khz", 384), ("8khz", 192), ("24khz", 96))
+            for unit, dilation in enumerate((1, 3, 9))
+        },
+        "frame_50hz": (1, 1536, 1),
+        "frame_400hz": (1, 768, 1),
+        "frame_2khz": (1, 384, 1),
+        "frame_8khz": (1, 192, 1),
     }
     state = [r for r in regions.values() if r.persistent and r.name != "position"]
     assert not any(r.double_buffer_bytes for r in state)

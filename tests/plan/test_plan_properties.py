@@ -45,7 +45,7 @@ def programs(draw) -> str:
         regions.append(f"r{r}")
     lines.append(f"region out : f32[2, time] on {stage_clock} output")
     accesses.append("write out +1")
-    lines.append(f"stage s on {stage_clock} {{ module \"m\"; " + "; ".join(accesses) + " }")
+    lines.append(f'stage s on {stage_clock} {{ module "m"; ' + "; ".join(accesses) + " }")
     return "\n".join(lines) + "\n"
 
 
@@ -68,7 +68,7 @@ def test_generated_plans_are_consistent(text, max_graphs):
                 assert view.kept <= region.capacity
     allocations = [a for a in plan.arena.allocations if a.bytes]
     for i, a in enumerate(allocations):
-        for b in allocations[i + 1:]:
+        for b in allocations[i + 1 :]:
             if a.persistent != b.persistent:
                 continue
             together = a.live is None or b.live is None or (a.live[0] <= b.live[1] and b.live[0] <= a.live[1])

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from duplexcadence.interpreter.cli.main import main
-from duplexcadence.interpreter.views.render import VIEWS, DotMissing, build_timeline, render_file, render_plan
 from duplexcadence.interpreter.plans import trace as trace_module
 from duplexcadence.interpreter.plans.plan import plan_file
+from duplexcadence.interpreter.views.render import VIEWS, DotMissing, build_timeline, render_file, render_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = sorted((ROOT / "stdlib" / "models").glob("*.clock"))
@@ -55,7 +55,8 @@ def test_dot_matches_golden(plans, model, view):
         golden.write_text(source, encoding="utf-8")
     assert golden.exists(), f"no golden file {golden.name}: run UPDATE_GOLDEN=1 python -m pytest tests/render"
     assert source == golden.read_text(encoding="utf-8"), (
-        f"{model} {view} changed; if intended: UPDATE_GOLDEN=1 python -m pytest tests/render")
+        f"{model} {view} changed; if intended: UPDATE_GOLDEN=1 python -m pytest tests/render"
+    )
 
 
 def test_no_stale_golden_files():
@@ -92,16 +93,19 @@ def test_two_renders_are_byte_identical():
 
 def test_same_dot_under_another_hash_seed(plans):
     """String hashing is salted per process: a render that leaned on hash() or set order would differ."""
-    script = ("import json, sys\n"
-              "from duplexcadence.interpreter.views.render import render_plan\n"
-              "from duplexcadence.interpreter.plans.plan import plan_file\n"
-              "print(json.dumps({p + '|' + v: render_plan(plan_file(p), v).source\n"
-              "                  for p in sys.argv[1:] for v in ('timeline', 'graph', 'arena')}))\n")
+    script = (
+        "import json, sys\n"
+        "from duplexcadence.interpreter.views.render import render_plan\n"
+        "from duplexcadence.interpreter.plans.plan import plan_file\n"
+        "print(json.dumps({p + '|' + v: render_plan(plan_file(p), v).source\n"
+        "                  for p in sys.argv[1:] for v in ('timeline', 'graph', 'arena')}))\n"
+    )
     here = {f"{path}|{view}": render_plan(plans[path.stem], view).source for path in MODELS for view in VIEWS}
     for seed in ("1", "4242"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        result = subprocess.run([sys.executable, "-c", script, *map(str, MODELS)], capture_output=True, env=env,
-                                timeout=120, check=True)
+        result = subprocess.run(
+            [sys.executable, "-c", script, *map(str, MODELS)], capture_output=True, env=env, timeout=120, check=True
+        )
         assert json.loads(result.stdout) == here
 
 
@@ -111,7 +115,12 @@ def test_same_dot_under_another_hash_seed(plans):
 def test_mimi_timeline_collapses_the_ring_warmup(plans):
     timeline = build_timeline(plans["mimi_decoder"])
     assert [(c.first, c.last, c.phase) for c in timeline.columns] == [
-        (0, 0, "warmup"), (1, 1, "warmup"), (2, 2, "warmup"), (3, 124, "warmup"), (125, 149, "steady")]
+        (0, 0, "warmup"),
+        (1, 1, "warmup"),
+        (2, 2, "warmup"),
+        (3, 124, "warmup"),
+        (125, 149, "steady"),
+    ]
     kv = [lane for lane in timeline.lanes if lane.members[0] == "kv[0]"]
     assert len(kv) == 1 and len(kv[0].members) == 8, "the 8 kv rings behave alike: one lane"
     assert [cell.after for cell in kv[0].cells] == [min(2 * (i + 1), 250) for i in range(150)]
@@ -133,13 +142,19 @@ def test_mimi_timeline_text(plans):
 def test_step_audio2_timeline_shows_graphs_and_trims(plans):
     timeline = build_timeline(plans["step_audio2_token2wav"])
     assert [(c.first, c.last, c.phase) for c in timeline.columns] == [
-        (0, 0, "warmup"), (1, 1, "warmup"), (2, 2, "steady")]
+        (0, 0, "warmup"),
+        (1, 1, "warmup"),
+        (2, 2, "steady"),
+    ]
     assert [c.graph for c in timeline.stage_cells["flow"]] == [0, 3, 6]
     assert [c.graph for c in timeline.stage_cells["hift_front"]] == [1, 4, 4], "the steady HiFT graph is reused"
     assert [c.graph for c in timeline.stage_cells["hift_back"]] == [2, 5, 5]
     attention = next(lane for lane in timeline.lanes if lane.members == ("estimator_att",))
     assert [(c.before, c.peak, c.after, c.trimmed) for c in attention.cells] == [
-        (150, 200, 200, False), (200, 250, 250, False), (250, 300, 250, True)]
+        (150, 200, 200, False),
+        (200, 250, 250, False),
+        (250, 300, 250, True),
+    ]
     source = render_plan(plans["step_audio2_token2wav"], "timeline").source
     assert "250 +50 → 300 ✂250" in source
 
@@ -176,11 +191,13 @@ def test_timeline_without_a_steady_state(tmp_path, monkeypatch):
     """A region that keeps everything never repeats; the trace is cut short here to keep the test fast."""
     monkeypatch.setattr(trace_module, "MAX_INSTANTS", 120)
     path = tmp_path / "growing.clock"
-    path.write_text("cadence 1 s\nclock frame = 12.5 Hz\nclock sample = frame * 1920\n"
-                    "region codes : i64[1, 8, time] on frame input\n"
-                    "region history : f32[1, 4, time] on frame retain all horizon 100 start empty\n"
-                    "region pcm : f32[1, time] on sample output\n"
-                    "stage decode on frame { hook decode; read codes; update history +1; write pcm +1920 }\n")
+    path.write_text(
+        "cadence 1 s\nclock frame = 12.5 Hz\nclock sample = frame * 1920\n"
+        "region codes : i64[1, 8, time] on frame input\n"
+        "region history : f32[1, 4, time] on frame retain all horizon 100 start empty\n"
+        "region pcm : f32[1, time] on sample output\n"
+        "stage decode on frame { hook decode; read codes; update history +1; write pcm +1920 }\n"
+    )
     plan = plan_file(path)
     assert not plan.trace.periodic
     timeline = build_timeline(plan)
@@ -229,7 +246,8 @@ def test_cli_format_dot_needs_no_dot_program(tmp_path, monkeypatch, capsysbinary
     monkeypatch.setenv("PATH", str(tmp_path))
     assert main(["render", str(MIMI), "--format", "dot"]) == 0
     assert capsysbinary.readouterr().out.decode("utf-8") == golden_path("mimi_decoder", "timeline").read_text(
-        encoding="utf-8")
+        encoding="utf-8"
+    )
     out = tmp_path / "arena.gv"
     assert main(["render", str(QWEN), "--view", "arena", "-o", str(out)]) == 0
     assert out.read_text(encoding="utf-8") == golden_path("qwen3_omni_code2wav", "arena").read_text(encoding="utf-8")
@@ -251,12 +269,15 @@ def test_cli_writes_svg(tmp_path, capsys):
     assert out.read_bytes().lstrip().startswith(b"<?xml") and b"<svg" in out.read_bytes()
 
 
-@pytest.mark.parametrize("arguments, code, says", [
-    (["--param", "nonsense"], 1, "nonsense"),
-    (["--param", "no_such_param=3"], 1, "no_such_param"),
-    (["-o", "out.txt"], 2, "cannot tell the format"),
-    (["-o", "out.svg", "--format", "png"], 2, "--format is png"),
-])
+@pytest.mark.parametrize(
+    "arguments, code, says",
+    [
+        (["--param", "nonsense"], 1, "nonsense"),
+        (["--param", "no_such_param=3"], 1, "no_such_param"),
+        (["-o", "out.txt"], 2, "cannot tell the format"),
+        (["-o", "out.svg", "--format", "png"], 2, "--format is png"),
+    ],
+)
 def test_cli_exit_codes(arguments, code, says, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["render", str(QWEN), *arguments]) == code
@@ -282,4 +303,3 @@ def test_cli_usage_errors_exit_2(arguments, capsys):
 def test_cli_params_reach_the_plan(capsysbinary):
     assert main(["render", str(STEP_AUDIO2), "--param", "steps=5", "--view", "graph", "--format", "dot"]) == 0
     assert "steps=5" in capsysbinary.readouterr().out.decode("utf-8")
-

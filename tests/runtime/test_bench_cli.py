@@ -13,7 +13,7 @@ import torch
 
 from duplexcadence.interpreter.cli import main as cli
 
-SUBJECT = '''
+SUBJECT = """
 from duplexcadence.examples.toy.bench import subject as toy_subject
 
 received = {}
@@ -24,7 +24,7 @@ def subject(**options):
     made = toy_subject(**options)
     made.name = "my tail"
     return made
-'''
+"""
 
 
 @pytest.fixture
@@ -46,24 +46,43 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def test_a_subject_of_ones_own_runs_from_the_current_folder(user_folder, capsys):
-    code, out, err = run(capsys, "bench", "my_bench:subject", "--device", "cpu", "--seconds", "1", "--no-progress",
-                         "--option", "flavour=plain")
+    code, out, err = run(
+        capsys,
+        "bench",
+        "my_bench:subject",
+        "--device",
+        "cpu",
+        "--seconds",
+        "1",
+        "--no-progress",
+        "--option",
+        "flavour=plain",
+    )
     assert code == 0, err
     assert out.startswith("my tail on cpu:")
-    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  stock") or
-            line.startswith("  duplexcadence")}
+    rows = {
+        line.split()[0]: line
+        for line in out.splitlines()
+        if line.startswith("  stock") or line.startswith("  duplexcadence")
+    }
     assert rows["duplexcadence"].rstrip().endswith("yes") and rows["stock"].rstrip().endswith("yes")
     received = sys.modules["my_bench"].received
     assert received["device"] == "cpu" and received["seconds"] == 1 and received["flavour"] == "plain"
     assert received["batch"] == 1 and received["dtype"] == "fp32"
 
 
-@pytest.mark.parametrize(("model", "message"), [
-    ("nosuch", "'nosuch' is neither a registered model (minicpmo45, moshi, personaplex, qwen3omni, toy) nor "
-               "MODULE:FUNCTION"),
-    ("my_bench:missing", "'my_bench' has no function 'missing'"),
-    ("not_a_module_here:subject", "cannot import 'not_a_module_here'"),
-])
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            "nosuch",
+            "'nosuch' is neither a registered model (minicpmo45, moshi, personaplex, qwen3omni, toy) nor "
+            "MODULE:FUNCTION",
+        ),
+        ("my_bench:missing", "'my_bench' has no function 'missing'"),
+        ("not_a_module_here:subject", "cannot import 'not_a_module_here'"),
+    ],
+)
 def test_an_unknown_subject_is_a_usage_error(user_folder, capsys, model, message):
     code, out, err = run(capsys, "bench", model, "--device", "cpu")
     assert code == 2 and out == ""
@@ -90,10 +109,17 @@ def test_a_variant_not_meant_to_be_identical_reports_its_difference(user_folder)
             result = result if isinstance(result, dict) else {"output": result}
             return {name: value + 0.25 for name, value in result.items()}
 
-    made.variants = [reference, bench.Variant(
-        "shifted", Shifted, compare=False,
-        difference=lambda tick, expected, found: max(
-            (found[name] - expected[name]).abs().max().item() for name in expected))]
+    made.variants = [
+        reference,
+        bench.Variant(
+            "shifted",
+            Shifted,
+            compare=False,
+            difference=lambda tick, expected, found: max(
+                (found[name] - expected[name]).abs().max().item() for name in expected
+            ),
+        ),
+    ]
     results = bench.run(made, 3, progress=False)
     assert results[1].bit_identical is None
     assert results[1].info["max_abs_diff_vs_reference"] == pytest.approx(0.25)
@@ -104,12 +130,15 @@ def test_an_option_the_subject_refuses_is_a_usage_error_before_anything_runs(use
     pytest.importorskip("moshi")
     code, out, err = run(capsys, "bench", "personaplex", "--device", "cpu", "--batch", "2", "--option", "lockstep=1")
     assert code == 2 and out == ""
-    assert err == ("dsl bench: personaplex: --option lockstep=1 decodes the two instances of one batch-1 stream as "
-                   "one B=2 session: run it with --batch 1, not 2\n")
+    assert err == (
+        "dsl bench: personaplex: --option lockstep=1 decodes the two instances of one batch-1 stream as "
+        "one B=2 session: run it with --batch 1, not 2\n"
+    )
 
 
 def logged(variant, calls: list[str]):
     """`variant`, its steps appended by name to `calls`."""
+
     def make():
         runner = variant.make()
         step = runner.step
@@ -136,9 +165,9 @@ def test_interleave_times_every_variant_again_stepped_in_turn(user_folder, capsy
     names = [v.name for v in made.variants]
     ticks = 4
     results = bench.run(made, ticks, progress=False, interleave=True)
-    assert calls[:len(names) * ticks] == [name for name in names for _ in range(ticks)]  # the sequential pass
+    assert calls[: len(names) * ticks] == [name for name in names for _ in range(ticks)]  # the sequential pass
     rotated = [names[(tick + i) % len(names)] for tick in range(ticks) for i in range(len(names))]
-    assert calls[len(names) * ticks:] == rotated  # then in turn, starting one further each tick
+    assert calls[len(names) * ticks :] == rotated  # then in turn, starting one further each tick
     for result in results:
         timed = result.info["interleaved"]
         assert timed["ms_per_s_median"] > 0 and timed["tick_ms_median"] > 0
@@ -146,8 +175,9 @@ def test_interleave_times_every_variant_again_stepped_in_turn(user_folder, capsy
     table = bench.format_table(made, results)
     assert "timed again, every variant built at once and stepped in turn each tick:" in table
 
-    code, out, err = run(capsys, "bench", "my_bench:subject", "--device", "cpu", "--seconds", "1", "--no-progress",
-                         "--interleave")
+    code, out, err = run(
+        capsys, "bench", "my_bench:subject", "--device", "cpu", "--seconds", "1", "--no-progress", "--interleave"
+    )
     assert code == 0, err
     assert "stepped in turn each tick:" in out
 
@@ -255,16 +285,19 @@ def test_a_may_fail_variant_that_fails_its_profile_keeps_its_timings(user_folder
             raise RuntimeError("cannot build twice (made up)")
         return cadence.make()
 
-    made.variants = [named(v) if v is not cadence else attrs.evolve(cadence, make=make_once, may_fail=True)
-                     for v in made.variants]
+    made.variants = [
+        named(v) if v is not cadence else attrs.evolve(cadence, make=make_once, may_fail=True) for v in made.variants
+    ]
     results = bench.run(made, 4, progress=False)
     stock, ours = results
     assert stock.gpu_busy_ms_per_s == 1.0 and "busy_error" not in stock.info
     assert ours.error is None and ours.ms_per_s_median > 0 and ours.bit_identical
     assert ours.gpu_busy_ms_per_s is None
     assert ours.info["busy_error"] == "RuntimeError: cannot build twice (made up)"
-    assert ("  duplexcadence: the GPU busy profile FAILED: RuntimeError: cannot build twice (made up)"
-            in bench.format_table(made, results).splitlines())
+    assert (
+        "  duplexcadence: the GPU busy profile FAILED: RuntimeError: cannot build twice (made up)"
+        in bench.format_table(made, results).splitlines()
+    )
 
     made.variants = [attrs.evolve(v, may_fail=False) for v in made.variants]
     builds.clear()
@@ -286,6 +319,7 @@ def test_the_sm_clock_read_after_each_steady_tick_is_reported_beside_the_timings
         def read_one():
             read.append(next(readings))
             return float(read[-1])
+
         return read_one
 
     monkeypatch.setattr(bench, "sm_clock_reader", reader)
@@ -299,8 +333,11 @@ def test_the_sm_clock_read_after_each_steady_tick_is_reported_beside_the_timings
     mine = [turns[2 * k + (made.warmup_ticks + k) % 2] for k in range(steady)]
     assert first.info["interleaved"]["sm_clock_mhz_median"] == statistics.median(mine)
     lines = bench.format_table(made, results).splitlines()
-    assert "SM MHz" in lines[1] and "SM MHz" in lines[lines.index(
-        "  timed again, every variant built at once and stepped in turn each tick:") + 1]
+    assert (
+        "SM MHz" in lines[1]
+        and "SM MHz"
+        in lines[lines.index("  timed again, every variant built at once and stepped in turn each tick:") + 1]
+    )
     assert lines[3].split()[-4] == "1002"
 
 
@@ -316,16 +353,28 @@ def test_without_a_clock_reading_there_is_no_clock_column(user_folder):
 
 
 def test_variants_chooses_and_orders_the_variants_after_the_reference(user_folder, capsys):
-    code, out, err = run(capsys, "bench", "my_bench:subject", "--device", "cpu", "--seconds", "1", "--no-progress",
-                         "--variants", "duplexcadence")
+    code, out, err = run(
+        capsys,
+        "bench",
+        "my_bench:subject",
+        "--device",
+        "cpu",
+        "--seconds",
+        "1",
+        "--no-progress",
+        "--variants",
+        "duplexcadence",
+    )
     assert code == 0, err
     rows = [line.split()[0] for line in out.splitlines()[3:]]
     assert rows == ["stock", "duplexcadence"]  # the reference stays, first
 
     code, out, err = run(capsys, "bench", "my_bench:subject", "--device", "cpu", "--variants", "duplexcadence,fast")
     assert code == 2 and out == ""
-    assert err == ("dsl bench: my tail: --variants 'duplexcadence,fast': no variant named 'fast'; the variants are "
-                   "'stock eager', 'duplexcadence'\n")
+    assert err == (
+        "dsl bench: my tail: --variants 'duplexcadence,fast': no variant named 'fast'; the variants are "
+        "'stock eager', 'duplexcadence'\n"
+    )
 
 
 def test_variants_puts_them_in_the_order_given():
@@ -338,8 +387,9 @@ def test_variants_puts_them_in_the_order_given():
     made.variants.append(extra)
     chosen = bench_cli.select_variants(made, "another, duplexcadence, another")
     assert [v.name for v in chosen] == ["stock eager", "another", "duplexcadence"]
-    assert bench_cli.select_variants(made, " , ") == ("--variants ' , ': names no variant; the variants are "
-                                                      "'stock eager', 'duplexcadence', 'another'")
+    assert bench_cli.select_variants(made, " , ") == (
+        "--variants ' , ': names no variant; the variants are 'stock eager', 'duplexcadence', 'another'"
+    )
 
 
 def test_without_profile_run_leaves_the_busy_pass_to_a_later_profile_all(user_folder, profiled):
@@ -361,11 +411,35 @@ def test_without_profile_run_leaves_the_busy_pass_to_a_later_profile_all(user_fo
 def timed_twice(name: str, sequential: float, interleaved: float | None):
     from duplexcadence.interpreter.bench import harness as bench
 
-    info = {} if interleaved is None else {"interleaved": {
-        "ms_per_s_median": interleaved, "ms_per_s_p90": interleaved, "ms_per_s_p99": interleaved,
-        "tick_ms_median": interleaved / 12.5}}
-    return bench.VariantResult(name, sequential, sequential, sequential, sequential / 12.5, None, None, None, None,
-                               None, 0.0, True, None, 250, info)
+    info = (
+        {}
+        if interleaved is None
+        else {
+            "interleaved": {
+                "ms_per_s_median": interleaved,
+                "ms_per_s_p90": interleaved,
+                "ms_per_s_p99": interleaved,
+                "tick_ms_median": interleaved / 12.5,
+            }
+        }
+    )
+    return bench.VariantResult(
+        name,
+        sequential,
+        sequential,
+        sequential,
+        sequential / 12.5,
+        None,
+        None,
+        None,
+        None,
+        None,
+        0.0,
+        True,
+        None,
+        250,
+        info,
+    )
 
 
 def test_the_table_says_when_the_two_passes_rank_two_variants_in_opposite_orders():
@@ -374,16 +448,23 @@ def test_the_table_says_when_the_two_passes_rank_two_variants_in_opposite_orders
     from duplexcadence.examples.toy.bench import subject as toy_subject
     from duplexcadence.interpreter.bench import harness as bench
 
-    results = [timed_twice("stock eager", 253.6, 232.7), timed_twice("moshi whole-step graph", 18.7, 21.8),
-               timed_twice("duplexcadence", 20.9, 21.3), timed_twice("close call", 21.0, 21.25)]
+    results = [
+        timed_twice("stock eager", 253.6, 232.7),
+        timed_twice("moshi whole-step graph", 18.7, 21.8),
+        timed_twice("duplexcadence", 20.9, 21.3),
+        timed_twice("close call", 21.0, 21.25),
+    ]
     found = bench.pass_disagreements(results)
     assert [(faster, other) for faster, other, _, _ in found] == [
-        ("moshi whole-step graph", "duplexcadence"), ("moshi whole-step graph", "close call")]
+        ("moshi whole-step graph", "duplexcadence"),
+        ("moshi whole-step graph", "close call"),
+    ]
     assert found[0][2:] == pytest.approx((18.7 / 20.9, 21.8 / 21.3))
     table = bench.format_table(toy_subject(device="cpu", seconds=1), results).splitlines()
     assert [line for line in table if "disagree" in line] == [
         "  the passes disagree: moshi whole-step graph is 1.12x as fast as duplexcadence sequentially, 0.98x "
         "interleaved; the interleaved pass is the fairer (docs/benchmarks.md)",
         "  the passes disagree: moshi whole-step graph is 1.12x as fast as close call sequentially, 0.97x "
-        "interleaved; the interleaved pass is the fairer (docs/benchmarks.md)"]  # not close call vs ours: noise
+        "interleaved; the interleaved pass is the fairer (docs/benchmarks.md)",
+    ]  # not close call vs ours: noise
     assert bench.pass_disagreements([timed_twice("a", 10.0, None), timed_twice("b", 12.0, None)]) == []

@@ -14,7 +14,7 @@ import torch
 
 from duplexcadence.interpreter.cli import main as cli
 
-SUBJECT = '''
+SUBJECT = """
 import time
 
 from duplexcadence.examples.toy.bench import subject as toy_subject
@@ -50,7 +50,7 @@ def subject(**options):
         compiled_variant("slow compile", lambda: _Slow(stock.make()), install=_not_compiled, budget_s=0.3),
     ]
     return made
-'''
+"""
 
 
 @pytest.fixture

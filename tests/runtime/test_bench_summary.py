@@ -16,29 +16,70 @@ _spec.loader.exec_module(bench_summary)
 
 
 def variant(name: str, ms: float, peak: int, identical: bool | None, **info) -> dict:
-    return {"name": name, "ms_per_s_median": ms, "gpu_busy_ms_per_s": ms / 2, "peak_allocated_bytes": peak,
-            "bit_identical": identical, "ticks": 25, "info": info}
+    return {
+        "name": name,
+        "ms_per_s_median": ms,
+        "gpu_busy_ms_per_s": ms / 2,
+        "peak_allocated_bytes": peak,
+        "bit_identical": identical,
+        "ticks": 25,
+        "info": info,
+    }
 
 
-PAYLOAD = {"model": "toy", "description": "toy, B=1", "device": "cuda", "gpu": "NVIDIA H200", "torch": "2.11.0",
-           "cuda": "13.0", "variants": [variant("stock eager", 120.0, 900, None),
-                                        variant("stock graphs", 30.0, 800, True),
-                                        variant("duplexcadence", 20.0, 500, True, graphs=1, stage_graphs=3)]}
+PAYLOAD = {
+    "model": "toy",
+    "description": "toy, B=1",
+    "device": "cuda",
+    "gpu": "NVIDIA H200",
+    "torch": "2.11.0",
+    "cuda": "13.0",
+    "variants": [
+        variant("stock eager", 120.0, 900, None),
+        variant("stock graphs", 30.0, 800, True),
+        variant("duplexcadence", 20.0, 500, True, graphs=1, stage_graphs=3),
+    ],
+}
 
 
 def test_the_entry_has_the_issue_fields_measured_against_the_named_stock():
     entry = bench_summary.summarize(PAYLOAD, "stock graphs", "duplexcadence", "dsl bench toy")
-    assert {k: entry[k] for k in ("model", "device", "stock_ms_per_s", "cadence_ms_per_s", "speedup",
-                                  "speedup_vs_stock_eager", "stock_peak_bytes", "cadence_peak_bytes",
-                                  "bit_identical", "ticks", "graphs", "stage_graphs")} == {
-        "model": "toy", "device": "NVIDIA H200", "stock_ms_per_s": 30.0, "cadence_ms_per_s": 20.0, "speedup": 1.5,
-        "speedup_vs_stock_eager": 6.0, "stock_peak_bytes": 800, "cadence_peak_bytes": 500, "bit_identical": True,
-        "ticks": 25, "graphs": 1, "stage_graphs": 3}
+    assert {
+        k: entry[k]
+        for k in (
+            "model",
+            "device",
+            "stock_ms_per_s",
+            "cadence_ms_per_s",
+            "speedup",
+            "speedup_vs_stock_eager",
+            "stock_peak_bytes",
+            "cadence_peak_bytes",
+            "bit_identical",
+            "ticks",
+            "graphs",
+            "stage_graphs",
+        )
+    } == {
+        "model": "toy",
+        "device": "NVIDIA H200",
+        "stock_ms_per_s": 30.0,
+        "cadence_ms_per_s": 20.0,
+        "speedup": 1.5,
+        "speedup_vs_stock_eager": 6.0,
+        "stock_peak_bytes": 800,
+        "cadence_peak_bytes": 500,
+        "bit_identical": True,
+        "ticks": 25,
+        "graphs": 1,
+        "stage_graphs": 3,
+    }
 
 
 def test_an_unknown_variant_is_named_with_the_ones_the_run_has():
-    with pytest.raises(SystemExit, match="no variant named 'moshi stock'; the run has: stock eager, stock graphs, "
-                                         "duplexcadence"):
+    with pytest.raises(
+        SystemExit, match="no variant named 'moshi stock'; the run has: stock eager, stock graphs, duplexcadence"
+    ):
         bench_summary.summarize(PAYLOAD, "moshi stock", "duplexcadence", "dsl bench toy")
 
 

@@ -73,7 +73,8 @@ def test_a_write_of_the_wrong_length_fails_the_step_with_both_shapes(tmp_path):
     clock.write_text(
         "cadence 1 s\nclock f = 12.5 Hz\n"
         "region x : f32[1, time] on f input\nregion y : f32[1, time] on f output\n"
-        "stage s on f { hook twice; read x; write y +1 }\n")
+        "stage s on f { hook twice; read x; write y +1 }\n"
+    )
 
     def twice(model, x):
         return torch.cat([x, x], dim=-1)  # 2 units where the .clock promises 1
@@ -82,5 +83,6 @@ def test_a_write_of_the_wrong_length_fails_the_step_with_both_shapes(tmp_path):
     session = runtime.session()
     with pytest.raises(SessionFailed) as caught:
         session.step(x=torch.zeros(1, 1))
-    assert ("stage 's' wrote f32[1, 2] on cpu to region 'y', declared f32[1, time] with 1 units at this firing"
-            in str(caught.value.__cause__))
+    assert "stage 's' wrote f32[1, 2] on cpu to region 'y', declared f32[1, time] with 1 units at this firing" in str(
+        caught.value.__cause__
+    )

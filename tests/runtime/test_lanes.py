@@ -15,7 +15,15 @@ import pytest
 import torch
 
 from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
-from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed, SessionsFailed, StepError, _get_rng, _seeded_rng_state, _set_rng
+from duplexcadence.interpreter.runtime.runtime import (
+    Runtime,
+    SessionFailed,
+    SessionsFailed,
+    StepError,
+    _get_rng,
+    _seeded_rng_state,
+    _set_rng,
+)
 
 CLOCK = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 PROMPT, WINDOW = 6, 20
@@ -59,10 +67,10 @@ def serve(runtime, prompt, count: int, ticks: int = TICKS, device="cpu"):
     pointers = [s.data_ptrs() for s in sessions]
     with torch.no_grad():
         for tick in range(ticks):
-            outputs = runtime.step_many({s: {"codes": c[:, tick:tick + 1]} for s, c in zip(sessions, codes)})
+            outputs = runtime.step_many({s: {"codes": c[:, tick : tick + 1]} for s, c in zip(sessions, codes)})
             assert list(outputs) == sessions
             for index, session in enumerate(sessions):
-                expected = solo[index].step(codes[index][:, tick:tick + 1])
+                expected = solo[index].step(codes[index][:, tick : tick + 1])
                 assert torch.equal(outputs[session], expected), f"session {index}, tick {tick}"
     assert [s.data_ptrs() for s in sessions] == pointers
     return sessions
@@ -100,8 +108,12 @@ def test_one_lane_is_the_same_arena_and_the_same_outputs_as_step():
     offsets = []
     for runtime in (one_lane, plain):
         base = runtime.arena.buffer.data_ptr()
-        offsets.append([{name: pointer - base for name, pointer in session.data_ptrs().items()}
-                        for session in (runtime.session(initial={"cache": prompt}) for _ in range(3))])
+        offsets.append(
+            [
+                {name: pointer - base for name, pointer in session.data_ptrs().items()}
+                for session in (runtime.session(initial={"cache": prompt}) for _ in range(3))
+            ]
+        )
         for session in list(runtime.sessions):
             session.close()
     assert offsets[0] == offsets[1]
@@ -113,9 +125,11 @@ def test_step_many_interleaves_lanes_run_by_run_and_serialises_a_lane():
     sessions = [runtime.session(initial={"cache": prompt}) for _ in range(4)]
     order = []
     for stage, call in list(runtime.callables.items()):
+
         def record(*args, _fn=call.fn, _stage=stage, **kwargs):
             order.append(_stage)
             return _fn(*args, **kwargs)
+
         runtime.callables[stage] = attrs.evolve(call, fn=record)
     codes = {"codes": codes_of(1)[:, :1]}
     stages = ["encode", "attend", "upsample"]
@@ -150,16 +164,19 @@ def test_a_bad_input_for_one_session_steps_no_session():
     other = make(sessions=1, lanes=1)[0].session(initial={"cache": prompt})
     for tick in range(30):
         if tick % 5 == 2:
-            bad = {s: {"codes": c[:, tick:tick + 1]} for s, c in zip(sessions, codes)}
+            bad = {s: {"codes": c[:, tick : tick + 1]} for s, c in zip(sessions, codes)}
             bad[sessions[2]] = {"codes": torch.zeros(1, 1, dtype=torch.int32)}
-            with pytest.raises(StepError, match=r"step_many\(\), the session in slot 2: step\(\) input 'codes': "
-                                                r"dtype .*; no session was stepped"):
+            with pytest.raises(
+                StepError,
+                match=r"step_many\(\), the session in slot 2: step\(\) input 'codes': "
+                r"dtype .*; no session was stepped",
+            ):
                 runtime.step_many(bad)
             with pytest.raises(StepError, match="takes sessions of this runtime"):
-                runtime.step_many({sessions[0]: {"codes": codes[0][:, tick:tick + 1]}, other: {}})
-        outputs = runtime.step_many({s: {"codes": c[:, tick:tick + 1]} for s, c in zip(sessions, codes)})
+                runtime.step_many({sessions[0]: {"codes": codes[0][:, tick : tick + 1]}, other: {}})
+        outputs = runtime.step_many({s: {"codes": c[:, tick : tick + 1]} for s, c in zip(sessions, codes)})
         for index, session in enumerate(sessions):
-            assert torch.equal(outputs[session], solo[index].step(codes[index][:, tick:tick + 1]))
+            assert torch.equal(outputs[session], solo[index].step(codes[index][:, tick : tick + 1]))
     assert all(s.instant == 30 for s in sessions)
 
 
@@ -187,11 +204,12 @@ def test_a_stage_raising_fails_its_session_only_and_the_others_complete():
         return original.fn(*args, **kwargs)
 
     for tick in range(20):
-        inputs = {s: {"codes": c[:, tick:tick + 1]} for s, c in zip(sessions, codes)}
+        inputs = {s: {"codes": c[:, tick : tick + 1]} for s, c in zip(sessions, codes)}
         if tick == 10:
             runtime.callables["attend"] = attrs.evolve(original, fn=explode_for_the_victim)
-            with pytest.raises(SessionsFailed, match=r"the session\(s\) in slot 1 failed; the others completed") \
-                    as caught:
+            with pytest.raises(
+                SessionsFailed, match=r"the session\(s\) in slot 1 failed; the others completed"
+            ) as caught:
                 runtime.step_many(inputs)
             runtime.callables["attend"] = original
             assert isinstance(caught.value, SessionFailed)
@@ -205,11 +223,12 @@ def test_a_stage_raising_fails_its_session_only_and_the_others_complete():
             codes[1] = codes[1][:, 11:]  # the victim starts afresh from the next tick's inputs
             continue
         shift = 11 if tick > 10 else 0
-        outputs = runtime.step_many({s: {"codes": c[:, tick - (shift if s is victim else 0):][:, :1]}
-                                     for s, c in zip(sessions, codes)})
+        outputs = runtime.step_many(
+            {s: {"codes": c[:, tick - (shift if s is victim else 0) :][:, :1]} for s, c in zip(sessions, codes)}
+        )
         for index, session in enumerate(sessions):
             local = tick - (shift if session is victim else 0)
-            assert torch.equal(outputs[session], solo[index].step(codes[index][:, local:local + 1])), (index, tick)
+            assert torch.equal(outputs[session], solo[index].step(codes[index][:, local : local + 1])), (index, tick)
 
 
 @pytest.mark.gpu
@@ -232,11 +251,11 @@ def test_gpu_step_many_equals_sequential_steps_of_the_same_runtime():
     runtime, prompt = make(device="cuda", sessions=2, lanes=2)
     a, b = (runtime.session(initial={"cache": prompt}, seed=s) for s in range(2))
     codes = [codes_of(40 + s, 100, "cuda") for s in range(2)]
-    sequential = [[s.step(codes=c[:, t:t + 1]) for t in range(100)] for s, c in ((a, codes[0]), (b, codes[1]))]
+    sequential = [[s.step(codes=c[:, t : t + 1]) for t in range(100)] for s, c in ((a, codes[0]), (b, codes[1]))]
     a.reset()
     b.reset()
     for t in range(100):
-        outputs = runtime.step_many({a: {"codes": codes[0][:, t:t + 1]}, b: {"codes": codes[1][:, t:t + 1]}})
+        outputs = runtime.step_many({a: {"codes": codes[0][:, t : t + 1]}, b: {"codes": codes[1][:, t : t + 1]}})
         assert torch.equal(outputs[a], sequential[0][t]) and torch.equal(outputs[b], sequential[1][t]), t
 
 
@@ -261,8 +280,8 @@ def test_an_interrupt_fails_the_sessions_it_left_half_stepped_and_no_other():
         return original.fn(*args, **kwargs)
 
     for tick in range(2):
-        outputs = runtime.step_many({s: {"codes": codes[:, tick:tick + 1]} for s in sessions})
-        assert all(torch.equal(outputs[s], solo[i].step(codes[:, tick:tick + 1])) for i, s in enumerate(sessions))
+        outputs = runtime.step_many({s: {"codes": codes[:, tick : tick + 1]} for s in sessions})
+        assert all(torch.equal(outputs[s], solo[i].step(codes[:, tick : tick + 1])) for i, s in enumerate(sessions))
     runtime.callables["attend"] = attrs.evolve(original, fn=interrupt_the_victim)
     with pytest.raises(Interrupt):  # session 0 ran 'encode', then session 1 was interrupted in 'attend'
         runtime.step_many({s: {"codes": codes[:, 2:3]} for s in sessions})
@@ -271,7 +290,7 @@ def test_an_interrupt_fails_the_sessions_it_left_half_stepped_and_no_other():
         with pytest.raises(SessionFailed, match=r"the session failed at instant 2 \(Interrupt\(\)\)"):
             session.step(codes=codes[:, 2:3])
     for tick in range(2, 10):  # session 2 (lane 0, after session 0) had not started: it goes on
-        assert torch.equal(sessions[2].step(codes=codes[:, tick:tick + 1]), solo[2].step(codes[:, tick:tick + 1]))
+        assert torch.equal(sessions[2].step(codes=codes[:, tick : tick + 1]), solo[2].step(codes[:, tick : tick + 1]))
 
     runtime.callables["attend"] = attrs.evolve(original, fn=interrupt_the_victim)
     victim.reset()
@@ -284,5 +303,7 @@ def test_an_interrupt_fails_the_sessions_it_left_half_stepped_and_no_other():
         session.reset()
     fresh = [SoloStock(prompt, s) for s in range(2)]
     for tick in range(5):
-        outputs = runtime.step_many({s: {"codes": codes[:, tick:tick + 1]} for s in sessions[:2]})
-        assert all(torch.equal(outputs[s], fresh[i].step(codes[:, tick:tick + 1])) for i, s in enumerate(sessions[:2]))
+        outputs = runtime.step_many({s: {"codes": codes[:, tick : tick + 1]} for s in sessions[:2]})
+        assert all(
+            torch.equal(outputs[s], fresh[i].step(codes[:, tick : tick + 1])) for i, s in enumerate(sessions[:2])
+        )

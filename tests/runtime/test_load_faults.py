@@ -53,27 +53,34 @@ def test_a_missing_bound_attribute_names_the_region_the_path_and_what_is_there()
     model = build_toy()
     del model.upsample.partial
     [diagnostic] = load_error(CLOCK, model)
-    assert diagnostic.message == ("region 'partial' binds to 'upsample.partial', 'OverlapUpsample' has no "
-                                  "attribute 'partial' (children: convtr)")
-    assert line_of(diagnostic, CLOCK) == 'region partial : f32[B, 4, time] on sample retain ring 2 start zeros ' \
-                                         'bind "upsample.partial"'
+    assert diagnostic.message == (
+        "region 'partial' binds to 'upsample.partial', 'OverlapUpsample' has no attribute 'partial' (children: convtr)"
+    )
+    assert (
+        line_of(diagnostic, CLOCK) == "region partial : f32[B, 4, time] on sample retain ring 2 start zeros "
+        'bind "upsample.partial"'
+    )
 
 
 def test_a_missing_intermediate_module_is_named():
     model = build_toy()
     del model.encoder.conv
     [diagnostic] = load_error(CLOCK, model)
-    assert diagnostic.message.startswith("region 'carry' binds to 'encoder.conv.carry', 'Encoder' has no attribute "
-                                         "'conv'")
+    assert diagnostic.message.startswith(
+        "region 'carry' binds to 'encoder.conv.carry', 'Encoder' has no attribute 'conv'"
+    )
 
 
-@pytest.mark.parametrize("tensor,real", [
-    (torch.zeros(1, 4, 2, dtype=torch.float64), "f64[1, 4, 2] on cpu"),
-    (torch.zeros(1, 4, 2, dtype=torch.float16), "f16[1, 4, 2] on cpu"),
-    (torch.zeros(4, 2), "f32[4, 2] on cpu"),
-    (torch.zeros(1, 3, 2), "f32[1, 3, 2] on cpu"),
-    ([0.0, 0.0], "list"),
-])
+@pytest.mark.parametrize(
+    "tensor,real",
+    [
+        (torch.zeros(1, 4, 2, dtype=torch.float64), "f64[1, 4, 2] on cpu"),
+        (torch.zeros(1, 4, 2, dtype=torch.float16), "f16[1, 4, 2] on cpu"),
+        (torch.zeros(4, 2), "f32[4, 2] on cpu"),
+        (torch.zeros(1, 3, 2), "f32[1, 3, 2] on cpu"),
+        ([0.0, 0.0], "list"),
+    ],
+)
 def test_a_bound_tensor_of_another_dtype_or_shape_names_declared_and_real(tensor, real):
     model = build_toy()
     model.upsample.partial = tensor
@@ -84,14 +91,19 @@ def test_a_bound_tensor_of_another_dtype_or_shape_names_declared_and_real(tensor
 
 def test_a_param_that_disagrees_with_the_model_is_a_mismatch_of_the_regions_it_sizes():
     [diagnostic] = load_error(CLOCK, build_toy(), params={"B": 2})  # the model's state is for one stream
-    assert diagnostic.message == "region 'partial' is declared f32[2, 4, time] but 'upsample.partial' is f32[1, 4, 2] on cpu"
+    assert (
+        diagnostic.message
+        == "region 'partial' is declared f32[2, 4, time] but 'upsample.partial' is f32[1, 4, 2] on cpu"
+    )
 
 
 def test_a_module_path_that_does_not_exist(tmp_path):
     clock = variant(tmp_path, ATTEND_MODULE, '    module "decoder.attention"\n')
     [diagnostic] = load_error(clock, build_toy())
-    assert diagnostic.message == ("stage 'attend' calls 'decoder.attention', 'ToyTail' has no attribute 'decoder' "
-                                  "(children: attention, encoder, upsample)")
+    assert diagnostic.message == (
+        "stage 'attend' calls 'decoder.attention', 'ToyTail' has no attribute 'decoder' "
+        "(children: attention, encoder, upsample)"
+    )
     assert line_of(diagnostic, clock) == 'module "decoder.attention"'
 
 
@@ -105,8 +117,10 @@ def test_a_hook_that_was_not_registered_says_how_to_register_it(tmp_path):
     clock = variant(tmp_path, ATTEND_MODULE, "    hook attend_window\n")
     [diagnostic] = load_error(clock, build_toy(), hooks={"attend_windows": lambda model, x, cache: None})
     assert diagnostic.message == "stage 'attend' calls hook 'attend_window', which was not registered"
-    assert diagnostic.helps == ("did you mean 'attend_windows'?",
-                                "pass it to Runtime.load(..., hooks={'attend_window': function})")
+    assert diagnostic.helps == (
+        "did you mean 'attend_windows'?",
+        "pass it to Runtime.load(..., hooks={'attend_window': function})",
+    )
     assert line_of(diagnostic, clock) == "hook attend_window"
 
 
@@ -123,19 +137,28 @@ def test_every_problem_is_reported_at_once(tmp_path):
 
 
 def test_a_module_called_with_one_argument_too_many_is_refused_at_load(tmp_path):
-    clock = variant(tmp_path, "    read hidden\n    write attended +1\n",
-                    "    read hidden\n    read hidden\n    write attended +1\n")
+    clock = variant(
+        tmp_path,
+        "    read hidden\n    write attended +1\n",
+        "    read hidden\n    read hidden\n    write attended +1\n",
+    )
     [diagnostic] = load_error(clock, build_toy())
-    assert diagnostic.message == ("stage 'attend' calls module 'attention' as (hidden, hidden, cache), but it is "
-                                  "WindowAttention.forward(x, cache): too many positional arguments")
+    assert diagnostic.message == (
+        "stage 'attend' calls module 'attention' as (hidden, hidden, cache), but it is "
+        "WindowAttention.forward(x, cache): too many positional arguments"
+    )
     assert line_of(diagnostic, clock).startswith('module "attention"')
 
 
 def test_a_module_called_with_a_keyword_it_does_not_take_is_refused_at_load(tmp_path):
-    clock = variant(tmp_path, "    read hidden\n    write attended +1\n", "    read hidden as query\n    write attended +1\n")
+    clock = variant(
+        tmp_path, "    read hidden\n    write attended +1\n", "    read hidden as query\n    write attended +1\n"
+    )
     [diagnostic] = load_error(clock, build_toy())
-    assert diagnostic.message == ("stage 'attend' calls module 'attention' as (cache, query=hidden), but it is "
-                                  "WindowAttention.forward(x, cache): missing a required argument: 'cache'")
+    assert diagnostic.message == (
+        "stage 'attend' calls module 'attention' as (cache, query=hidden), but it is "
+        "WindowAttention.forward(x, cache): missing a required argument: 'cache'"
+    )
 
 
 def test_a_hook_missing_a_parameter_is_refused_at_load(tmp_path):
@@ -145,9 +168,11 @@ def test_a_hook_missing_a_parameter_is_refused_at_load(tmp_path):
         return model.attention(x, None)
 
     [diagnostic] = load_error(clock, build_toy(), hooks={"attend": attend})
-    assert diagnostic.message == ("stage 'attend' calls hook 'attend' as (model, hidden, cache), but it is "
-                                  "test_a_hook_missing_a_parameter_is_refused_at_load.<locals>.attend(model, x): "
-                                  "too many positional arguments")
+    assert diagnostic.message == (
+        "stage 'attend' calls hook 'attend' as (model, hidden, cache), but it is "
+        "test_a_hook_missing_a_parameter_is_refused_at_load.<locals>.attend(model, x): "
+        "too many positional arguments"
+    )
 
 
 def test_hooks_that_fit_load_with_or_without_the_firing(tmp_path):
@@ -169,13 +194,17 @@ def test_a_call_that_fails_inside_an_uninspectable_callable_names_the_stage_and_
     stage was called with."""
     clock = variant(tmp_path, ATTEND_MODULE, "    hook attend\n")
     model = build_toy()
-    runtime = Runtime.load(clock, model, device="cpu", hooks={"attend": lambda model, *args: model.attention(*args[:1])})
+    runtime = Runtime.load(
+        clock, model, device="cpu", hooks={"attend": lambda model, *args: model.attention(*args[:1])}
+    )
     session = runtime.session(initial={"cache": make_prompt(model, 6)})
     with pytest.raises(SessionFailed) as caught:
         session.step(codes=torch.zeros(1, 1, dtype=torch.int64))
     text = str(caught.value)
-    assert text.startswith("stage 'attend' (hook 'attend' called as (model, hidden f32[1, 32, 1], "
-                           "cache f32[2, 1, 4, 6, 8])) raised at instant 0: TypeError(")
+    assert text.startswith(
+        "stage 'attend' (hook 'attend' called as (model, hidden f32[1, 32, 1], "
+        "cache f32[2, 1, 4, 6, 8])) raised at instant 0: TypeError("
+    )
     assert "missing 1 required positional argument: 'cache'" in text
 
 
@@ -200,7 +229,8 @@ def test_an_arena_over_the_free_device_memory_says_needed_and_available(monkeypa
     assert diagnostic.message == (
         f"the arena for 3 sessions needs {needed} bytes (3 x {plan.arena.session_bytes} per session + "
         f"{plan.arena.scratch_bytes} shared scratch) but cuda:0 has {needed - 600} bytes available "
-        f"({needed - 1000} free + 400 cached by PyTorch); nothing was allocated")
+        f"({needed - 1000} free + 400 cached by PyTorch); nothing was allocated"
+    )
     fake_cuda_memory(monkeypatch, free=needed - 1000, reserved=1200, allocated=200)
     check_arena_fits(plan, 3, torch.device("cuda", 0))  # the allocator's cache makes up the difference
     check_arena_fits(plan, 3, torch.device("cpu"))  # host memory is not checked
@@ -247,12 +277,18 @@ def test_mimi_loaded_for_another_batch_names_every_bound_state():
     with pytest.raises(ClockError) as caught:
         Runtime.load(clock_path(), mimi, params={"B": 2}, hooks=HOOKS, device="cpu")
     messages_by_region = {d.message.split("'")[1]: d.message for d in caught.value.diagnostics}
-    bound = {name for name, region in Runtime.load(clock_path(), mimi, params={"B": 1}, hooks=HOOKS,
-                                                   device="cpu").program.regions.items() if region.bind}
+    bound = {
+        name
+        for name, region in Runtime.load(
+            clock_path(), mimi, params={"B": 1}, hooks=HOOKS, device="cpu"
+        ).program.regions.items()
+        if region.bind
+    }
     assert set(messages_by_region) == bound
     assert messages_by_region["kv[0]"] == (
         "region 'kv[0]' is declared f32[2, 2, 8, time, 64] but 'decoder_transformer.transformer.layers.0.self_attn."
-        "_streaming_state.kv_cache.cache' is f32[2, 1, 8, 250, 64] on cpu")
+        "_streaming_state.kv_cache.cache' is f32[2, 1, 8, 250, 64] on cpu"
+    )
     assert all(d.span is not None and d.span.path.endswith("mimi_decoder.clock") for d in caught.value.diagnostics)
 
 

@@ -14,7 +14,14 @@ import torch
 
 from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
 from duplexcadence.interpreter.runtime.lockstep import LockstepError, LockstepGroup, batch_axes
-from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed, StepError, _get_rng, _seeded_rng_state, _set_rng
+from duplexcadence.interpreter.runtime.runtime import (
+    Runtime,
+    SessionFailed,
+    StepError,
+    _get_rng,
+    _seeded_rng_state,
+    _set_rng,
+)
 
 CLOCK = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 PROMPT, WINDOW, ROWS = 6, 20, 3
@@ -62,11 +69,11 @@ def test_rows_equal_the_batched_stock_run_and_addresses_stay():
     pointers = group.session.data_ptrs()
     unequal = []
     for t in range(TICKS):
-        expected = stock.step(torch.cat([s[:, t:t + 1] for s in streams]))
-        outputs = group.step({m: streams[m.row][:, t:t + 1] for m in members})
+        expected = stock.step(torch.cat([s[:, t : t + 1] for s in streams]))
+        outputs = group.step({m: streams[m.row][:, t : t + 1] for m in members})
         for m in members:
             assert outputs[m].shape == (1, 4, 2)
-            if not torch.equal(outputs[m], expected[m.row:m.row + 1]):
+            if not torch.equal(outputs[m], expected[m.row : m.row + 1]):
                 unequal.append((t, m.row))
         assert group.session.data_ptrs() == pointers
     assert unequal == []
@@ -82,14 +89,18 @@ def test_a_late_join_on_a_plan_whose_shapes_grow_is_refused_and_names_why():
         group.join()
     assert str(error.value) == (
         "a member cannot join at instant 1: region(s) cache do not start as zeros, so a zeroed row is not a fresh "
-        "one; members join at the group's start")
+        "one; members join at the group's start"
+    )
 
 
 def test_a_full_group_refuses_a_member_and_a_freed_row_is_reused_at_the_start():
     group, _ = make_group(rows=2)
     a, b = group.join(), group.join()
-    with pytest.raises(LockstepError, match=r"^all 2 rows of the group are taken; load the runtime with a larger "
-                                            r"'B' or wait for a member to leave$"):
+    with pytest.raises(
+        LockstepError,
+        match=r"^all 2 rows of the group are taken; load the runtime with a larger "
+        r"'B' or wait for a member to leave$",
+    ):
         group.join()
     a.leave()
     with pytest.raises(LockstepError, match="is not an active member of this group"):
@@ -104,16 +115,25 @@ def test_bad_steps_raise_step_error_and_change_nothing():
     stock = BatchedStock(prompt, seed=5)
     stream = codes_of(3)
     zeros = torch.zeros(1, 1, dtype=torch.long)
-    with pytest.raises(StepError, match=r"^lockstep step: missing the inputs of row\(s\) 1; every active member "
-                                        r"steps at every instant$"):
+    with pytest.raises(
+        StepError,
+        match=r"^lockstep step: missing the inputs of row\(s\) 1; every active member "
+        r"steps at every instant$",
+    ):
         group.step({a: stream[:, :1]})
     with pytest.raises(StepError, match=r"row 1's 'codes' is \(2, 1\); a member's input has a batch of 1 on axis 0"):
         group.step({a: stream[:, :1], b: torch.zeros(2, 1, dtype=torch.long)})
-    with pytest.raises(StepError, match=r"row 1's 'codes' is int64\[1, 2\] on cpu where another row's is "
-                                        r"int64\[1, 1\] on cpu; members step in lockstep, with equal shapes"):
+    with pytest.raises(
+        StepError,
+        match=r"row 1's 'codes' is int64\[1, 2\] on cpu where another row's is "
+        r"int64\[1, 1\] on cpu; members step in lockstep, with equal shapes",
+    ):
         group.step({a: stream[:, :1], b: torch.zeros(1, 2, dtype=torch.long)})
-    with pytest.raises(StepError, match=r"^lockstep step: row 1's 'codes' is int32\[1, 1\] on cpu; the region is i64 "
-                                        r"on cpu$"):
+    with pytest.raises(
+        StepError,
+        match=r"^lockstep step: row 1's 'codes' is int32\[1, 1\] on cpu; the region is i64 "
+        r"on cpu$",
+    ):
         group.step({a: stream[:, :1], b: torch.zeros(1, 1, dtype=torch.int32)})
     with pytest.raises(StepError, match=r"^lockstep step: row 1's inputs are a NoneType; give a tensor or a dict"):
         group.step({a: stream[:, :1], b: None})
@@ -123,8 +143,8 @@ def test_bad_steps_raise_step_error_and_change_nothing():
         group.step({a: stream[:, :1], b: zeros, stranger: zeros})
     assert group.instant == 0
     for t in range(3):  # the group goes on as if nothing had been tried (row 2 idle: zeros)
-        expected = stock.step(torch.cat([stream[:, t:t + 1], zeros, zeros]))
-        outputs = group.step({a: stream[:, t:t + 1], b: {"codes": zeros}})
+        expected = stock.step(torch.cat([stream[:, t : t + 1], zeros, zeros]))
+        outputs = group.step({a: stream[:, t : t + 1], b: {"codes": zeros}})
         assert torch.equal(outputs[a], expected[0:1]) and torch.equal(outputs[b], expected[1:2])
 
 
@@ -140,22 +160,23 @@ def test_reset_restarts_every_row():
     members = [group.join() for _ in range(ROWS)]
     stream = codes_of(4)
     for t in range(5):
-        group.step({m: stream[:, t:t + 1] for m in members})
+        group.step({m: stream[:, t : t + 1] for m in members})
     group.reset()
     assert [m.instant for m in members] == [0] * ROWS
     stock = BatchedStock(prompt, seed=5)
     for t in range(5):
-        expected = stock.step(torch.cat([stream[:, t:t + 1]] * ROWS))
-        outputs = group.step({m: stream[:, t:t + 1] for m in members})
-        assert all(torch.equal(outputs[m], expected[m.row:m.row + 1]) for m in members)
+        expected = stock.step(torch.cat([stream[:, t : t + 1]] * ROWS))
+        outputs = group.step({m: stream[:, t : t + 1] for m in members})
+        assert all(torch.equal(outputs[m], expected[m.row : m.row + 1]) for m in members)
 
 
 def test_a_program_without_the_batch_param_is_refused():
     group, _ = make_group()
     with pytest.raises(LockstepError) as error:
         batch_axes(group.runtime.program, "batch")
-    assert str(error.value).endswith("has no param 'batch' (its params: B, C, H, K, P, W); name the param that "
-                                     "sets the batch")
+    assert str(error.value).endswith(
+        "has no param 'batch' (its params: B, C, H, K, P, W); name the param that sets the batch"
+    )
 
 
 def test_close_gives_the_slot_back_and_members_stop():
@@ -177,7 +198,9 @@ clock frame = 12.5 Hz
 region x : f32[B, time] on frame input
 region y : f32[B, time] on frame output
 """
-ACCUMULATE = HEADER + """region acc : f32[B, 1] start zeros
+ACCUMULATE = (
+    HEADER
+    + """region acc : f32[B, 1] start zeros
 stage s on frame {
     hook step
     read x
@@ -185,6 +208,7 @@ stage s on frame {
     write y +1
 }
 """
+)
 
 
 def accumulate(model, x, acc):
@@ -213,8 +237,10 @@ def test_a_hook_that_reads_the_clock_keeps_members_at_the_start(tmp_path):
 
     group = group_of(tmp_path, ACCUMULATE, {"step": counted})
     group.step({group.join(): torch.ones(1, 1)})
-    assert group.join_problem(1) == ("stage(s) s take the firing (the group's instant and counts, not a new member's); "
-                                     "members join at the group's start")
+    assert group.join_problem(1) == (
+        "stage(s) s take the firing (the group's instant and counts, not a new member's); "
+        "members join at the group's start"
+    )
 
 
 def test_an_on_reset_callback_keeps_members_at_the_start(tmp_path):
@@ -237,8 +263,11 @@ def test_a_doubled_batch_is_not_a_row(tmp_path):
 
 
 def test_a_batch_named_by_a_derived_param_and_other_overrides_are_kept(tmp_path):
-    text = ACCUMULATE.replace("param B = 2\n", "param B = 2\nparam N = B\nparam W = 1\n").replace(
-        "f32[B, time]", "f32[N, time]").replace("region acc : f32[B, 1]", "region acc : f32[N, W]")
+    text = (
+        ACCUMULATE.replace("param B = 2\n", "param B = 2\nparam N = B\nparam W = 1\n")
+        .replace("f32[B, time]", "f32[N, time]")
+        .replace("region acc : f32[B, 1]", "region acc : f32[N, W]")
+    )
     group = group_of(tmp_path, text, {"step": accumulate}, params={"B": 3, "W": 4})
     assert group.rows == 3 and group.axes == {"x": 0, "y": 0, "acc": 0}
 
@@ -257,7 +286,9 @@ def test_a_member_that_left_stops_counting(tmp_path):
         a.leave()
 
 
-PHASED = HEADER + """clock slow = frame / 2
+PHASED = (
+    HEADER
+    + """clock slow = frame / 2
 region acc : f32[B, 1] start zeros
 region tick : f32[B, 1] start zeros
 stage s on frame {
@@ -271,6 +302,7 @@ stage t on slow {
     update tick
 }
 """
+)
 
 
 def test_a_member_joins_only_where_the_plan_repeats_instant_0(tmp_path):
@@ -280,7 +312,8 @@ def test_a_member_joins_only_where_the_plan_repeats_instant_0(tmp_path):
     group.step({a: torch.ones(1, 1)})
     assert group.join_problem(1) == (
         "the plan's shapes and lengths from instant 1 on are not those from instant 0 (the next instant that does "
-        "is 2); members join at the group's start, or at an instant that repeats instant 0")
+        "is 2); members join at the group's start, or at an instant that repeats instant 0"
+    )
     with pytest.raises(LockstepError, match=r"^a member cannot join at instant 1: the plan's shapes"):
         group.join()
     group.step({a: torch.ones(1, 1)})
@@ -300,8 +333,11 @@ def test_a_failed_group_takes_no_member_until_reset(tmp_path):
     a = group.join()
     with pytest.raises(SessionFailed):
         group.step({a: -torch.ones(1, 1)})
-    with pytest.raises(LockstepError, match=r"^a member cannot join a failed group \(RuntimeError\('bad frame'\)\); "
-                                            r"reset\(\) the group first$"):
+    with pytest.raises(
+        LockstepError,
+        match=r"^a member cannot join a failed group \(RuntimeError\('bad frame'\)\); "
+        r"reset\(\) the group first$",
+    ):
         group.join()
     group.reset()
     b = group.join()
@@ -314,5 +350,6 @@ def test_an_output_without_a_row_is_refused(tmp_path):
     text = ACCUMULATE.replace("region y : f32[B, time]", "region y : f32[2 * B, time]")
     with pytest.raises(LockstepError) as error:
         group_of(tmp_path, text, {"step": accumulate})
-    assert str(error.value) == ("input/output region(s) y have no dimension that is 'B': a lockstep group cannot "
-                                "hand each member its row")
+    assert str(error.value) == (
+        "input/output region(s) y have no dimension that is 'B': a lockstep group cannot hand each member its row"
+    )

@@ -22,8 +22,8 @@ over 3 000 ticks), an output grown with `torch.cat` (the tensor counts), a list 
 from __future__ import annotations
 
 import gc
-from collections import Counter
 import tracemalloc
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -54,8 +54,11 @@ def live_objects() -> tuple[int, Counter]:
     is taken by a second call."""
     gc.collect()
     objects = gc.get_objects()
-    tensors = Counter((tuple(obj.shape), obj.dtype, obj.untyped_storage().nbytes()) for obj in objects
-                      if issubclass(type(obj), torch.Tensor))  # type(): isinstance warns on deprecated proxies
+    tensors = Counter(
+        (tuple(obj.shape), obj.dtype, obj.untyped_storage().nbytes())
+        for obj in objects
+        if issubclass(type(obj), torch.Tensor)
+    )  # type(): isinstance warns on deprecated proxies
     return len(objects), tensors
 
 
@@ -89,9 +92,16 @@ def region_pointers(session) -> dict[str, int]:
 
 
 def arena_state(runtime, session) -> tuple:
-    return (runtime.arena.buffer.data_ptr(), runtime.arena.buffer.numel(), session.data_ptrs(),
-            {name: storage.flat.numel() for name, storage in session.storage.items()},
-            len(runtime.templates), len(session.graphs), len(session.runs), len(runtime.first_firing))
+    return (
+        runtime.arena.buffer.data_ptr(),
+        runtime.arena.buffer.numel(),
+        session.data_ptrs(),
+        {name: storage.flat.numel() for name, storage in session.storage.items()},
+        len(runtime.templates),
+        len(session.graphs),
+        len(session.runs),
+        len(runtime.first_firing),
+    )
 
 
 @pytest.mark.slow
@@ -102,7 +112,7 @@ def test_100k_ticks_equal_stock_at_stable_addresses_without_growth():
     session = runtime.session(initial={"cache": prompt}, seed=SEED)
     stock = ToyStockStream(build_toy(), prompt, WINDOW)
     codes = torch.randint(0, 64, (1, TICKS), generator=torch.Generator().manual_seed(11))
-    frames = [codes[:, t:t + 1] for t in range(TICKS)]  # made before the measurement starts
+    frames = [codes[:, t : t + 1] for t in range(TICKS)]  # made before the measurement starts
     log = AddressLog(model)
     start = arena_state(runtime, session)
     mismatches: list[int] = []
@@ -127,8 +137,13 @@ def test_100k_ticks_equal_stock_at_stable_addresses_without_growth():
     assert mismatches == []
     assert arena_state(runtime, session) == start
     assert {key: len(pointers) for key, pointers in log.seen.items()} == {
-        ("encoder", "arg0"): 1, ("encoder", "conv.carry"): 1, ("attention", "arg0"): 1, ("attention", "arg1"): 1,
-        ("upsample", "arg0"): 1, ("upsample", "partial"): 1}
+        ("encoder", "arg0"): 1,
+        ("encoder", "conv.carry"): 1,
+        ("attention", "arg0"): 1,
+        ("attention", "arg1"): 1,
+        ("upsample", "arg0"): 1,
+        ("upsample", "partial"): 1,
+    }
     bases = region_pointers(session)
     assert log.seen[("encoder", "conv.carry")] == {bases["carry"]}
     assert log.seen[("attention", "arg0")] == {bases["hidden"]}
@@ -140,7 +155,12 @@ def test_100k_ticks_equal_stock_at_stable_addresses_without_growth():
     assert end[1] == steady[1], f"tensors after {TICKS} ticks {end[1] - steady[1]}, gone {steady[1] - end[1]}"
     assert traced_growth is not None and traced_growth < 4096, f"{traced_growth} bytes traced over {len(TRACED)} ticks"
     counters = session.counters
-    assert (counters.steps, counters.eager_planned, counters.eager_off_plan, counters.replays) == (TICKS, 3 * TICKS, 0, 0)
+    assert (counters.steps, counters.eager_planned, counters.eager_off_plan, counters.replays) == (
+        TICKS,
+        3 * TICKS,
+        0,
+        0,
+    )
     assert session.on_plan and session.instant == TICKS
     report = runtime.report()
     assert (report.graphs_captured, report.eager_off_plan, report.eager_planned) == (0, 0, 3 * TICKS)
@@ -153,7 +173,7 @@ def test_1000_resets_replay_like_a_fresh_session_and_leak_nothing():
     runtime = Runtime.load(CLOCK, model, device="cpu")
     prompt = make_prompt(model, PROMPT)
     codes = torch.randint(0, 64, (1, 30), generator=torch.Generator().manual_seed(12))
-    frames = [codes[:, t:t + 1] for t in range(30)]
+    frames = [codes[:, t : t + 1] for t in range(30)]
     fresh = runtime.session(initial={"cache": prompt}, seed=SEED)
     reference = [fresh.step(codes=frame) for frame in frames]
     fresh.close()

@@ -10,7 +10,6 @@ import torch
 
 from duplexcadence.interpreter.runtime import runtime as runtime_module
 from duplexcadence.interpreter.runtime.runtime import SessionFailed, StageGraph, StepError
-
 from duplexcadence.tests.runtime.test_toy_runtime import TICKS, codes_stream, make
 
 
@@ -63,8 +62,11 @@ def test_replayed_steps_equal_the_general_path_and_skip_it(monkeypatch):
         raise AssertionError("an on-plan instant of graph runs took the general path")
 
     run_step = runtime_module.Session._run_step
-    monkeypatch.setattr(runtime_module.Session, "_run_step",
-                        lambda self, step: general_path(self, step) if self is replayed else run_step(self, step))
+    monkeypatch.setattr(
+        runtime_module.Session,
+        "_run_step",
+        lambda self, step: general_path(self, step) if self is replayed else run_step(self, step),
+    )
     for tick in range(1, TICKS):
         ours, theirs = replayed.step(**feed(tick)), general.step(**feed(tick))
         assert torch.equal(ours, theirs), tick
@@ -107,10 +109,14 @@ def test_a_replay_that_raises_fails_the_session_with_the_stage_named():
         session.step(**feed(2))
     assert str(raised.value) == (
         "stage 'encode' (module 'encoder' called as (codes i64[1, 1])) raised at instant 2: RuntimeError('boom'); "
-        "the session refuses further steps until reset()")
+        "the session refuses further steps until reset()"
+    )
     assert session.instant == 2 and session.counters.steps == 2
-    with pytest.raises(SessionFailed, match=r"^the session failed at instant 2 \(RuntimeError\('boom'\)\); call "
-                                            r"reset\(\) to start it again$"):
+    with pytest.raises(
+        SessionFailed,
+        match=r"^the session failed at instant 2 \(RuntimeError\('boom'\)\); call "
+        r"reset\(\) to start it again$",
+    ):
         session.step(**feed(2))
 
 

@@ -27,7 +27,7 @@ def test_steps_with_grad_enabled_leave_no_autograd_history():
     codes = torch.randint(0, 64, (1, 30), generator=torch.Generator().manual_seed(0))
     assert torch.is_grad_enabled()
     for tick in range(30):
-        pcm = session.step(codes=codes[:, tick:tick + 1])
+        pcm = session.step(codes=codes[:, tick : tick + 1])
         assert not pcm.requires_grad
     for name, storage in session.storage.items():
         assert storage.flat.grad_fn is None and not storage.flat.requires_grad, name

@@ -55,16 +55,28 @@ def test_the_well_behaved_hook_runs(tmp_path):
     assert [o[0, 0, 0].item() for o in outputs] == [1.0, 3.0, 6.0]
 
 
-@pytest.mark.parametrize("attribute,bend,says", [
-    ("hist", lambda v: v[:, :1], "stage 's' gave f32[1, 1, 3] on cpu as the new version of region 'hist', "
-                                 "declared f32[1, 2, time]"),
-    ("hist", lambda v: v[0], "stage 's' gave f32[2, 3] on cpu as the new version of region 'hist'"),
-    ("y", lambda v: v[:, :1], "stage 's' wrote f32[1, 1, 1] on cpu to region 'y', declared f32[1, 2, time] "
-                              "with 1 units at this firing"),
-    ("y", lambda v: torch.cat([v, v], dim=2), "stage 's' wrote f32[1, 2, 2] on cpu to region 'y', declared "
-                                              "f32[1, 2, time] with 1 units at this firing"),
-    ("y", lambda v: v[:, :, :0], "stage 's' wrote f32[1, 2, 0] on cpu to region 'y'"),
-])
+@pytest.mark.parametrize(
+    "attribute,bend,says",
+    [
+        (
+            "hist",
+            lambda v: v[:, :1],
+            "stage 's' gave f32[1, 1, 3] on cpu as the new version of region 'hist', declared f32[1, 2, time]",
+        ),
+        ("hist", lambda v: v[0], "stage 's' gave f32[2, 3] on cpu as the new version of region 'hist'"),
+        (
+            "y",
+            lambda v: v[:, :1],
+            "stage 's' wrote f32[1, 1, 1] on cpu to region 'y', declared f32[1, 2, time] with 1 units at this firing",
+        ),
+        (
+            "y",
+            lambda v: torch.cat([v, v], dim=2),
+            "stage 's' wrote f32[1, 2, 2] on cpu to region 'y', declared f32[1, 2, time] with 1 units at this firing",
+        ),
+        ("y", lambda v: v[:, :, :0], "stage 's' wrote f32[1, 2, 0] on cpu to region 'y'"),
+    ],
+)
 def test_a_version_or_a_write_of_another_shape_is_refused_not_broadcast(tmp_path, attribute, bend, says):
     model = Model()
     session = load(tmp_path, model).session()
@@ -136,20 +148,28 @@ def snapshot(session) -> dict:
 def assert_same(before: dict, after: dict) -> None:
     for name, memory in before["memory"].items():
         assert torch.equal(memory, after["memory"][name]), f"region '{name}' changed"
-    assert {k: v for k, v in before.items() if k not in ("memory", "rng")} == \
-        {k: v for k, v in after.items() if k not in ("memory", "rng")}
+    assert {k: v for k, v in before.items() if k not in ("memory", "rng")} == {
+        k: v for k, v in after.items() if k not in ("memory", "rng")
+    }
     assert torch.equal(before["rng"], after["rng"])
 
 
 BAD_CALLS = [
-    ((), {"codes": torch.zeros(1, 1, dtype=torch.int32)}, "step() input 'codes': dtype i32[1, 1] on cpu; expected "
-                                                          "i64[1, 1] on cpu"),
+    (
+        (),
+        {"codes": torch.zeros(1, 1, dtype=torch.int32)},
+        "step() input 'codes': dtype i32[1, 1] on cpu; expected i64[1, 1] on cpu",
+    ),
     ((), {"codes": torch.zeros(1, 1, dtype=torch.int64, device="meta")}, "step() input 'codes': on meta"),
     ((), {"codes": [[1]]}, "step() input 'codes': got list, not a tensor"),
     ((), {"codes": torch.zeros(2, 1, dtype=torch.int64)}, "got i64[2, 1] on cpu; expected i64[1, 1]"),
-    ((), {"codes": torch.zeros(1, 100, dtype=torch.int64)}, "region 'codes' would hold 100 units, over its capacity "
-                                                            "of 1 (scratch); input 'codes' has 100 units where the "
-                                                            "plan feeds 1: feed at most the planned units an instant"),
+    (
+        (),
+        {"codes": torch.zeros(1, 100, dtype=torch.int64)},
+        "region 'codes' would hold 100 units, over its capacity "
+        "of 1 (scratch); input 'codes' has 100 units where the "
+        "plan feeds 1: feed at most the planned units an instant",
+    ),
     ((), {"tokens": torch.zeros(1, 1, dtype=torch.int64)}, "missing codes; unexpected tokens"),
     ((), {}, "missing codes"),
     ((torch.zeros(1, 1, dtype=torch.int32),), {}, "step() input 'codes': dtype i32[1, 1]"),
@@ -174,7 +194,7 @@ def test_a_bad_call_leaves_the_toy_session_exactly_as_it_was(at):
                     getattr(session, at)(*args, **dict(inputs))
                 assert says in str(caught.value)
                 assert_same(before, snapshot(session))
-        frame = codes[:, tick:tick + 1]
+        frame = codes[:, tick : tick + 1]
         assert torch.equal(session.step(codes=frame), stock.step(frame)), f"tick {tick}"
     assert session.counters.eager_off_plan == 0  # the refused calls left the session on its plan
     last = codes_for(1, seed=9)
@@ -187,7 +207,7 @@ def test_a_bad_call_leaves_the_toy_session_exactly_as_it_was(at):
     session.reset()
     fresh = ToyStock(prompt)
     for tick in range(25):
-        frame = codes[:, tick:tick + 1]
+        frame = codes[:, tick : tick + 1]
         assert torch.equal(session.step(frame), fresh.step(frame)), f"after reset, tick {tick}"
 
 
@@ -195,8 +215,9 @@ def test_a_bad_call_leaves_the_toy_session_exactly_as_it_was(at):
 
 
 def _short_and_last():
-    spec = importlib.util.spec_from_file_location("short_and_last", Path(__file__).with_name(
-        "test_short_and_last_instants.py"))
+    spec = importlib.util.spec_from_file_location(
+        "short_and_last", Path(__file__).with_name("test_short_and_last_instants.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -268,11 +289,14 @@ def test_a_stage_raising_mid_stream_fails_its_session_only_and_reset_restores_st
         raise RuntimeError("injected fault")
 
     for tick in range(60):
-        frame = codes[:, tick:tick + 1]
+        frame = codes[:, tick : tick + 1]
         if tick == 25:  # the steady state; 'encode' has already advanced the carry in this instant
             runtime.callables["attend"] = attrs.evolve(original, fn=explode)
-            with pytest.raises(SessionFailed, match=r"stage 'attend' .* raised at instant 25: "
-                                                    r"RuntimeError\('injected fault'\)"):
+            with pytest.raises(
+                SessionFailed,
+                match=r"stage 'attend' .* raised at instant 25: "
+                r"RuntimeError\('injected fault'\)",
+            ):
                 broken.step(codes=frame)
             runtime.callables["attend"] = original
             for call in (broken.step, broken.finish):
@@ -284,7 +308,7 @@ def test_a_stage_raising_mid_stream_fails_its_session_only_and_reset_restores_st
     broken.reset()
     fresh = ToyStock(prompt, seed=1)
     for tick in range(40):  # through the warm-up again, into the steady state
-        frame = codes[:, tick:tick + 1]
+        frame = codes[:, tick : tick + 1]
         assert torch.equal(broken.step(codes=frame), fresh.step(frame)), f"after reset, tick {tick}"
 
 
@@ -300,7 +324,7 @@ def test_a_closed_session_refuses_reset_and_region_and_leaves_its_slots_new_owne
     stock = ToyStock(prompt, seed=1)
     codes = codes_for(10)
     for tick in range(10):
-        frame = codes[:, tick:tick + 1]
+        frame = codes[:, tick : tick + 1]
         if tick == 5:
             for call in (old.reset, lambda: old.region("cache")):
                 with pytest.raises(RuntimeError, match="this session is closed"):

@@ -45,7 +45,7 @@ def stock_outputs(prompt: torch.Tensor, codes: torch.Tensor, seed: int) -> list[
     stock = ToyStockStream(build_toy(), prompt, WINDOW)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return [stock.step(codes[:, t:t + 1]) for t in range(codes.shape[1])]
+        return [stock.step(codes[:, t : t + 1]) for t in range(codes.shape[1])]
 
 
 def run_threads(work, count: int) -> list:
@@ -57,7 +57,7 @@ def run_threads(work, count: int) -> list:
     def target(index: int) -> None:
         try:
             results[index] = work(index, barrier)
-        except BaseException as error:  # noqa: BLE001 - handed to the main thread
+        except BaseException as error:
             errors.append(error)
 
     threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
@@ -84,12 +84,12 @@ def test_sessions_of_one_runtime_stepped_from_threads_equal_their_solo_stock_run
         barrier.wait()
         outputs = []
         for t in range(TICKS):
-            outputs.append(session.step(codes=codes[index][:, t:t + 1]))
+            outputs.append(session.step(codes=codes[index][:, t : t + 1]))
             if t == TICKS // 2 and index % 2:
                 session.reset()  # a barge-in while the others step: only this session starts again
                 outputs = []
                 for again in range(t + 1):
-                    outputs.append(session.step(codes=codes[index][:, again:again + 1]))
+                    outputs.append(session.step(codes=codes[index][:, again : again + 1]))
         return outputs
 
     results = run_threads(work, THREADS)
@@ -152,7 +152,7 @@ def test_runtimes_stepped_in_parallel_keep_their_own_random_draws():
     def work(index, barrier):
         session = runtimes[index].session(initial={"cache": prompt}, seed=index)
         barrier.wait()
-        return [session.step(codes=codes[index][:, t:t + 1]) for t in range(TICKS)]
+        return [session.step(codes=codes[index][:, t : t + 1]) for t in range(TICKS)]
 
     results = run_threads(work, THREADS)
     for index in range(THREADS):
@@ -176,7 +176,7 @@ def test_a_reset_on_another_thread_does_not_touch_the_generator_an_rng_stage_dra
             for _ in range(20 * TICKS):
                 other.reset()
             return None
-        return [session.step(codes=codes[:, t:t + 1]) for t in range(TICKS)]
+        return [session.step(codes=codes[:, t : t + 1]) for t in range(TICKS)]
 
     results = run_threads(work, 2)[0]
     expected = stock_outputs(prompt, codes, seed=0)

@@ -45,7 +45,7 @@ def stock_for(prompt, device="cpu"):
 
 def codes_stream(ticks=TICKS, seed=3, device="cpu"):
     codes = torch.randint(0, 64, (1, ticks), generator=torch.Generator().manual_seed(seed)).to(device)
-    return lambda t: {"codes": codes[:, t:t + 1]}
+    return lambda t: {"codes": codes[:, t : t + 1]}
 
 
 def test_bit_identical_to_stock_over_warmup_and_steady_state():
@@ -116,7 +116,8 @@ def test_wrong_input_is_rejected_and_the_session_continues_exactly():
         ({"tokens": torch.zeros(1, 1, dtype=torch.int64)}, "missing codes; unexpected tokens"),
         ({}, "missing codes"),
     ]
-    from duplexcadence.interpreter.runtime.runtime import _seeded_rng_state, _get_rng, _set_rng
+    from duplexcadence.interpreter.runtime.runtime import _get_rng, _seeded_rng_state, _set_rng
+
     stock_rng = _seeded_rng_state(0, torch.device("cpu"))
     for tick in range(40):
         if tick % 7 == 3:
@@ -145,9 +146,13 @@ def test_exception_in_a_stage_fails_only_that_session():
         raise RuntimeError("injected fault")
 
     import attrs
+
     runtime.callables["attend"] = attrs.evolve(original, fn=explode)
-    with pytest.raises(SessionFailed, match=r"stage 'attend' \(module 'attention' called as \(hidden f32\[1, 32, 1\], "
-                                            r"cache f32\[2, 1, 4, 6, 8\]\)\) raised at instant 0"):
+    with pytest.raises(
+        SessionFailed,
+        match=r"stage 'attend' \(module 'attention' called as \(hidden f32\[1, 32, 1\], "
+        r"cache f32\[2, 1, 4, 6, 8\]\)\) raised at instant 0",
+    ):
         broken.step(**feed(0))
     runtime.callables["attend"] = original
     with pytest.raises(SessionFailed, match=r"the session failed at instant 0 .*call reset\(\) to start it again"):
@@ -186,8 +191,9 @@ def test_binding_with_a_wrong_shape_is_a_located_error():
         Runtime.load(CLOCK, model)
     diagnostic = caught.value.diagnostics[0]
     assert diagnostic.code.name == "binding-mismatch"
-    assert diagnostic.message == ("region 'partial' is declared f32[1, 4, time] but 'upsample.partial' is "
-                                  "f32[1, 5, 2] on cpu")
+    assert diagnostic.message == (
+        "region 'partial' is declared f32[1, 4, time] but 'upsample.partial' is f32[1, 5, 2] on cpu"
+    )
     assert diagnostic.span.path.endswith("toy.clock")
     assert CLOCK.read_text().splitlines()[diagnostic.span.line - 1].lstrip().startswith("region partial")
 

@@ -119,9 +119,17 @@ def script() -> Callable:
 def spec() -> SimpleNamespace:
     """The constants of the reduced set-up and of the token script, for the test modules."""
     return SimpleNamespace(
-        prompt_frames=PROMPT_FRAMES, n_timesteps=N_TIMESTEPS, session_seed=SESSION_SEED, windows=SCRIPT_WINDOWS,
-        last=SCRIPT_LAST, samples=SCRIPT_SAMPLES, first_in_turn=SCRIPT_FIRST_IN_TURN, turn_starts=TURN_STARTS,
-        tokens=token_script, missing=MISSING)
+        prompt_frames=PROMPT_FRAMES,
+        n_timesteps=N_TIMESTEPS,
+        session_seed=SESSION_SEED,
+        windows=SCRIPT_WINDOWS,
+        last=SCRIPT_LAST,
+        samples=SCRIPT_SAMPLES,
+        first_in_turn=SCRIPT_FIRST_IN_TURN,
+        turn_starts=TURN_STARTS,
+        tokens=token_script,
+        missing=MISSING,
+    )
 
 
 @pytest.fixture(scope="session")

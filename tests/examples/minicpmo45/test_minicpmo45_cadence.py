@@ -24,12 +24,24 @@ MISSING = [name for name in REQUIRED_MODULES if name not in sys.modules and impo
 
 pytestmark = [
     pytest.mark.models,
-    pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)} (pip install --no-deps stepaudio2-minicpmo==0.1.1 ...)"),
+    pytest.mark.skipif(
+        bool(MISSING), reason=f"needs {', '.join(MISSING)} (pip install --no-deps stepaudio2-minicpmo==0.1.1 ...)"
+    ),
 ]
 
 CLOCK = Path(__file__).resolve().parents[3] / "stdlib" / "models" / "step_audio2_token2wav.clock"
-CARRIED = ("tokens", "speaker", "conformer_att", "conformer_cnn", "estimator_att", "estimator_cnn", "noise",
-           "hift_mel", "hift_source", "hift_speech")
+CARRIED = (
+    "tokens",
+    "speaker",
+    "conformer_att",
+    "conformer_cnn",
+    "estimator_att",
+    "estimator_cnn",
+    "noise",
+    "hift_mel",
+    "hift_source",
+    "hift_speech",
+)
 
 
 @dataclass
@@ -99,7 +111,11 @@ def test_every_chunk_is_bit_identical_to_stock(runtime_run, reference, spec):
 
 
 def test_carried_state_equals_stock_after_a_turn_with_flush_and_last_chunk(runtime_run, reference, spec):
-    regions, flow, hift = runtime_run.regions_after_turn_1, reference.flow_cache_after_turn_1, reference.hift_cache_after_turn_1
+    regions, flow, hift = (
+        runtime_run.regions_after_turn_1,
+        reference.flow_cache_after_turn_1,
+        reference.hift_cache_after_turn_1,
+    )
     n = spec.n_timesteps
     assert torch.equal(regions["conformer_att"], flow["conformer_att_cache"])
     assert torch.equal(regions["conformer_cnn"], flow["conformer_cnn_cache"])
@@ -125,8 +141,23 @@ def test_views_have_the_exact_shapes_of_each_chunk(runtime_run, spec):
     conformer = [shape["conformer_att"][3] for shape in runtime_run.lengths]
     # after each push of turn 1: first, second, 4 steady, the 10-token flush, the 3-token last chunk;
     # then the reset; turn 2: 2 regular, the 27-token last; the reset; turn 3: the flush, the last
-    expected = [p + 50, p + 100, p + 100, p + 100, p + 100, p + 100, p + 100, p + 100, p,
-                p + 50, p + 100, p + 100, p, p + 20, p + 20 + 16]
+    expected = [
+        p + 50,
+        p + 100,
+        p + 100,
+        p + 100,
+        p + 100,
+        p + 100,
+        p + 100,
+        p + 100,
+        p,
+        p + 50,
+        p + 100,
+        p + 100,
+        p,
+        p + 20,
+        p + 20 + 16,
+    ]
     assert estimator == expected and conformer == expected
     tokens = [shape["tokens"][1] for shape in runtime_run.lengths]
     assert tokens[:6] == [3] * 6
@@ -197,8 +228,15 @@ def test_plan_at_released_sizes():
     in_flight = [next(v.transient for v in f.views if v.region == "estimator_att") for f in flows]
     kept = [next(v.kept for v in f.views if v.region == "estimator_att") for f in flows]
     assert in_flight == [200, 250, 300] and kept == [200, 250, 250]
-    assert [g.stage for g in plan.capture.graphs] == ["flow", "hift_front", "hift_back", "flow", "hift_front",
-                                                       "hift_back", "flow"]
+    assert [g.stage for g in plan.capture.graphs] == [
+        "flow",
+        "hift_front",
+        "hift_back",
+        "flow",
+        "hift_front",
+        "hift_back",
+        "flow",
+    ]
     five = plan_file(CLOCK, {"steps": "5"})
     assert five.schedule.regions["cfm_att"].bytes * 2 == regions["cfm_att"].bytes
 

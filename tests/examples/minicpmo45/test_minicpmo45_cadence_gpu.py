@@ -31,8 +31,13 @@ pytestmark = [
 
 PROMPT_FRAMES = 150
 REGULAR, OFF_PLAN = 13, 5  # chunks of the script below: planned shapes (28 tokens) and off the plan (flush, last)
-SAMPLES = ([20_160] + [24_000] * 5 + [9_600, 6_720] + [20_160, 24_000, 29_760]
-           + [20_160, 24_000, 24_000, 9_600, 24_000, 24_000, 6_720])
+SAMPLES = (
+    [20_160]
+    + [24_000] * 5
+    + [9_600, 6_720]
+    + [20_160, 24_000, 29_760]
+    + [20_160, 24_000, 24_000, 9_600, 24_000, 24_000, 6_720]
+)
 
 
 @pytest.fixture(autouse=True)
@@ -80,8 +85,11 @@ def _stock_chunks(float16: bool, n_timesteps: int, prompt, seed: int, tokens: li
     return chunks
 
 
-@pytest.mark.parametrize("float16,n_timesteps", [(False, 10), (False, 5), (True, 10), (True, 5)],
-                         ids=["fp32-n10", "fp32-n5", "fp16-n10", "fp16-n5"])
+@pytest.mark.parametrize(
+    "float16,n_timesteps",
+    [(False, 10), (False, 5), (True, 10), (True, 5)],
+    ids=["fp32-n10", "fp32-n5", "fp16-n10", "fp16-n5"],
+)
 def test_graphs_replay_every_planned_chunk_bit_identical_to_stock(float16, n_timesteps):
     from duplexcadence.examples.minicpmo45.cadence import load_runtime
     from duplexcadence.examples.minicpmo45.model import RELEASED, build_tail, random_prompt

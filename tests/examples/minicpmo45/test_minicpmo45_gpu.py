@@ -104,8 +104,9 @@ def test_patched_steady_flow_chunk_never_syncs_the_host(tail, prompt):
     installed = patches.apply_constant_patches(tail)
     try:
         with torch.no_grad():  # warm-up: the patched constants reach the device once, outside the probe
-            tail.flow.inference_chunk(token=window, spk=prompt.speaker_embedding, cache=session.stream_cache,
-                                      n_timesteps=10)
+            tail.flow.inference_chunk(
+                token=window, spk=prompt.speaker_embedding, cache=session.stream_cache, n_timesteps=10
+            )
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:

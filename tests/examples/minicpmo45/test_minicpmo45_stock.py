@@ -20,7 +20,9 @@ MISSING = [name for name in REQUIRED_MODULES if name not in sys.modules and impo
 
 pytestmark = [
     pytest.mark.models,
-    pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)} (pip install --no-deps stepaudio2-minicpmo==0.1.1 ...)"),
+    pytest.mark.skipif(
+        bool(MISSING), reason=f"needs {', '.join(MISSING)} (pip install --no-deps stepaudio2-minicpmo==0.1.1 ...)"
+    ),
 ]
 
 
@@ -44,9 +46,9 @@ def _first_pushes(session, tokens: list[int], count: int) -> list[torch.Tensor]:
 
 
 def test_loader_skips_package_init_and_restores_dynamo_config():
-    from duplexcadence.examples.minicpmo45.package import FrontEndStandIn, FrontEndUnavailableError, load_stepaudio2
-
     import torch._dynamo
+
+    from duplexcadence.examples.minicpmo45.package import FrontEndStandIn, FrontEndUnavailableError, load_stepaudio2
 
     before = (torch._dynamo.config.suppress_errors, torch._dynamo.config.cache_size_limit)
     modules = load_stepaudio2()
@@ -68,7 +70,14 @@ def test_zero_parameters_filled_so_the_dit_output_is_not_zero(tail):
     generator = torch.Generator().manual_seed(3)
     x, mu, cond = (torch.randn(2, 80, 6, generator=generator) for _ in range(3))
     with torch.no_grad():
-        out = estimator.forward(x, torch.ones(2, 1, 6), mu, torch.rand(2, generator=generator), torch.randn(2, 80, generator=generator), cond)
+        out = estimator.forward(
+            x,
+            torch.ones(2, 1, 6),
+            mu,
+            torch.rand(2, generator=generator),
+            torch.randn(2, 80, generator=generator),
+            cond,
+        )
     assert torch.count_nonzero(out) > 0
 
 
@@ -97,7 +106,9 @@ def test_two_runs_are_bit_identical_and_leave_global_rng_alone(tail, prompt, ref
 
 def test_session_seed_changes_only_the_hift_noise(tail, prompt, reference, spec):
     _, stock, _ = _modules()
-    session = stock.StockToken2wavSession(tail, prompt, n_timesteps=spec.n_timesteps, session_seed=spec.session_seed + 1)
+    session = stock.StockToken2wavSession(
+        tail, prompt, n_timesteps=spec.n_timesteps, session_seed=spec.session_seed + 1
+    )
     (chunk,) = session.push_tokens(spec.tokens()[:25])
     assert chunk.shape == reference.chunks[0].shape
     assert not torch.equal(chunk, reference.chunks[0])
@@ -118,7 +129,10 @@ def test_reset_restores_the_base_caches_and_the_seeded_generator_state(tail, pro
     assert torch.equal(session.rng_state, seeded)
     assert session.token_buffer == [4218, 4218, 4218]
     assert session.turn_chunk_count == 0
-    for carried, base in ((session.stream_cache, session.base_flow_cache), (session.hift_cache, session.base_hift_cache)):
+    for carried, base in (
+        (session.stream_cache, session.base_flow_cache),
+        (session.hift_cache, session.base_hift_cache),
+    ):
         _assert_caches_equal(carried, base)
         for key in carried:
             assert carried[key].data_ptr() != base[key].data_ptr() or carried[key].numel() == 0
@@ -127,11 +141,15 @@ def test_reset_restores_the_base_caches_and_the_seeded_generator_state(tail, pro
 def test_own_caches_detaches_from_module_buffers(tail, prompt, reference, spec):
     _, stock, _ = _modules()
     session = stock.StockToken2wavSession(
-        tail, prompt, n_timesteps=spec.n_timesteps, session_seed=spec.session_seed, own_caches=True)
+        tail, prompt, n_timesteps=spec.n_timesteps, session_seed=spec.session_seed, own_caches=True
+    )
     (chunk,) = session.push_tokens(spec.tokens()[:25])
     assert torch.equal(chunk, reference.chunks[0])
     decoder = tail.flow.decoder
-    for key, buffer in (("estimator_cnn_cache", decoder.cnn_cache_buffer), ("estimator_att_cache", decoder.att_cache_buffer)):
+    for key, buffer in (
+        ("estimator_cnn_cache", decoder.cnn_cache_buffer),
+        ("estimator_att_cache", decoder.att_cache_buffer),
+    ):
         assert session.stream_cache[key].untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()
 
 
@@ -148,7 +166,9 @@ def test_demand_sized_buffers_are_bit_identical(tail, prompt, reference, spec, s
         assert decoder.cnn_cache_buffer.shape == (spec.n_timesteps, 16, 2, 1024, 2)
         assert decoder.estimator.att_cache_buffer.shape == (16, 2, 8, capacity, 128)
         assert decoder.rand_noise.shape == (1, 80, capacity)
-        session = stock.StockToken2wavSession(tail, prompt, n_timesteps=spec.n_timesteps, session_seed=spec.session_seed)
+        session = stock.StockToken2wavSession(
+            tail, prompt, n_timesteps=spec.n_timesteps, session_seed=spec.session_seed
+        )
         after: dict = {}
 
         def keep(turn: int) -> None:
@@ -171,8 +191,9 @@ def test_demand_sized_buffers_are_bit_identical(tail, prompt, reference, spec, s
 
         # P + 150 is enough for every regular and flush chunk but not for a 27-token last chunk
         # arriving on a carried cache of P + 100 frames.
-        patches.resize_estimator_cache_buffers(tail.flow, ode_slots=spec.n_timesteps,
-                                               capacity_frames=spec.prompt_frames + 150)
+        patches.resize_estimator_cache_buffers(
+            tail.flow, ode_slots=spec.n_timesteps, capacity_frames=spec.prompt_frames + 150
+        )
         short = stock.StockToken2wavSession(tail, prompt, n_timesteps=spec.n_timesteps, session_seed=spec.session_seed)
         tokens = spec.tokens()
         short.push_tokens(tokens[200:225])
@@ -195,7 +216,9 @@ def test_constant_patches_are_value_identical(tail, prompt, reference, spec):
         for dtype in (torch.float32, torch.float16):
             t = (torch.rand(2) * 1000).to(dtype)
             assert torch.equal(t_embedder.timestep_embedding(t, 256), stock_embedding(t, 256))
-        session = stock.StockToken2wavSession(tail, prompt, n_timesteps=spec.n_timesteps, session_seed=spec.session_seed)
+        session = stock.StockToken2wavSession(
+            tail, prompt, n_timesteps=spec.n_timesteps, session_seed=spec.session_seed
+        )
         chunks = _first_pushes(session, spec.tokens(), 3)
         for mine, theirs in zip(chunks, reference.chunks[:3], strict=True):
             assert torch.equal(mine, theirs)

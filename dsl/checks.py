@@ -6,6 +6,7 @@ Each rule is a function `(program) -> diagnostics`; `run` applies them in order,
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Iterator
@@ -230,7 +231,7 @@ def check_cycles(program: Program) -> Iterator[Diagnostic]:
             cycle = cycle[1:] + cycle[:1]
         path = cycle + [cycle[0]]
         notes = []
-        for a, b in zip(path, path[1:]):
+        for a, b in itertools.pairwise(path):
             edge = graph.edges[a, b]
             notes.append(Note(f"'{b}' reads '{edge['region']}', written by '{a}'", edge["span"]))
         yield messages.instant_cycle(path, program.stages[start].span, notes)

@@ -175,10 +175,10 @@ def main() -> int:
             print(f"    gap {gap['us']:7.2f} us after {gap['after']!r} before {gap['before']!r}")
     first, last = (
         summaries[len(summaries) // 2].get("by_name", {})
-        for summaries in (list(sides.values())[0], list(sides.values())[-1])
+        for summaries in (next(iter(sides.values())), list(sides.values())[-1])
     )
     difference = operation_difference(first, last)
-    print(f"operations that differ (count first/last, us first/last: {list(sides)[0]} / {list(sides)[-1]}):")
+    print(f"operations that differ (count first/last, us first/last: {next(iter(sides))} / {list(sides)[-1]}):")
     for row in difference[:25]:
         print(
             f"  {row['count'][0]:3d}/{row['count'][1]:<3d} {row['us'][0]:8.2f}/{row['us'][1]:<8.2f} {row['name'][:110]}"

@@ -131,7 +131,7 @@ def _register_bare_package() -> str:
         raise ModuleNotFoundError(
             f"{PACKAGE_NAME} is not installed: pip install --no-deps {DISTRIBUTION}=={DISTRIBUTION_VERSION}"
         )
-    package_dir = list(spec.submodule_search_locations)[0]
+    package_dir = next(iter(spec.submodule_search_locations))
     package = types.ModuleType(PACKAGE_NAME, "stepaudio2 model submodules (package __init__ not executed)")
     package.__path__ = list(spec.submodule_search_locations)
     package.__file__ = spec.origin
@@ -185,7 +185,7 @@ def load_stepaudio2() -> StepAudio2Modules:
     if bare_package:
         package_dir = _register_bare_package()
     else:
-        package_dir = list(sys.modules[PACKAGE_NAME].__path__)[0]
+        package_dir = next(iter(sys.modules[PACKAGE_NAME].__path__))
     modules = _import_model_submodules()
     token2wav = _import_token2wav()
     _loaded = StepAudio2Modules(

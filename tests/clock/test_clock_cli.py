@@ -68,7 +68,7 @@ def test_check_output_formats_match_their_snapshots(capsys, in_tests_dir, fmt: s
 
 
 def test_json_output_is_one_document_per_run_with_every_field(capsys, in_tests_dir) -> None:
-    code, out, _ = dsl(capsys, "check", "--format", "json", *BAD_FILES)
+    _code, out, _ = dsl(capsys, "check", "--format", "json", *BAD_FILES)
     payload = json.loads(out)
     assert [entry["path"] for entry in payload] == BAD_FILES
     diagnostic = payload[0]["diagnostics"][0]
@@ -115,7 +115,7 @@ def test_fmt_check_and_write(capsys, tmp_path) -> None:
 def test_fmt_of_a_file_with_a_syntax_error_exits_1_and_leaves_it(capsys, tmp_path) -> None:
     broken = tmp_path / "broken.clock"
     broken.write_text("param = 3\n")
-    code, out, err = dsl(capsys, "fmt", "--write", str(broken))
+    code, _out, err = dsl(capsys, "fmt", "--write", str(broken))
     assert code == 1 and "error[syntax]" in err and broken.read_text() == "param = 3\n"
 
 
@@ -141,7 +141,7 @@ def test_an_internal_error_exits_2_with_one_line_and_no_traceback(capsys, monkey
         raise RuntimeError("boom")
 
     monkeypatch.setattr(cli, "check_file", broken)
-    code, out, err = dsl(capsys, "check", GOOD_FILES[0])
+    code, _out, err = dsl(capsys, "check", GOOD_FILES[0])
     assert code == 2 and "Traceback" not in err
     assert err.splitlines()[0] == "dsl: internal error: RuntimeError: boom"
 

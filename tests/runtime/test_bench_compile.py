@@ -72,7 +72,7 @@ def bench(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def test_without_compile_no_compile_variant_runs(user_folder, capsys):
-    code, out, err = bench(capsys, "--seconds", "2", "--json", "plain.json")
+    code, _out, err = bench(capsys, "--seconds", "2", "--json", "plain.json")
     assert code == 0, err
     names = [v["name"] for v in json.loads((user_folder / "plain.json").read_text())["variants"]]
     assert names == ["stock eager", "duplexcadence"]
@@ -102,14 +102,14 @@ def test_compile_variants_run_last_and_failures_are_reported(user_folder, capsys
 
 
 def test_compile_budget_option_overrides_each_variants_budget(user_folder, capsys):
-    code, out, err = bench(capsys, "--seconds", "2", "--compile", "--compile-budget", "100", "--json", "b.json")
+    code, _out, err = bench(capsys, "--seconds", "2", "--compile", "--compile-budget", "100", "--json", "b.json")
     assert code == 0, err
     variants = {v["name"]: v for v in json.loads((user_folder / "b.json").read_text())["variants"]}
     assert variants["slow compile"]["error"] is None  # 100 s instead of its own 0.3 s
 
 
 def test_every_variant_has_its_per_second_series(user_folder, capsys):
-    code, out, err = bench(capsys, "--seconds", "4", "--json", "series.json")
+    code, _out, err = bench(capsys, "--seconds", "4", "--json", "series.json")
     assert code == 0, err
     for variant in json.loads((user_folder / "series.json").read_text())["variants"]:
         assert len(variant["per_second_ms"]) == 4  # 12.5 ticks a second: 50 ticks, 4 whole seconds

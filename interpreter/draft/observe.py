@@ -102,9 +102,7 @@ def seen(tensor: torch.Tensor) -> Seen:
         storage_bytes = tensor.untyped_storage().nbytes()
     except RuntimeError:
         storage_bytes = tensor.numel() * tensor.element_size()
-    return Seen(
-        tuple(tensor.shape), tensor.dtype, tensor.data_ptr(), storage_bytes, whole_print(tensor), slices
-    )
+    return Seen(tuple(tensor.shape), tensor.dtype, tensor.data_ptr(), storage_bytes, whole_print(tensor), slices)
 
 
 @attrs.frozen

@@ -170,9 +170,7 @@ def propose_output(stream: Stream, input_units: list[int], call_rate: Fraction) 
         per_unit = Fraction(l1 - l0, n1 - n0)
         offset = l0 - per_unit * n0
         if per_unit > 0 and per_unit.denominator == 1 and all(l == per_unit * n + offset for n, l in pairs):
-            note = f"writes {per_unit} units per input unit" + (
-                f" and {offset:+} per call" if offset else ""
-            )
+            note = f"writes {per_unit} units per input unit" + (f" and {offset:+} per call" if offset else "")
             return OutputProposal(stream.name, dtype, shape, per_unit * units_per_call(input_units), None, 0, (note,))
     mean = Fraction(sum(lengths), len(lengths))
     notes = (f"wrote {'/'.join(map(str, lengths[:6]))} units per call; the rate is a guess from their mean",)

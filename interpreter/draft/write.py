@@ -222,7 +222,9 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
         if proposal.given:
             clauses.append(f"start given {proposal.given}")
         region_lines += _comment_lines(proposal.notes)
-        region_lines.append(f"region {proposal.name} : {_shape_text(proposal.dtype, proposal.shape)} {' '.join(clauses)}")
+        region_lines.append(
+            f"region {proposal.name} : {_shape_text(proposal.dtype, proposal.shape)} {' '.join(clauses)}"
+        )
     for proposal in proposals.outputs:
         clock = clock_for(call_rate * proposal.units_per_call)
         region_lines += _comment_lines(proposal.notes)

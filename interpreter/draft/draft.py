@@ -15,7 +15,7 @@ from duplexcadence.dsl.frontend import CheckResult, check_file
 from duplexcadence.interpreter.draft.loop import StockLoop
 from duplexcadence.interpreter.draft.propose import Proposals, propose
 from duplexcadence.interpreter.draft.record import Recording, record
-from duplexcadence.interpreter.draft.write import write_clock
+from duplexcadence.interpreter.draft.write import rate_text, write_clock
 
 DEFAULT_CALLS = 8
 DEFAULT_MAX_CALLS = 64
@@ -43,7 +43,7 @@ class Draft:
         return (
             f"drafted {len(proposals.inputs)} input(s), {len(proposals.outputs)} output(s) and "
             f"{len(proposals.regions)} state tensor(s) as {families} region declaration(s) from "
-            f"{proposals.calls} calls ({proposals.call_rate} calls per second); "
+            f"{proposals.calls} calls ({rate_text(proposals.call_rate).removesuffix(' Hz')} calls per second); "
             f"{len(proposals.skipped)} tensor(s) seen but left out, {len(proposals.counters)} host counter(s); "
             f"the draft {verdict}"
         )

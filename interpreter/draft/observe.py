@@ -45,18 +45,21 @@ Print = tuple[float, float, float]
 
 
 def slice_prints(tensor: torch.Tensor, axis: int) -> tuple[Print, ...]:
-    """One (sum, max, min) per slice of `tensor` along `axis`."""
+    """One (sum, max, min) per slice of `tensor` along `axis` (reductions only: no copy of the tensor)."""
     values = tensor.detach()
     if values.dtype == torch.bool:
         values = values.to(torch.uint8)
     if values.is_complex():
         values = torch.view_as_real(values)
-    rows = values.movedim(axis, 0).reshape(values.shape[axis], -1)
-    if rows.shape[1] == 0:
-        return tuple((0.0, 0.0, 0.0) for _ in range(rows.shape[0]))
-    sums = rows.sum(1, dtype=torch.float64).tolist()
-    highs = rows.amax(1).double().tolist()
-    lows = rows.amin(1).double().tolist()
+    if values.numel() == 0:
+        return tuple((0.0, 0.0, 0.0) for _ in range(values.shape[axis]))
+    others = tuple(d for d in range(values.dim()) if d != axis)
+    if not others:
+        column = values.double().tolist()
+        return tuple((v, v, v) for v in column)
+    sums = values.sum(others, dtype=torch.float64).tolist()
+    highs = values.amax(others).double().tolist()
+    lows = values.amin(others).double().tolist()
     return tuple(zip(sums, highs, lows))
 
 

@@ -7,6 +7,7 @@ the written `.clock` shows as a `#` comment.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 from fractions import Fraction
@@ -169,8 +170,8 @@ def propose_output(stream: Stream, input_units: list[int], call_rate: Fraction) 
         (n0, l0), (n1, l1) = pairs[0], pairs[-1]
         per_unit = Fraction(l1 - l0, n1 - n0)
         offset = l0 - per_unit * n0
-        if per_unit > 0 and per_unit.denominator == 1 and all(l == per_unit * n + offset for n, l in pairs):
-            note = f"writes {per_unit} units per input unit" + (f" and {offset:+} per call" if offset else "")
+        if per_unit > 0 and per_unit.denominator == 1 and all(length == per_unit * n + offset for n, length in pairs):
+            note = f"writes {per_unit} units per input unit" + (f" and {int(offset):+d} per call" if offset else "")
             return OutputProposal(stream.name, dtype, shape, per_unit * units_per_call(input_units), None, 0, (note,))
     mean = Fraction(sum(lengths), len(lengths))
     notes = (f"wrote {'/'.join(map(str, lengths[:6]))} units per call; the rate is a guess from their mean",)
@@ -215,7 +216,7 @@ def _input_history(recording: Recording, path: str, inputs: dict[str, InputPropo
 
 
 def _changes(series: list[Seen | None]) -> bool:
-    for before, now in zip(series, series[1:]):
+    for before, now in itertools.pairwise(series):
         if (before is None) != (now is None):
             return True
         if before is not None and (before.shape != now.shape or before.whole != now.whole):
@@ -227,7 +228,7 @@ def _changes(series: list[Seen | None]) -> bool:
 
 def _shift(series: list[Seen | None], axis: int) -> int | None:
     """The d such that every call's tensor is the previous one moved d units towards the head (a window)."""
-    pairs = [(b, n) for b, n in zip(series, series[1:]) if b is not None and n is not None and b.shape == n.shape]
+    pairs = [(b, n) for b, n in itertools.pairwise(series) if b is not None and n is not None and b.shape == n.shape]
     if not pairs or any(b.slices is None for b, _ in pairs):
         return None
     length = pairs[0][1].shape[axis]
@@ -246,7 +247,7 @@ def _ring(series: list[Seen | None], axis: int) -> int | None:
         return None
     length = present[0].shape[axis]
     starts, width = [], None
-    for before, now in zip(present, present[1:]):
+    for before, now in itertools.pairwise(present):
         changed = [j for j in range(length) if before.slices[axis][j] != now.slices[axis][j]]
         if not changed or len(changed) >= length:
             return None
@@ -258,7 +259,7 @@ def _ring(series: list[Seen | None], axis: int) -> int | None:
             return None
         width = count
         starts.append(start)
-    if width is None or any((b + width) % length != n for b, n in zip(starts, starts[1:])):
+    if width is None or any((b + width) % length != n for b, n in itertools.pairwise(starts)):
         return None
     return width
 
@@ -326,8 +327,8 @@ def propose_region(recording: Recording, path: str, call_rate: Fraction) -> Regi
     if len({len(s) for s in shapes}) != 1:
         return f"{path}: its rank changes between calls"
     varying = [a for a in range(len(last.shape)) if len({s[a] for s in shapes}) > 1]
-    lengths_after_first = [s.shape for s in series[1:] if s is not None]
-    grows_later = len(varying) == 1 and len({s[varying[0]] for s in lengths_after_first}) > 1
+    after_calls = [s.shape for s in series if s is not None]
+    grows_later = len(varying) == 1 and len({s[varying[0]] for s in after_calls}) > 1
     axis: int | None = None
     advance: int | None = None
     retention: Retention
@@ -351,10 +352,18 @@ def propose_region(recording: Recording, path: str, call_rate: Fraction) -> Regi
                 "whether it stops, and give the session horizon"
             )
         else:
-            pinned = _pinned_prefix(series, axis, most)
+            pinned = _pinned(series, axis, most, from_head=True)
+            pinned_tail = _pinned(series, axis, most, from_head=False)
             if 0 < pinned < most:
                 retention = Retention("first_last", pinned, most - pinned)
                 notes.append(f"the first {pinned} units never changed once it was full: a pinned prefix")
+            elif 0 < pinned_tail < most:
+                retention = Retention("first_last", most - pinned_tail, pinned_tail)
+                notes.append(
+                    f"newest units first (the stock puts new units before old ones): the last {pinned_tail} never "
+                    f"changed once it was full, the first {most - pinned_tail} are the newest; declared in the "
+                    "stock's index order"
+                )
             else:
                 retention = Retention("last", 0, most)
                 notes.append(f"grew by {advance} per call until {most}, then kept {most}")
@@ -365,7 +374,10 @@ def propose_region(recording: Recording, path: str, call_rate: Fraction) -> Regi
                 axis, advance = candidate, d
                 break
         if axis is None and matches:
-            counted = Counter((m.axis, m.arrived) for m in matches)
+            # the tail of a module's input says more than the tail of an output: an output's tail may be
+            # pending (a transposed convolution's overlap) or simply the next module's input
+            inputs_only = [m for m in matches if m.role == "input"] or matches
+            counted = Counter((m.axis, m.arrived) for m in inputs_only)
             (axis, advance), _ = counted.most_common(1)[0]
         if axis is None and last.slices is not None:
             for candidate in range(len(last.shape)):
@@ -425,15 +437,18 @@ def propose_region(recording: Recording, path: str, call_rate: Fraction) -> Regi
     )
 
 
-def _pinned_prefix(series: list[Seen | None], axis: int, most: int) -> int:
-    """Units at the head that stayed equal between consecutive full calls (the least over those calls)."""
+def _pinned(series: list[Seen | None], axis: int, most: int, from_head: bool) -> int:
+    """Units at the head (or the tail) that stayed equal between consecutive full calls (the least over them)."""
     full = [s for s in series if s is not None and s.shape[axis] == most and s.slices is not None]
     if len(full) < 2:
         return 0
     pinned = most
-    for before, now in zip(full, full[1:]):
+    for before, now in itertools.pairwise(full):
+        old, new = before.slices[axis], now.slices[axis]
+        if not from_head:
+            old, new = old[::-1], new[::-1]
         count = 0
-        while count < most and before.slices[axis][count] == now.slices[axis][count]:
+        while count < most and old[count] == new[count]:
             count += 1
         pinned = min(pinned, count)
     return pinned
@@ -474,7 +489,7 @@ def propose(recording: Recording, rate: Fraction) -> Proposals:
     for path, values in recording.counters.items():
         known = [v for v in values if v is not None]
         if len(set(known)) > 1:
-            steps = tuple(sorted({b - a for a, b in zip(known, known[1:])}))
+            steps = tuple(sorted({b - a for a, b in itertools.pairwise(known)}))
             template = re.sub(r"(^|\.)\d+(?=\.|$)", r"\1{i}", path)
             counters.setdefault((template, known[0], known[-1], steps), []).append(path)
     counter_notes = []

@@ -161,7 +161,13 @@ def record(loop: StockLoop, calls: int, max_calls: int) -> Recording:
                     stream["shapes"].append(tuple(tensor.shape))
                     stream["prints"].append(slice_prints(tensor, axis) if tensor.shape[axis] else ())
                 rng_before = rng_states(device_types)
-                result = loop.step(state, **feed) if loop.handback else loop.step(**feed)
+                try:
+                    result = loop.step(state, **feed) if loop.handback else loop.step(**feed)
+                except Exception as error:
+                    names = ", ".join(feed)
+                    raise StepError(
+                        f"call {tick} of the stock step (with {names}) raised {type(error).__name__}: {error}"
+                    ) from error
                 if loop.handback:
                     if not (isinstance(result, tuple) and len(result) == 2):
                         raise StepError("with handback=True the step must return (output, new_state)")

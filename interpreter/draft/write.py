@@ -16,7 +16,7 @@ INPUT_CLOCK = "frame"
 CALL_CLOCK = "call"
 STAGE = "step"
 HOOK = "stock_step"
-_GENERIC_PARTS = {"_streaming_state", "streaming_state", "state"}
+_GENERIC_PARTS = {"_streaming_state", "streaming_state"}
 
 
 @attrs.frozen
@@ -113,11 +113,9 @@ def group_families(regions: tuple[RegionProposal, ...]) -> list[Family]:
 
 def _name_parts(family: Family) -> list[str]:
     parts = family.first.path.split(".")
-    if parts and parts[0] == "state" and not family.first.bindable:
-        parts = parts[1:]
     kept = []
     for i, part in enumerate(parts):
-        if i == family.index_part or part in _GENERIC_PARTS:
+        if i == family.index_part or part in _GENERIC_PARTS or (i == 0 and not family.first.bindable):
             continue
         name = _identifier(part)
         if name:

@@ -101,6 +101,7 @@ COMMAND_MODULES = {
     "render": "duplexcadence.interpreter.cli.render",
     "bench": "duplexcadence.interpreter.cli.bench",
     "draft": "duplexcadence.interpreter.cli.draft",
+    "lsp": "duplexcadence.interpreter.cli.lsp",
 }
 
 

@@ -123,9 +123,7 @@ def test_personaplex_draft_matches_the_shipped_clock():
     # the stock numbers are the storage each carry's view keeps alive, as the shipped clock declares them
     stocks = sorted(r.stock_shape[-1] for r in result.check.program.regions.values() if r.stock_shape and r.clock)
     reference = shipped("personaplex_mimi_decoder")
-    theirs = sorted(
-        r.stock_shape[-1] for r in reference.regions.values() if r.stock_shape and r.clock and not r.family
-    )
+    theirs = sorted(r.stock_shape[-1] for r in reference.regions.values() if r.stock_shape and r.clock and not r.family)
     assert stocks == theirs
     # the kernel-1 convs and the StreamingAdds keep zero-length views: left out, and said so
     assert result.text.count("zero-length every call") == 12
@@ -154,7 +152,9 @@ def test_qwen3_omni_code2wav_draft_matches_the_shipped_clock():
 
 @pytest.mark.models
 def test_minicpmo45_token2wav_draft_and_what_only_the_shipped_clock_declares():
-    missing = [m for m in ("stepaudio2", "einops", "onnxruntime", "scipy", "numpy") if importlib.util.find_spec(m) is None]
+    missing = [
+        m for m in ("stepaudio2", "einops", "onnxruntime", "scipy", "numpy") if importlib.util.find_spec(m) is None
+    ]
     if missing:
         pytest.skip(f"needs {', '.join(missing)}")
     from duplexcadence.examples.minicpmo45 import model, stock

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import torch
 
+from duplexcadence.interpreter.cli.main import main
 from duplexcadence.interpreter.draft.draft import draft
 from duplexcadence.interpreter.draft.loop import StockLoop
 
@@ -48,36 +48,17 @@ def test_caller_owned_state_handed_back(tmp_path):
     )
 
 
-def test_dsl_draft_prints_the_draft_and_a_summary(tmp_path):
+def test_dsl_draft_prints_the_draft_and_a_summary(tmp_path, monkeypatch, capsys):
     (tmp_path / "handback_loop.py").write_text(LOOP_MODULE)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "duplexcadence.interpreter.cli.main",
-            "draft",
-            "handback_loop:handback_loop",
-            "--calls",
-            "4",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("# Drafted by `dsl draft handback_loop:handback_loop` from ")
-    assert done.stderr.startswith("dsl draft: drafted 1 input(s), 1 output(s) and 4 state tensor(s)")
-    assert done.stderr.rstrip().endswith("the draft passes dsl check")
-    bad = subprocess.run(
-        [sys.executable, "-m", "duplexcadence.interpreter.cli.main", "draft", "handback_loop"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode == 2
-    assert bad.stderr == (
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["draft", "handback_loop:handback_loop", "--calls", "4"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("# Drafted by `dsl draft handback_loop:handback_loop` from ")
+    assert err.startswith("dsl draft: drafted 1 input(s), 1 output(s) and 4 state tensor(s)")
+    assert err.rstrip().endswith("the draft passes dsl check")
+    assert main(["draft", "handback_loop"]) == 2
+    assert capsys.readouterr().err == (
         "dsl draft: 'handback_loop' is not MODULE:FUNCTION (a function returning a StockLoop, e.g. "
         "mymodel_draft:stock_loop)\n"
     )

@@ -100,6 +100,8 @@ COMMAND_MODULES = {
     "plan": "duplexcadence.interpreter.cli.plan",
     "render": "duplexcadence.interpreter.cli.render",
     "bench": "duplexcadence.interpreter.cli.bench",
+    "draft": "duplexcadence.interpreter.cli.draft",
+    "lsp": "duplexcadence.interpreter.cli.lsp",
 }
 
 

@@ -1,0 +1,512 @@
+"""From a `Recording` to proposals: the input and output streams, the clocks, and one region per
+persistent tensor with its time axis, advance per call, retention, start and binding.
+
+Each rule reads the recording only; where a rule had to guess, the proposal carries a note that
+the written `.clock` shows as a `#` comment.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import Counter
+from fractions import Fraction
+
+import attrs
+import torch
+
+from duplexcadence.interpreter.draft.observe import Seen
+from duplexcadence.interpreter.draft.record import Recording, Stream
+
+DTYPE_NAMES = {
+    torch.float64: "f64",
+    torch.float32: "f32",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "bool",
+}
+
+
+@attrs.frozen
+class InputProposal:
+    name: str
+    dtype: str
+    shape: tuple[int | None, ...]
+    units_per_call: Fraction
+    context: int  # units of history each call re-reads (kept between calls)
+    given: int  # units present before the first call's new ones
+    new_units: tuple[int, ...]  # new units per call
+    notes: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class OutputProposal:
+    name: str
+    dtype: str
+    shape: tuple[int | None, ...]
+    units_per_call: Fraction  # the steady advance, or the mean when the module decides
+    advance: int | None  # fixed units per call, None when the length follows the input
+    latency: int
+    notes: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class Retention:
+    kind: str  # "fixed", "last", "ring", "first_last", "all"
+    first: int = 0
+    last: int = 0
+
+    def keeps(self) -> int:
+        return self.first + self.last
+
+
+@attrs.frozen
+class RegionProposal:
+    path: str
+    bindable: bool
+    dtype: str
+    shape: tuple[int | None, ...]
+    time_axis: int | None
+    advance: int | None
+    retention: Retention
+    start: str
+    start_length: int
+    stock: int | None
+    notes: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+
+    def signature(self) -> tuple:
+        return (self.dtype, self.shape, self.time_axis, self.advance, self.retention, self.start, self.start_length)
+
+
+@attrs.frozen
+class Proposals:
+    calls: int
+    call_rate: Fraction
+    inputs: tuple[InputProposal, ...]
+    outputs: tuple[OutputProposal, ...]
+    regions: tuple[RegionProposal, ...]
+    counters: tuple[str, ...]  # notes on host-side ints that change between calls
+    skipped: tuple[str, ...]  # notes on tensors seen but not proposed
+    draws_random: bool
+    module_order: tuple[str, ...]
+
+
+class DraftError(Exception):
+    """The recording cannot be turned into a `.clock` draft (what is missing, and what would help)."""
+
+
+# --- streams -------------------------------------------------------------------------------------
+
+
+def units_per_call(counts: list[int]) -> Fraction:
+    """The exact units per call q whose floor pattern (⌊(k+1)q⌋ − ⌊kq⌋, as the runtime feeds an input
+    on a faster clock) reproduces `counts`; the mean when none with a small denominator does."""
+    total, calls = sum(counts), len(counts)
+    for denominator in range(1, 17):
+        q = Fraction(total, calls).limit_denominator(denominator)
+        if all((k + 1) * q // 1 - k * q // 1 == n for k, n in enumerate(counts)):
+            return q
+    return Fraction(total, calls)
+
+
+def _overlap(previous: tuple, current: tuple) -> int:
+    """The most units at the head of `current` equal to the tail of `previous` (fewer than `current` has)."""
+    for count in range(min(len(previous), len(current) - 1), 0, -1):
+        if current[:count] == previous[-count:]:
+            return count
+    return 0
+
+
+def _shape(shape: tuple[int, ...], axis: int | None) -> tuple[int | None, ...]:
+    return tuple(None if i == axis else d for i, d in enumerate(shape))
+
+
+def propose_input(stream: Stream) -> InputProposal:
+    lengths = [shape[stream.time_axis] for shape in stream.shapes]
+    overlaps = [_overlap(stream.prints[k - 1], stream.prints[k]) for k in range(1, len(lengths))]
+    context = overlaps[0] if overlaps and overlaps[0] > 0 and len(set(overlaps)) == 1 else 0
+    notes = []
+    given = context if context and len(lengths) > 1 and lengths[0] == lengths[1] else 0
+    new = [lengths[0] - given] + [n - context for n in lengths[1:]]
+    if context:
+        notes.append(
+            f"each call re-reads the previous call's last {context} units: left context, or lookahead the "
+            f"previous call held back (then `read {stream.name} last {lengths[-1]} lookahead {context}`)"
+        )
+    q = units_per_call(new)
+    if len(set(new)) > 1:
+        notes.append(f"{'/'.join(map(str, new[:6]))} new units per call: {q} on average")
+    dtype = DTYPE_NAMES.get(stream.dtype)
+    if dtype is None:
+        raise DraftError(f"input '{stream.name}' has dtype {stream.dtype}, which no region can hold")
+    if given:
+        notes.append(f"the first call already read {given} units before its new ones: given at session start")
+    shape = _shape(stream.shapes[0], stream.time_axis)
+    return InputProposal(stream.name, dtype, shape, q, context, given, tuple(new), tuple(notes))
+
+
+def propose_output(stream: Stream, input_units: list[int], call_rate: Fraction) -> OutputProposal:
+    lengths = [shape[stream.time_axis] for shape in stream.shapes]
+    dtype = DTYPE_NAMES.get(stream.dtype)
+    if dtype is None:
+        raise DraftError(f"output '{stream.name}' has dtype {stream.dtype}, which no region can hold")
+    shape = _shape(stream.shapes[-1], stream.time_axis)
+    steady = lengths[1:] or lengths
+    if len(set(steady)) == 1:
+        advance = steady[0]
+        latency = advance - lengths[0] if lengths[0] < advance else 0
+        notes = []
+        if latency:
+            notes.append(f"the first call wrote {lengths[0]}, every later one {advance}: {latency} held back")
+        return OutputProposal(stream.name, dtype, shape, Fraction(advance), advance, latency, tuple(notes))
+    pairs = sorted(set(zip(input_units, lengths)))
+    if len({n for n, _ in pairs}) >= 2:
+        (n0, l0), (n1, l1) = pairs[0], pairs[-1]
+        per_unit = Fraction(l1 - l0, n1 - n0)
+        offset = l0 - per_unit * n0
+        if per_unit > 0 and per_unit.denominator == 1 and all(length == per_unit * n + offset for n, length in pairs):
+            note = f"writes {per_unit} units per input unit" + (f" and {int(offset):+d} per call" if offset else "")
+            return OutputProposal(stream.name, dtype, shape, per_unit * units_per_call(input_units), None, 0, (note,))
+    mean = Fraction(sum(lengths), len(lengths))
+    notes = (f"wrote {'/'.join(map(str, lengths[:6]))} units per call; the rate is a guess from their mean",)
+    return OutputProposal(stream.name, dtype, shape, mean, None, 0, notes)
+
+
+# --- regions -------------------------------------------------------------------------------------
+
+
+def _present(recording: Recording, path: str) -> list[Seen | None]:
+    return [snapshot.get(path) for snapshot in recording.after]
+
+
+def _mode(values: list[int]) -> int | None:
+    return Counter(values).most_common(1)[0][0] if values else None
+
+
+def _input_history(recording: Recording, path: str, inputs: dict[str, InputProposal]) -> tuple[str, int] | None:
+    """(input, most units) when the tensor always holds the newest units of an input stream."""
+    series = _present(recording, path)
+    for name, stream in recording.inputs.items():
+        proposal = inputs[name]
+        axis = stream.time_axis
+        history: list = []
+        longest = 0
+        for k, state in enumerate(series):
+            history.extend(stream.prints[k][proposal.context if k else 0 :])
+            if state is None or state.slices is None:
+                continue
+            if state.dtype != stream.dtype or len(state.shape) != len(stream.shapes[k]):
+                break
+            if _shape(state.shape, axis) != _shape(stream.shapes[k], axis):
+                break
+            length = state.shape[axis]
+            if length == 0 or length > len(history) or tuple(history[-length:]) != state.slices[axis]:
+                break
+            longest = max(longest, length)
+        else:
+            if longest:
+                return name, longest
+    return None
+
+
+def _changes(series: list[Seen | None]) -> bool:
+    for before, now in itertools.pairwise(series):
+        if (before is None) != (now is None):
+            return True
+        if before is not None and (before.shape != now.shape or before.whole != now.whole):
+            return True
+        if before is not None and before.slices != now.slices:
+            return True
+    return False
+
+
+def _shift(series: list[Seen | None], axis: int) -> int | None:
+    """The d such that every call's tensor is the previous one moved d units towards the head (a window)."""
+    pairs = [(b, n) for b, n in itertools.pairwise(series) if b is not None and n is not None and b.shape == n.shape]
+    if not pairs or any(b.slices is None for b, _ in pairs):
+        return None
+    length = pairs[0][1].shape[axis]
+    for d in range(1, length):
+        if all(n.slices[axis][: length - d] == b.slices[axis][d:] for b, n in pairs) and any(
+            n.slices[axis] != b.slices[axis] for b, n in pairs
+        ):
+            return d
+    return None
+
+
+def _ring(series: list[Seen | None], axis: int) -> int | None:
+    """The c such that each call rewrites c consecutive slots along `axis`, the next c each call (mod L)."""
+    present = [s for s in series if s is not None]
+    if len(present) < 3 or len({s.data_ptr for s in present}) != 1 or any(s.slices is None for s in present):
+        return None
+    length = present[0].shape[axis]
+    starts, width = [], None
+    for before, now in itertools.pairwise(present):
+        changed = [j for j in range(length) if before.slices[axis][j] != now.slices[axis][j]]
+        if not changed or len(changed) >= length:
+            return None
+        count = len(changed)
+        start = next(j for j in changed if (j - 1) % length not in changed)
+        if sorted((start + t) % length for t in range(count)) != changed:
+            return None
+        if width is not None and count != width:
+            return None
+        width = count
+        starts.append(start)
+    if width is None or any((b + width) % length != n for b, n in itertools.pairwise(starts)):
+        return None
+    return width
+
+
+def _owner_advance(recording: Recording, path: str, shape: tuple[int, ...]) -> tuple[int, int, str] | None:
+    """(axis, units per call, note) from the input or output of the module that owns the tensor."""
+    owners = [m for m in recording.module_shapes if m and (path == m or path.startswith(m + "."))]
+    if not owners:
+        return None
+    owner = max(owners, key=len)
+    inputs, outputs = recording.module_shapes[owner]
+    for role, shapes in (("output", outputs), ("input", inputs)):
+        for other in shapes:
+            if len(other) != len(shape):
+                continue
+            differing = [a for a, (x, s) in enumerate(zip(other, shape)) if x != s]
+            if len(differing) == 1:
+                axis = differing[0]
+                note = (
+                    f"rate guessed from the {role} of module '{owner}' ({other[axis]} units per call along axis "
+                    f"{axis}); check it against what the module keeps"
+                )
+                return axis, other[axis], note
+            if not differing:
+                axis = len(shape) - 1
+                note = f"rate guessed from the {role} of module '{owner}' (same shape): check the time axis"
+                return axis, other[axis], note
+    return None
+
+
+def _start(initial: Seen | None, first: Seen | None, axis: int | None, advance: int | None, match_zero: bool):
+    if initial is not None and initial.numel > 0:
+        if initial.is_zero():
+            return "zeros", (initial.shape[axis] if axis is not None else 0), None
+        return "given", (initial.shape[axis] if axis is not None else 0), None
+    if axis is None:
+        return "zeros", 0, None
+    if first is not None and first.slices is not None and advance:
+        length = first.shape[axis]
+        if length > advance and all(p == (0.0, 0.0, 0.0) for p in first.slices[axis][: length - advance]):
+            return "zeros", 0, "the first call left zeros ahead of its units: the stock pads zeros"
+    if match_zero:
+        return "zeros", 0, "the first call's module input began with zeros where the carry goes: the stock pads zeros"
+    return "empty", 0, None
+
+
+def propose_region(recording: Recording, path: str, call_rate: Fraction) -> RegionProposal | str | None:
+    """A proposal, a note saying why the tensor is left out, or None for a constant."""
+    series = _present(recording, path)
+    initial = recording.initial.get(path)
+    present = [s for s in series if s is not None]
+    if not present:
+        return None
+    if all(s.numel == 0 for s in present):
+        return f"{path}: zero-length every call (a kernel-1 carry?): nothing to keep"
+    if not _changes(series):
+        return None
+    last = present[-1]
+    dtype = DTYPE_NAMES.get(last.dtype)
+    if dtype is None:
+        return f"{path}: dtype {last.dtype} changes between calls but no region can hold it"
+    location = recording.locations[path]
+    notes: list[str] = []
+    shapes = [s.shape for s in present] + ([initial.shape] if initial is not None else [])
+    if len({len(s) for s in shapes}) != 1:
+        return f"{path}: its rank changes between calls"
+    varying = [a for a in range(len(last.shape)) if len({s[a] for s in shapes}) > 1]
+    after_calls = [s.shape for s in series if s is not None]
+    grows_later = len(varying) == 1 and len({s[varying[0]] for s in after_calls}) > 1
+    axis: int | None = None
+    advance: int | None = None
+    retention: Retention
+    match_zero = False
+    matches = [m for k, found in enumerate(recording.matches) if k > 0 for m in found.get(path, ())]
+    first_matches = recording.matches[0].get(path, ()) if recording.matches else ()
+    if len(varying) > 1:
+        return f"{path}: its shape changes along {len(varying)} axes between calls"
+    if grows_later:
+        axis = varying[0]
+        lengths = [s.shape[axis] if s is not None else 0 for s in series]
+        before = initial.shape[axis] if initial is not None else 0
+        steps = [b - a for a, b in zip([before, *lengths], lengths)]
+        advance = _mode([d for d in steps[1:] if d > 0])
+        most = max(lengths)
+        flat = len(lengths) >= 2 and lengths[-1] == lengths[-2] == most
+        if not flat:
+            retention = Retention("all", 0, most)
+            notes.append(
+                f"grows by {advance} per call for {recording.calls} calls; run more calls (--max-calls) to see "
+                "whether it stops, and give the session horizon"
+            )
+        else:
+            pinned = _pinned(series, axis, most, from_head=True)
+            pinned_tail = _pinned(series, axis, most, from_head=False)
+            if 0 < pinned < most:
+                retention = Retention("first_last", pinned, most - pinned)
+                notes.append(f"the first {pinned} units never changed once it was full: a pinned prefix")
+            elif 0 < pinned_tail < most:
+                retention = Retention("first_last", most - pinned_tail, pinned_tail)
+                notes.append(
+                    f"newest units first (the stock puts new units before old ones): the last {pinned_tail} never "
+                    f"changed once it was full, the first {most - pinned_tail} are the newest; declared in the "
+                    "stock's index order"
+                )
+            else:
+                retention = Retention("last", 0, most)
+                notes.append(f"grew by {advance} per call until {most}, then kept {most}")
+    else:
+        for candidate in range(len(last.shape)) if last.slices is not None else ():
+            d = _shift(series, candidate)
+            if d is not None:
+                axis, advance = candidate, d
+                break
+        if axis is None and matches:
+            # the tail of a module's input says more than the tail of an output: an output's tail may be
+            # pending (a transposed convolution's overlap) or simply the next module's input
+            inputs_only = [m for m in matches if m.role == "input"] or matches
+            counted = Counter((m.axis, m.arrived) for m in inputs_only)
+            (axis, advance), _ = counted.most_common(1)[0]
+        if axis is None and last.slices is not None:
+            for candidate in range(len(last.shape)):
+                width = _ring(series, candidate)
+                if width is not None:
+                    axis, advance = candidate, width
+                    break
+        if axis is None:
+            owned = _owner_advance(recording, path, last.shape)
+            if owned is not None and last.numel > 0:
+                axis, advance, note = owned
+                notes.append(note)
+        if axis is not None:
+            match_zero = any(m.head_zero and m.axis == axis for m in first_matches)
+            length = last.shape[axis]
+            pointers = {s.data_ptr for s in present} | ({initial.data_ptr} if initial is not None else set())
+            if len(pointers) == 1:
+                retention = Retention("ring", 0, length)
+            else:
+                retention = Retention("last", 0, length)
+        else:
+            retention = Retention("fixed")
+            if last.slices is None:
+                notes.append("too large to follow slice by slice: declared whole")
+    if axis is not None and advance is None:
+        return f"{path}: its time axis is {axis} but no advance per call could be told"
+    start, start_length, start_note = _start(initial, series[0], axis, advance, match_zero)
+    if start_note:
+        notes.append(start_note)
+    if retention.kind == "all" and start == "zeros":
+        start = "given"
+    if start == "given" and axis is not None:
+        start_length = min(start_length, retention.keeps())
+        if start_length == 0:
+            start = "empty"
+    stock = None
+    if axis is not None:
+        unit_bytes = last.numel // max(last.shape[axis], 1) * torch.empty((), dtype=last.dtype).element_size()
+        if unit_bytes:
+            most_stored = max(s.storage_bytes for s in present) // unit_bytes
+            if most_stored > retention.keeps():
+                stock = most_stored
+                notes.append(f"stock keeps {most_stored} units alive (the storage its view points into)")
+    return RegionProposal(
+        path=path,
+        bindable=location.bindable,
+        dtype=dtype,
+        shape=_shape(last.shape, axis),
+        time_axis=axis,
+        advance=advance,
+        retention=retention,
+        start=start,
+        start_length=start_length,
+        stock=stock,
+        notes=tuple(notes),
+        aliases=recording.aliases.get(path, ()),
+    )
+
+
+def _pinned(series: list[Seen | None], axis: int, most: int, from_head: bool) -> int:
+    """Units at the head (or the tail) that stayed equal between consecutive full calls (the least over them)."""
+    full = [s for s in series if s is not None and s.shape[axis] == most and s.slices is not None]
+    if len(full) < 2:
+        return 0
+    pinned = most
+    for before, now in itertools.pairwise(full):
+        old, new = before.slices[axis], now.slices[axis]
+        if not from_head:
+            old, new = old[::-1], new[::-1]
+        count = 0
+        while count < most and old[count] == new[count]:
+            count += 1
+        pinned = min(pinned, count)
+    return pinned
+
+
+def propose(recording: Recording, rate: Fraction) -> Proposals:
+    if not recording.inputs:
+        raise DraftError("the feed gave no input tensor: drafting needs at least one input with a time axis")
+    inputs = {name: propose_input(stream) for name, stream in recording.inputs.items()}
+    first_input = next(iter(inputs.values()))
+    call_rate = rate / first_input.units_per_call
+    input_units = list(first_input.new_units)
+    outputs = tuple(propose_output(s, input_units, call_rate) for s in recording.outputs.values())
+    regions: list[RegionProposal] = []
+    skipped: list[str] = []
+    consumed: dict[str, int] = {}
+    paths = list(dict.fromkeys(p for snapshot in recording.after for p in snapshot))
+    for path in paths:
+        history = _input_history(recording, path, inputs) if _changes(_present(recording, path)) else None
+        if history is not None:
+            name, longest = history
+            consumed[name] = max(consumed.get(name, 0), longest)
+            skipped.append(f"{path}: the newest {longest} units of input '{name}' (its history)")
+            continue
+        proposal = propose_region(recording, path, call_rate)
+        if isinstance(proposal, RegionProposal):
+            regions.append(proposal)
+        elif isinstance(proposal, str):
+            skipped.append(proposal)
+    final_inputs = []
+    for name, proposal in inputs.items():
+        kept = consumed.get(name, 0)
+        if kept > proposal.context:
+            note = f"the stock loop keeps the newest {kept} units of '{name}' between calls"
+            proposal = attrs.evolve(proposal, context=kept, notes=(*proposal.notes, note))
+        final_inputs.append(proposal)
+    counters: dict[tuple, list[str]] = {}
+    for path, values in recording.counters.items():
+        known = [v for v in values if v is not None]
+        if len(set(known)) > 1:
+            steps = tuple(sorted({b - a for a, b in itertools.pairwise(known)}))
+            template = re.sub(r"(^|\.)\d+(?=\.|$)", r"\1{i}", path)
+            counters.setdefault((template, known[0], known[-1], steps), []).append(path)
+    counter_notes = []
+    for (template, first, last, steps), paths in counters.items():
+        where = paths[0] if len(paths) == 1 else f"{template} ({len(paths)} of them)"
+        counter_notes.append(
+            f"{where}: a host int, {first} -> {last} over {recording.calls} calls (steps "
+            f"{', '.join(map(str, steps))}): not a region; in a hook, derive it from `firing.count`"
+        )
+    return Proposals(
+        calls=recording.calls,
+        call_rate=call_rate,
+        inputs=tuple(final_inputs),
+        outputs=outputs,
+        regions=tuple(regions),
+        counters=tuple(counter_notes),
+        skipped=tuple(skipped),
+        draws_random=recording.draws_random,
+        module_order=recording.module_order,
+    )

@@ -1,0 +1,222 @@
+"""Running the stock loop: one `Recording` of every call's inputs, outputs and persistent tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import torch
+
+from duplexcadence.interpreter.draft.loop import StockLoop
+from duplexcadence.interpreter.draft.observe import (
+    Location,
+    ModuleRecorder,
+    Seen,
+    find_tensors,
+    rng_states,
+    seen,
+    slice_prints,
+)
+
+
+@attrs.frozen
+class TailMatch:
+    """A persistent tensor equal to the last `length` units of a module's input or output along `axis`:
+    the module saw `extent` units there, so `extent - length` arrived in the call."""
+
+    module: str
+    role: str
+    axis: int
+    extent: int
+    length: int
+    head_zero: bool  # the module's first `length` units along `axis` were all zero
+    carried: bool  # those first units were the tensor's value before the call: the module saw carry + new
+
+    @property
+    def arrived(self) -> int:
+        """Units that arrived in the call. An output whose tail is the tensor emitted the rest (a transposed
+        convolution's overlap stays pending); an input whose head is the old value saw carry + new."""
+        if self.role == "output" or self.carried:
+            return self.extent - self.length
+        return self.extent
+
+
+@attrs.frozen
+class Stream:
+    """One input or output: its tensor per call, printed along its time axis."""
+
+    name: str
+    time_axis: int
+    dtype: torch.dtype
+    shapes: tuple[tuple[int, ...], ...]
+    prints: tuple[tuple, ...]  # per call, the slice prints along the time axis
+
+
+@attrs.frozen
+class Recording:
+    calls: int
+    initial: dict[str, Seen]
+    after: tuple[dict[str, Seen], ...]
+    locations: dict[str, Location]
+    aliases: dict[str, tuple[str, ...]]
+    matches: tuple[dict[str, tuple[TailMatch, ...]], ...]
+    module_shapes: dict[str, tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]]
+    module_order: tuple[str, ...]
+    inputs: dict[str, Stream]
+    outputs: dict[str, Stream]
+    counters: dict[str, tuple[int, ...]]
+    draws_random: bool
+
+
+class StepError(Exception):
+    """The stock loop could not be run or returned something drafting cannot read."""
+
+
+def _outputs(loop: StockLoop, value: Any) -> dict[str, torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return {loop.outputs[0]: value}
+    if isinstance(value, Mapping):
+        tensors = {str(k): v for k, v in value.items() if isinstance(v, torch.Tensor)}
+    elif isinstance(value, (list, tuple)):
+        if len(value) > len(loop.outputs):
+            names = [*loop.outputs, *(f"out{i}" for i in range(len(loop.outputs), len(value)))]
+        else:
+            names = list(loop.outputs)
+        tensors = {names[i]: v for i, v in enumerate(value) if isinstance(v, torch.Tensor)}
+    else:
+        tensors = {}
+    if not tensors:
+        raise StepError(f"the step returned {type(value).__name__}, not a tensor, a tuple or a dict of tensors")
+    return tensors
+
+
+def _axis(axis: int, tensor: torch.Tensor, name: str) -> int:
+    if tensor.dim() == 0:
+        raise StepError(f"'{name}' is a 0-d tensor: it has no time axis")
+    return axis % tensor.dim()
+
+
+def _tail_matches(
+    snapshot: Mapping[str, Seen], previous: Mapping[str, Seen] | None, module_tensors, cache: dict
+) -> dict[str, tuple[TailMatch, ...]]:
+    found: dict[str, list[TailMatch]] = {}
+    by_rank: dict[int, list] = {}
+    for item in module_tensors:
+        by_rank.setdefault(len(item.shape), []).append(item)
+    for path, state in snapshot.items():
+        if state.slices is None:
+            continue
+        for item in by_rank.get(len(state.shape), ()):
+            if item.tensor.dtype != state.dtype:
+                continue
+            differing = [a for a, (x, s) in enumerate(zip(item.shape, state.shape)) if x != s]
+            if len(differing) != 1 or item.shape[differing[0]] <= state.shape[differing[0]]:
+                continue
+            axis = differing[0]
+            length, extent = state.shape[axis], item.shape[axis]
+            key = (id(item.tensor), axis, length)
+            if key not in cache:
+                tail = slice_prints(item.tensor.narrow(axis, extent - length, length), axis)
+                head = slice_prints(item.tensor.narrow(axis, 0, length), axis)
+                cache[key] = (tail, head)
+            tail, head = cache[key]
+            if tail == state.slices[axis]:
+                head_zero = all(p == (0.0, 0.0, 0.0) for p in head)
+                before = previous.get(path) if previous is not None else None
+                if before is not None and before.slices is not None and before.shape == state.shape:
+                    carried = head == before.slices[axis]
+                else:
+                    carried = head_zero
+                match = TailMatch(item.module, item.role, axis, extent, length, head_zero, carried)
+                found.setdefault(path, []).append(match)
+    return {path: tuple(matches) for path, matches in found.items()}
+
+
+def record(loop: StockLoop, calls: int, max_calls: int) -> Recording:
+    """Run `loop` for `calls` calls, and on up to `max_calls` while a tensor is still growing."""
+    walker = find_tensors(loop.model, loop.state)
+    initial = {path: seen(t) for path, t in walker.tensors.items()}
+    locations = dict(walker.locations)
+    aliases: dict[str, set[str]] = {p: set(a) for p, a in walker.aliases.items()}
+    recorder = ModuleRecorder(walker.modules)
+    device_types = {t.device.type for t in walker.tensors.values()}
+    after: list[dict[str, Seen]] = []
+    matches: list[dict[str, tuple[TailMatch, ...]]] = []
+    module_shapes: dict[str, tuple[list, list]] = {}
+    inputs: dict[str, dict] = {}
+    outputs: dict[str, dict] = {}
+    counters: dict[str, list[int]] = {path: [value] for path, value in walker.counters.items()}
+    draws_random = False
+    state = loop.state
+    try:
+        with torch.no_grad():
+            for tick in range(max_calls):
+                feed = dict(loop.feed(tick))
+                for name, tensor in feed.items():
+                    if not isinstance(tensor, torch.Tensor):
+                        raise StepError(f"feed({tick}) gave '{name}' as {type(tensor).__name__}, not a tensor")
+                    axis = _axis(loop.time_axis, tensor, name)
+                    stream = inputs.setdefault(name, {"axis": axis, "dtype": tensor.dtype, "shapes": [], "prints": []})
+                    stream["shapes"].append(tuple(tensor.shape))
+                    stream["prints"].append(slice_prints(tensor, axis) if tensor.shape[axis] else ())
+                rng_before = rng_states(device_types)
+                try:
+                    result = loop.step(state, **feed) if loop.handback else loop.step(**feed)
+                except Exception as error:
+                    names = ", ".join(feed)
+                    raise StepError(
+                        f"call {tick} of the stock step (with {names}) raised {type(error).__name__}: {error}"
+                    ) from error
+                if loop.handback:
+                    if not (isinstance(result, tuple) and len(result) == 2):
+                        raise StepError("with handback=True the step must return (output, new_state)")
+                    result, state = result
+                rng_after = rng_states(device_types)
+                draws_random = draws_random or any(not torch.equal(a, b) for a, b in zip(rng_before, rng_after))
+                for name, tensor in _outputs(loop, result).items():
+                    axis = _axis(loop.time_axis, tensor, name)
+                    stream = outputs.setdefault(name, {"axis": axis, "dtype": tensor.dtype, "shapes": [], "prints": []})
+                    stream["shapes"].append(tuple(tensor.shape))
+                    stream["prints"].append(())
+                walker = find_tensors(loop.model, state)
+                snapshot = {path: seen(t) for path, t in walker.tensors.items()}
+                for path, location in walker.locations.items():
+                    locations.setdefault(path, location)
+                for path, more in walker.aliases.items():
+                    aliases.setdefault(path, set()).update(more)
+                for path, value in walker.counters.items():
+                    counters.setdefault(path, [None] * (tick + 1)).append(value)
+                module_tensors = recorder.take()
+                for item in module_tensors:
+                    shapes = module_shapes.setdefault(item.module, ([], []))
+                    shapes[0 if item.role == "input" else 1].append(item.shape)
+                matches.append(_tail_matches(snapshot, after[-1] if after else initial, module_tensors, {}))
+                del module_tensors
+                after.append(snapshot)
+                if tick + 1 >= calls and not _still_growing(after):
+                    break
+    finally:
+        recorder.close()
+    return Recording(
+        calls=len(after),
+        initial=initial,
+        after=tuple(after),
+        locations=locations,
+        aliases={path: tuple(sorted(more)) for path, more in aliases.items()},
+        matches=tuple(matches),
+        module_shapes={m: (tuple(dict.fromkeys(i)), tuple(dict.fromkeys(o))) for m, (i, o) in module_shapes.items()},
+        module_order=tuple(recorder.order),
+        inputs={n: Stream(n, s["axis"], s["dtype"], tuple(s["shapes"]), tuple(s["prints"])) for n, s in inputs.items()},
+        outputs={n: Stream(n, s["axis"], s["dtype"], tuple(s["shapes"]), ()) for n, s in outputs.items()},
+        counters={path: tuple(values) for path, values in counters.items()},
+        draws_random=draws_random,
+    )
+
+
+def _still_growing(after: list[dict[str, Seen]]) -> bool:
+    """Whether some tensor's size changed between the last two calls (a window still filling)."""
+    if len(after) < 2:
+        return True
+    last, before = after[-1], after[-2]
+    return any(path in before and before[path].numel != state.numel for path, state in last.items())

@@ -1,0 +1,300 @@
+"""From proposals to `.clock` text: clocks named by their factor on the input clock, regions named by
+the shortest unique tail of their path, `{index}` families for members that differ only by an index."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from fractions import Fraction
+
+import attrs
+
+from duplexcadence.dsl.parse import reserved_words
+from duplexcadence.interpreter.draft.propose import Proposals, RegionProposal
+
+INPUT_CLOCK = "frame"
+CALL_CLOCK = "call"
+STAGE = "step"
+HOOK = "stock_step"
+_GENERIC_PARTS = {"_streaming_state", "streaming_state"}
+
+
+@attrs.frozen
+class Family:
+    """Regions that differ only by the index at one part of their path."""
+
+    members: tuple[RegionProposal, ...]
+    index_part: int | None  # position of the index among the path's parts (None: a single region)
+    index_name: str
+
+    @property
+    def first(self) -> RegionProposal:
+        return self.members[0]
+
+    def template(self) -> str:
+        parts = self.first.path.split(".")
+        if self.index_part is not None:
+            parts[self.index_part] = "{" + self.index_name + "}"
+        return ".".join(parts)
+
+
+def _identifier(text: str) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
+    return re.sub(r"_+", "_", cleaned)
+
+
+def _legal(name: str) -> bool:
+    return bool(name) and (name[0].isalpha() or name[0] == "_") and name not in reserved_words()
+
+
+def rate_text(rate: Fraction) -> str:
+    """A rate literal: a decimal where one is exact, else a product of exact factors."""
+    denominator = rate.denominator
+    while denominator % 2 == 0:
+        denominator //= 2
+    while denominator % 5 == 0:
+        denominator //= 5
+    if denominator == 1:
+        text = f"{float(rate):.10f}".rstrip("0").rstrip(".")
+        return f"{text} Hz"
+    return f"1 Hz * {rate.numerator} / {rate.denominator}"
+
+
+def factor_text(base: str, factor: Fraction) -> str:
+    text = base
+    if factor.numerator != 1:
+        text += f" * {factor.numerator}"
+    if factor.denominator != 1:
+        text += f" / {factor.denominator}"
+    return text
+
+
+def _index_name(part: str) -> str:
+    name = _identifier(part)
+    if name.endswith("ies") and len(name) > 4:
+        name = name[:-3] + "y"
+    elif name.endswith("s") and len(name) > 3:
+        name = name[:-1]
+    return name if _legal(name) else "i"
+
+
+def group_families(regions: tuple[RegionProposal, ...]) -> list[Family]:
+    """Members of one family share everything but one numeric path part, numbered 0 .. n-1."""
+    groups: dict[tuple, list[tuple[int, RegionProposal]]] = defaultdict(list)
+    for region in regions:
+        parts = region.path.split(".")
+        for position, part in enumerate(parts):
+            if part.isdigit():
+                key = (tuple(p if i != position else None for i, p in enumerate(parts)), position, region.signature())
+                key += (region.bindable,)
+                groups[key].append((int(part), region))
+    candidates = []
+    for (_, position, *_rest), members in groups.items():
+        indices = sorted(i for i, _ in members)
+        if len(members) >= 2 and indices == list(range(len(members))):
+            candidates.append((position, [r for _, r in sorted(members, key=lambda m: m[0])]))
+    candidates.sort(key=lambda c: -len(c[1]))
+    taken: set[str] = set()
+    families: list[Family] = []
+    for position, members in candidates:
+        if any(m.path in taken for m in members):
+            continue
+        taken.update(m.path for m in members)
+        parts = members[0].path.split(".")
+        index_name = _index_name(parts[position - 1]) if position > 0 else "i"
+        families.append(Family(tuple(members), position, index_name))
+    for region in regions:
+        if region.path not in taken:
+            families.append(Family((region,), None, ""))
+    order = {region.path: i for i, region in enumerate(regions)}
+    families.sort(key=lambda f: order[f.first.path])
+    return families
+
+
+def _name_parts(family: Family) -> list[str]:
+    parts = family.first.path.split(".")
+    kept = []
+    for i, part in enumerate(parts):
+        if i == family.index_part or part in _GENERIC_PARTS or (i == 0 and not family.first.bindable):
+            continue
+        name = _identifier(part)
+        if name:
+            kept.append(name)
+    return kept or ["region"]
+
+
+def assign_names(families: list[Family], taken: set[str]) -> list[str]:
+    """The shortest unique tail of each family's path parts, as a legal name."""
+    parts = [_name_parts(f) for f in families]
+    depth = [1] * len(families)
+
+    def name(i: int) -> str:
+        while depth[i] < len(parts[i]) and not _legal("_".join(parts[i][-depth[i] :])):
+            depth[i] += 1
+        text = "_".join(parts[i][-depth[i] :])
+        return text if _legal(text) else "r_" + text
+
+    while True:
+        names = [name(i) for i in range(len(families))]
+        counts = defaultdict(list)
+        for i, n in enumerate(names):
+            counts[n].append(i)
+        clashes = [i for n, ids in counts.items() if len(ids) > 1 or n in taken for i in ids]
+        growable = [i for i in clashes if depth[i] < len(parts[i])]
+        if not growable:
+            break
+        for i in growable:
+            depth[i] += 1
+    final, used = [], set(taken)
+    for n in names:
+        candidate, suffix = n, 2
+        while candidate in used:
+            candidate, suffix = f"{n}_{suffix}", suffix + 1
+        used.add(candidate)
+        final.append(candidate)
+    return final
+
+
+def _shape_text(dtype: str, shape: tuple[int | None, ...]) -> str:
+    return f"{dtype}[{', '.join('time' if d is None else str(d) for d in shape)}]"
+
+
+def _retention_text(region: RegionProposal) -> str:
+    retention = region.retention
+    if retention.kind == "first_last":
+        return f"retain first {retention.first} + last {retention.last}"
+    if retention.kind == "all":
+        return f"retain all horizon {retention.last}"
+    return f"retain {retention.kind} {retention.last}"
+
+
+def _start_text(region: RegionProposal) -> str:
+    if region.start == "given" and region.time_axis is not None:
+        return f"start given {region.start_length}"
+    return f"start {region.start}"
+
+
+def _comment_lines(notes, indent: str = "") -> list[str]:
+    return [f"{indent}# {note}" for note in notes]
+
+
+def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, source: str) -> tuple[str, dict]:
+    """The `.clock` text and what it declares (names by path, clocks by rate) for the summary."""
+    clocks: dict[Fraction, str] = {input_rate: INPUT_CLOCK}
+    call_rate = proposals.call_rate
+    if call_rate not in clocks:
+        clocks[call_rate] = CALL_CLOCK
+
+    def clock_for(rate: Fraction) -> str:
+        if rate not in clocks:
+            factor = rate / input_rate
+            suffix = str(factor.numerator) if factor.denominator == 1 else f"{factor.numerator}_{factor.denominator}"
+            clocks[rate] = f"{INPUT_CLOCK}_x{suffix}"
+        return clocks[rate]
+
+    families = group_families(proposals.regions)
+    stream_names = {p.name for p in proposals.inputs} | {p.name for p in proposals.outputs}
+    reserved = {INPUT_CLOCK, CALL_CLOCK, STAGE} | stream_names
+    names = assign_names(families, reserved)
+
+    lines = [
+        f"# Drafted by `dsl draft {source}` from {proposals.calls} calls of the stock streaming step.",
+        "# Review every `#` note, rename what you like, then `dsl check` and `dsl plan` it.",
+    ]
+    if proposals.counters:
+        lines.append("#")
+        lines.append("# Host-side counters (not regions):")
+        lines.extend(f"#   {note}" for note in proposals.counters)
+    if proposals.skipped:
+        lines.append("#")
+        lines.append("# Seen but not declared:")
+        lines.extend(f"#   {note}" for note in proposals.skipped)
+    lines += ["", f"cadence {_duration_text(cadence)}", ""]
+
+    region_lines: list[str] = []
+    for proposal in proposals.inputs:
+        clock = INPUT_CLOCK
+        clauses = [f"on {clock}", "input"]
+        if proposal.context:
+            clauses.append(f"retain last {proposal.context}")
+        if proposal.given:
+            clauses.append(f"start given {proposal.given}")
+        region_lines += _comment_lines(proposal.notes)
+        region_lines.append(
+            f"region {proposal.name} : {_shape_text(proposal.dtype, proposal.shape)} {' '.join(clauses)}"
+        )
+    for proposal in proposals.outputs:
+        clock = clock_for(call_rate * proposal.units_per_call)
+        region_lines += _comment_lines(proposal.notes)
+        region_lines.append(f"region {proposal.name} : {_shape_text(proposal.dtype, proposal.shape)} on {clock} output")
+    declared = {}
+    for family, name in zip(families, names):
+        region = family.first
+        region_lines.append("")
+        region_lines += _comment_lines(region.notes)
+        if not region.bindable:
+            region_lines.append(
+                f"# caller-owned: found at {family.template()}, which is not reachable from the model: "
+                "the runtime hands the region to the stage"
+            )
+        for alias in region.aliases[:3]:
+            region_lines.append(f"# the same tensor is also reachable as {alias}")
+        head = f"region {name}"
+        if family.index_part is not None:
+            head += f"[{family.index_name} < {len(family.members)}]"
+        clauses = []
+        if region.time_axis is not None:
+            clauses += [f"on {clock_for(call_rate * region.advance)}", _retention_text(region)]
+        clauses.append(_start_text(region))
+        if region.stock is not None:
+            clauses.append(f"stock {region.stock}")
+        region_lines.append(f"{head} : {_shape_text(region.dtype, region.shape)} {' '.join(clauses)}")
+        if region.bindable:
+            region_lines.append(f'    bind "{family.template()}"')
+        for member in family.members:
+            declared[member.path] = name
+
+    clock_lines = [f"clock {INPUT_CLOCK} = {rate_text(input_rate)}  # the inputs' time axis"]
+    for rate, name in sorted(clocks.items(), key=lambda item: item[0]):
+        if name == INPUT_CLOCK:
+            continue
+        comment = "one stock call" if name == CALL_CLOCK else f"{rate_text(rate)}"
+        clock_lines.append(f"clock {name} = {factor_text(INPUT_CLOCK, rate / input_rate)}  # {comment}")
+
+    stage_clock = clocks[call_rate]
+    stage = [
+        f"stage {STAGE} on {stage_clock} {{",
+        f"    hook {HOOK}  # the whole stock call; split it into one stage per module once this checks",
+    ]
+    top = list(dict.fromkeys(path.split(".")[0] for path in proposals.module_order if path))
+    if top:
+        stage.append(f"    # the call ran these submodules of the model, in this order: {', '.join(top)}")
+    for proposal in proposals.inputs:
+        read = f"    read {proposal.name} new"
+        if proposal.context:
+            read += f" + {proposal.context}"
+        stage.append(read)
+    for family, name in zip(families, names):
+        region = family.first
+        stage.append(f"    update {name}" + (f" +{region.advance}" if region.time_axis is not None else ""))
+    for proposal in proposals.outputs:
+        write = f"    write {proposal.name}"
+        if proposal.advance is not None:
+            write += f" +{proposal.advance}"
+            if proposal.latency:
+                write += f" latency {proposal.latency}"
+        stage.append(write)
+    if proposals.draws_random:
+        stage.append("    rng  # the call drew from the default generator")
+    stage.append("}")
+    text = "\n".join(lines + clock_lines + [""] + region_lines + ["", *stage]) + "\n"
+    return text, {"regions": declared, "clocks": {name: rate for rate, name in clocks.items()}, "families": families}
+
+
+def _duration_text(seconds: Fraction) -> str:
+    if seconds.denominator == 1:
+        return f"{seconds.numerator} s"
+    milliseconds = seconds * 1000
+    if milliseconds.denominator == 1:
+        return f"{milliseconds.numerator} ms"
+    return f"{seconds.numerator} s / {seconds.denominator}"

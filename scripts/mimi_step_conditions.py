@@ -271,7 +271,7 @@ def state_flips(first: int, last: int, only: list[str], stock: str = "moshi whol
     import gc
 
     from duplexcadence.examples.moshi.bench import subject
-    from duplexcadence.interpreter.bench.harness import fresh_peak
+    from duplexcadence.interpreter.bench import fresh_peak
     from duplexcadence.interpreter.runtime.runtime import _sync_debug
 
     kept = []

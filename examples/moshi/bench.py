@@ -26,7 +26,7 @@ from fractions import Fraction
 import torch
 
 from duplexcadence.examples.moshi.model import build_mimi, moshi_torch_compile_enabled, random_codes
-from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant
+from duplexcadence.interpreter.bench import Subject, Variant, compiled_variant
 
 
 class _Decoder:
@@ -121,6 +121,7 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 
         device,
         description=f"Mimi decoder (moshi 0.2.13), fp32, 8 codebooks, B={batch}, {rope}",
         warmup_ticks=13,
+        tick_name="frame",
         extra={"batch": batch, "compiled_rope": compiled},
         compile_variants=compile_variants(batch, device, seed),
     )

@@ -26,7 +26,7 @@ import torch
 from duplexcadence.examples.qwen3omni.model import build_code2wav
 from duplexcadence.examples.qwen3omni.stock import StockSecondDecoder, second_bounds
 from duplexcadence.examples.qwen3omni.streaming import StreamingCode2Wav
-from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant, option_flag
+from duplexcadence.interpreter.bench import Subject, Variant, compiled_variant, option_flag
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -151,6 +151,7 @@ def subject(
         device,
         description=description,
         warmup_ticks=2,
+        tick_name="chunk",
         extra={"batch": batch, "dtype": dtype, "streaming": option_flag(streaming)},
         compile_variants=[
             compiled_variant(

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
-from duplexcadence.interpreter.bench.harness import Subject, Variant
+from duplexcadence.interpreter.bench import Subject, Variant
 from duplexcadence.interpreter.runtime.runtime import Runtime
 
 CLOCK = Path(__file__).with_name("toy.clock")
@@ -66,4 +66,5 @@ def subject(device: str = "cpu", seconds: int = 10, seed: int = 0, **_) -> Subje
         device,
         description="toy tail (tests, docs/runtime.md)",
         warmup_ticks=25,
+        tick_name="frame",
     )

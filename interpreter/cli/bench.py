@@ -1,4 +1,4 @@
-"""`dsl bench MODEL`: every variant of a tail side by side in one process (see interpreter/bench/harness.py).
+"""`dsl bench MODEL`: every variant of a tail side by side in one process (see interpreter/bench/__init__.py).
 
 MODEL is a registered example (`MODELS`) or a subject of your own, `MODULE:FUNCTION`: a function in a
 module importable from the current folder (or from the installed packages) that takes the options
@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 
-from duplexcadence.interpreter.bench import harness as bench
+from duplexcadence.interpreter import bench
 
 MODELS = {
     "toy": "duplexcadence.examples.toy.bench",

@@ -92,7 +92,7 @@ def test_an_unknown_subject_is_a_usage_error(user_folder, capsys, model, message
 def test_a_variant_not_meant_to_be_identical_reports_its_difference(user_folder):
     """compare=False with `difference`: no bit-identity verdict, the largest difference in `info`."""
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter import bench
 
     made = toy_subject(device="cpu", seconds=1)
     reference = next(v for v in made.variants if v.reference)
@@ -157,7 +157,7 @@ def test_interleave_times_every_variant_again_stepped_in_turn(user_folder, capsy
     """`--interleave`: after the sequential pass, every variant that ran is built again and they are stepped
     in turn, tick by tick, the order rotating by one each tick; each gets a second set of timings."""
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter import bench
 
     made = toy_subject(device="cpu", seconds=1)
     calls: list[str] = []
@@ -184,14 +184,14 @@ def test_interleave_times_every_variant_again_stepped_in_turn(user_folder, capsy
 
 def test_without_interleave_there_is_no_second_timing(user_folder):
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter import bench
 
     made = toy_subject(device="cpu", seconds=1)
     results = bench.run(made, 3, progress=False)
     assert all("interleaved" not in r.info for r in results)
     assert all(r.host_ms_median > 0 for r in results)  # on CPU a tick is host time only
     assert all(r.host_ms_median <= r.tick_ms_median for r in results)  # each tick: host time, then the sync
-    assert "host ms/tick" in bench.format_table(made, results)
+    assert "host ms/frame" in bench.format_table(made, results)
     assert "stepped in turn" not in bench.format_table(made, results)
 
 
@@ -199,7 +199,7 @@ def test_a_failed_interleaved_pass_keeps_the_sequential_results(user_folder):
     """The interleaved pass builds every variant again, all at once: if that fails (out of memory, a
     variant that cannot be built twice), the sequential results stand and the table says why."""
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter import bench
 
     made = toy_subject(device="cpu", seconds=1)
     builds = []
@@ -223,20 +223,21 @@ def test_a_failed_interleaved_pass_keeps_the_sequential_results(user_folder):
 
 @pytest.fixture
 def profiled(monkeypatch):
-    """The GPU busy profile on CPU: `_busy` records which variant it profiled and from which tick (each
+    """The GPU busy profile on CPU: `kernel_busy` records which variant it profiled and from which tick (each
     profiled tick is still stepped), and returns a made-up busy time that names the variant."""
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter.bench import BusyProfile
+    from duplexcadence.interpreter.bench import profile as profiling
 
     profiles: list[tuple[str, int, int]] = []
 
-    def fake_busy(runner, subject, first, count):
+    def fake_busy(runner, subject, first, count, trace_path=None):
         for tick in range(first, first + count):
             runner.step(**subject.inputs(tick))
         profiles.append((runner.name, first, count))
-        return float(len(profiles)), 0.5
+        return BusyProfile(float(len(profiles)), 0.5)
 
-    monkeypatch.setattr(bench, "kernel_time_measurable", lambda device: True)
-    monkeypatch.setattr(bench, "_busy", fake_busy)
+    monkeypatch.setattr(profiling, "kernel_time_measurable", lambda device: True)
+    monkeypatch.setattr(profiling, "kernel_busy", fake_busy)
     return profiles
 
 
@@ -254,7 +255,7 @@ def test_the_gpu_busy_profile_runs_after_every_timed_tick_on_a_fresh_build(user_
     may follow it: each variant is built again after the sequential and interleaved passes, stepped to the
     last two seconds' ticks unprofiled, and those ticks are profiled."""
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter import bench
 
     made = toy_subject(device="cpu", seconds=2)
     calls: list[str] = []
@@ -273,7 +274,7 @@ def test_the_gpu_busy_profile_runs_after_every_timed_tick_on_a_fresh_build(user_
 
 def test_a_may_fail_variant_that_fails_its_profile_keeps_its_timings(user_folder, profiled):
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter import bench
 
     made = toy_subject(device="cpu", seconds=1)
     cadence = next(v for v in made.variants if v.name == "duplexcadence")
@@ -309,7 +310,7 @@ def test_the_sm_clock_read_after_each_steady_tick_is_reported_beside_the_timings
     """Where NVML reads the SM clock, its median over the steady ticks of each pass gets a column: the
     clock drifts with the GPU's boost state, and every kernel's time with it."""
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter import bench
 
     made = toy_subject(device="cpu", seconds=1)
     readings = iter(range(1000, 2000))
@@ -322,7 +323,9 @@ def test_the_sm_clock_read_after_each_steady_tick_is_reported_beside_the_timings
 
         return read_one
 
-    monkeypatch.setattr(bench, "sm_clock_reader", reader)
+    from duplexcadence.interpreter.bench import passes
+
+    monkeypatch.setattr(passes, "sm_clock_reader", reader)
     ticks = made.warmup_ticks + 5
     results = bench.run(made, ticks, progress=False, interleave=True)
     steady = ticks - made.warmup_ticks
@@ -343,7 +346,7 @@ def test_the_sm_clock_read_after_each_steady_tick_is_reported_beside_the_timings
 
 def test_without_a_clock_reading_there_is_no_clock_column(user_folder):
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter import bench
 
     made = toy_subject(device="cpu", seconds=1)
     assert bench.sm_clock_reader(made.device) is None
@@ -379,7 +382,7 @@ def test_variants_chooses_and_orders_the_variants_after_the_reference(user_folde
 
 def test_variants_puts_them_in_the_order_given():
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter import bench
     from duplexcadence.interpreter.cli import bench as bench_cli
 
     made = toy_subject(device="cpu", seconds=1)
@@ -396,7 +399,7 @@ def test_without_profile_run_leaves_the_busy_pass_to_a_later_profile_all(user_fo
     """Several subjects timed in one process: each `run(..., profile=False)`, then `profile_all` for each
     once everything is timed, so no timed tick follows a profile."""
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter import bench
 
     made = toy_subject(device="cpu", seconds=1)
     made.variants = [named(v) for v in made.variants]
@@ -409,7 +412,7 @@ def test_without_profile_run_leaves_the_busy_pass_to_a_later_profile_all(user_fo
 
 
 def timed_twice(name: str, sequential: float, interleaved: float | None):
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter import bench
 
     info = (
         {}
@@ -446,7 +449,7 @@ def test_the_table_says_when_the_two_passes_rank_two_variants_in_opposite_orders
     """The fifth session's Moshi run: the whole-step graph 18.7 against our 20.9 ms/s sequentially, 21.8
     against 21.3 interleaved. A flip inside the noise (under 3 % both ways) is not reported."""
     from duplexcadence.examples.toy.bench import subject as toy_subject
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter import bench
 
     results = [
         timed_twice("stock eager", 253.6, 232.7),

@@ -9,7 +9,7 @@ dynamic=False)`: one specialised graph per input length (12, 25, 37, 38: four co
 dynamo's recompile limit of 8). transformers' mask builder syncs with the host; how dynamo treats
 that (graph break or not) is what the variant reports.
 
-`--option streaming=1` adds the OPT-IN true-streaming mode (issue 11, item 3), never part of the
+`--option streaming=1` adds the OPT-IN true-streaming mode, never part of the
 default run: "streaming (eager, opt-in)" (`StreamingCode2Wav`, one call per second) and "streaming
 under DuplexCadence (opt-in)" (`qwen3_omni_code2wav_streaming.clock`, one graph replay per code).
 They carry the whole context that the chunked stock decode throws away, so they are not compared

@@ -435,8 +435,8 @@ def timed_twice(name: str, sequential: float, interleaved: float | None):
 
 
 def test_the_table_says_when_the_two_passes_rank_two_variants_in_opposite_orders():
-    """The fifth session's Moshi run: the whole-step graph 18.7 against our 20.9 ms/s sequentially, 21.8
-    against 21.3 interleaved. A flip inside the noise (under 3 % both ways) is not reported."""
+    """A Moshi run on the GPU: the whole-step graph 18.7 against our 20.9 ms/s sequentially, 21.8 against
+    21.3 interleaved. A flip inside the noise (under 3 % both ways) is not reported."""
     from duplexcadence.interpreter import bench
 
     results = [

@@ -115,12 +115,15 @@ def subject(
         start, end = second_bounds(second)
         return {"codes": codes[..., start:end]}
 
-    cadence_info = lambda r: {
-        "graphs": r.runtime.report().graphs_captured,
-        "stage_graphs": r.runtime.report().stage_graphs_covered,
-        "capture_seconds": r.runtime.report().capture_seconds,
-        "arena_bytes": r.runtime.report().arena_bytes,
-    }
+    def cadence_info(runner) -> dict:
+        report = runner.runtime.report()
+        return {
+            "graphs": report.graphs_captured,
+            "stage_graphs": report.stage_graphs_covered,
+            "capture_seconds": report.capture_seconds,
+            "arena_bytes": report.arena_bytes,
+        }
+
     variants = [
         Variant("stock eager", lambda: _Stock(torch_dtype, device, seed), reference=True),
         Variant("duplexcadence", lambda: _Cadence(torch_dtype, device, seed, batch), info=cadence_info),

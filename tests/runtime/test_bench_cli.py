@@ -459,3 +459,11 @@ def test_the_table_says_when_the_two_passes_rank_two_variants_in_opposite_orders
         "interleaved; the interleaved pass is the fairer (docs/benchmarks.md)",
     ]  # not close call vs ours: noise
     assert bench.pass_disagreements([timed_twice("a", 10.0, None), timed_twice("b", 12.0, None)]) == []
+
+
+def test_the_command_s_default_compile_budget_is_the_bench_s():
+    """`dsl bench --help` states the budget without importing the bench (and torch)."""
+    from duplexcadence.interpreter import bench
+    from duplexcadence.interpreter.cli import bench as bench_cli
+
+    assert bench_cli.DEFAULT_COMPILE_BUDGET_S == bench.DEFAULT_COMPILE_BUDGET_S

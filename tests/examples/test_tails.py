@@ -8,6 +8,7 @@ import importlib.metadata
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,11 @@ def test_a_tail_declares_a_clean_clock_and_documents_its_upstream(name):
     for upstream in tail.upstream:
         assert upstream.repository and upstream.path
         assert upstream.path in text, f"{readme} does not name {upstream}"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert tail.package in project["tool"]["setuptools"]["packages"]  # `pip install .` ships it
     if tail.extra is not None:
         assert f"duplexcadence[{tail.extra}]" in text
+        assert tail.extra in project["project"]["optional-dependencies"]
 
 
 @pytest.mark.parametrize("name", NAMES)

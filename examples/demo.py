@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     from duplexcadence.examples.moshi.cadence import clock_path
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter import bench
     from duplexcadence.interpreter.plans.plan import plan_file
     from duplexcadence.interpreter.plans.plan_text import format_plan
     from duplexcadence.interpreter.views.render import render_file

@@ -1,7 +1,20 @@
 #!/usr/bin/env bash
 # Source this on the GPU machine (no registry there): installs the carried wheels (.whl/) into
-# /tmp/site and makes `duplexcadence` importable from this checkout without building it.
+# /tmp/site and makes `duplexcadence` importable from this checkout without building it, with its
+# metadata (the `duplexcadence.tails` entry points of pyproject.toml) so that `dsl bench TAIL` finds the tails.
+#   source scripts/device_setup.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 mkdir -p /tmp/pkgs && ln -sfn "$PWD" /tmp/pkgs/duplexcadence
+python3 - <<'PY'
+import pathlib, tomllib
+project = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["project"]
+info = pathlib.Path(f"/tmp/pkgs/duplexcadence-{project['version']}.dist-info")
+info.mkdir(exist_ok=True)
+(info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+lines = []
+for group, entries in project.get("entry-points", {}).items():
+    lines += [f"[{group}]"] + [f"{name} = {value}" for name, value in entries.items()] + [""]
+(info / "entry_points.txt").write_text("\n".join(lines))
+PY
 export PYTHONPATH=/tmp/pkgs:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1

@@ -48,6 +48,7 @@ import time
 _PROCESS_STARTED = time.perf_counter()
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
@@ -310,10 +311,8 @@ def run(args: argparse.Namespace, out: Path, wall_started: float, stop: dict | N
                                 flush=True,
                             )
     except BaseException as error:  # a stage raised, Ctrl-C: the result so far says where, then the error
-        try:
+        with contextlib.suppress(Exception):  # the device may be gone too; the last checkpoint stays on disk
             checkpoint(done, stopped=f"error: {error!r}")
-        except Exception:  # the device may be gone too; the last checkpoint stays on disk
-            pass
         raise
     if not result["complete"]:  # stopped early (or no frames at all): the last word
         if samples[-1][0] != done:

@@ -36,7 +36,7 @@ from duplexcadence.examples.minicpmo45 import bench as subject_module
 from duplexcadence.examples.minicpmo45.cadence import load_runtime
 from duplexcadence.examples.minicpmo45.model import RELEASED, build_tail, random_prompt
 from duplexcadence.examples.minicpmo45.stock import CHUNK_TOKENS, StockToken2wavSession
-from duplexcadence.interpreter.bench import harness as bench
+from duplexcadence.interpreter import bench
 from duplexcadence.interpreter.runtime.verify import count_unequal, deterministic_cudnn
 
 PROMPT_FRAMES = 150
@@ -382,7 +382,7 @@ def main() -> int:
     started = time.perf_counter()
     with deterministic_cudnn(), torch.no_grad():
         # Sessions first: the bench's GPU-busy profile leaves CUPTI attached to the process, and every launch
-        # timed after it pays CUPTI's callbacks (interpreter/bench/harness.py, profile_busy).
+        # timed after it pays CUPTI's callbacks (interpreter/bench/profile.py).
         if args.part in ("all", "sessions"):
             dtype, steps = args.sessions_config.split(":")
             payload["sessions_in_turn"] = run_sessions(

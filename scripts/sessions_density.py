@@ -32,7 +32,7 @@ import torch
 from duplexcadence.examples.moshi.model import build_mimi, random_codes
 from duplexcadence.examples.personaplex.cadence import load_runtime
 from duplexcadence.examples.personaplex.stock import PersonaPlexMimiDecoder
-from duplexcadence.interpreter.bench.harness import fresh_peak
+from duplexcadence.interpreter.bench import fresh_peak
 from duplexcadence.interpreter.runtime.verify import count_unequal, deterministic_cudnn
 
 DEVICE = "cuda"

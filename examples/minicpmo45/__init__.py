@@ -3,5 +3,5 @@
 ``package`` imports the package's model modules without its front end, ``model`` builds the
 released sizes with seeded random weights, ``stock`` drives the stock ``Token2wav.stream`` the way
 MiniCPM-o does, ``patches`` holds value-identical changes (device-cached constants, demand-sized
-buffers). See README.md and STATE.md in this folder.
+buffers). See README.md in this folder.
 """

@@ -32,7 +32,7 @@ from duplexcadence.examples.minicpmo45.cadence import load_runtime
 from duplexcadence.examples.minicpmo45.model import RELEASED, TailConfig, Token2wavTail, build_tail, random_prompt
 from duplexcadence.examples.minicpmo45.patches import estimator_cache_frames
 from duplexcadence.examples.minicpmo45.stock import CHUNK_TOKENS, StockToken2wavSession
-from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant
+from duplexcadence.interpreter.bench import Subject, Variant, compiled_variant
 
 STOCK_BUFFERS = (
     ("decoder", "att_cache_buffer"),
@@ -194,6 +194,7 @@ def subject(
         device,
         description=description,
         warmup_ticks=2,
+        tick_name="chunk",
         weights_bytes=weights_bytes,
         extra={
             "dtype": dtype,

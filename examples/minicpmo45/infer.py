@@ -31,7 +31,7 @@ import torch
 from duplexcadence.examples.minicpmo45.cadence import load_runtime
 from duplexcadence.examples.minicpmo45.model import RELEASED, TailConfig, build_tail, random_prompt
 from duplexcadence.examples.minicpmo45.stock import StockToken2wavSession
-from duplexcadence.interpreter.bench.harness import fresh_peak, sync
+from duplexcadence.interpreter.bench import fresh_peak, sync
 from duplexcadence.interpreter.plans.plan_text import human_bytes
 from duplexcadence.interpreter.runtime.verify import deterministic_cudnn
 

@@ -2,8 +2,7 @@
 
 The modules are the package's own (``stepaudio2-minicpmo`` 0.1.1, imported by
 :mod:`.package`), constructed the way the released ``flow.yaml`` / ``Token2wav.__init__``
-construct them (sizes: shared/reference/model-anatomy.md §3.3 and §3.6, and the "model" row of
-shared/reference/token2wav-baseline-h200.md):
+construct them:
 
 * ``UpsampleConformerEncoderV2(512 -> 512, linear input, pre-lookahead 3, 6 + 4 conformer layers,
   upsample x2, 8 heads, rel_pos_espnet / rel_selfattn, key bias, 2048 FFN, normalize_before)``

@@ -1,8 +1,7 @@
 """Value-identical patches that take host->device copies of constants out of the tail's per-chunk path.
 
 Three constants are rebuilt on the host and copied to the device inside every stock chunk (each a
-pageable H2D copy that synchronises the host with the stream, and that CUDA-graph capture refuses;
-shared/reference/token2wav-baseline-h200.md, "What blocks CUDA-graph capture"):
+pageable H2D copy that synchronises the host with the stream, and that CUDA-graph capture refuses):
 
 * ``TimestepEmbedder.timestep_embedding`` (stepaudio2/cosyvoice2/flow/decoder_dit.py): the 128
   sinusoid frequencies ``exp(-ln(10000) * arange(128) / 128)`` are computed on the CPU in float32

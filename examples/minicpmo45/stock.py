@@ -2,7 +2,7 @@
 
 What MiniCPM-o 4.5 does per duplex session (OpenBMB MiniCPM-o / MiniCPM-o-Demo
 ``MiniCPMODuplex._init_token2wav_cache``, ``_reset_token2wav_for_new_turn``,
-``_generate_waveform_from_tokens``; model-anatomy.md §3.2):
+``_generate_waveform_from_tokens`` in ``MiniCPMO45/modeling_minicpmo.py``):
 
 * once per voice: ``Token2wav.set_stream_cache(prompt_wav)`` runs the front end, then
   ``flow.setup_cache(prompt tokens + three silence tokens 4218, prompt mels, speaker embedding,

@@ -14,9 +14,8 @@ Variants, each with its own Mimi (same seeded weights), all decoding the same co
 With `--compile` (`Subject.compile_variants`): the stock eager step's `mimi.decode` (moshi's graphs
 off, its rope compiled as shipped) under `torch.compile(mode="reduce-overhead")` with
 `torch._dynamo.config.allow_unspec_int_on_nn_module=True`. Without that setting dynamo guards on
-moshi's python-int `offset_cpu`, recompiles every frame and falls back to eager after 8
-(shared/reference/mimi-baseline-h200.md); with it the baseline measured one recompile and no graph
-breaks, not bit-identical to eager (~5e-5).
+moshi's python-int `offset_cpu`, recompiles every frame and falls back to eager after 8; with it there
+is one recompile and no graph break, and the result is not bit-identical to eager (~5e-5).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from fractions import Fraction
 import torch
 
 from duplexcadence.examples.moshi.model import build_mimi, moshi_torch_compile_enabled, random_codes
-from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant
+from duplexcadence.interpreter.bench import Subject, Variant, compiled_variant
 
 
 class _Decoder:
@@ -105,8 +104,8 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 
         ]
     variants.append(Variant("duplexcadence", lambda: _Cadence(batch, device, seed), info=_cadence_info))
     if device.type == "cuda":
-        # last: a reference point, not a serving path (it does not slow the graph variants after it, as the sixth
-        # session thought: a process's fourth large graph does; docs/benchmarks.md, Moshi, seventh session)
+        # last: a reference point, not a serving path (what slows the graph variants built after others is a
+        # process's fourth large graph, not this one; docs/benchmarks.md, Moshi)
         variants.append(
             Variant(
                 "moshi fully eager (no compile)", lambda: _Decoder(batch, "eager", device, seed), compare=not compiled
@@ -121,6 +120,7 @@ def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 
         device,
         description=f"Mimi decoder (moshi 0.2.13), fp32, 8 codebooks, B={batch}, {rope}",
         warmup_ticks=13,
+        tick_name="frame",
         extra={"batch": batch, "compiled_rope": compiled},
         compile_variants=compile_variants(batch, device, seed),
     )

@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 import torch
 
-from duplexcadence.interpreter.bench.harness import fresh_peak, sync
+from duplexcadence.interpreter.bench import fresh_peak, sync
 
 FRAMES_PER_SECOND = 12.5
 

@@ -54,7 +54,7 @@ import attrs
 import torch
 
 from duplexcadence.examples.moshi.model import FRAME_RATE, FRAME_SIZE, SAMPLE_RATE
-from duplexcadence.interpreter.bench.harness import sync
+from duplexcadence.interpreter.bench import sync
 
 LM_CONFIGS = ("released", "tiny")
 TINY_LM_OVERRIDES: dict[str, Any] = {

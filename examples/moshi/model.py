@@ -136,7 +136,7 @@ def materialize_codebook_tables(mimi) -> int:
             (quantizer.rvq_rest, quantizer.rvq_rest.n_q),
         ):
             for layer in list(rvq.vq.layers)[:used]:
-                layer._codebook.embedding
+                _ = layer._codebook.embedding  # the property registers the table on first access
                 count += 1
     return count
 

@@ -1,4 +1,4 @@
-"""moshi 0.2.13's own streaming decode loop for Mimi, in the variants the baseline measured.
+"""moshi 0.2.13's own streaming decode loop for Mimi, in the variants the bench compares.
 
 ``MoshiStockDecoder`` enters ``mimi.streaming(batch_size)`` once and keeps it entered (as moshi's
 server does with ``streaming_forever``); ``step`` decodes one frame, ``reset`` calls

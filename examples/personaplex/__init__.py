@@ -3,7 +3,7 @@
 PersonaPlex (NVIDIA/personaplex) vendors an old moshi (0.1.0) whose streaming code keeps the
 conv carries as ``torch.cat`` results and views (new addresses every tick), runs SEANet eagerly,
 CUDA-graphs only the transformers, and decodes every tick with two Mimi instances. :mod:`.stock`
-reproduces that state handling on the modules (weights) of moshi 0.2.13; ``UPSTREAM.md`` maps each
+reproduces that state handling on the modules (weights) of moshi 0.2.13; README.md maps each
 piece to the upstream file it follows.
 
 - :mod:`.cadence`: ``stdlib/models/personaplex_mimi_decoder.clock`` bound to the reproduction; the two

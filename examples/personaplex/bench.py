@@ -33,7 +33,7 @@ from fractions import Fraction
 import torch
 
 from duplexcadence.examples.moshi.model import build_mimi, moshi_torch_compile_enabled, random_codes
-from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant, option_flag
+from duplexcadence.interpreter.bench import Subject, Variant, compiled_variant, option_flag
 
 
 class _Stock:
@@ -139,6 +139,7 @@ def subject(
         description=f"PersonaPlex Mimi decoder (old-moshi state handling on moshi 0.2.13 weights), "
         f"2 instances per tick, fp32, 8 codebooks, B={batch}, {rope}",
         warmup_ticks=13,
+        tick_name="frame",
         extra={"batch": batch, "instances": 2, "compiled_rope": compiled},
         compile_variants=compile_variants,
     )

@@ -1,11 +1,11 @@
 """PersonaPlex's stock Mimi decode loop, reproduced on the modules of moshi 0.2.13.
 
 PersonaPlex (NVIDIA/personaplex @ 3428dfd) ships a vendored old moshi (``moshi/moshi``, version
-0.1.0) whose streaming state handling differs from moshi 0.2.13 (model-anatomy §2). This module is
+0.1.0) whose streaming state handling differs from moshi 0.2.13. This module is
 an independent reimplementation of that handling: it reads the parameters of a moshi 0.2.13
 ``MimiModel`` (same architecture, same parameter names) but runs its own streaming forward
 functions with its own state objects, so the moshi 0.2.13 modules are never put in streaming
-mode by it. ``UPSTREAM.md`` maps every piece to the upstream file and function it follows.
+mode by it. README.md maps every piece to the upstream file and function it follows.
 
 What the old handling does, per decode tick:
 

@@ -9,7 +9,7 @@ dynamic=False)`: one specialised graph per input length (12, 25, 37, 38: four co
 dynamo's recompile limit of 8). transformers' mask builder syncs with the host; how dynamo treats
 that (graph break or not) is what the variant reports.
 
-`--option streaming=1` adds the OPT-IN true-streaming mode (issue 11, item 3), never part of the
+`--option streaming=1` adds the OPT-IN true-streaming mode, never part of the
 default run: "streaming (eager, opt-in)" (`StreamingCode2Wav`, one call per second) and "streaming
 under DuplexCadence (opt-in)" (`qwen3_omni_code2wav_streaming.clock`, one graph replay per code).
 They carry the whole context that the chunked stock decode throws away, so they are not compared
@@ -26,7 +26,7 @@ import torch
 from duplexcadence.examples.qwen3omni.model import build_code2wav
 from duplexcadence.examples.qwen3omni.stock import StockSecondDecoder, second_bounds
 from duplexcadence.examples.qwen3omni.streaming import StreamingCode2Wav
-from duplexcadence.interpreter.bench.harness import Subject, Variant, compiled_variant, option_flag
+from duplexcadence.interpreter.bench import Subject, Variant, compiled_variant, option_flag
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -115,12 +115,15 @@ def subject(
         start, end = second_bounds(second)
         return {"codes": codes[..., start:end]}
 
-    cadence_info = lambda r: {
-        "graphs": r.runtime.report().graphs_captured,
-        "stage_graphs": r.runtime.report().stage_graphs_covered,
-        "capture_seconds": r.runtime.report().capture_seconds,
-        "arena_bytes": r.runtime.report().arena_bytes,
-    }
+    def cadence_info(runner) -> dict:
+        report = runner.runtime.report()
+        return {
+            "graphs": report.graphs_captured,
+            "stage_graphs": report.stage_graphs_covered,
+            "capture_seconds": report.capture_seconds,
+            "arena_bytes": report.arena_bytes,
+        }
+
     variants = [
         Variant("stock eager", lambda: _Stock(torch_dtype, device, seed), reference=True),
         Variant("duplexcadence", lambda: _Cadence(torch_dtype, device, seed, batch), info=cadence_info),
@@ -151,6 +154,7 @@ def subject(
         device,
         description=description,
         warmup_ticks=2,
+        tick_name="chunk",
         extra={"batch": batch, "dtype": dtype, "streaming": option_flag(streaming)},
         compile_variants=[
             compiled_variant(

@@ -17,7 +17,7 @@ What it computes is the whole-utterance forward (one ``model(codes)`` on everyth
 delivered in pieces: the first second gives ``n * 1920 - 555`` samples and every later one
 ``n * 1920``, aligned exactly like ``StockSecondDecoder(corrected=True)``. It differs from the
 whole forward only by floating-point rounding (different kernel shapes), and from chunked decoding
-by the context that chunked decoding throws away (see NOTES.md). State layout: STATE.md.
+by the context that chunked decoding throws away (README.md, which also lists the state).
 
 The arithmetic of one step is the module-level ``stream_step``, shared with the DuplexCadence
 runtime of this mode (``streaming_cadence.py``, ``stdlib/models/qwen3_omni_code2wav_streaming.clock``),

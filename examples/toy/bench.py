@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from fractions import Fraction
-from pathlib import Path
 
 import torch
 
+from duplexcadence.examples.toy.cadence import load_runtime
 from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
-from duplexcadence.interpreter.bench.harness import Subject, Variant
+from duplexcadence.interpreter.bench import Subject, Variant
 from duplexcadence.interpreter.runtime.runtime import Runtime
 
-CLOCK = Path(__file__).with_name("toy.clock")
 PROMPT, WINDOW = 6, 20
 
 
@@ -51,7 +50,7 @@ def subject(device: str = "cpu", seconds: int = 10, seed: int = 0, **_) -> Subje
         return Seeded()
 
     def cadence():
-        runtime = Runtime.load(CLOCK, model, device=device)
+        runtime = load_runtime(model, device=device)
         runner = SessionRunner(runtime, {"cache": prompt}, seed)
         return runner
 
@@ -66,4 +65,5 @@ def subject(device: str = "cpu", seconds: int = 10, seed: int = 0, **_) -> Subje
         device,
         description="toy tail (tests, docs/runtime.md)",
         warmup_ticks=25,
+        tick_name="frame",
     )

@@ -1,10 +1,12 @@
-"""`dsl bench MODEL`: every variant of a tail side by side in one process (see interpreter/bench/harness.py).
+"""`dsl bench TAIL`: every variant of a tail side by side in one process (the API: `duplexcadence.interpreter.bench`).
 
-MODEL is a registered example (`MODELS`) or a subject of your own, `MODULE:FUNCTION`: a function in a
-module importable from the current folder (or from the installed packages) that takes the options
-below as keywords (`device`, `seconds`, `batch`, `dtype`, and every `--option KEY=VALUE`) and
-returns a `bench.Subject`. `--compile` adds the subject's `compile_variants` (torch.compile
-reduce-overhead of the stock step), run last; one that fails is reported as failed.
+TAIL is a registered tail (`duplexcadence.interpreter.tails.available()`) or a subject of your own,
+`MODULE:FUNCTION`: a function in a module importable from the current folder (or from the installed
+packages) that takes the options below as keywords (`device`, `seconds`, `batch`, `dtype`, and every
+`--option KEY=VALUE`) and returns a `bench.Subject`. `--compile` adds the subject's `compile_variants`
+(torch.compile reduce-overhead of the stock step), run last; one that fails is reported as failed.
+
+Torch and the bench are imported by `run` only, so that `dsl --help` starts without them.
 """
 
 from __future__ import annotations
@@ -13,16 +15,16 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from duplexcadence.interpreter.bench import harness as bench
+from duplexcadence.interpreter import tails
+from duplexcadence.interpreter.cli.common import EXIT_CLEAN, EXIT_PROBLEMS, EXIT_USAGE
 
-MODELS = {
-    "toy": "duplexcadence.examples.toy.bench",
-    "moshi": "duplexcadence.examples.moshi.bench",
-    "personaplex": "duplexcadence.examples.personaplex.bench",
-    "minicpmo45": "duplexcadence.examples.minicpmo45.bench",
-    "qwen3omni": "duplexcadence.examples.qwen3omni.bench",
-}
+if TYPE_CHECKING:
+    from duplexcadence.interpreter.bench import Subject, Variant
+
+DEFAULT_COMPILE_BUDGET_S = 150.0  # duplexcadence.interpreter.bench.DEFAULT_COMPILE_BUDGET_S, without importing torch
 
 
 def _options(pairs: list[str]) -> dict[str, str]:
@@ -35,23 +37,19 @@ def _options(pairs: list[str]) -> dict[str, str]:
     return options
 
 
-def _subject_function(model: str):
-    """The `subject` function of a registered example, or FUNCTION of `MODULE:FUNCTION`; else an
-    error message."""
-    if model in MODELS:
+def subject_function(name: str) -> Callable[..., Any] | str:
+    """The `subject` of the registered tail `name`, or FUNCTION of `MODULE:FUNCTION`; else an error message."""
+    if name in tails.available():
         try:
-            return importlib.import_module(MODELS[model]).subject
-        except ImportError as error:
-            return (
-                f"the '{model}' example needs its optional packages: {error}. "
-                f"See examples/{model}/README.md for the install line."
-            )
-    module_name, sep, function_name = model.partition(":")
+            tail = tails.get(name)
+            tail.require()
+            return tail.subject.resolve()
+        except tails.TailError as error:
+            return str(error)
+    module_name, sep, function_name = name.partition(":")
     if not sep or not module_name or not function_name:
-        return (
-            f"'{model}' is neither a registered model ({', '.join(sorted(MODELS))}) nor "
-            "MODULE:FUNCTION (a subject of your own, e.g. mybench:subject)"
-        )
+        registered = ", ".join(tails.available()) or "none registered"
+        return f"'{name}' is neither a registered tail ({registered}) nor MODULE:FUNCTION (a subject of your own, e.g. mybench:subject)"
     if os.getcwd() not in sys.path:  # a console script does not put the current folder on the path
         sys.path.insert(0, os.getcwd())
     try:
@@ -65,23 +63,27 @@ def _subject_function(model: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    make_subject = _subject_function(args.model)
+    make_subject = subject_function(args.tail)
     if isinstance(make_subject, str):
         print(f"dsl bench: {make_subject}", file=sys.stderr)
-        return 2
-    device = args.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
+        return EXIT_USAGE
+    import torch
+
+    from duplexcadence.interpreter import bench
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         subject = make_subject(
             device=device, seconds=args.seconds, batch=args.batch, dtype=args.dtype, **_options(args.option)
         )
     except ValueError as error:  # an option the subject does not take (a dtype, a batch for a mode)
-        print(f"dsl bench: {args.model}: {error}", file=sys.stderr)
-        return 2
+        print(f"dsl bench: {args.tail}: {error}", file=sys.stderr)
+        return EXIT_USAGE
     if args.variants is not None:
         chosen = select_variants(subject, args.variants)
         if isinstance(chosen, str):
             print(f"dsl bench: {subject.name}: {chosen}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         subject.variants = chosen
     ticks = int(subject.ticks_per_second * args.seconds)
     if args.compile and not subject.compile_variants:
@@ -93,15 +95,17 @@ def run(args: argparse.Namespace) -> int:
         compile=args.compile,
         compile_budget_s=args.compile_budget,
         interleave=args.interleave,
+        trace_dir=args.trace,
     )
     print(bench.format_table(subject, results))
     if args.json:
         bench.dump(args.json, bench.to_json(subject, results))
         print(f"wrote {args.json}")
-    return 0 if all(r.bit_identical is not False for r in results if "duplexcadence" in r.name) else 1
+    identical = all(r.bit_identical is not False for r in results if "duplexcadence" in r.name)
+    return EXIT_CLEAN if identical else EXIT_PROBLEMS
 
 
-def select_variants(subject: bench.Subject, names: str) -> list[bench.Variant] | str:
+def select_variants(subject: Subject, names: str) -> list[Variant] | str:
     """`--variants A,B`: the subject's reference variant (stock eager, which bit-identity is checked
     against), then A and B in that order; or an error message naming the variants there are."""
     by_name = {variant.name: variant for variant in subject.variants}
@@ -118,11 +122,12 @@ def select_variants(subject: bench.Subject, names: str) -> list[bench.Variant] |
 
 def register(commands) -> None:
     parser = commands.add_parser("bench", help="benchmark a model tail: stock variants vs DuplexCadence")
+    registered = ", ".join(tails.available()) or "none registered"
     parser.add_argument(
-        "model",
-        metavar="MODEL",
-        help=f"a registered model ({', '.join(sorted(MODELS))}) or MODULE:FUNCTION, a subject "
-        "of your own importable from the current folder",
+        "tail",
+        metavar="TAIL",
+        help=f"a registered tail ({registered}) or MODULE:FUNCTION, a subject of your own importable from the "
+        "current folder",
     )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--seconds", type=int, default=10, help="duplex seconds to stream per variant")
@@ -133,7 +138,7 @@ def register(commands) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="model-specific option (e.g. steps=5 for minicpmo45)",
+        help="tail-specific option (e.g. steps=5 for minicpmo45)",
     )
     parser.add_argument(
         "--compile",
@@ -146,7 +151,7 @@ def register(commands) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help=f"wall-clock budget of each compile variant (default {bench.DEFAULT_COMPILE_BUDGET_S:g})",
+        help=f"wall-clock budget of each compile variant (default {DEFAULT_COMPILE_BUDGET_S:g})",
     )
     parser.add_argument(
         "--interleave",
@@ -161,6 +166,13 @@ def register(commands) -> None:
         metavar="NAME,NAME",
         help="run only these variants, in this order, after the reference (stock eager, always "
         "first): the order matters on a GPU, see docs/benchmarks.md",
+    )
+    parser.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="write each variant's profile of its last ticks to DIR as a Chrome trace (per-operation GPU "
+        "timeline; the host's operations too), with a summary line per variant",
     )
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     parser.add_argument("--no-progress", action="store_true")

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from duplexcadence.dsl import messages
 from duplexcadence.dsl.frontend import check_file
-from duplexcadence.interpreter.bench.harness import time_budget
+from duplexcadence.interpreter.bench import time_budget
 from duplexcadence.interpreter.cli import main as cli
 from duplexcadence.interpreter.plans import clocks as clocks_module
 from duplexcadence.interpreter.plans import trace as trace_module

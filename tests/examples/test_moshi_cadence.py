@@ -143,7 +143,7 @@ def test_gpu_graphs_for_three_stages_bit_identical() -> None:
 def test_gpu_bench_subject_duplexcadence_bit_identical() -> None:
     """`dsl bench moshi --device cuda` in miniature: the DuplexCadence variant equals stock eager."""
     from duplexcadence.examples.moshi.bench import subject
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter import bench
 
     subj = subject(device="cuda", seconds=2, batch=1)
     results = bench.run(subj, int(subj.ticks_per_second * 2), progress=False)

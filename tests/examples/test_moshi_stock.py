@@ -78,7 +78,7 @@ def test_random_codebooks_decode_to_audio_not_silence(mimi, stock_run: StockRun)
 
 
 def test_released_size_state_table(mimi) -> None:
-    """The decode-path state of the released Mimi at B=1, as listed in examples/moshi/STATE.md."""
+    """The decode-path state of the released Mimi at B=1, as `state.decode_state_tensors` lists it (examples/moshi/README.md)."""
     with mimi.streaming(1):
         entries = {entry.path: entry.tensor for entry in state.decode_state_tensors(mimi)}
         counters = state.decode_state_counters(mimi)

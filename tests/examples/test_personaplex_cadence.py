@@ -205,7 +205,7 @@ def test_gpu_graphs_for_every_stage_bit_identical(stock_graphs: bool) -> None:
 def test_gpu_bench_subject_runs_and_is_bit_identical() -> None:
     """`dsl bench personaplex --device cuda` in miniature: every variant bit-identical to stock eager."""
     from duplexcadence.examples.personaplex.bench import subject
-    from duplexcadence.interpreter.bench import harness as bench
+    from duplexcadence.interpreter import bench
 
     subj = subject(device="cuda", seconds=2, batch=1)
     results = bench.run(subj, int(subj.ticks_per_second * 2), progress=False)

@@ -15,7 +15,7 @@ pytest.importorskip("moshi")
 
 from duplexcadence.examples.moshi import model as mimi_model  # noqa: E402
 from duplexcadence.examples.moshi.stock import MoshiStockDecoder  # noqa: E402
-from duplexcadence.examples.personaplex.stock import PersonaPlexMimiDecoder, PersonaPlexTail, RingKVCache
+from duplexcadence.examples.personaplex.stock import PersonaPlexMimiDecoder, PersonaPlexTail, RingKVCache  # noqa: E402
 
 pytestmark = pytest.mark.models
 

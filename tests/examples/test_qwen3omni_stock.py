@@ -139,7 +139,7 @@ def test_corrected_stream_equals_whole_utterance_decode(models, codes, prefix_de
     equal only up to rounding (CPU SDPA and GEMM kernels are not prefix-stable: about 8e-6 in fp32,
     0.07 in bf16), so each second is compared with the whole decode of the same length. From second
     3 on the forward starts at code ``start - 25`` and the stream departs from a whole decode by
-    design (attention window 38 instead of 72, see NOTES.md).
+    design (attention window 38 instead of 72, see examples/qwen3omni/README.md).
     """
     corrected = StockSecondDecoder(models[dtype], corrected=True)
     stream: list[torch.Tensor] = []

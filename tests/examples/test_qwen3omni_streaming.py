@@ -1,4 +1,4 @@
-"""Qwen3-Omni Code2Wav's opt-in true-streaming mode under DuplexCadence (issue 11, item 3).
+"""Qwen3-Omni Code2Wav's opt-in true-streaming mode under DuplexCadence.
 
 The runtime of `stdlib/models/qwen3_omni_code2wav_streaming.clock` fires once per code and must be
 `torch.equal` to the eager `StreamingCode2Wav` stepped one code at a time (the same `stream_step`
@@ -130,7 +130,7 @@ def test_runtime_equals_eager_streaming_per_code_and_is_measured_against_stock(r
         f"vs stock chunked decode {versus_stock:.3g} (seconds 0-2: {versus_stock_early:.3g})"
     )
     assert versus_whole < 1e-4  # rounding: a wrong carry or window gives errors of order 1
-    # reported, not asserted equal: from second 3 the chunked decode has lost context (NOTES.md: 1.1-1.4)
+    # reported, not asserted equal: from second 3 the chunked decode has lost context (README.md: 1.1-1.4)
     assert versus_stock_early < 1e-4 and versus_stock > 0.1
 
 

@@ -118,7 +118,7 @@ def test_graph_budget_keeps_steady_graphs_first():
 
 
 def test_qwen_code2wav_streaming_state_is_state_md():
-    """The opt-in streaming clock: every region at examples/qwen3omni/STATE.md's shape, one firing per code."""
+    """The opt-in streaming clock: every region at the shape examples/qwen3omni/README.md lists, one firing per code."""
     plan = plan_file(STDLIB / "qwen3_omni_code2wav_streaming.clock")
     regions = plan.schedule.regions
     assert plan.clocks.rates["code"] == Fraction(25, 2) and plan.clocks.rates["dec8k"] == 8000
@@ -144,7 +144,7 @@ def test_qwen_code2wav_streaming_state_is_state_md():
     state = [r for r in regions.values() if r.persistent and r.name != "position"]
     assert not any(r.double_buffer_bytes for r in state)
     elements = sum(r.bytes for r in state) // 4
-    assert elements == 8 * 2 * 16 * 71 * 64 + 131_328 + 2_880 == 1_297_472  # STATE.md's totals
+    assert elements == 8 * 2 * 16 * 71 * 64 + 131_328 + 2_880 == 1_297_472  # the README's totals
     assert regions["position"].bytes == 8
     # a code's 1920 samples: the 555 held back on the first code are `dropped`, so no last instant adds them
     assert regions["wav"].capacity == 1920 and regions["codes"].capacity == 1

@@ -17,8 +17,8 @@ from duplexcadence.interpreter.cli import main as cli
 SUBJECT = """
 import time
 
-from duplexcadence.examples.toy.bench import subject as toy_subject
-from duplexcadence.interpreter.bench.harness import CompiledRunner, Variant, compiled_variant
+from duplexcadence.interpreter.bench import CompiledRunner, Variant, compiled_variant
+from duplexcadence.tails import toy
 
 
 def _broken(runner, compile_fn):
@@ -42,7 +42,7 @@ class _Slow:
 
 
 def subject(**options):
-    made = toy_subject(**options)
+    made = toy.subject(**options)
     stock = next(v for v in made.variants if v.reference)
     made.compile_variants = [
         compiled_variant("broken compile", stock.make, install=_broken),
@@ -119,7 +119,7 @@ def test_every_variant_has_its_per_second_series(user_folder, capsys):
 
 
 def test_a_budget_interrupts_a_running_variant():
-    from duplexcadence.interpreter.bench.harness import VariantBudgetExceeded, time_budget
+    from duplexcadence.interpreter.bench import VariantBudgetExceeded, time_budget
 
     started = time.perf_counter()
     with pytest.raises(VariantBudgetExceeded), time_budget(0.1, "waiting"):
@@ -133,7 +133,7 @@ def test_a_budget_that_runs_out_inside_a_finaliser_still_stops_the_variant():
     first): the alarm repeats, so the budget still ends the variant."""
     import gc
 
-    from duplexcadence.interpreter.bench.harness import VariantBudgetExceeded, time_budget
+    from duplexcadence.interpreter.bench import VariantBudgetExceeded, time_budget
 
     class SlowToFinalise:
         def __init__(self):
@@ -143,6 +143,6 @@ def test_a_budget_that_runs_out_inside_a_finaliser_still_stops_the_variant():
             time.sleep(0.3)
 
     SlowToFinalise()
-    with pytest.raises(VariantBudgetExceeded, match="exceeded its budget of 0.1 s"), time_budget(0.1, "waiting"):
+    with pytest.raises(VariantBudgetExceeded, match=r"exceeded its budget of 0\.1 s"), time_budget(0.1, "waiting"):
         gc.collect()
         time.sleep(2)

@@ -2,7 +2,7 @@
 
 P = 150 prompt frames; float32 with n_timesteps 10 and 5, float16 with 10 and 5. Stock runs on one
 tail, the runtime on another built with the same seed. Bit-identity needs deterministic cuDNN
-(HiFT's convolutions; token2wav-baseline-h200.md, "Determinism"). Planned chunks replay one graph
+(HiFT's convolutions). Planned chunks replay one graph
 per instant that fuses ``flow`` (first, second, steady) and ``hift_front`` (first, steady);
 ``hift_back`` holds ``torch.istft``, which the capture probe must detect and keep eager. Forced
 flushes and last chunks run eagerly off the plan; regular chunks after a flush replay the graphs

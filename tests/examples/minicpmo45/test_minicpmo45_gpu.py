@@ -1,8 +1,7 @@
 """MiniCPM-o 4.5 token2wav tail at released sizes on a GPU (P = 150 prompt frames, n_timesteps 10 / 5).
 
 Bit-identity needs ``torch.backends.cudnn.deterministic = True``: with torch's defaults HiFT's
-waveform differs run to run by ~1e-5 (cuDNN algorithm choice; token2wav-baseline-h200.md,
-"Determinism"). The flow caches are deterministic either way.
+waveform differs run to run by ~1e-5 (cuDNN algorithm choice). The flow caches are deterministic either way.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ CI time forces a reduced tail here (conftest.py: 1 + 1 conformer layers, a 1-lay
 base channels, a 20-frame prompt, 2 Euler steps; released 6 + 4, 16, 512, 150, 10 / 5). Every module
 is still the package's own and the streaming code path is the stock one (``Token2wav.stream``
 unmodified). At released sizes one CPU chunk takes seconds and ``setup_cache`` tens of seconds
-(STATE.md).
+(examples/minicpmo45/README.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Trace the carried state of a stock session chunk by chunk (shapes, dtypes, layout, aliasing).
 
-``python -m duplexcadence.examples.minicpmo45.state_report --prompt-frames 150 --n-timesteps 10``
+``python -m duplexcadence.examples.minicpmo45.stock_state --prompt-frames 150 --n-timesteps 10``
 prints one markdown table per turn: for every ``stream`` call, the shape / dtype / contiguity of
 every tensor in ``Token2wav.stream_cache`` and ``Token2wav.hift_cache_dict`` after the call, and
 which module buffer it shares storage with. Turn 1: three silence tokens + regular chunks, a

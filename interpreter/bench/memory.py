@@ -1,0 +1,95 @@
+"""Peak memory of a variant: a fresh peak before it is built, and the peak split into weights, state and the rest."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from duplexcadence.interpreter.bench.subject import Subject
+
+
+def fresh_peak(device: torch.device) -> int:
+    """Collect garbage and restart the device's peak-memory statistics; returns the bytes allocated
+    now (0 off CUDA), the base that a later `max_memory_allocated` is measured from.
+
+    cuBLAS keeps a workspace per stream (32 MiB on this GPU) for the life of the process. They are
+    dropped here, so that each variant pays for the workspaces of the streams it uses, as it would alone
+    in a process, rather than reusing those an earlier variant allocated (moshi's `CUDAGraphed` and
+    DuplexCadence capture on different side streams)."""
+    gc.collect()
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_workspaces is not None:
+        clear_workspaces()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def module_bytes(root: Any, device: torch.device, depth: int = 4) -> int:
+    """Bytes of the parameters and buffers of every nn.Module reachable from `root` (attributes,
+    dicts, lists; `depth` levels), each storage counted once, on `device` only."""
+    seen_objects: set[int] = set()
+    storages: dict[int, int] = {}
+
+    def visit(value: Any, level: int) -> None:
+        if level < 0 or id(value) in seen_objects or isinstance(value, (torch.Tensor, str, bytes, int, float)):
+            return
+        seen_objects.add(id(value))
+        if isinstance(value, torch.nn.Module):
+            for tensor in list(value.parameters()) + list(value.buffers()):
+                if tensor.device.type == device.type and tensor.numel():
+                    storage = tensor.untyped_storage()
+                    storages[storage.data_ptr()] = storage.nbytes()
+            return
+        if isinstance(value, Mapping):
+            children = list(value.values())
+        elif isinstance(value, (list, tuple)):
+            children = list(value)
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            children = list(vars(value).values())
+        else:
+            return
+        for child in children:
+            visit(child, level - 1)
+
+    visit(root, depth)
+    return sum(storages.values())
+
+
+def memory_breakdown(subject: Subject, runner: Any, info: dict, peak: int | None, setup: int | None) -> dict | None:
+    """Peak allocated memory split into regions where measurable.
+
+    weights: `subject.weights_bytes` when the subject builds them outside the variants (then not part of
+    the peak), else the parameters and buffers of the modules the variant holds; state: the runtime's
+    arena (`info["arena_bytes"]`) for DuplexCadence, else what the variant's set-up allocated beyond its
+    weights (the model's streaming state / cache buffers); other: the rest of the peak (graph pools,
+    activations, workspaces, allocator rounding).
+    """
+    if peak is None:
+        return None
+    if subject.weights_bytes:
+        weights, weights_in_peak, weights_source = subject.weights_bytes, False, "subject"
+    else:
+        weights, weights_in_peak, weights_source = module_bytes(runner, subject.device), True, "modules"
+    if info.get("arena_bytes") is not None:
+        state, state_source = int(info["arena_bytes"]), "arena"
+    elif setup is not None:
+        state, state_source = max(0, setup - (weights if weights_in_peak else 0)), "set-up"
+    else:
+        state, state_source = None, None
+    other = peak - (weights if weights_in_peak else 0) - (state or 0)
+    return {
+        "peak_bytes": peak,
+        "weights_bytes": weights,
+        "weights_in_peak": weights_in_peak,
+        "weights_source": weights_source,
+        "state_bytes": state,
+        "state_source": state_source,
+        "other_bytes": other,
+    }

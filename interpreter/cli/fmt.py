@@ -32,7 +32,7 @@ def canonical(item: ClockInput) -> tuple[SourceFile | None, str | None, dict[str
     if item.problems:
         return None, None, sources, list(item.problems)
     try:
-        source = SourceFile(item.path, item.text) if item.from_stdin else read_source(item.path)
+        source = SourceFile(item.path, item.text) if item.text is not None else read_source(item.path)
         sources[item.path] = source
         tree = parse_module(source)
     except ClockError as error:

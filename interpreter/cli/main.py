@@ -52,18 +52,14 @@ COMMAND_SUMMARIES = {
 
 
 def _register(commands, name: str) -> None:
+    """Register `name` from its module; UsageError when the module needs a package that is not
+    installed (torch, for `bench`)."""
     try:
         module = importlib.import_module(COMMAND_MODULES[name])
-    except ImportError as error:  # an optional package the command needs (torch, for `bench`)
-        hint = missing_package(error, what=f"dsl {name}")
-
-        def unavailable(args: argparse.Namespace) -> int:
-            raise hint
-
-        stub = commands.add_parser(name, help=COMMAND_SUMMARIES.get(name), add_help=False)
-        stub.add_argument("rest", nargs=argparse.REMAINDER)
-        stub.set_defaults(handler=unavailable)
-        return
+    except ModuleNotFoundError as error:
+        if (error.name or "").partition(".")[0] == "duplexcadence":
+            raise
+        raise missing_package(error, what=f"dsl {name}") from None
     module.register(commands)
 
 
@@ -80,8 +76,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     add_common_options(parser, top_level=True)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
-        if name == only or (only is None and name not in COMMAND_SUMMARIES):
+        if name == only:
             _register(commands, name)
+        elif only is None and name not in COMMAND_SUMMARIES:
+            try:
+                _register(commands, name)
+            except UsageError:  # listed without its summary
+                commands.add_parser(name, add_help=False)
         else:
             commands.add_parser(name, help=COMMAND_SUMMARIES.get(name), add_help=False)
     if only is not None:
@@ -102,34 +103,45 @@ def _command_named(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(only=_command_named(argv)).parse_args(argv)
+    command = _command_named(argv)
+    try:
+        parser = build_parser(only=command)
+    except UsageError as error:  # the command's module needs a package that is not installed
+        return _usage_error(str(command), error)
+    args = parser.parse_args(argv)
     try:
         return args.handler(args)
     except UsageError as error:
-        print(f"dsl {args.command}: error: {error.message}", file=sys.stderr)
-        for help_text in error.helps:
-            print(f"  help: {help_text}", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage_error(args.command, error)
     except KeyboardInterrupt:
         print("dsl: interrupted", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
         return EXIT_CLEAN
     except ModuleNotFoundError as error:  # an optional package imported inside a run function
-        hint = missing_package(error, what=f"dsl {args.command}")
-        print(f"dsl {args.command}: error: {hint.message}", file=sys.stderr)
-        for help_text in hint.helps:
-            print(f"  help: {help_text}", file=sys.stderr)
-        return EXIT_USAGE
+        if (error.name or "").partition(".")[0] == "duplexcadence":
+            return _internal_error(error)
+        return _usage_error(args.command, missing_package(error, what=f"dsl {args.command}"))
     except Exception as error:  # the last line of defence: never a traceback for the user
-        if os.environ.get("DUPLEXCADENCE_DEBUG"):
-            traceback.print_exc()
-        print(f"dsl: internal error: {type(error).__name__}: {error}", file=sys.stderr)
-        print(
-            "dsl: this is a bug in DuplexCadence; rerun with DUPLEXCADENCE_DEBUG=1 and report the traceback",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+        return _internal_error(error)
+
+
+def _usage_error(command: str, error: UsageError) -> int:
+    print(f"dsl {command}: error: {error.message}", file=sys.stderr)
+    for help_text in error.helps:
+        print(f"  help: {help_text}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _internal_error(error: BaseException) -> int:
+    if os.environ.get("DUPLEXCADENCE_DEBUG"):
+        traceback.print_exception(error)
+    print(f"dsl: internal error: {type(error).__name__}: {error}", file=sys.stderr)
+    print(
+        "dsl: this is a bug in DuplexCadence; rerun with DUPLEXCADENCE_DEBUG=1 and report the traceback",
+        file=sys.stderr,
+    )
+    return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ def test_standard_input_cannot_be_written_back_or_read_twice(capsys, folder, mon
     assert dsl(capsys, "check", "-", "-") == (2, "", "dsl check: error: standard input ('-') is given twice\n")
 
 
-def test_a_real_process_reads_standard_input(folder) -> None:
+def test_a_real_process_reads_standard_input_for_check_and_render(folder) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "duplexcadence", "check", "--format", "concise", "-"],
         input=BROKEN,
@@ -132,6 +132,14 @@ def test_a_real_process_reads_standard_input(folder) -> None:
         timeout=60,
     )
     assert done.returncode == 1 and done.stdout.startswith("<stdin>:3:28: error: unknown clock 'nowhere'")
+    drawn = subprocess.run(
+        [sys.executable, "-m", "duplexcadence", "render", "-", "--format", "dot"],
+        input=TAIL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (drawn.returncode, drawn.stderr) == (0, "") and drawn.stdout.startswith("digraph ")
 
 
 # --- directories -------------------------------------------------------------------------------------
@@ -402,13 +410,10 @@ def test_help_and_the_language_commands_start_without_torch(without_torch, argv,
     assert done.stdout.startswith(starts), done.stdout[:300]
 
 
-def test_a_command_that_needs_torch_says_so_without_a_traceback(without_torch) -> None:
+@pytest.mark.parametrize("argv", [["bench", "toy"], ["bench", "--device", "cuda", "toy"]])
+def test_a_command_that_needs_torch_says_so_without_a_traceback(without_torch, argv) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "duplexcadence", "bench", "toy"],
-        env=without_torch,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, "-m", "duplexcadence", *argv], env=without_torch, capture_output=True, text=True, timeout=120
     )
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (

@@ -101,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  wrote {target}\n")
 
     frames = int(plan.clocks.rates["frame"] * seconds)
-    warm = "the whole warm-up" if frames >= steady_from else f"{frames} of the {steady_from} warm-up frames"
+    if frames > steady_from:
+        warm = f"the {steady_from}-frame warm-up, then {frames - steady_from} steady"
+    else:
+        warm = "the whole warm-up" if frames == steady_from else f"{frames} of the {steady_from} warm-up frames"
     print(f"== 3. stock vs DuplexCadence: {seconds} s of codes ({frames} frames: {warm}), torch.equal on every frame\n")
     case = subject(device=device, seconds=seconds)
     results = bench.run(case, int(case.ticks_per_second * seconds))

@@ -55,7 +55,8 @@ def assert_snapshot(name: str, text: str) -> None:
 def in_tests_dir(monkeypatch):
     """Paths in outputs are relative to tests/clock, whatever the checkout's location."""
     monkeypatch.chdir(HERE)
-    monkeypatch.delenv("NO_COLOR", raising=False)
+    for name in ("NO_COLOR", "FORCE_COLOR"):
+        monkeypatch.delenv(name, raising=False)
 
 
 # --- formats -----------------------------------------------------------------------------------------

@@ -1,13 +1,15 @@
 """Load a `.clock` file and everything it imports (`use`), detecting unknown imports and cycles.
 
 `use a.b` looks for `a/b.clock` beside the importing file first, then in the stdlib shipped with
-the package (`stdlib/a/b.clock`), so `use std.audio` works from any folder.
+the package (`stdlib/a/b.clock`), so `use std.audio` works from any folder; `find_module` is that
+search, which the CLI also uses for module names on its command line (`dsl plan models.mimi_decoder`).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -56,12 +58,17 @@ def stdlib_path(dotted: str) -> Path:
     return stdlib_root().joinpath(*dotted.split(".")).with_suffix(".clock")
 
 
-def _find(use: ast.Use, importer: Path) -> Path | None:
-    local = importer.parent.joinpath(*use.module).with_suffix(".clock")
+def find_module(parts: Sequence[str], folder: Path) -> Path | None:
+    """The file of module `a.b` (`parts` ("a", "b")): `a/b.clock` in `folder` first, then in the stdlib."""
+    local = folder.joinpath(*parts).with_suffix(".clock")
     if local.is_file():
         return local
-    std = stdlib_path(use.dotted)
+    std = stdlib_path(".".join(parts))
     return std if std.is_file() else None
+
+
+def _find(use: ast.Use, importer: Path) -> Path | None:
+    return find_module(use.module, importer.parent)
 
 
 @functools.lru_cache(maxsize=128)
@@ -85,6 +92,12 @@ def read_source(path: str | Path) -> SourceFile:
         data = target.read_bytes()
     except OSError as error:
         raise ClockError([messages.unreadable(name, (error.strerror or str(error)).lower())]) from None
+    return source_from_bytes(name, data)
+
+
+def source_from_bytes(name: str, data: bytes) -> SourceFile:
+    """`data` as the text of the `.clock` source `name` (a file's bytes, or standard input's), or
+    ClockError: over the size limit, binary data, not UTF-8."""
     if len(data) > MAX_SOURCE_BYTES:
         raise ClockError([messages.file_too_large(name, len(data), MAX_SOURCE_BYTES)])
     if b"\x00" in data:

@@ -208,6 +208,18 @@ def unreadable(path: str, reason: str) -> Diagnostic:
     return Diagnostic(UNREADABLE, f"cannot read '{path}': {reason}", None)
 
 
+def unknown_clock(name: str, modules: Iterable[str]) -> Diagnostic:
+    """A command-line argument that is neither a file nor a module (`dsl plan models.mimi_decodr`)."""
+    modules = list(modules)
+    helps = _did_you_mean(name, modules) or (f"the stdlib modules: {', '.join(modules)}",)
+    return Diagnostic(
+        UNREADABLE,
+        f"cannot read '{name}': no such file, nor a module of that name here or in the stdlib",
+        None,
+        helps=helps,
+    )
+
+
 def file_too_large(path: str, size: int, limit: int) -> Diagnostic:
     return Diagnostic(
         UNREADABLE,

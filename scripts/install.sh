@@ -1,34 +1,44 @@
 #!/usr/bin/env bash
 # Installs DuplexCadence and what its tests and examples need, without ever moving torch:
-#   - torch: kept if present (e.g. a CUDA build), else the pinned CPU build 2.13.0
+#   - torch: kept if present (e.g. a CUDA build), else torch 2.13.0 from PyPI
 #   - graphviz's `dot` (Debian package) for `dsl render` to SVG/PNG
-#   - the examples' model packages with --no-deps, plus exactly what their modules import
+#   - the package (editable) with the test and model extras, which pip resolves beside that torch
+#   - then the model packages whose own pins would move torch, without their requirements
+#     (scripts/model-pins.txt says why)
+# Quiet when it succeeds (one line at the end); a step that fails prints its whole output.
 # PYTHON selects the interpreter (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-pip_install() { "$PY" -m pip install -q --disable-pip-version-check "$@"; }
+LOG=$(mktemp)
+trap 'rm -f "$LOG"' EXIT
 
-if ! "$PY" -c "import torch" 2>/dev/null; then
-    pip_install torch==2.13.0
+step() {  # step WHAT COMMAND...: run COMMAND with its output kept aside; on failure show it and stop
+    local what=$1
+    shift
+    if ! "$@" >"$LOG" 2>&1; then
+        echo "install.sh: $what failed:" >&2
+        cat "$LOG" >&2
+        exit 1
+    fi
+}
+pip_install() { "$PY" -m pip install --disable-pip-version-check "$@"; }
+apt_install() {
+    local sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq && $sudo apt-get install -y -qq "$@"
+}
+
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+    step "installing torch 2.13.0" pip_install torch==2.13.0
 fi
 if ! command -v dot >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1; then
-        SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-        $SUDO apt-get update -qq >/dev/null && $SUDO apt-get install -y -qq graphviz >/dev/null
+        step "installing graphviz (apt-get)" apt_install graphviz
     else
         echo "install.sh: graphviz's 'dot' is missing and apt-get is not available: install graphviz" >&2
     fi
 fi
-pip_install -e ".[test]"
-
-# moshi 0.2.13 (Moshi, PersonaPlex): its pins (torch<2.10) are ignored on purpose.
-pip_install --no-deps moshi==0.2.13
-# transformers 5.17.0 (Qwen3-Omni Code2Wav); it refuses huggingface_hub 2.x.
-pip_install --no-deps transformers==5.17.0
-# stepaudio2-minicpmo 0.1.1 (MiniCPM-o 4.5 token2wav): only its model submodules are imported.
-pip_install --no-deps stepaudio2-minicpmo==0.1.1
-pip_install einops safetensors "huggingface_hub>=1.5,<2" sentencepiece numpy scipy \
-    "tokenizers>=0.23.1,<0.24" httpx httpcore h11 idna certifi "regex>=2025.10.22" pyyaml packaging tqdm \
-    onnxruntime==1.32.0 flatbuffers protobuf
-"$PY" -c "import torch; print('install.sh: torch', torch.__version__)"
+step "installing duplexcadence with its extras" pip_install -e ".[test,moshi,qwen3omni,minicpmo45]"
+step "installing the model packages (--no-deps)" pip_install --no-deps -r scripts/model-pins.txt
+"$PY" -c "import duplexcadence, torch; print(f'install.sh: duplexcadence {duplexcadence.__version__}, torch {torch.__version__}')"

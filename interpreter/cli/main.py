@@ -1,8 +1,13 @@
-"""The `dsl` command: check, fmt, plan, render (and the benchmarks, once examples are installed).
+"""The `dsl` command (also `python -m duplexcadence`): check, fmt, plan, render, bench.
 
-Exit codes: 0 clean, 1 problems found in the input, 2 usage or internal error. No Python traceback
-ever reaches the user for a bad file; an internal error prints one line and asks for a bug report
-(set DUPLEXCADENCE_DEBUG=1 to see the traceback).
+Exit codes: 0 clean, 1 problems found in the input, 2 a usage error (an unknown option, a value out of
+range, a device that is not there, a missing optional package) or an internal error. No Python
+traceback ever reaches the user for bad input; an internal error prints one line and asks for a bug
+report (set DUPLEXCADENCE_DEBUG=1 to see the traceback).
+
+Only the module of the command being run is imported: `dsl --help` lists the commands from
+`COMMAND_SUMMARIES` without importing any, so it, `dsl COMMAND --help` and the language commands
+start without torch.
 """
 
 from __future__ import annotations
@@ -14,89 +19,22 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from duplexcadence.dsl import diagnostic_text as report
-from duplexcadence.dsl.diagnostics import ClockError, InternalError
-from duplexcadence.dsl.frontend import check_file
-from duplexcadence.dsl.loader import read_source
-from duplexcadence.dsl.parse import parse_module
-from duplexcadence.dsl.printer import module as print_module
-from duplexcadence.dsl.source import SourceFile
+from duplexcadence import __version__
 from duplexcadence.interpreter.cli.common import (
     EXIT_CLEAN,
-    EXIT_PROBLEMS,
     EXIT_USAGE,
-    color_wanted,
+    UsageError,
+    add_common_options,
+    missing_package,
     parse_params,
-    print_diagnostics,
 )
 
+__all__ = ["COMMAND_MODULES", "COMMAND_SUMMARIES", "build_parser", "main", "parse_params"]
 
-def cmd_check(args: argparse.Namespace) -> int:
-    overrides, problems = parse_params(args.param)
-    if problems:  # a malformed NAME=VALUE is a usage error, like an unknown option
-        for problem in problems:
-            print(f"dsl check: error: {problem.message}", file=sys.stderr)
-            for help_text in problem.helps:
-                print(f"  help: {help_text}", file=sys.stderr)
-        return EXIT_USAGE
-    color = color_wanted(args.color, sys.stdout)
-    results = []
-    for path in args.files:
-        result = check_file(path, overrides)
-        diagnostics = list(result.diagnostics)
-        results.append((path, diagnostics, result.sources))
-    all_diagnostics = [d for _, ds, _ in results for d in ds]
-    if args.format == "json":
-        print(report.to_json((path, ds) for path, ds, _ in results))
-    else:
-        for path, diagnostics, sources in results:
-            print_diagnostics(diagnostics, sources, args.format, color, sys.stdout, path)
-        print(report.summary(all_diagnostics, len(args.files)))
-    return EXIT_PROBLEMS if any(d.severity.value == "error" for d in all_diagnostics) else EXIT_CLEAN
-
-
-def cmd_fmt(args: argparse.Namespace) -> int:
-    status = EXIT_CLEAN
-    changed = unchanged = 0
-    for path in args.files:
-        sources = {}
-        try:
-            source = read_source(path)
-            sources[path] = source
-            tree = parse_module(source)
-        except ClockError as error:
-            print_diagnostics(error.diagnostics, sources, "full", False, sys.stderr, path)
-            status = EXIT_PROBLEMS
-            continue
-        text = print_module(tree)
-        if parse_module(SourceFile(path, text)) != tree:  # the formatter must never change meaning
-            raise InternalError(f"the canonical form of {path} does not parse back to the same program")
-        if text == source.text:
-            unchanged += 1
-        else:
-            changed += 1
-        if args.check:
-            if text != source.text:
-                print(f"would reformat {path}")
-                status = EXIT_PROBLEMS
-        elif args.write:
-            if text != source.text:
-                with open(path, "w", encoding="utf-8") as handle:
-                    handle.write(text)
-                print(f"reformatted {path}")
-        else:
-            sys.stdout.write(text)
-    if args.check or args.write:
-        verb = "would be reformatted" if args.check else "reformatted"
-        noun = "file" if changed == 1 else "files"
-        print(f"{changed} {noun} {verb}, {unchanged} already in canonical form.", file=sys.stderr)
-    return status
-
-
-# Subcommands beyond check and fmt, each a module with `register(subparsers)`; only the module of the
-# command being run is imported (with every one for `--help`), and one whose optional dependencies are
-# missing (torch, for `bench`) is left out of the parser.
+# Each subcommand is a module with `register(subparsers)` that sets `handler` (its run function).
 COMMAND_MODULES = {
+    "check": "duplexcadence.interpreter.cli.check",
+    "fmt": "duplexcadence.interpreter.cli.fmt",
     "plan": "duplexcadence.interpreter.cli.plan",
     "render": "duplexcadence.interpreter.cli.render",
     "bench": "duplexcadence.interpreter.cli.bench",
@@ -104,58 +42,108 @@ COMMAND_MODULES = {
     "lsp": "duplexcadence.interpreter.cli.lsp",
 }
 
+# The line `dsl --help` shows for a command without importing its module (a command not listed here
+# is imported for the listing).
+COMMAND_SUMMARIES = {
+    "check": "check .clock files and report every problem",
+    "fmt": "print .clock files in canonical form",
+    "plan": "print the plan: clocks, warm-up, memory per region, graphs",
+    "render": "draw the plan with graphviz: timeline, dataflow graph or arena map",
+    "bench": "benchmark a model tail: stock variants vs DuplexCadence",
+}
+
+
+def _register(commands, name: str) -> None:
+    """Register `name` from its module; UsageError when the module needs a package that is not
+    installed (torch, for `bench`)."""
+    try:
+        module = importlib.import_module(COMMAND_MODULES[name])
+    except ModuleNotFoundError as error:
+        if (error.name or "").partition(".")[0] == "duplexcadence":
+            raise
+        raise missing_package(error, what=f"dsl {name}") from None
+    module.register(commands)
+
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The `dsl` argument parser; `only` names the one subcommand beyond check and fmt to register
-    (None: all of them)."""
-    parser = argparse.ArgumentParser(prog="dsl", description="DuplexCadence: .clock files, plans and renders.")
+    """The `dsl` argument parser with the subcommand `only` registered in full; every other command is
+    listed by its summary, its module not imported (None: only the listing)."""
+    parser = argparse.ArgumentParser(
+        prog="dsl",
+        description="DuplexCadence: check, format, plan, draw and benchmark .clock files.",
+        epilog="Exit codes: 0 clean, 1 problems in the input, 2 a usage error. "
+        "`dsl COMMAND --help` describes a command.",
+    )
+    parser.add_argument("--version", action="version", version=f"duplexcadence {__version__}")
+    add_common_options(parser, top_level=True)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    check = commands.add_parser("check", help="check .clock files and report every problem")
-    check.add_argument("files", nargs="+", metavar="FILE")
-    check.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
-    check.add_argument("--format", choices=("full", "concise", "json"), default="full")
-    check.add_argument("--color", choices=("auto", "always", "never"), default="auto")
-    check.set_defaults(handler=cmd_check)
-
-    fmt = commands.add_parser("fmt", help="print .clock files in canonical form")
-    fmt.add_argument("files", nargs="+", metavar="FILE")
-    group = fmt.add_mutually_exclusive_group()
-    group.add_argument("--check", action="store_true", help="exit 1 if a file is not in canonical form")
-    group.add_argument("--write", action="store_true", help="rewrite files in place")
-    fmt.set_defaults(handler=cmd_fmt)
-
-    for name, module_name in COMMAND_MODULES.items():
-        if only is not None and name != only:
-            continue
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:  # e.g. `bench` without torch: check, fmt, plan and render still work
-            continue
-        module.register(commands)
+    for name in COMMAND_MODULES:
+        if name == only:
+            _register(commands, name)
+        elif only is None and name not in COMMAND_SUMMARIES:
+            try:
+                _register(commands, name)
+            except UsageError:  # listed without its summary
+                commands.add_parser(name, add_help=False)
+        else:
+            commands.add_parser(name, help=COMMAND_SUMMARIES.get(name), add_help=False)
+    if only is not None:
+        add_common_options(commands.choices[only])
     return parser
+
+
+def _command_named(argv: Sequence[str]) -> str | None:
+    """The subcommand `argv` names: its first word that is not an option (nor `--color`'s value)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--color":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word if word in COMMAND_MODULES else None
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(only=argv[0] if argv and argv[0] in (*COMMAND_MODULES, "check", "fmt") else None)
+    command = _command_named(argv)
+    try:
+        parser = build_parser(only=command)
+    except UsageError as error:  # the command's module needs a package that is not installed
+        return _usage_error(str(command), error)
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
+    except UsageError as error:
+        return _usage_error(args.command, error)
     except KeyboardInterrupt:
         print("dsl: interrupted", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
         return EXIT_CLEAN
+    except ModuleNotFoundError as error:  # an optional package imported inside a run function
+        if (error.name or "").partition(".")[0] == "duplexcadence":
+            return _internal_error(error)
+        return _usage_error(args.command, missing_package(error, what=f"dsl {args.command}"))
     except Exception as error:  # the last line of defence: never a traceback for the user
-        if os.environ.get("DUPLEXCADENCE_DEBUG"):
-            traceback.print_exc()
-        print(f"dsl: internal error: {type(error).__name__}: {error}", file=sys.stderr)
-        print(
-            "dsl: this is a bug in DuplexCadence; rerun with DUPLEXCADENCE_DEBUG=1 and report the traceback",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+        return _internal_error(error)
+
+
+def _usage_error(command: str, error: UsageError) -> int:
+    print(f"dsl {command}: error: {error.message}", file=sys.stderr)
+    for help_text in error.helps:
+        print(f"  help: {help_text}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _internal_error(error: BaseException) -> int:
+    if os.environ.get("DUPLEXCADENCE_DEBUG"):
+        traceback.print_exception(error)
+    print(f"dsl: internal error: {type(error).__name__}: {error}", file=sys.stderr)
+    print(
+        "dsl: this is a bug in DuplexCadence; rerun with DUPLEXCADENCE_DEBUG=1 and report the traceback",
+        file=sys.stderr,
+    )
+    return EXIT_USAGE
 
 
 if __name__ == "__main__":

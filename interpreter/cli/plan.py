@@ -1,58 +1,105 @@
-"""`dsl plan` (and the other interpreter subcommands), registered into the `dsl` CLI."""
+"""`dsl plan`: the plan of a `.clock` file as tables (condensed, or `--verbose`) or JSON (docs/plan-json.md).
+
+`plan_of_file` is shared with `dsl render`: the plan of `args.file` (a file, a module name or `-`) under
+its `--param` overrides, or the diagnostics that stopped it, reported.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Any
 
-from duplexcadence.dsl.diagnostics import ClockError
+from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
 from duplexcadence.dsl.frontend import check_file
+from duplexcadence.dsl.source import SourceFile
 from duplexcadence.interpreter.cli.common import (
     EXIT_CLEAN,
     EXIT_PROBLEMS,
+    add_common_options,
+    add_format_option,
+    add_stdin_filename_option,
+    clock_inputs,
+    color_wanted,
+    diagnostics_json,
     non_negative,
-    parse_params,
+    params_or_usage_error,
+    positive,
     print_diagnostics,
 )
 from duplexcadence.interpreter.plans.plan import Plan, make_plan, to_json
 from duplexcadence.interpreter.plans.plan_text import format_plan
 
 
-def plan_of_file(args: argparse.Namespace, **plan_options) -> tuple[Plan | None, Any]:
-    """The plan of `args.file` under its `--param` overrides, and the sources for later diagnostics;
-    (None, sources) once the checker's or the planner's diagnostics are printed to stderr."""
-    overrides, problems = parse_params(args.param)
-    result = check_file(args.file, overrides)
-    diagnostics = problems + list(result.errors)
-    if not diagnostics and result.program is not None:
-        try:
-            return make_plan(result.program, **plan_options), result.sources
-        except ClockError as error:
-            diagnostics = list(error.diagnostics)
-    print_diagnostics(diagnostics, result.sources, "full", False, sys.stderr, args.file)
-    return None, result.sources
+def plan_of_file(
+    args: argparse.Namespace, diagnostics_format: str = "text", **plan_options
+) -> tuple[Plan | None, dict[str, SourceFile]]:
+    """The plan of `args.file` and the sources read; (None, sources) once the diagnostics that stopped
+    it are reported: as text on stderr (coloured by `args.color`), or with `diagnostics_format="json"`
+    as the diagnostics document on stdout."""
+    overrides = params_or_usage_error(args.param)
+    [item] = clock_inputs([args.file], stdin_filename=getattr(args, "stdin_filename", None))
+    diagnostics: list[Diagnostic] = list(item.problems)
+    sources: dict[str, SourceFile] = {}
+    if not diagnostics:
+        result = check_file(item.path, overrides, text=item.text)
+        sources = result.sources
+        diagnostics = list(result.errors)
+        if not diagnostics and result.program is not None:
+            try:
+                return make_plan(result.program, **plan_options), sources
+            except ClockError as error:
+                diagnostics = list(error.diagnostics)
+    if diagnostics_format == "json":
+        print(diagnostics_json([(item.path, diagnostics)]))
+    else:
+        color = color_wanted(getattr(args, "color", "auto"), sys.stderr)
+        print_diagnostics(diagnostics, sources, "full", color, sys.stderr, item.path)
+    return None, sources
 
 
 def run(args: argparse.Namespace) -> int:
+    form = "json" if args.json else args.format
     plan, _ = plan_of_file(
-        args, max_graphs=args.max_graphs, max_arena_bytes=args.max_arena_bytes, sessions=args.sessions
+        args,
+        diagnostics_format=form,
+        max_graphs=args.max_graphs,
+        max_arena_bytes=args.max_arena_bytes,
+        sessions=args.sessions,
     )
     if plan is None:
         return EXIT_PROBLEMS
-    if args.json:
+    if form == "json":
         print(json.dumps(to_json(plan), indent=1, sort_keys=True))
     else:
-        sys.stdout.write(format_plan(plan))
+        sys.stdout.write(format_plan(plan, verbose=args.verbose, color=color_wanted(args.color, sys.stdout)))
     return EXIT_CLEAN
 
 
 def register(commands) -> None:
-    plan = commands.add_parser("plan", help="print the plan: clocks, warm-up, memory per region, graphs")
-    plan.add_argument("file", metavar="FILE")
+    plan = commands.add_parser(
+        "plan",
+        help="print the plan: clocks, warm-up, memory per region, graphs",
+        description="Plan a .clock file: its clocks, the warm-up until the state repeats, the memory of "
+        "every region against stock, and the CUDA graphs to capture. Exit 0: planned; 1: the file has "
+        "errors or cannot be planned (diagnostics on stderr, or on stdout with --format json); 2: a "
+        "usage error.",
+    )
+    plan.add_argument(
+        "file",
+        metavar="FILE",
+        help="a .clock file, a module name (models.mimi_decoder: the current folder, then the stdlib) or - "
+        "for standard input",
+    )
     plan.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
-    plan.add_argument("--json", action="store_true", help="print the plan as JSON (docs/plan-json.md)")
+    add_format_option(plan, help="text (default) or json: the plan as data (docs/plan-json.md), or the diagnostics")
+    plan.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the spelling --format json replaces
+    plan.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="list every family member and the views of every graph (default: alike members share a row)",
+    )
     plan.add_argument(
         "--max-graphs",
         type=non_negative,
@@ -67,5 +114,7 @@ def register(commands) -> None:
         metavar="BYTES",
         help="fail if the arena would exceed BYTES",
     )
-    plan.add_argument("--sessions", type=int, default=1, metavar="N", help="sessions sharing the arena")
+    plan.add_argument("--sessions", type=positive, default=1, metavar="N", help="sessions sharing the arena")
+    add_stdin_filename_option(plan)
+    add_common_options(plan)
     plan.set_defaults(handler=run)

@@ -1,7 +1,12 @@
-"""`dsl plan` as text: deterministic tables of clocks, stages, warm-up, regions and graphs."""
+"""`dsl plan` as text: deterministic tables of clocks, stages, warm-up, regions and graphs.
+
+Condensed by default: the members of a family that are alike share one row (`kv[0..7] ×8`), a graph is
+one line, firings are ranges (`0..149`). `verbose` lists every member and the views of every graph.
+"""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from fractions import Fraction
 
@@ -48,10 +53,84 @@ def _params(plan: Plan) -> str:
     return ", ".join(f"{k}={show(v)}" for k, v in sorted(plan.program.params.items()) if "." not in k) or "none"
 
 
-def _views_text(plan: Plan, signature: tuple) -> str:
-    """The time-axis views of one graph's signature, e.g. `tokens 28; cache 150 +50 = 200 -> 150`."""
+WIDTH = 100
+"""Prose lines (the eager rule, the views of a graph) wrap at this width."""
+
+
+def plural(count: int, noun: str) -> str:
+    """`1 instant`, `25 instants`."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def member_range(members: Sequence[str]) -> str:
+    """`kv[0..7]` for members 0 to 7 of a family, `kv[0, 2, 5]` for others; a lone name as it is."""
+    if len(members) == 1:
+        return members[0]
+    family = members[0].partition("[")[0]
+    indices = [int(m[len(family) + 1 : -1]) for m in members]
+    if indices == list(range(indices[0], indices[0] + len(indices))):
+        return f"{family}[{indices[0]}..{indices[-1]}]"
+    return f"{family}[{', '.join(map(str, indices))}]"
+
+
+def family_label(members: Sequence[str]) -> str:
+    """`kv[0..7] ×8` for several members, the name for one."""
+    return member_range(members) + (f" ×{len(members)}" if len(members) > 1 else "")
+
+
+def number_ranges(numbers: Sequence[int], limit: int | None = None) -> str:
+    """`0..149` for a run of consecutive numbers, runs joined by `, `; past `limit` runs, the first
+    `limit` and the count (`0, 2, 4, ... (40 firings)`)."""
+    runs: list[list[int]] = []
+    for number in numbers:
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    texts = [str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}..{b}" for a, b in runs]
+    if limit is not None and len(texts) > limit:
+        return ", ".join(texts[:limit]) + f", ... ({len(numbers)} firings)"
+    return ", ".join(texts)
+
+
+def _wrap(text: str, first: str, rest: str) -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
+
+
+def _wrap_parts(parts: Sequence[str], first: str, rest: str) -> list[str]:
+    """`parts` joined by `; `, a line broken only between two parts once it would pass WIDTH."""
+    lines: list[str] = []
+    line, empty = first, True
+    for index, part in enumerate(parts):
+        piece = part + (";" if index < len(parts) - 1 else "")
+        if not empty and len(line) + 1 + len(piece) > WIDTH:
+            lines.append(line)
+            line, empty = rest, True
+        line += piece if empty else " " + piece
+        empty = False
+    return [*lines, line]
+
+
+def _family_runs(plan: Plan, rows: Sequence[tuple[str, tuple, list]]) -> list[tuple[list[str], list[list]]]:
+    """Rows `(name, key, cells)`, consecutive members of one family with the same key (every cell but
+    the name and the offset) grouped: [(member names, their cells)]."""
+    groups: list[tuple[list[str], list[list]]] = []
+    previous = None
+    for name, key, cells in rows:
+        family = plan.program.regions[name].family
+        if family is not None and previous == (family, key):
+            groups[-1][0].append(name)
+            groups[-1][1].append(cells)
+        else:
+            groups.append(([name], [cells]))
+        previous = (family, key) if family is not None else None
+    return groups
+
+
+def _views_parts(plan: Plan, signature: tuple) -> list[str]:
+    """The time-axis views of one graph's signature, e.g. `tokens 28`, `cache 150 +50 = 200 -> 150`."""
     parts = []
-    for region, kind, start, length, offset, transient, kept in signature[1:]:
+    for region, kind, start, length, _offset, transient, kept in signature[1:]:
         if plan.program.regions[region].fixed or length is None:
             continue
         if kind == "update":
@@ -60,14 +139,20 @@ def _views_text(plan: Plan, signature: tuple) -> str:
             parts.append(f"{region} +{length}")
         else:
             parts.append(f"{region} {length}" if start == 0 else f"{region} [{start}:{start + length}]")
-    return "; ".join(parts) or "fixed shapes only"
+    return parts
 
 
-def format_plan(plan: Plan) -> str:
+def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
+    """The plan as `dsl plan` prints it: condensed, or with `verbose` every family member and the
+    views of every graph; `color` makes the section headings bold."""
     clocks, trace_, capture = plan.clocks, plan.trace, plan.capture
-    out = [f"Plan for {plan.path}", f"params: {_params(plan)}", ""]
 
-    out.append("Clocks")
+    def heading(text: str) -> str:
+        return f"\x1b[1m{text}\x1b[0m" if color else text
+
+    out = [heading(f"Plan for {plan.path}"), f"params: {_params(plan)}", ""]
+
+    out.append(heading("Clocks"))
     out += table(
         ["clock", "rate (Hz)", "period"],
         [[n, number_text(r), seconds(1 / r)] for n, r in sorted(clocks.rates.items(), key=lambda x: -x[1])],
@@ -75,11 +160,11 @@ def format_plan(plan: Plan) -> str:
     )
     out.append(
         f"  cadence {seconds(clocks.cadence)}; base tick {seconds(clocks.base_tick)}; hyperperiod "
-        f"{seconds(clocks.hyperperiod)} = {clocks.instants_per_hyperperiod} instants"
+        f"{seconds(clocks.hyperperiod)} = {plural(clocks.instants_per_hyperperiod, 'instant')}"
     )
     out.append("")
 
-    out.append("Stages (dataflow order within an instant)")
+    out.append(heading("Stages (dataflow order within an instant)"))
     out += table(
         ["stage", "clock", "per cadence", "per hyperperiod", "calls"],
         [
@@ -96,20 +181,23 @@ def format_plan(plan: Plan) -> str:
     )
     out.append("")
 
-    out.append("Warm-up and steady state")
+    out.append(heading("Warm-up and steady state"))
     if trace_.periodic:
         warm_time = clocks.instant_time(trace_.warmup_instants) if trace_.warmup_instants else Fraction(0)
-        out.append(f"  warm-up: {trace_.warmup_instants} instants ({seconds(warm_time)}) until the state repeats")
+        out.append(
+            f"  warm-up: {plural(trace_.warmup_instants, 'instant')} ({seconds(warm_time)}) until the state repeats"
+        )
         out.append(f"  shapes periodic from instant {trace_.shape_warmup_instants}")
         out.append(
-            f"  steady period: {trace_.period_instants} instants ({seconds(clocks.hyperperiod)}), repeated forever"
+            f"  steady period: {plural(trace_.period_instants, 'instant')} ({seconds(clocks.hyperperiod)}), "
+            "repeated forever"
         )
     else:
-        out.append(f"  no steady state: {trace_.reason}; traced {trace_.warmup_instants} instants")
+        out.append(f"  no steady state: {trace_.reason}; traced {plural(trace_.warmup_instants, 'instant')}")
     out.append("")
 
-    out.append("Regions (capacity in units of the region's clock)")
-    rows = []
+    out.append(heading("Regions (capacity in units of the region's clock)"))
+    rows: list[tuple[str, tuple, list]] = []
     for allocation in plan.arena.allocations:
         if allocation.name.endswith("~double"):
             continue
@@ -122,25 +210,37 @@ def format_plan(plan: Plan) -> str:
             if not plan.program.regions[region.name].fixed
             else "fixed"
         )
-        rows.append(
-            [
-                region.name,
-                region.dtype,
-                "x".join(map(str, region.shape)),
-                kind,
-                "-" if region.capacity is None else region.capacity,
-                human_bytes(region.bytes),
-                ("" if region.persistent else "scratch@") + str(allocation.offset),
-                human_bytes(region.double_buffer_bytes) if region.double_buffer_bytes else "-",
-                human_bytes(region.stock_bytes),
-                saving,
-            ]
-        )
+        cells = [
+            region.dtype,
+            "x".join(map(str, region.shape)),
+            kind,
+            "-" if region.capacity is None else region.capacity,
+            human_bytes(region.bytes),
+            ("" if region.persistent else "scratch@") + str(allocation.offset),
+            human_bytes(region.double_buffer_bytes) if region.double_buffer_bytes else "-",
+            human_bytes(region.stock_bytes),
+            saving,
+        ]
+        key = (region.persistent, *(str(c) for i, c in enumerate(cells) if i != 5))
+        rows.append((region.name, key, [region.name, *cells]))
+    grouped = [([name], [row]) for name, _, row in rows] if verbose else _family_runs(plan, rows)
+    table_rows = []
+    for names, members in grouped:
+        first, last = members[0], members[-1]
+        offset = first[6] if len(members) == 1 else f"{first[6]}..{str(last[6]).removeprefix('scratch@')}"
+        table_rows.append([family_label(names), *first[1:6], offset, *first[7:]])
     out += table(
         ["region", "dtype", "shape", "retention", "capacity", "bytes", "offset", "double buf", "stock", "saving"],
-        rows,
+        table_rows,
         right=(4, 5, 6, 7, 8),
     )
+    if any(len(names) > 1 for names, _ in grouped):
+        out += _wrap(
+            "a row `name[i..j] ×n` stands for n family members alike: bytes, stock and saving are each "
+            "member's; offset is the first's..the last's",
+            "  ",
+            "  ",
+        )
     schedule = plan.schedule
     out.append(
         f"  per session: {human_bytes(plan.arena.session_bytes)} pinned; shared scratch "
@@ -156,28 +256,29 @@ def format_plan(plan: Plan) -> str:
         )
     out.append("")
 
-    out.append("Capture plan (one graph per stage and exact-shape signature)")
-    rows = []
-    for graph in capture.graphs:
-        firings = graph.firings
-        shown = ", ".join(map(str, firings[:6])) + (f", ... ({len(firings)} firings)" if len(firings) > 6 else "")
-        rows.append(
-            [
-                graph.key,
-                graph.stage,
-                "steady" if graph.steady else "warm-up",
-                "yes" if graph.captured else "no (eager)",
-                shown,
-            ]
-        )
-    out += table(["graph", "stage", "used in", "captured", "stage firings"], rows, right=(0,))
-    out.append("  views of each graph (units of the region's clock; update: held +advance = in flight -> kept):")
-    for graph in capture.graphs:
-        out.append(f"    {graph.key} {graph.stage}: {_views_text(plan, graph.signature)}")
+    out.append(heading("Capture plan (one graph per stage and exact-shape signature)"))
+    graph_rows = [
+        [
+            graph.key,
+            graph.stage,
+            "steady" if graph.steady else "warm-up",
+            "yes" if graph.captured else "no (eager)",
+            number_ranges(graph.firings, None if verbose else 4),
+        ]
+        for graph in capture.graphs
+    ]
+    out += table(["graph", "stage", "used in", "captured", "stage firings"], graph_rows, right=(0,))
+    if verbose:
+        out.append("  views of each graph (units of the region's clock; update: held +advance = in flight -> kept):")
+        for graph in capture.graphs:
+            parts = _views_parts(plan, graph.signature) or ["fixed shapes only"]
+            out += _wrap_parts(parts, f"    {graph.key} {graph.stage}: ", "        ")
     budget = "no budget" if capture.max_graphs is None else f"budget {capture.max_graphs}"
     out.append(
-        f"  {len(capture.captured)} graphs captured of {len(capture.graphs)} ({budget}); eager firings in "
-        f"warm-up + one period: {capture.eager_firings}"
+        f"  {len(capture.captured)} of {plural(len(capture.graphs), 'graph')} captured ({budget}); eager firings "
+        f"in warm-up + one period: {capture.eager_firings}"
     )
-    out.append(f"  rule: {capture.eager_rule}")
+    out += _wrap(capture.eager_rule, "  rule: ", "        ")
+    if not verbose:
+        out.append("  dsl plan --verbose: every family member and the views each graph is captured for")
     return "\n".join(out) + "\n"

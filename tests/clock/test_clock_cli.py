@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from duplexcadence.interpreter.cli import check as check_command
 from duplexcadence.interpreter.cli import main as cli
 
 HERE = Path(__file__).parent
@@ -54,7 +55,8 @@ def assert_snapshot(name: str, text: str) -> None:
 def in_tests_dir(monkeypatch):
     """Paths in outputs are relative to tests/clock, whatever the checkout's location."""
     monkeypatch.chdir(HERE)
-    monkeypatch.delenv("NO_COLOR", raising=False)
+    for name in ("NO_COLOR", "FORCE_COLOR"):
+        monkeypatch.delenv(name, raising=False)
 
 
 # --- formats -----------------------------------------------------------------------------------------
@@ -140,7 +142,7 @@ def test_an_internal_error_exits_2_with_one_line_and_no_traceback(capsys, monkey
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(cli, "check_file", broken)
+    monkeypatch.setattr(check_command, "check_file", broken)
     code, _out, err = dsl(capsys, "check", GOOD_FILES[0])
     assert code == 2 and "Traceback" not in err
     assert err.splitlines()[0] == "dsl: internal error: RuntimeError: boom"
@@ -191,8 +193,9 @@ def test_the_installed_command_never_prints_a_traceback(tmp_path) -> None:
 
 
 def test_check_and_fmt_start_without_importing_torch(tmp_path) -> None:
-    """The interpreter's subcommands (which import torch) are only registered for other commands,
-    so an editor can run `dsl check` on every save."""
+    """Only the module of the command being run is imported, so an editor can run `dsl check` on
+    every save (tests/cli/test_cli_conventions.py runs every language command where torch cannot be
+    imported at all)."""
     (tmp_path / "ok.clock").write_text("cadence 1 s\n")
     code = (
         "import sys; from duplexcadence.interpreter.cli.main import main; "

@@ -272,7 +272,7 @@ def test_cli_writes_svg(tmp_path, capsys):
 @pytest.mark.parametrize(
     "arguments, code, says",
     [
-        (["--param", "nonsense"], 1, "nonsense"),
+        (["--param", "nonsense"], 2, "nonsense"),
         (["--param", "no_such_param=3"], 1, "no_such_param"),
         (["-o", "out.txt"], 2, "cannot tell the format"),
         (["-o", "out.svg", "--format", "png"], 2, "--format is png"),

@@ -1,0 +1,111 @@
+"""`dsl plan` as a user reads it: condensed by default (the members of a family alike in one row
+`kv[0..7] ×8`, one line per graph, firings as ranges, no line past the tables' width) and `--verbose`
+with every member and the views of every graph."""
+
+from __future__ import annotations
+
+import pytest
+
+from duplexcadence.dsl import loader
+from duplexcadence.interpreter.cli import main as cli
+from duplexcadence.interpreter.plans.plan import plan_file
+from duplexcadence.interpreter.plans.plan_text import family_label, format_plan, member_range, number_ranges, plural
+
+MIMI = loader.stdlib_path("models.mimi_decoder")
+STDLIB_MODELS = [name for name in loader.stdlib_modules() if name.startswith("models.")]
+
+
+def plan_text(capsys, *argv: str) -> str:
+    assert cli.main(["plan", *argv]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    return out
+
+
+def section(text: str, title: str) -> list[str]:
+    """The lines of one section, from its title to the blank line after it."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    end = next((i for i in range(start, len(lines)) if not lines[i]), len(lines))
+    return lines[start:end]
+
+
+def test_alike_family_members_share_one_row_with_their_offsets(capsys) -> None:
+    regions = section(plan_text(capsys, str(MIMI)), "Regions")
+    rows = {line.split()[0]: line.split() for line in regions[3:] if line.startswith("  ") and "[" in line.split()[0]}
+    assert rows["kv[0..7]"][:8] == ["kv[0..7]", "×8", "f32", "2x1x8x250x64", "ring", "250", "250", "1000.0"]
+    assert "0..7168000" in rows["kv[0..7]"]
+    assert rows["kv_end[0..7]"][:3] == ["kv_end[0..7]", "×8", "i64"] and "8242688..8246272" in rows["kv_end[0..7]"]
+    assert "rope_offset[0..7]" in rows
+    assert not any(line.lstrip().startswith("kv[3]") for line in regions)
+    assert any(line.startswith("  a row `name[i..j] ×n` stands for n family members alike") for line in regions)
+
+
+def test_verbose_lists_every_member_and_the_views_of_every_graph(capsys) -> None:
+    text = plan_text(capsys, str(MIMI), "--verbose")
+    plan = plan_file(MIMI)
+    regions = section(text, "Regions")
+    names = [line.split()[0] for line in regions[3:] if line.startswith("  ") and not line.startswith("   ")]
+    expected = [a.name for a in plan.arena.allocations if not a.name.endswith("~double")]
+    assert names[: len(expected)] == expected
+    assert "×8" not in "\n".join(regions)
+    capture = section(text, "Capture plan")
+    assert "  views of each graph (units of the region's clock; update: held +advance = in flight -> kept):" in capture
+    assert "    0 upsample: codes +1; codes 1; upsample_partial 2 +0 = 2 -> 2; embedded +2" in capture
+    views = "\n".join(capture)
+    assert all(f"kv[{i}] 250 +0 = 250 -> 250" in views for i in range(8))
+
+
+def test_one_line_per_graph_and_firings_as_ranges(capsys) -> None:
+    capture = section(plan_text(capsys, str(MIMI)), "Capture plan")
+    assert capture[1:6] == [
+        "  graph  stage        used in  captured  stage firings",
+        "  -----  -----------  -------  --------  -------------",
+        "      0  upsample     steady   yes       0..149",
+        "      1  transformer  steady   yes       0..149",
+        "      2  seanet       steady   yes       0..149",
+    ]
+    assert capture[6] == "  3 of 3 graphs captured (no budget); eager firings in warm-up + one period: 0"
+    assert capture[-1] == "  dsl plan --verbose: every family member and the views each graph is captured for"
+    assert not any("views of each graph" in line for line in capture)
+
+
+@pytest.mark.parametrize("module", STDLIB_MODELS)
+@pytest.mark.parametrize("verbose", [False, True])
+def test_no_line_is_longer_than_a_wide_terminal(capsys, module: str, verbose: bool) -> None:
+    text = plan_text(capsys, module, *(["--verbose"] if verbose else []))
+    longest = max(text.splitlines(), key=len)
+    assert len(longest) <= 150, longest
+
+
+def test_counts_of_one_are_singular(capsys, tmp_path) -> None:
+    clock = tmp_path / "once.clock"
+    clock.write_text(
+        "cadence 1 s\nclock tick = 1 Hz\nregion x : f32[1, time] on tick retain last 1\n"
+        "region y : f32[1, time] on tick output\nstage s on tick { hook h; update x +1; write y +1 }\n"
+    )
+    text = plan_text(capsys, str(clock))
+    assert "hyperperiod 1 s = 1 instant\n" in text
+    assert "steady period: 1 instant (1 s), repeated forever" in text
+    assert "2 of 2 graphs captured" in text  # the warm-up's firing sees an empty `x`
+    assert " instants" not in text.replace("(dataflow order within an instant)", "")
+
+
+def test_the_helpers_name_families_and_ranges() -> None:
+    assert member_range(["kv[0]", "kv[1]", "kv[2]"]) == "kv[0..2]"
+    assert member_range(["kv[0]", "kv[2]", "kv[5]"]) == "kv[0, 2, 5]"
+    assert (family_label(["kv[4]"]), family_label(["kv[0]", "kv[1]"])) == ("kv[4]", "kv[0..1] ×2")
+    assert number_ranges([0, 1, 2, 3]) == "0..3"
+    assert number_ranges([1, 2, 5, 7, 8, 9]) == "1, 2, 5, 7..9"
+    assert number_ranges(list(range(0, 20, 2)), limit=4) == "0, 2, 4, 6, ... (10 firings)"
+    assert (plural(1, "instant"), plural(0, "instant"), plural(25, "instant")) == (
+        "1 instant",
+        "0 instants",
+        "25 instants",
+    )
+
+
+def test_the_text_is_a_pure_function_of_the_plan() -> None:
+    plan = plan_file(MIMI)
+    assert format_plan(plan) == format_plan(plan_file(MIMI))
+    assert format_plan(plan, color=True).replace("\x1b[1m", "").replace("\x1b[0m", "") == format_plan(plan)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 @attrs.define
 class Counters:
     """What a session did: steps, graph replays, eager firings (planned, e.g. over budget; or off-plan), and
-    the steps that took the short replay path (`Session._replay`)."""
+    the steps that took the short path (replay.py)."""
 
     steps: int = 0
     replays: int = 0
@@ -65,6 +65,8 @@ class RuntimeReport:
     lanes: int = 1
     """Scratch copies in the arena: `arena_bytes` = sessions x `session_bytes` + lanes x `scratch_bytes`."""
     short_path_steps: int = 0
+    capture: str = "fused"
+    """The capture strategy's name."""
 
     @property
     def stock_bytes(self) -> int:
@@ -94,9 +96,14 @@ class RuntimeReport:
                 f"  regions with a stock allocation: {human_bytes(self.compared_bytes)} vs stock "
                 f"{human_bytes(self.stock_bytes)} per session"
             )
+        grouped = (
+            f"fused into {self.graphs_captured} instant graphs"
+            if self.capture == "fused"
+            else f"as {self.graphs_captured} graphs (capture '{self.capture}')"
+        )
         lines.append(
             f"  graphs: {self.stage_graphs_covered} of {self.graphs_planned} planned stage graphs captured, "
-            f"fused into {self.graphs_captured} instant graphs in {self.capture_seconds:.2f} s; stage "
+            f"{grouped} in {self.capture_seconds:.2f} s; stage "
             f"replays {self.replays}; eager firings {self.eager_planned} planned + {self.eager_off_plan} "
             f"outside the plan; {self.short_path_steps} steps on the short replay path"
         )
@@ -132,4 +139,5 @@ def runtime_report(runtime: Runtime) -> RuntimeReport:
         totals.eager_off_plan,
         runtime.lanes,
         totals.short_path_steps,
+        runtime.capture.name,
     )

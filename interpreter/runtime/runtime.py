@@ -36,11 +36,11 @@ from duplexcadence.dsl.frontend import load_program
 from duplexcadence.dsl.program import Program
 from duplexcadence.interpreter.plans.plan import Plan, make_plan
 from duplexcadence.interpreter.plans.trace import Firing
+from duplexcadence.interpreter.runtime import capture as capture_strategies
 from duplexcadence.interpreter.runtime import lanes as lanes_module
 from duplexcadence.interpreter.runtime.binding import Attribute, StageCallable, bind_program
-from duplexcadence.interpreter.runtime.capture.fused import STRATEGY as FUSED
+from duplexcadence.interpreter.runtime.capture import CaptureStrategy, templates_of
 from duplexcadence.interpreter.runtime.capture.graphs import capture_slot
-from duplexcadence.interpreter.runtime.capture.strategy import templates_of
 from duplexcadence.interpreter.runtime.errors import CaptureWarning, SessionFailed, SessionsFailed, StepError
 from duplexcadence.interpreter.runtime.replay import resolve_all
 from duplexcadence.interpreter.runtime.reports import Counters, RuntimeReport, runtime_report
@@ -132,6 +132,7 @@ class Runtime:
         graphs: bool,
         on_reset: Callable[[Any], None] | None,
         lanes: int = 1,
+        capture: CaptureStrategy | None = None,
     ):
         self.plan = plan
         self.program: Program = plan.program
@@ -140,7 +141,7 @@ class Runtime:
         self.callables = callables
         self.attributes = attributes
         self.graphs_enabled = graphs
-        self.capture = FUSED
+        self.capture = capture or capture_strategies.get(capture_strategies.DEFAULT)
         self.on_reset = on_reset
         self.lanes = lanes
         try:
@@ -219,15 +220,27 @@ class Runtime:
         max_graphs: int | None = None,
         on_reset: Callable[[Any], None] | None = None,
         lanes: int = 1,
+        capture: str | None = None,
     ) -> Runtime:
         """Check the `.clock` file, plan it, bind it to `model`, and allocate the arena.
 
         `params` override the file's params (values as Python numbers or `.clock` text).
-        `graphs`: "auto" captures CUDA graphs on a CUDA device; False runs every firing eagerly.
+        `capture`: the capture strategy by name (`capture.available()`): "fused" (the default) captures an
+        instant's consecutive capturable firings as one CUDA graph, "per-stage" one graph per firing,
+        "eager" none. Graphs are captured on a CUDA device only; elsewhere every firing runs eagerly.
+        `graphs`: False (or "off", "never") is `capture="eager"`; "auto" follows `capture`.
         `lanes`: how many sessions `step_many` can run at once (1 to `sessions`); each lane adds one
         copy of the scratch block to the arena and has its own graph pool and CUDA stream.
         Raises `ClockError` with located diagnostics when the file, the binding or the budget fails.
         """
+        if graphs in (False, "off", "never"):
+            if capture not in (None, "eager"):
+                raise ValueError(
+                    f"graphs={graphs!r} runs every firing eagerly, which is capture='eager', not capture={capture!r}; "
+                    "give one of the two"
+                )
+            capture = "eager"
+        strategy = capture_strategies.get(capture or capture_strategies.DEFAULT)
         device = resolve_device(device)
         if sessions < 1:
             raise ValueError(f"sessions must be at least 1, not {sessions}")
@@ -242,8 +255,8 @@ class Runtime:
         plan = make_plan(program, max_graphs=max_graphs)
         callables, attributes = bind_program(program, model, hooks, device)
         check_arena_fits(plan, sessions, device, lanes)
-        use_graphs = device.type == "cuda" and graphs not in (False, "off", "never")
-        return cls(plan, model, device, callables, attributes, sessions, use_graphs, on_reset, lanes)
+        use_graphs = device.type == "cuda" and strategy.graphs
+        return cls(plan, model, device, callables, attributes, sessions, use_graphs, on_reset, lanes, strategy)
 
     def session(self, initial: Mapping[str, torch.Tensor] | None = None, seed: int = 0) -> Session:
         """A new session in a free slot: its regions at their start, its own RNG state from `seed`."""

@@ -34,12 +34,24 @@ class Body:
         self.storage = storage
         self.bound_lengths: dict[str, int] = {}
 
-    @torch.no_grad()
     def run(self, firing: Firing) -> dict[str, torch.Tensor]:
         """Bind, call, store, trim; returns the firing's writes that have no length (a module output).
 
         Always without autograd: parameters require grad by default, and an in-place write into a
-        region under grad mode would chain every tick onto the arena's autograd history."""
+        region under grad mode would chain every tick onto the arena's autograd history. The grad mode
+        is put back from two nested `finally` blocks (as rng.call_with_rng puts the generator back): an
+        interrupt inside the stage cannot leave the process without autograd."""
+        enabled = torch.is_grad_enabled()
+        try:
+            try:
+                torch.set_grad_enabled(False)
+                return self._run(firing)
+            finally:
+                torch.set_grad_enabled(enabled)
+        finally:
+            torch.set_grad_enabled(enabled)
+
+    def _run(self, firing: Firing) -> dict[str, torch.Tensor]:
         runtime = self.runtime
         program = runtime.program
         stage = program.stages[firing.stage]

@@ -7,7 +7,7 @@ after the first have a generator state of their own (`lane_rng_states`), install
 first.
 
 Public: `RNG_LOCK`, `seeded_rng_state`, `get_rng_state`, `set_rng_state`, `lane_rng_states`,
-`call_with_rng`, `call_in_session`.
+`default_generator`, `call_with_rng`, `call_in_session`.
 """
 
 from __future__ import annotations
@@ -64,27 +64,50 @@ def lane_rng_states(device: torch.device, lanes: int) -> list[Any]:
     return states
 
 
+def default_generator(device: torch.device) -> torch.Generator:
+    """`device`'s default generator, the one a stage's `torch.randn_like` draws from (on CUDA, the
+    device is initialised: the runtime's arena is on it)."""
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index]
+    return torch.default_generator
+
+
 def call_with_rng(
     device: torch.device, state: torch.Tensor, lane_state: Any, fn: Callable[..., Result], *args: Any
 ) -> tuple[Result, torch.Tensor]:
     """`fn(*args)` drawing from `state`: (what `fn` returned, the state it left). `lane_state` (from
-    `lane_rng_states`, or None) is installed in the default generator first."""
+    `lane_rng_states`, or None) is installed in the default generator first.
+
+    The default generator is back as it was whatever happens, an exception that arrives part-way
+    included (KeyboardInterrupt, or what a signal handler raises). Each state is put back by a call
+    into the generator (C, no Python frame) that is the first statement of a `finally`, made twice
+    from two nested `finally` blocks: a signal's Python handler runs only between bytecodes after a
+    call returns, so it cannot land between entering the `finally` and the call; an exception raised
+    at a line boundary (what a tracer can do, and what tests/runtime/test_step_atomicity.py does)
+    skips at most the first of the two."""
+    generator = default_generator(device)
     with RNG_LOCK:
-        generator = original = None
-        if lane_state is not None:  # this lane's generator state: its graphs were captured with it
-            generator = torch.cuda.default_generators[device.index]
-            original = generator.graphsafe_get_state()
-            generator.graphsafe_set_state(lane_state)
+        original = None
         try:
-            saved = get_rng_state(device)
-            set_rng_state(device, state)
             try:
-                result = fn(*args)
-            finally:
-                state = get_rng_state(device)
-                set_rng_state(device, saved)
-        finally:  # the lane's state never stays installed, whatever raised
-            if generator is not None:
+                if lane_state is not None:  # this lane's generator state: its graphs were captured with it
+                    original = generator.graphsafe_get_state()
+                    generator.graphsafe_set_state(lane_state)
+                saved = generator.get_state()
+                try:
+                    try:
+                        generator.set_state(state)
+                        result = fn(*args)
+                        state = generator.get_state()
+                    finally:
+                        generator.set_state(saved)
+                finally:
+                    generator.set_state(saved)
+            finally:  # the lane's state never stays installed, whatever raised
+                if original is not None:
+                    generator.graphsafe_set_state(original)
+        finally:
+            if original is not None:
                 generator.graphsafe_set_state(original)
     return result, state
 

@@ -179,7 +179,7 @@ class Runtime:
         self.templates = templates_of(plan)
         self.storage_dtypes = {name: TORCH_DTYPES[r.dtype] for name, r in plan.program.regions.items()}
         instants = plan.clocks.instants
-        self._prefix_counts = [Counter() for _ in range(len(instants) + 1)]
+        self._prefix_counts: list[Counter[str]] = [Counter() for _ in range(len(instants) + 1)]
         for phase, instant in enumerate(instants):
             self._prefix_counts[phase + 1] = self._prefix_counts[phase] + Counter(instant.stages)
         self.sessions: list[Session] = []

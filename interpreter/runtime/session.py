@@ -3,8 +3,15 @@
 A step (`Session.step`, `Session.finish`) runs one instant of the plan in two halves: `begin` decides
 everything before anything changes (the inputs checked, else `StepError`; the runs chosen) and
 `execute` runs the runs, yielding between two of them (`Runtime.step_many` interleaves sessions there),
-then returns the outputs. An on-plan instant made only of graph runs takes a short path instead: its
-graph runs replayed on addresses resolved when the slot captured (replay.py).
+then commits the instant and returns the outputs. An on-plan instant made only of graph runs takes a
+short path instead: its graph runs replayed on addresses resolved when the slot captured (replay.py).
+
+A step is atomic: it commits its instant (regions, clock position, counters, `last_outputs`) or leaves
+the session failed. The session is marked failed before a run changes anything and the mark is cleared
+by the commit's last store (`_commit`), so an exception that arrives anywhere in between, a
+KeyboardInterrupt or what a signal handler raises included, leaves it failed (`reset()` restores it);
+one that arrives after finds the step committed, its outputs in `last_outputs`; one that arrives
+before finds the session as it was.
 
 Public: `Session`, `PendingStep`.
 """
@@ -50,6 +57,9 @@ class PendingStep:
 class Session:
     """One conversation's state: its regions in its arena slot, its clock position and RNG state.
 
+    `last_outputs`: what the last committed step returned (a tensor, or a dict by output name; None
+    after `reset()`): when a step raised an interrupt after committing its instant, its outputs are here.
+
     What the step path keeps (read it, do not assign it): `storage` (each region's storage), `body` (its
     stage bodies), `graphs`, `runs` and `replays` (its slot's captured graphs, each planned instant's runs,
     and their resolved replays), `counters`, `failed` (the exception that failed it, else None),
@@ -76,6 +86,8 @@ class Session:
         self.replays: dict[int, tuple[GraphReplay, ...] | None] = {}  # by template index, resolved after capture
         self.counters = Counters()
         self.failed: BaseException | None = None
+        self.last_outputs: Any = None
+        self._unfinished = SessionFailed("a step was interrupted before it committed its instant")
         self.closed = False
         self.initial = dict(initial or {})
         check_initial(runtime, self.initial)
@@ -93,7 +105,8 @@ class Session:
         return self._lane
 
     def reset(self, initial: Mapping[str, torch.Tensor] | None = None) -> None:
-        """Back to the declared start (barge-in, new turn); every address stays where it was."""
+        """Back to the declared start (barge-in, new turn); every address stays where it was. A reset that
+        raises part-way (in `on_reset`, or interrupted) leaves the session failed: reset it again."""
         runtime = self.runtime
         with runtime.lock:
             if self.closed:  # its slot may be another session's now: resetting would overwrite that one
@@ -101,6 +114,7 @@ class Session:
             if initial is not None:
                 check_initial(runtime, initial)
                 self.initial = dict(initial)
+            self.failed = SessionFailed("reset() did not complete")
             for name, storage in self.storage.items():
                 if runtime.plan.schedule.regions[name].persistent:
                     storage.fill_zero()
@@ -112,12 +126,13 @@ class Session:
             self.simulator_stale = False
             self.on_plan = True
             self._instant = 0
-            self.failed = None
             self.finished = False
+            self.last_outputs = None
             self.rng_state = seeded_rng_state(self.seed, runtime.device)
             self.body.bind_current(self.simulator.length)
             if runtime.on_reset is not None:
                 runtime.on_reset(runtime.model)
+            self.failed = None
 
     def step(self, *args: torch.Tensor, **inputs: torch.Tensor):
         """Run one instant. Inputs by input-region name (or one positional tensor when the instant has
@@ -177,7 +192,9 @@ class Session:
 
     def execute(self, step: PendingStep) -> Generator[None, None, Any]:
         """The second half: run a begun step, yielding between its runs (`Runtime.step_many` interleaves
-        sessions there); returns the step's outputs. A stage that raises fails the session (SessionFailed)."""
+        sessions there), commit it and return its outputs. A stage that raises fails the session
+        (SessionFailed)."""
+        self.failed = self._unfinished  # until the commit: see the module docstring
         self.body.bound_lengths = step.bound_lengths
         outputs: dict[str, torch.Tensor] = {}
         firing = None
@@ -190,17 +207,11 @@ class Session:
         except Exception as error:
             self.failed = error
             raise self._stage_failed(firing, error) from error
-        except BaseException as error:  # KeyboardInterrupt inside a run, or closed by abandon (already failed)
-            if self.failed is None:
+        except BaseException as error:  # KeyboardInterrupt inside a run, or closed by abandon (which recorded it)
+            if self.failed is self._unfinished:
                 self.failed = error
             raise
-        if step.simulator is not None:
-            self.simulator = step.simulator
-            self.simulator_stale = False
-            self.on_plan = self.on_plan and not step.off_plan
-        else:
-            self.simulator_stale = True
-        return self._advance(outputs, step.last)
+        return self._commit(outputs, step.last, step.simulator, step.off_plan)
 
     def abandon(self, runs: Generator, error: BaseException) -> None:
         """A step stopped between two of its runs (`runs`, from `execute`) by an exception that is not a
@@ -220,10 +231,9 @@ class Session:
             runs = self.execute(self._begin(args, inputs, last, index))
             try:
                 while True:
-                    try:
-                        next(runs)
-                    except StopIteration as done:
-                        return done.value
+                    next(runs)
+            except StopIteration as done:
+                return done.value
             except BaseException as error:
                 self.abandon(runs, error)
                 raise
@@ -257,7 +267,8 @@ class Session:
     def _replay(self, replays: tuple[GraphReplay, ...], inputs: Mapping[str, torch.Tensor]):
         """An on-plan step made only of graph runs, on addresses resolved before (replay.py): per run,
         copy the inputs in, replay, clone the outputs out; what `execute` does for such a step, on the
-        same views, with the same counters and failure handling."""
+        same views, with the same counters, failure handling and commit."""
+        self.failed = self._unfinished  # until the commit: see the module docstring
         outputs: dict[str, torch.Tensor] = {}
         counters = self.counters
         run = None
@@ -271,15 +282,14 @@ class Session:
                 counters.per_graph[run.graph.key] += 1
                 for name, source in run.outputs:
                     outputs[name] = source.clone()
+            return self._commit(outputs, last=False, short_path=True)
         except Exception as error:
             self.failed = error
             raise self._stage_failed(run.firings[0], error) from error
-        except BaseException as error:  # KeyboardInterrupt between two runs: part of the instant ran
-            self.failed = error
+        except BaseException as error:  # KeyboardInterrupt: part of the instant ran, or it committed
+            if self.failed is self._unfinished:
+                self.failed = error
             raise
-        self.simulator_stale = True
-        counters.short_path_steps += 1
-        return self._advance(outputs, last=False)
 
     def _execute_run(
         self, run: Run, inputs: Mapping[str, torch.Tensor], outputs: dict[str, torch.Tensor], off_plan: bool
@@ -326,14 +336,32 @@ class Session:
                         .clone()
                     )
 
-    def _advance(self, outputs: dict[str, torch.Tensor], last: bool):
-        """Count a completed step and return its outputs: a tensor, or a dict when there are several."""
-        self._instant += 1
+    def _commit(
+        self,
+        outputs: dict[str, torch.Tensor],
+        last: bool,
+        simulator: Simulator | None = None,
+        off_plan: bool = False,
+        short_path: bool = False,
+    ):
+        """Commit a step whose runs all ran and return its outputs: a tensor, or a dict when there are
+        several. `failed` is cleared by the last store, after the outputs, the clock position and the
+        counters: the step counts from that store on (an exception before it leaves the session failed)."""
+        result = next(iter(outputs.values())) if len(outputs) == 1 else outputs
+        self.last_outputs = result
+        if simulator is not None:  # off the plan: the simulator traced this instant
+            self.simulator = simulator
+            self.simulator_stale = False
+            self.on_plan = self.on_plan and not off_plan
+        else:
+            self.simulator_stale = True
         self.counters.steps += 1
+        if short_path:
+            self.counters.short_path_steps += 1
         self.finished = last
-        if len(outputs) == 1:
-            return next(iter(outputs.values()))
-        return outputs
+        self._instant += 1
+        self.failed = None
+        return result
 
     def _stage_failed(self, firing: Firing, error: Exception) -> SessionFailed:
         return SessionFailed(

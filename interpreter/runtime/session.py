@@ -66,6 +66,9 @@ class Session:
     `finished`, `rng_state`, and the clock position: `simulator` (stale after on-plan steps, which skip
     it), `on_plan`."""
 
+    last_outputs: Any = None
+    failed: BaseException | None = None
+
     def __init__(self, runtime: Runtime, slot: int, initial: Mapping[str, torch.Tensor] | None, seed: int):
         self.runtime = runtime
         self.slot = slot

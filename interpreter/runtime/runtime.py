@@ -119,6 +119,11 @@ class Runtime:
     captures, reports): any thread may step any session, one call at a time. For steps that run in
     parallel, use lanes and `step_many` from one thread, or load one runtime per thread, each on its
     own model instance (binding sets the model's attributes).
+
+    What the sessions share (read it, do not assign it): `plan`, `program`, `callables` and `attributes`
+    (the binding), `capture` (the capture strategy), `templates` (every planned instant), `blocked` (the
+    stages that run eagerly, with why), `pools` (each lane's CUDA graph memory pool, None without
+    graphs), `lane_rng_states`, `slot_graphs` (each slot's graphs, runs and resolved replays).
     """
 
     def __init__(

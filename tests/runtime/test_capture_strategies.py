@@ -260,3 +260,25 @@ def test_gpu_every_strategy_is_bit_identical_to_stock(strategy):
     replays_per_tick = 0 if strategy == "eager" else 3
     assert report.runtime_counters.replays == replays_per_tick * 60
     assert report.runtime_counters.eager_planned == (3 * 60 if strategy == "eager" else 0)
+
+
+def test_planning_runs_needs_no_torch():
+    """The interface, the registry and the built-in strategies import nothing that imports torch: a strategy's
+    runs are planned from the plan alone (graphs.py, the capture itself, is the runtime's)."""
+    import ast
+
+    folder = Path(capture.__file__).parent
+    for name in ("__init__.py", "strategy.py", "fused.py", "per_stage.py", "eager.py"):
+        tree = ast.parse((folder / name).read_text())
+        imported = {
+            alias.name if isinstance(node, ast.Import) else node.module
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        }
+        assert not {m for m in imported if m and (m.split(".")[0] == "torch" or m.endswith("capture.graphs"))}, name
+        assert {m for m in imported if m and m.startswith("duplexcadence.")} <= {
+            "duplexcadence.interpreter.plans.plan",
+            "duplexcadence.interpreter.plans.trace",
+            "duplexcadence.interpreter.runtime.capture.strategy",
+        }, name

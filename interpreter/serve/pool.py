@@ -369,7 +369,9 @@ class SessionPool:
             self.mode = MODES["lockstep"](self.loaded, config.slots, rows, self.served.batch_param)
         if config.warm_slots:
             self.mode.warm()
-        return config.tick_model or self._calibrate()
+        if config.tick_model is not None:
+            return attrs.evolve(config.tick_model, unit=self.mode.unit)
+        return self._calibrate()
 
     def _inputs_of(self, seed: int, instant: int) -> dict[str, torch.Tensor]:
         if self.served.inputs is not None:

@@ -336,7 +336,12 @@ class SessionPool:
         initializer = (lambda: torch.cuda.set_device(device)) if device.type == "cuda" else None
         self.executor = concurrent.futures.ThreadPoolExecutor(1, "duplexcadence-device", initializer=initializer)
         started = time.perf_counter()
-        model = await self.run_on_device(self._load)
+        try:
+            model = await self.run_on_device(self._load)
+        except BaseException:
+            await self.run_on_device(self._unload)
+            self.executor.shutdown(wait=False)
+            raise
         self.started_s = time.perf_counter() - started
         self.tick_period_s = self.config.tick_period_s or self.mode.facts.tick_period_s
         self.rule = AdmissionRule(

@@ -300,7 +300,6 @@ def test_lockstep_is_refused_where_the_plan_cannot_take_a_session_into_a_running
         pool = SessionPool(TOY, PoolConfig(slots=1, lockstep=2, tick_model=MODEL))
         with pytest.raises(ValueError) as refused:
             await pool.start()
-        pool.executor.shutdown()
         return str(refused.value)
 
     assert run(scenario()) == (

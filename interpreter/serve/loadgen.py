@@ -14,7 +14,7 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 import torch
@@ -69,7 +69,14 @@ class LoadReport:
     def to_json(self) -> dict:
         data = attrs.asdict(self, recurse=False)
         data["per_session"] = [
-            {"seed": s.seed, "ticks": s.ticks, "errors": list(s.errors), "blocked": s.blocked, "refused": s.refused}
+            {
+                "seed": s.seed,
+                "ticks": s.ticks,
+                "errors": list(s.errors),
+                "blocked": s.blocked,
+                "refused": s.refused,
+                "latencies_s": list(s.latencies),
+            }
             for s in self.per_session
         ]
         return data
@@ -182,8 +189,11 @@ async def run_load(
     paced: bool = True,
     record: int = 0,
     first_seed: int = 0,
+    before_start: Callable[[], Awaitable[None]] | None = None,
 ) -> LoadReport:
-    """Drive `sessions` sessions (seeds `first_seed`, `first_seed` + 1, ...) for `ticks` ticks each."""
+    """Drive `sessions` sessions (seeds `first_seed`, `first_seed` + 1, ...) for `ticks` ticks each.
+    `before_start` is awaited once every session is open (or refused), before the first tick (a barrier
+    across processes)."""
     start = asyncio.Event()
     opened: asyncio.Queue = asyncio.Queue()
     tasks = [
@@ -192,6 +202,8 @@ async def run_load(
     ]
     clients = [await opened.get() for _ in range(sessions)]
     period = next((c.tick_period_s for c in clients if c is not None), None)
+    if before_start is not None:
+        await before_start()
     began = time.perf_counter()
     start.set()
     loads = await asyncio.gather(*tasks)

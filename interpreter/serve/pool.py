@@ -317,7 +317,10 @@ class SessionPool:
         self._wakeup: asyncio.Event | None = None
         self._empty: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
-        self._latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+        self.tick_latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+        """The latency of the last session ticks (seconds), oldest first."""
+        self.round_log: collections.deque[tuple[int, float]] = collections.deque(maxlen=LATENCY_WINDOW)
+        """(units stepped, seconds) of the last rounds on the device, oldest first."""
         self._ticks = 0
         self._missed = 0
         self._report_at = 0.0
@@ -434,9 +437,10 @@ class SessionPool:
             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = self._previous_cudnn
 
     async def run_on_device(self, function: Callable[..., Any], *args: Any) -> Any:
-        """Run `function(*args)` on the pool's device thread (after the work queued before it)."""
+        """Run `function(*args)` on the pool's device thread (after the work queued before it); from any event
+        loop (the device thread is not the loop's)."""
         assert self.executor is not None, "start() the pool first"
-        return await self.loop.run_in_executor(self.executor, function, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
 
     # --- admission ---------------------------------------------------------------------------------
 
@@ -656,6 +660,7 @@ class SessionPool:
         metrics = self.metrics
         assert metrics is not None
         if outcome.ticks:
+            self.round_log.append((outcome.units, outcome.round_s))
             metrics.round_seconds.observe(outcome.round_s)
             metrics.round_units.observe(outcome.units)
         for handle, cause in outcome.failed.items():
@@ -677,7 +682,7 @@ class SessionPool:
             session.latencies.append(latency)
             self._ticks += 1
             self._missed += missed
-            self._latencies.append(latency)
+            self.tick_latencies.append(latency)
             metrics.ticks.inc()
             metrics.tick_latency.observe(latency)
             if missed:
@@ -745,7 +750,7 @@ class SessionPool:
     # --- reports -----------------------------------------------------------------------------------
 
     def deadlines(self) -> DeadlineReport:
-        recent = list(self._latencies)
+        recent = list(self.tick_latencies)
         return DeadlineReport(
             self._ticks,
             self._missed,

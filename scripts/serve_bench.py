@@ -201,11 +201,13 @@ async def server_pass(
     async def barrier() -> None:
         loop = asyncio.get_running_loop()
         for process in processes:
+            assert process.stdout is not None and process.stdin is not None
             line = await loop.run_in_executor(None, process.stdout.readline)
             if line.strip() != "open":
                 raise RuntimeError(f"a load-generator process failed to open its sessions ({line!r})")
         start = time.time() + 0.5
         for process in processes:
+            assert process.stdin is not None
             process.stdin.write(f"{start}\n")
             process.stdin.flush()
         await asyncio.sleep(max(0.0, start - time.time()))

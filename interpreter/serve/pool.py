@@ -357,6 +357,7 @@ class SessionPool:
         )
         self.metrics = PoolMetrics(self.tick_period_s)
         self.metrics.slots.set(self.mode.session_slots)
+        assert self.loaded is not None
         self.metrics.runtime.report = await self.run_on_device(self.loaded.runtime.report)
         self._refresh_gauges()
         self._tasks = [
@@ -651,7 +652,7 @@ class SessionPool:
                 ticks.append((session, item, value))
             units = len({getattr(session.handle, "group", session.handle) for session, _ in work.ticks})
         done_at = time.perf_counter()
-        if done_at - self._report_at > REPORT_EVERY_S and self.metrics is not None:
+        if done_at - self._report_at > REPORT_EVERY_S and self.metrics is not None and self.loaded is not None:
             self.metrics.runtime.report = self.loaded.runtime.report()
             self._report_at = time.perf_counter()
         return RoundOutcome(controls, ticks, failed, done_at - started, done_at, units)

@@ -312,6 +312,7 @@ async def measure(pool: SessionPool, url: str, config: Config, args: argparse.Na
         "lanes": config.lanes,
         "lockstep": config.lockstep,
         "tick_period_s": period,
+        "gather_s": pool.gather_s,
         "ticks_per_session": config.ticks,
         "tick_model": {
             "fixed_s": rule.model.fixed_s,
@@ -345,6 +346,7 @@ def run_config(config: Config, args: argparse.Namespace) -> dict:
             enforce_tick_budget=False,
             calibration_repeats=3 if args.cpu_dry_run else 5,
             calibration_warmup=1 if args.cpu_dry_run else 2,
+            gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
         ),
     )
     started = time.perf_counter()
@@ -387,6 +389,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=None, help="load-generator processes (0: all in this process)")
     parser.add_argument("--sample", type=int, default=2, help="sessions recorded and compared with stock per count")
     parser.add_argument("--direct-rounds", type=int, default=None, help="timed rounds per direct pass")
+    parser.add_argument(
+        "--gather-ms", type=float, default=None, help="the pool's gather time (default: 5%% of the period)"
+    )
     parser.add_argument(
         "--cpu-dry-run", action="store_true", help="CPU, tiny counts: checks the script (times mean nothing)"
     )

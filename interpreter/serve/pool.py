@@ -42,6 +42,7 @@ from duplexcadence.interpreter.serve.modes import MODES, StepResult, TensorSpec,
 from duplexcadence.interpreter.serve.tail import LoadedTail, ServedTail
 
 REPORT_EVERY_S = 1.0
+GATHER_FRACTION = 0.05
 LATENCY_WINDOW = 65536
 
 
@@ -58,6 +59,9 @@ class PoolConfig:
     admits up to the slots whatever the model predicts (a benchmark that finds the limit itself).
     `warm_slots`: open every slot once at start (on CUDA: capture its graphs before any session waits).
     `deterministic`: cuDNN's deterministic algorithms while the pool runs (outputs equal to stock eager).
+    `gather_s`: how long a round may wait, from its oldest tick's arrival, for the other sessions' ticks
+    (sessions paced by the same cadence arrive a few milliseconds apart; one round for all of them costs less
+    than two); None: 5 % of the tick period; 0: a round starts as soon as anything is queued.
     """
 
     slots: int = 1
@@ -74,6 +78,7 @@ class PoolConfig:
     enforce_tick_budget: bool = True
     warm_slots: bool = True
     deterministic: bool = True
+    gather_s: float | None = None
 
     def problems(self) -> list[str]:
         found = []
@@ -91,6 +96,8 @@ class PoolConfig:
             found.append(f"the queue depth must be at least 1, not {self.queue_depth}")
         if self.tick_period_s is not None and not self.tick_period_s > 0:
             found.append(f"the tick period must be above 0 s, not {self.tick_period_s}")
+        if self.gather_s is not None and not self.gather_s >= 0:
+            found.append(f"the gather time must be 0 s or more, not {self.gather_s}")
         return found
 
 
@@ -310,6 +317,7 @@ class SessionPool:
         self.rule: AdmissionRule | None = None
         self.metrics: PoolMetrics | None = None
         self.tick_period_s = 0.0
+        self.gather_s = 0.0
         self.started_s = 0.0
         self._ids = itertools.count(1)
         self._opening = 0
@@ -347,6 +355,7 @@ class SessionPool:
             raise
         self.started_s = time.perf_counter() - started
         self.tick_period_s = self.config.tick_period_s or self.mode.facts.tick_period_s
+        self.gather_s = GATHER_FRACTION * self.tick_period_s if self.config.gather_s is None else self.config.gather_s
         self.rule = AdmissionRule(
             self.mode.session_slots,
             self.config.lockstep,
@@ -553,6 +562,7 @@ class SessionPool:
             await self._wakeup.wait()
             self._wakeup.clear()
             while True:
+                await self._gather()
                 work = self._collect()
                 if not work:
                     break
@@ -562,6 +572,27 @@ class SessionPool:
                     self._fail_round(work, error)
                     continue
                 self._deliver(outcome)
+
+    async def _gather(self) -> None:
+        """Hold the next round until every idle session has something queued, or the oldest queued tick has
+        waited `gather_s`, or a control is queued (never held)."""
+        assert self._wakeup is not None
+        while self.gather_s > 0:
+            waiting = [s for s in self.sessions.values() if not s.in_flight and s.closing is None]
+            heads = [s.queue[0] for s in waiting if s.queue]
+            closing = any(s.closing is not None and s.queue for s in self.sessions.values())
+            if not heads or closing or any(head.kind != "tick" for head in heads):
+                return
+            if all(s.queue or s.failed is not None or s.finished for s in waiting):
+                return
+            remaining = min(head.queued_at for head in heads) + self.gather_s - time.perf_counter()
+            if remaining <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except TimeoutError:
+                return
 
     def _collect(self) -> Round:
         """Take this round's work: every idle session's leading controls and, if its next item is a tick, that

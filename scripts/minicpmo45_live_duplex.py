@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.conversations < 1:
         print("error: --conversations must be at least 1", file=sys.stderr)
         return 2
+    if not 1 <= n_timesteps <= 16:
+        print(f"error: --n-timesteps must be 1..16 (the CFM buffers hold 16 steps), got {n_timesteps}", file=sys.stderr)
+        return 2
 
     torch.manual_seed(args.seed)
     say(

@@ -287,3 +287,23 @@ def test_conversation_audio_equal_and_json(conversation):
 
 def units_end(payload) -> int:
     return payload["units"][-1]["llm_cache_length"]
+
+
+@pytest.mark.gpu
+@pytest.mark.models
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_released_conversation_on_gpu(tmp_path, capsys):
+    """The released sizes on the GPU: the planned chunks replay graphs, every chunk equal to stock's."""
+    if importlib.util.find_spec("stepaudio2") is None:
+        pytest.skip("needs stepaudio2-minicpmo")
+    out = tmp_path / "live.json"
+    code = load_script().main(["--device", "cuda", "--pattern", "L1 S2 L1 S1", "--out", str(out)])
+    payload = json.loads(out.read_text())
+    assert code == 0 and payload["bit_identical"] is True and payload["chunks_compared"] == 5
+    assert payload["config"]["sizes"]["name"] == "released" and payload["config"]["n_timesteps"] == 10
+    assert payload["config"]["parameters"]["llm"] == 8_189_195_264
+    assert payload["runtime"]["graphs_captured"] > 0 and payload["runtime"]["replays"] > 0
+    memory = payload["memory"]
+    assert memory["peak_allocated_bytes"] >= payload["config"]["parameter_bytes"]
+    assert memory["resident_bytes"]["duplexcadence_tail"] < memory["resident_bytes"]["stock_tail"]
+    assert "bit-identical: all 5 chunks of audio torch.equal" in capsys.readouterr().out

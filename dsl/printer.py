@@ -296,11 +296,11 @@ class _CommentedPrinter:
         for comment in comments:
             line = comment.span.line
             if self._own_line(comment) and line != item.span.line:
-                target = next((i for i, l in enumerate(lines) if l.anchor > line), len(lines) - 1)
+                target = next((i for i, candidate in enumerate(lines) if candidate.anchor > line), len(lines) - 1)
                 before.setdefault(target, []).append(comment.text)
                 continue
-            exact = [l for l in lines if l.anchor == line]
-            target_line = exact[-1] if exact else [l for l in lines if l.anchor <= line][-1]
+            exact = [candidate for candidate in lines if candidate.anchor == line]
+            target_line = exact[-1] if exact else [c for c in lines if c.anchor <= line][-1]
             target_line.comments.append(comment.text)
         out: list[tuple[str, str | None]] = []
         for index, line in enumerate(lines):

@@ -65,54 +65,61 @@ class Declaration:
         return getattr(self.node, "name_span", None) or self.span
 
 
+class _UnitScope:
+    """The names one unit sees and where each was declared or imported; a second declaration of a
+    name is reported to `bag`."""
+
+    def __init__(self, bag: DiagnosticBag) -> None:
+        self.bag = bag
+        self.names: dict[str, Declaration] = {}
+        self.where: dict[str, tuple[Span | None, bool]] = {}
+
+    def add(self, declaration: Declaration, at: Span | None, imported: bool = False) -> None:
+        existing = self.names.get(declaration.name)
+        if existing is None:
+            self.names[declaration.name] = declaration
+            self.where[declaration.name] = (at, imported)
+        elif existing.node is not declaration.node:
+            first, first_imported = self.where[declaration.name]
+            if declaration.kind == "cadence":
+                self.bag.add(messages.duplicate_cadence(at, first, first_imported))
+            else:
+                self.bag.add(
+                    messages.duplicate_name(
+                        declaration.kind, declaration.name, at, first, existing.kind, first_imported
+                    )
+                )
+
+
 def collect_declarations(loaded: Loaded, bag: DiagnosticBag) -> dict[str, dict[str, Declaration]]:
     """The names visible in each unit: its own declarations and what its `use`s bring in."""
     visible: dict[str, dict[str, Declaration]] = {}
     for key, unit in loaded.units.items():  # children are inserted before their importers
-        names: dict[str, Declaration] = {}
-
-        where: dict[str, tuple[Span | None, bool]] = {}
-
-        def add(declaration: Declaration, at: Span | None, imported: bool = False) -> None:
-            existing = names.get(declaration.name)
-            if existing is None:
-                names[declaration.name] = declaration
-                where[declaration.name] = (at, imported)
-            elif existing.node is not declaration.node:
-                first, first_imported = where[declaration.name]
-                if declaration.kind == "cadence":
-                    bag.add(messages.duplicate_cadence(at, first, first_imported))
-                else:
-                    bag.add(
-                        messages.duplicate_name(
-                            declaration.kind, declaration.name, at, first, existing.kind, first_imported
-                        )
-                    )
-
+        scope = _UnitScope(bag)
         for use, target in unit.imports:
             exported = visible.get(target)
             if exported is None:  # the imported unit did not load; its own errors say why
                 continue
             if use.names is None:
-                for name, declaration in exported.items():
-                    add(declaration, use.module_span or use.span, True)
+                for declaration in exported.values():
+                    scope.add(declaration, use.module_span or use.span, True)
                 continue
             spans = use.name_spans if len(use.name_spans) == len(use.names) else (use.span,) * len(use.names)
             for name, at in zip(use.names, spans):
                 if name not in exported:
                     bag.add(messages.unknown_imported_name(use.dotted, name, at, exported))
                     continue
-                add(exported[name], at, True)
+                scope.add(exported[name], at, True)
         for statement in unit.module.statements:
             if isinstance(statement, ast.Use):
                 continue
             if isinstance(statement, ast.Cadence):
-                add(Declaration("cadence", "cadence", statement, key), statement.span)
+                scope.add(Declaration("cadence", "cadence", statement, key), statement.span)
                 continue
             kind = type(statement).__name__.lower()
             declaration = Declaration(kind, statement.name, statement, key)
-            add(declaration, declaration.name_span)
-        visible[key] = names
+            scope.add(declaration, declaration.name_span)
+        visible[key] = scope.names
     return visible
 
 
@@ -433,14 +440,19 @@ class _Resolver:
             except _Skip:
                 ok = False
         bind_clause = node.clause(ast.BindClause)
-        if ok and node.family is not None and count > 1 and bind_clause is not None:
-            if not _PLACEHOLDER.search(bind_clause.path):  # an unknown placeholder is reported by `_bind`
-                self.bag.add(
-                    messages.family_bind_without_index(
-                        node.name, bind_clause.path, count, node.family.index, bind_clause.span
-                    )
+        if (
+            ok
+            and node.family is not None
+            and count > 1
+            and bind_clause is not None
+            and not _PLACEHOLDER.search(bind_clause.path)  # an unknown placeholder is reported by `_bind`
+        ):
+            self.bag.add(
+                messages.family_bind_without_index(
+                    node.name, bind_clause.path, count, node.family.index, bind_clause.span
                 )
-                ok = False
+            )
+            ok = False
         if not ok:
             return None
         time_axis = next((i for i, d in enumerate(node.shape) if isinstance(d, ast.TimeAxis)), None)

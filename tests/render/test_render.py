@@ -16,12 +16,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import graphviz
 import pytest
 
 from duplexcadence.interpreter.cli.main import main
 from duplexcadence.interpreter.plans import trace as trace_module
 from duplexcadence.interpreter.plans.plan import plan_file
-from duplexcadence.interpreter.views.render import VIEWS, DotMissing, build_timeline, render_file, render_plan
+from duplexcadence.interpreter.views.output import DotMissing
+from duplexcadence.interpreter.views.registry import VIEWS
+from duplexcadence.interpreter.views.render import render_file, render_plan
+from duplexcadence.interpreter.views.timeline import build_timeline
+from duplexcadence.interpreter.views.view import View
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = sorted((ROOT / "stdlib" / "models").glob("*.clock"))
@@ -97,8 +102,9 @@ def test_same_dot_under_another_hash_seed(plans):
         "import json, sys\n"
         "from duplexcadence.interpreter.views.render import render_plan\n"
         "from duplexcadence.interpreter.plans.plan import plan_file\n"
+        "from duplexcadence.interpreter.views.registry import VIEWS\n"
         "print(json.dumps({p + '|' + v: render_plan(plan_file(p), v).source\n"
-        "                  for p in sys.argv[1:] for v in ('timeline', 'graph', 'arena')}))\n"
+        "                  for p in sys.argv[1:] for v in VIEWS}))\n"
     )
     here = {f"{path}|{view}": render_plan(plans[path.stem], view).source for path in MODELS for view in VIEWS}
     for seed in ("1", "4242"):
@@ -303,3 +309,43 @@ def test_cli_usage_errors_exit_2(arguments, capsys):
 def test_cli_params_reach_the_plan(capsysbinary):
     assert main(["render", str(STEP_AUDIO2), "--param", "steps=5", "--view", "graph", "--format", "dot"]) == 0
     assert "steps=5" in capsysbinary.readouterr().out.decode("utf-8")
+
+
+# --- the registry: a view is one module and one line in VIEWS -----------------------------------
+
+
+def test_list_views_prints_the_registry(capsys):
+    assert main(["render", "--list-views"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(VIEWS)
+    for line, view in zip(lines, VIEWS.values()):
+        assert line.endswith("  " + view.summary)
+
+
+def test_render_md_lists_the_registered_views(capsys):
+    """docs/render.md shows `dsl render --list-views` as it prints."""
+    assert main(["render", "--list-views"]) == 0
+    listing = capsys.readouterr().out
+    assert "```text\n" + listing + "```" in (ROOT / "docs" / "render.md").read_text(encoding="utf-8")
+
+
+def test_a_registered_view_is_a_choice_everywhere(monkeypatch, capsysbinary):
+    def draw(plan, options):
+        graph = graphviz.Digraph("regions")
+        for name in sorted(plan.program.regions):
+            graph.node(name)
+        return graph
+
+    monkeypatch.setitem(VIEWS, "regions", View("regions", "one node per region", draw))
+    assert main(["render", "--list-views"]) == 0
+    assert capsysbinary.readouterr().out.decode("utf-8").splitlines()[-1] == "regions   one node per region"
+    assert main(["render", str(QWEN), "--view", "regions", "--format", "dot"]) == 0
+    assert "codes" in capsysbinary.readouterr().out.decode("utf-8")
+    assert render_plan(plan_file(QWEN), "regions").name == "regions"
+
+
+def test_render_without_a_file_says_what_to_give(capsys):
+    assert main(["render"]) == 2
+    assert capsys.readouterr().err == (
+        "dsl render: error: name the .clock FILE to draw\n  help: dsl render --list-views lists the views\n"
+    )

@@ -18,7 +18,9 @@ VIEWS: Mapping[str, View] = {
     view.name: view
     for view in (
         View("timeline", "firings and region fill per instant, from session start (the default)", render_timeline),
-        View("graph", "the dataflow: stages, regions and their edges, one cluster per clock", render_dataflow),
+        View(
+            "graph", "the dataflow: stages in order, what flows between them, each stage's own state", render_dataflow
+        ),
         View("arena", "the memory map: the session block and the shared scratch block", render_arena),
     )
 }

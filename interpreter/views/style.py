@@ -114,6 +114,24 @@ def escape(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
+def wrap(text: str, width: int, line_break: str = "<BR/>") -> str:
+    """`text` escaped as HTML-label lines of about `width` characters (in a table cell, its BALIGN
+    aligns them), broken after a `, `, `; ` or ` · ` where one is near, between words otherwise."""
+    lines: list[str] = []
+    line = ""
+    for piece in re.split(r"(?<=, )|(?<=; )|(?<= · )", text):
+        if line and len(line) + len(piece.rstrip()) > width:
+            lines.append(line.rstrip())
+            line = ""
+        line += piece
+        while len(line) > width and (cut := line.rfind(" ", 0, width + 1)) > 0:
+            lines.append(line[:cut].rstrip())
+            line = line[cut + 1 :]
+    if line.strip():
+        lines.append(line.rstrip())
+    return line_break.join(escape(part) for part in lines)
+
+
 def plural(count: int, word: str) -> str:
     return f"{count} {word}" + ("" if count == 1 else "s")
 
@@ -181,9 +199,17 @@ def node_id(prefix: str, name: str) -> str:
     return prefix + "_" + re.sub(r"\W", "_", name)
 
 
+TITLE_WIDTH = 90  # characters per line of the params under a view's title
+
+
 def title(plan: Plan, view: str) -> str:
+    """The file and the view, and under them the params it was planned with (an HTML label)."""
     params = ", ".join(f"{k}={param_text(v)}" for k, v in sorted(plan.program.params.items()) if "." not in k)
-    return f"{Path(plan.path).name} — {view}" + (f"  ({params})" if params else "")
+    text = escape(f"{Path(plan.path).name} — {view}")
+    if params:
+        left = '<BR ALIGN="LEFT"/>'
+        text += left + small(wrap(params, TITLE_WIDTH, left), IDLE_TEXT, 12)
+    return f'<{text}<BR ALIGN="LEFT"/>>'
 
 
 def new_digraph(name: str, plan: Plan, view: str, **graph_attr: str) -> graphviz.Digraph:

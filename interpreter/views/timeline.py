@@ -40,6 +40,7 @@ from duplexcadence.interpreter.views.style import (
     small,
     table,
     td,
+    wrap,
 )
 from duplexcadence.interpreter.views.view import DEFAULT_OPTIONS, ViewOptions
 
@@ -539,6 +540,10 @@ def _stage_label(plan: Plan, stage: str) -> str:
 
 
 MAX_LEGEND_ROWS = 24
+# Characters per line in the legend: it stays about as wide as the lanes whatever the graphs are for.
+LEGEND_WIDTH = 90
+DESCRIPTION_WIDTH = 64
+USE_WIDTH = 32
 FOLD_GRAPHS = 4  # this many consecutive alike graphs of one stage share one legend row
 
 
@@ -593,8 +598,8 @@ def _graph_legend_rows(plan: Plan) -> list[str]:
             "<TR>"
             + swatch
             + td(escape(first.stage), ALIGN="LEFT")
-            + td(escape(description), ALIGN="LEFT")
-            + td(escape(used), ALIGN="LEFT")
+            + td(wrap(description, DESCRIPTION_WIDTH), ALIGN="LEFT", BALIGN="LEFT")
+            + td(wrap(used, USE_WIDTH), ALIGN="LEFT", BALIGN="LEFT")
             + "</TR>"
         )
     return rows
@@ -761,7 +766,8 @@ def _timeline_legend(plan: Plan, timeline: Timeline, word: str) -> str:
         f"{len(capture.captured)} of {plural(len(capture.graphs), 'graph')} captured; "
         f"{capture.eager_firings} eager firings in the warm-up and one period"
     )
-    rows = [f'<TR><TD COLSPAN="4" ALIGN="LEFT"><B>Legend</B> — {escape("; ".join(summary))}</TD></TR>']
+    lines = "<BR/>".join(wrap(text, LEGEND_WIDTH) for text in summary)
+    rows = [f'<TR><TD COLSPAN="4" ALIGN="LEFT" BALIGN="LEFT"><B>Legend</B><BR/>{lines}</TD></TR>']
     rows += _graph_legend_rows(plan)
     samples = [
         (_eager_td("<I>eager</I>"), "a firing that runs eagerly (no graph: over the budget or outside the plan)"),
@@ -795,5 +801,5 @@ def _timeline_legend(plan: Plan, timeline: Timeline, word: str) -> str:
         (td("", BGCOLOR=SEPARATOR, WIDTH=3), "phase boundary: warm-up | steady period | repeats"),
     ]
     for swatch, text in samples:
-        rows.append("<TR>" + swatch + td(escape(text), ALIGN="LEFT", COLSPAN=3) + "</TR>")
+        rows.append("<TR>" + swatch + td(wrap(text, LEGEND_WIDTH), ALIGN="LEFT", BALIGN="LEFT", COLSPAN=3) + "</TR>")
     return table(rows, spacing=2, padding=3)

@@ -22,6 +22,7 @@ facade counts as importing the module its `_EXPORTS` table names.
 from __future__ import annotations
 
 import ast
+import html
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,7 +48,7 @@ class Layer:
 # Lowest first: a module may import its own layer and the layers below it, never one above.
 LAYERS = (
     Layer(
-        "package",
+        "facade",
         (),
         "the facade: __version__, and the public names imported on first use (_EXPORTS)",
         modules=(PACKAGE, f"{PACKAGE}.interpreter"),
@@ -455,32 +456,63 @@ def test_a_violation_is_reported_with_its_place(module, code, rule, says) -> Non
 # --- the picture ---------------------------------------------------------------------------------
 
 
+def source_path(name: str, exact: bool) -> str:
+    """Where a layer's entry lives: `interpreter/plans/` (a package and what is under it), `tails.py`."""
+    path = MODULES.get(name)
+    if path is None:  # a package the repository does not have yet
+        return name.removeprefix(PACKAGE + ".").replace(".", "/") + "/"
+    if path.name == "__init__.py" and not exact:
+        return relative(path.parent) + "/"
+    return relative(path)
+
+
+def imports_text(graph: nx.DiGraph, index: int) -> str:
+    """The layers that layer `index` imports, highest first."""
+    if FACADE in LAYERS[index].modules:
+        return "the public names of every layer, on first use (exempt)"
+    used = {layer_of(target) for source, target in graph.edges if layer_of(source) == index}
+    used.discard(index)
+    return ", ".join(LAYERS[low].name for low in sorted(used, reverse=True)) or "nothing of the package"
+
+
+def test_the_layers_picture_is_current(scanned: Scan) -> None:
+    """docs/diagrams/layers.svg shows every layer and what it imports (bash scripts/render_diagrams.sh)."""
+    svg = (ROOT / "docs" / "diagrams" / "layers.svg").read_text(encoding="utf-8").replace("&#45;", "-")
+    for index, layer in enumerate(LAYERS):
+        for text in (layer.name, f"imports: {imports_text(scanned.graph, index)}"):
+            assert f">{html.escape(text, quote=False)}</text>" in svg, f"{text!r}: run bash scripts/render_diagrams.sh"
+
+
 def layers_digraph(graph: nx.DiGraph):
-    """The layers top (CLI, tails) to bottom (the facade), an arrow where one imports the other."""
+    """The layers, top (the tails, the CLI) to bottom (the facade), each with the layers it imports."""
     import graphviz
 
     dot = graphviz.Digraph(
         "layers",
-        graph_attr={"rankdir": "TB", "nodesep": "0.3", "ranksep": "0.35", "fontname": "Helvetica"},
+        graph_attr={
+            "rankdir": "TB",
+            "nodesep": "0.3",
+            "ranksep": "0.25",
+            "fontname": "Helvetica",
+            "label": "Each layer imports only the layers below it (tests/architecture/test_layers.py)",
+            "labelloc": "t",
+        },
         node_attr={"shape": "box", "style": "rounded,filled", "fillcolor": "#f4f4f4", "fontname": "Helvetica"},
         edge_attr={"color": "#555555", "arrowsize": "0.7"},
     )
     for index, layer in reversed(list(enumerate(LAYERS))):
-        names = [p.removeprefix(PACKAGE + ".") for p in (*layer.packages, *layer.modules)]
+        where = ", ".join(
+            [source_path(name, exact=False) for name in layer.packages]
+            + [source_path(name, exact=True) for name in layer.modules]
+        )
+        imports = imports_text(graph, index)
         label = (
-            f'<<B>{layer.name}</B><BR/><FONT POINT-SIZE="10">{", ".join(names)}</FONT><BR/>'
-            f'<FONT POINT-SIZE="9" COLOR="#666666">{layer.owns}</FONT>>'
+            f'<<B>{layer.name}</B><BR/><FONT POINT-SIZE="10">{where}</FONT><BR/>'
+            f'<FONT POINT-SIZE="9" COLOR="#666666">{layer.owns}<BR/>imports: {imports}</FONT>>'
         )
         dot.node(f"layer{index}", label)
-    pairs = set()
-    for source, target in graph.edges:
-        low, high = layer_of(target), layer_of(source)
-        if low is not None and high is not None and low != high and source != FACADE:
-            pairs.add((high, low))
-    for high, low in sorted(pairs, reverse=True):
-        dot.edge(f"layer{high}", f"layer{low}")
-    for upper, lower in zip(range(len(LAYERS) - 1, 0, -1), range(len(LAYERS) - 2, -1, -1)):
-        dot.edge(f"layer{upper}", f"layer{lower}", style="invis", weight="10")
+        if index:
+            dot.edge(f"layer{index}", f"layer{index - 1}")
     return dot
 
 

@@ -11,23 +11,21 @@ import graphviz
 
 from duplexcadence.dsl.program import Program
 from duplexcadence.interpreter.plans.plan import Plan
-from duplexcadence.interpreter.plans.plan_text import human_bytes
+from duplexcadence.interpreter.plans.plan_text import human_bytes, member_range, plural
 from duplexcadence.interpreter.views.style import (
     FIXED_COLOUR,
     GRID,
     bar,
     clock_colours,
     escape,
+    html_table,
     lighten,
-    member_range,
     new_digraph,
-    plural,
     ranked_clocks,
     rate_text,
     shape_text,
     small,
     span_bar,
-    table,
     td,
 )
 from duplexcadence.interpreter.views.view import DEFAULT_OPTIONS, ViewOptions
@@ -173,7 +171,7 @@ def render_arena(plan: Plan, options: ViewOptions = DEFAULT_OPTIONS) -> graphviz
     else:
         total = "no region declares a stock size"
     rows.append(f'<TR><TD COLSPAN="8" ALIGN="LEFT">{escape(total)}</TD></TR>')
-    graph.node("session", table(rows, spacing=0, padding=3), shape="plaintext")
+    graph.node("session", html_table(rows, spacing=0, padding=3), shape="plaintext")
 
     # the shared scratch block: offsets and which stage positions of an instant each allocation is live in
     scratch_rows = _arena_rows(plan, persistent=False)
@@ -227,7 +225,7 @@ def render_arena(plan: Plan, options: ViewOptions = DEFAULT_OPTIONS) -> graphviz
             )
             + "</TR>"
         )
-    graph.node("scratch", table(rows, spacing=0, padding=3), shape="plaintext")
+    graph.node("scratch", html_table(rows, spacing=0, padding=3), shape="plaintext")
     sessions_note = (
         f"one device allocation: sessions × {human_bytes(arena.session_bytes)} + "
         f"{human_bytes(arena.scratch_bytes)} shared scratch; 1 session = "
@@ -246,7 +244,7 @@ def render_arena(plan: Plan, options: ViewOptions = DEFAULT_OPTIONS) -> graphviz
             f'<TR><TD ALIGN="LEFT"><FONT COLOR="{colours[clock.name]}">■</FONT> '
             f"{escape(f'{clock.name} · {rate_text(clock.rate)}')}</TD></TR>"
         )
-    graph.node("legend", table(legend, border=1, spacing=0, padding=3), shape="plaintext")
+    graph.node("legend", html_table(legend, border=1, spacing=0, padding=3), shape="plaintext")
     graph.edge("session", "scratch", style="invis")
     graph.edge("scratch", "legend", style="invis")
     return graph

@@ -10,23 +10,21 @@ import graphviz
 
 from duplexcadence.dsl.program import Access, Program, RegionInfo, StageInfo
 from duplexcadence.interpreter.plans.plan import Plan
-from duplexcadence.interpreter.plans.plan_text import human_bytes, seconds
+from duplexcadence.interpreter.plans.plan_text import human_bytes, member_range, plural, seconds
 from duplexcadence.interpreter.views.style import (
     FIXED_COLOUR,
     IDLE_TEXT,
     clock_colours,
     declared_shape,
     escape,
+    html_table,
     lighten,
-    member_range,
     new_digraph,
     node_id,
     param_text,
-    plural,
     ranked_clocks,
     rate_text,
     small,
-    table,
 )
 from duplexcadence.interpreter.views.view import DEFAULT_OPTIONS, ViewOptions
 
@@ -282,7 +280,7 @@ def _clock_legend(program: Program, colours: Mapping[str, str]) -> str:
         rows.append(
             f'<TR><TD ALIGN="LEFT" COLSPAN="4"><FONT COLOR="{FIXED_COLOUR}">■</FONT> fixed size (no time axis)</TD></TR>'
         )
-    return table(rows, border=1, spacing=0, padding=3)
+    return html_table(rows, border=1, spacing=0, padding=3)
 
 
 def _graph_legend() -> str:
@@ -298,4 +296,4 @@ def _graph_legend() -> str:
     rows = ['<TR><TD ALIGN="LEFT" COLSPAN="2"><B>Legend</B></TD></TR>'] + [
         f'<TR><TD ALIGN="LEFT">{escape(shape)}</TD><TD ALIGN="LEFT">{escape(text)}</TD></TR>' for shape, text in entries
     ]
-    return table(rows, border=1, spacing=0, padding=3)
+    return html_table(rows, border=1, spacing=0, padding=3)

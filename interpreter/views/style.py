@@ -132,10 +132,6 @@ def wrap(text: str, width: int, line_break: str = "<BR/>") -> str:
     return line_break.join(escape(part) for part in lines)
 
 
-def plural(count: int, word: str) -> str:
-    return f"{count} {word}" + ("" if count == 1 else "s")
-
-
 def rate_text(rate: Fraction) -> str:
     if rate >= 1000 and (rate / 1000).denominator == 1:
         return f"{rate / 1000} kHz"
@@ -152,17 +148,6 @@ def declared_shape(region: RegionInfo) -> str:
     return f"{region.dtype}[{', '.join(dims)}]"
 
 
-def member_range(members: Sequence[str]) -> str:
-    """`kv[0..7]` for a whole family run, else the names joined."""
-    if len(members) == 1:
-        return members[0]
-    family, _, _ = members[0].partition("[")
-    indices = [int(m[len(family) + 1 : -1]) for m in members]
-    if indices == list(range(indices[0], indices[0] + len(indices))):
-        return f"{family}[{indices[0]}..{indices[-1]}]"
-    return ", ".join(members)
-
-
 def param_text(value) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(param_text(v) for v in value) + "]"
@@ -174,7 +159,8 @@ def param_text(value) -> str:
 # --- HTML labels ----------------------------------------------------------------------------------
 
 
-def table(rows: Sequence[str], border: int = 0, spacing: int = 0, padding: int = 4) -> str:
+def html_table(rows: Sequence[str], border: int = 0, spacing: int = 0, padding: int = 4) -> str:
+    """An HTML label of one table of `rows` (each a `<TR>...</TR>`)."""
     return (
         f'<<TABLE BORDER="{border}" CELLBORDER="0" CELLSPACING="{spacing}" CELLPADDING="{padding}">'
         + "".join(rows)

@@ -18,7 +18,7 @@ import graphviz
 
 from duplexcadence.dsl.program import Access, Program
 from duplexcadence.interpreter.plans.plan import Plan
-from duplexcadence.interpreter.plans.plan_text import human_bytes, seconds
+from duplexcadence.interpreter.plans.plan_text import human_bytes, member_range, plural, seconds
 from duplexcadence.interpreter.views.style import (
     CLOCK_PALETTE,
     FIXED_COLOUR,
@@ -30,15 +30,13 @@ from duplexcadence.interpreter.views.style import (
     clock_colours,
     escape,
     graph_colour,
+    html_table,
     lighten,
-    member_range,
     new_digraph,
     param_text,
-    plural,
     rate_text,
     shape_text,
     small,
-    table,
     td,
     wrap,
 )
@@ -745,7 +743,7 @@ def render_timeline(plan: Plan, options: ViewOptions = DEFAULT_OPTIONS) -> graph
         )
 
     graph = new_digraph("timeline", plan, "timeline", rankdir="TB", nodesep="0.3", ranksep="0.3")
-    graph.node("lanes", table(rows, spacing=0, padding=5), shape="plaintext")
+    graph.node("lanes", html_table(rows, spacing=0, padding=5), shape="plaintext")
     graph.node("legend", _timeline_legend(plan, timeline, word), shape="plaintext")
     graph.edge("lanes", "legend", style="invis")
     return graph
@@ -802,4 +800,4 @@ def _timeline_legend(plan: Plan, timeline: Timeline, word: str) -> str:
     ]
     for swatch, text in samples:
         rows.append("<TR>" + swatch + td(wrap(text, LEGEND_WIDTH), ALIGN="LEFT", BALIGN="LEFT", COLSPAN=3) + "</TR>")
-    return table(rows, spacing=2, padding=3)
+    return html_table(rows, spacing=2, padding=3)

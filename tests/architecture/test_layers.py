@@ -11,6 +11,9 @@ wherever it is written (at the top, inside a function, under `if TYPE_CHECKING:`
 * `private`: no private name (`_x`) imported from, or read as an attribute of, another module;
 * `forbidden`: the layers that run without torch (`NO_TORCH`) do not import it.
 
+docs/architecture.md has a row for every module of the language, plans, views, bench and CLI layers,
+and each row lists every module of the package that module imports ("may import").
+
 The package facade (`duplexcadence/__init__.py`) is the one importer exempt from the rules: its public
 names are imported on first use from its `_EXPORTS` table (PEP 562). Importing a name through the
 facade counts as importing the module its `_EXPORTS` table names.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import html
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -392,6 +396,108 @@ def test_the_allowlists_are_exact(scanned: Scan) -> None:
 def test_layers_without_torch_do_not_import_it(scanned: Scan) -> None:
     violations = torch_imports(scanned)
     assert not violations, report(violations)
+
+
+# --- docs/architecture.md: each module's row and what it may import -----------------------------------
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+DOCUMENTED_LAYERS = ("language", "plans", "views", "bench and serving", "CLI and tools")
+
+
+@attrs.frozen
+class Row:
+    line: int
+    path: str  # from the repository root: `dsl/source.py`, `interpreter/bench/`
+    allowed: tuple[str, ...] | None  # the modules (or packages) it may import; None: not checked here
+
+
+def documented_rows(text: str) -> list[Row]:
+    """The rows of the page's `| FOLDER | owns | may import |` tables."""
+    rows: list[Row] = []
+    base: str | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if len(cells) == 3 and cells[1:] == ["owns", "may import"]:
+            base = "" if cells[0] == "(package root)" else cells[0]
+        elif not cells:
+            base = None
+        elif base is not None and cells[0].startswith("`"):
+            path = base + cells[0].strip("`")
+            names = tuple(n for n in re.findall(r"`([\w.]+)`", cells[2]) if not n.startswith("__"))
+            checked = "<" not in path and not cells[2].startswith(("any layer", "exempt"))
+            rows.append(Row(number, path, (names if cells[2] != "-" else ()) if checked else None))
+    return rows
+
+
+def resolve_documented(row: Row, name: str) -> str | None:
+    folder = row.path if row.path.endswith("/") else row.path.rpartition("/")[0] + "/"
+    package = ".".join([PACKAGE, *folder.strip("/").split("/")]) if folder.strip("/") else PACKAGE
+    if row.path.endswith("/"):  # a package's row: names relative to the folder above it
+        package = package.rpartition(".")[0]
+    for candidate in (f"{package}.{name}", f"{PACKAGE}.interpreter.{name}", f"{PACKAGE}.{name}", name):
+        if candidate in MODULES or any(module.startswith(candidate + ".") for module in MODULES):
+            return candidate
+    return None
+
+
+def modules_of(row: Row) -> list[str]:
+    if row.path.endswith("/"):
+        return [m for m, path in MODULES.items() if relative(path).startswith(row.path)]
+    return [m for m, path in MODULES.items() if relative(path) == row.path]
+
+
+def page_problems(text: str, scanned: Scan) -> list[str]:
+    rows = documented_rows(text)
+    problems = []
+    covered: set[str] = set()
+    for row in rows:
+        modules = modules_of(row)
+        if not modules and "<" not in row.path:
+            problems.append(f"docs/architecture.md:{row.line}: {row.path} is no module of the package")
+        covered.update(modules)
+        if row.allowed is None:
+            continue
+        allowed = []
+        for name in row.allowed:
+            resolved = resolve_documented(row, name)
+            if resolved is None:
+                problems.append(f"docs/architecture.md:{row.line}: `{name}` names no module")
+            else:
+                allowed.append(resolved)
+        for source in modules:
+            for _, target in scanned.graph.out_edges(source):
+                inside = target in modules
+                if not inside and not any(target == a or target.startswith(a + ".") for a in allowed):
+                    edge = scanned.graph.edges[source, target]["imports"][0]
+                    problems.append(
+                        f"{edge.file}:{edge.line}: imports {target}, which the row of {row.path} "
+                        f"(docs/architecture.md:{row.line}) does not list"
+                    )
+    for module, path in MODULES.items():  # a package's own __init__.py is covered by its folder's row, if any
+        if LAYERS[layer_of(module)].name in DOCUMENTED_LAYERS and module not in covered and path.name != "__init__.py":
+            problems.append(f"{relative(path)}: no row in docs/architecture.md")
+    return problems
+
+
+def test_architecture_page_lists_every_module_and_what_it_imports(scanned: Scan) -> None:
+    problems = page_problems(ARCHITECTURE.read_text(encoding="utf-8"), scanned)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_page_check_catches_a_missing_import_and_a_missing_row(scanned: Scan) -> None:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    row = "| `evaluate.py` | exact expression values"
+    assert row in text and "`syntax`, `printer`, `messages`, `diagnostics` |" in text
+    without_printer = text.replace(
+        "`syntax`, `printer`, `messages`, `diagnostics` |", "`syntax`, `messages`, `diagnostics` |"
+    )
+    [problem] = page_problems(without_printer, scanned)
+    assert (
+        problem.startswith("dsl/evaluate.py:")
+        and "imports duplexcadence.dsl.printer, which the row of dsl/evaluate.py" in problem
+    )
+    without_row = "\n".join(line for line in text.splitlines() if not line.startswith(row))
+    assert page_problems(without_row, scanned) == ["dsl/evaluate.py: no row in docs/architecture.md"]
 
 
 # --- each rule catches what it is for ------------------------------------------------------------

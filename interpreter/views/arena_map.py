@@ -202,11 +202,11 @@ def render_arena(plan: Plan, options: ViewOptions = DEFAULT_OPTIONS) -> graphviz
             td("", BGCOLOR=lighten(colour, 0.3) if live[0] <= p <= live[1] else "white", BORDER=1, COLOR=GRID)
             for p in range(len(positions))
         ]
-        region = plan.schedule.regions.get(row.names[0])
+        scratch_region = plan.schedule.regions.get(row.names[0])
         size = human_bytes(row.bytes_each)
-        if region is not None and region.stock_bytes:
+        if scratch_region is not None and scratch_region.stock_bytes:
             # a working buffer the stock code keeps at a fixed size: its saving belongs beside it
-            size += f" (stock {human_bytes(region.stock_bytes)}, {region.saving_fraction:.1%} less)"
+            size += f" (stock {human_bytes(scratch_region.stock_bytes)}, {scratch_region.saving_fraction:.1%} less)"
         rows.append(
             "<TR>"
             + "".join(

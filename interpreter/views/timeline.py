@@ -19,6 +19,7 @@ import graphviz
 from duplexcadence.dsl.program import Access, Program
 from duplexcadence.interpreter.plans.plan import Plan
 from duplexcadence.interpreter.plans.plan_text import human_bytes, member_range, plural, seconds
+from duplexcadence.interpreter.plans.trace import Firing
 from duplexcadence.interpreter.views.style import (
     CLOCK_PALETTE,
     FIXED_COLOUR,
@@ -501,6 +502,7 @@ def _lane_label(plan: Plan, lane: Lane, colour: str) -> str:
     region = program.regions[lane.members[0]]
     plan_region = plan.schedule.regions[lane.members[0]]
     role = {"input": "input · ", "output": "output · "}.get(region.role, "")
+    assert region.clock is not None, "a lane of its own is a region with a time axis"
     clock = f"{region.clock} ({rate_text(program.clocks[region.clock].rate)})"
     each = " each" if len(lane.members) > 1 else ""
     detail = f"{role}{region.retention.describe()} · {clock}"
@@ -609,7 +611,7 @@ def _graph_descriptions(plan: Plan, shown: Sequence) -> dict[int, str]:
     by_stage: dict[str, list] = {}
     for graph in plan.capture.graphs:
         by_stage.setdefault(graph.stage, []).append(graph)
-    first_firing = {}
+    first_firing: dict[tuple, Firing] = {}
     for firing in plan.trace.firings:
         first_firing.setdefault(firing.signature, firing)
     descriptions: dict[int, str] = {}

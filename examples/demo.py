@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     from duplexcadence.interpreter import bench
     from duplexcadence.interpreter.plans.plan import plan_file
     from duplexcadence.interpreter.plans.plan_text import format_plan, human_bytes, table
-    from duplexcadence.interpreter.views.render import RenderError, render_file
+    from duplexcadence.interpreter.views.output import RenderError
+    from duplexcadence.interpreter.views.render import render_file
 
     gpu = device.startswith("cuda")
     out = Path(args.out)

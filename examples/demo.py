@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(
             f"  on a CPU nothing is captured ({len(plan.capture.graphs)} graphs planned, {graphs} captured): both "
-            "variants run the same eager kernels,\n  so the times are alike and vary from run to run; the "
-            "speed-up is CUDA-graph replay on a GPU:\n"
+            "variants run the same eager kernels,\n  so a CPU shows no speed-up (its times vary from run to run, "
+            "and DuplexCadence adds its copies\n  into the arena); the speed-up is CUDA-graph replay on a GPU:\n"
             f"    {GPU_COMMAND}"
         )
     print(f"\nresults: {out / 'moshi-demo.json'}")

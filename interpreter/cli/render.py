@@ -62,7 +62,13 @@ def register(commands) -> None:
         description="Draw a .clock file's plan. DOT text needs nothing else; svg, png and pdf need "
         "Graphviz's `dot` (apt-get install graphviz / brew install graphviz).",
     )
-    render.add_argument("file", metavar="FILE", nargs="?")
+    render.add_argument(
+        "file",
+        metavar="FILE",
+        nargs="?",
+        help="a .clock file, a module name (models.mimi_decoder: the current folder, then the stdlib) or - for "
+        "standard input",
+    )
     render.add_argument(
         "--view",
         choices=tuple(VIEWS),

@@ -186,6 +186,10 @@ EXTRAS = {
     "onnxruntime": "minicpmo45",
     "scipy": "minicpmo45",
     "matplotlib": "plots",
+    "starlette": "serve",
+    "uvicorn": "serve",
+    "websockets": "serve",
+    "prometheus_client": "serve",
 }
 # What an extra needs beside it that pip cannot resolve with torch >= 2.11 (the package's own pins would
 # move torch): installed with --no-deps, at the versions scripts/model-pins.txt pins.

@@ -10,27 +10,36 @@ Public: `Body`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from duplexcadence.dsl.program import Program
 from duplexcadence.interpreter.plans.trace import Firing, View
-from duplexcadence.interpreter.runtime.binding import describe
+from duplexcadence.interpreter.runtime.binding import Attribute, StageCallable, describe
 from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES, RegionStorage
-
-if TYPE_CHECKING:
-    from duplexcadence.interpreter.runtime.runtime import Runtime
 
 
 class Body:
-    """The stage bodies of one session: its region storage, and the lengths its bound attributes show.
+    """The stage bodies of one session: the binding (the runtime's `callables` and `attributes`, shared:
+    not copied), its region storage, and the lengths its bound attributes show.
 
     `bound_lengths`: each region's length at the start of the instant being run, with the updates of the
     instant's firings so far applied (what a bound attribute's view shows); set by the step path before
     an instant's first body, and by `bind_current`."""
 
-    def __init__(self, runtime: Runtime, storage: dict[str, RegionStorage]):
-        self.runtime = runtime
+    def __init__(
+        self,
+        program: Program,
+        model: Any,
+        callables: dict[str, StageCallable],
+        attributes: dict[str, Attribute],
+        storage: dict[str, RegionStorage],
+    ):
+        self.program = program
+        self.model = model
+        self.callables = callables
+        self.attributes = attributes
         self.storage = storage
         self.bound_lengths: dict[str, int] = {}
 
@@ -52,10 +61,9 @@ class Body:
             torch.set_grad_enabled(enabled)
 
     def _run(self, firing: Firing) -> dict[str, torch.Tensor]:
-        runtime = self.runtime
-        program = runtime.program
+        program = self.program
         stage = program.stages[firing.stage]
-        call = runtime.callables[stage.name]
+        call = self.callables[stage.name]
         reads = [v for v in firing.views if v.kind == "read"]
         updates = [v for v in firing.views if v.kind == "update"]
         args: list = []
@@ -67,8 +75,8 @@ class Body:
                 continue
             view = next(read_iter) if access.kind == "read" else next(update_iter)
             tensor = self._view_tensor(view)
-            if access.region in runtime.attributes:
-                runtime.attributes[access.region].set(tensor)
+            if access.region in self.attributes:
+                self.attributes[access.region].set(tensor)
                 handed[access.region] = tensor
                 continue
             if access.alias:
@@ -78,18 +86,18 @@ class Body:
         if call.is_hook:
             if call.wants_firing:
                 kwargs["firing"] = firing
-            result = call.fn(runtime.model, *args, **kwargs)
+            result = call.fn(self.model, *args, **kwargs)
         else:
             result = call.fn(*args, **kwargs)
-        returned = [a for a in stage.accesses if a.kind in ("update", "write") and a.region not in runtime.attributes]
+        returned = [a for a in stage.accesses if a.kind in ("update", "write") and a.region not in self.attributes]
         values = _as_tuple(result, len(returned), stage.name)
         module_outputs: dict[str, torch.Tensor] = {}
         by_region = {a.region: v for a, v in zip(returned, values)}
         write_views = {v.region: v for v in firing.views if v.kind == "write"}
         for view in updates:
             region = program.regions[view.region]
-            if view.region in runtime.attributes:
-                new = runtime.attributes[view.region].get()
+            if view.region in self.attributes:
+                new = self.attributes[view.region].get()
                 if new is handed[view.region] or region.fixed or region.retention.kind == "ring":
                     if new is not handed[view.region]:
                         self.storage[view.region].view(None if region.fixed else view.length).copy_(new)
@@ -119,7 +127,6 @@ class Body:
     def bind_current(self, lengths: Mapping[str, int] | None = None, after: Firing | None = None) -> None:
         """Point every bound attribute at its region's current view: at `lengths` (the lengths at the start of
         an instant), or at the bound lengths with the updates of firing `after` applied."""
-        runtime = self.runtime
         if after is None:
             self.bound_lengths = dict(lengths or {})
         else:
@@ -127,8 +134,8 @@ class Body:
                 if view.kind == "update" and view.kept is not None:
                     self.bound_lengths[view.region] = view.kept
         bound = self.bound_lengths
-        for name, slot in runtime.attributes.items():
-            region = runtime.program.regions[name]
+        for name, slot in self.attributes.items():
+            region = self.program.regions[name]
             storage = self.storage[name]
             if region.fixed:
                 slot.set(storage.view())
@@ -142,26 +149,25 @@ class Body:
 
     def call_text(self, firing: Firing) -> str:
         """How the stage was called, for an error: `module 'path' called as (x f32[1, 2, 1], ...)`."""
-        runtime = self.runtime
-        stage = runtime.program.stages[firing.stage]
-        call = runtime.callables[stage.name]
+        stage = self.program.stages[firing.stage]
+        call = self.callables[stage.name]
         parts = ["model"] if call.is_hook else []
         views = iter(v for v in firing.views if v.kind in ("read", "update"))
         for access in stage.accesses:
             if access.kind == "write":
                 continue
             view = next(views)
-            if access.region in runtime.attributes:
+            if access.region in self.attributes:
                 continue
-            shape = view.shape if view.shape is not None else runtime.program.regions[access.region].shape
-            text = f"{access.region} {runtime.program.regions[access.region].dtype}[{', '.join(map(str, shape))}]"
+            shape = view.shape if view.shape is not None else self.program.regions[access.region].shape
+            text = f"{access.region} {self.program.regions[access.region].dtype}[{', '.join(map(str, shape))}]"
             parts.append(f"{access.alias}={text}" if access.alias else text)
         callee = f"hook '{stage.target}'" if call.is_hook else f"module '{stage.target or '(root)'}'"
         return f"{callee} called as ({', '.join(parts)})"
 
     def _store(self, stage: str, view: View, version: Any) -> None:
         """Keep the retained part of a stage's new version; it must agree with the plan's lengths."""
-        region = self.runtime.program.regions[view.region]
+        region = self.program.regions[view.region]
         if not _fits(region, version):  # a copy into the region would broadcast it or cast it silently
             raise TypeError(
                 f"stage '{stage}' gave {describe(version)} as the new version of region "
@@ -179,7 +185,7 @@ class Body:
             )
 
     def _view_tensor(self, view: View) -> torch.Tensor:
-        region = self.runtime.program.regions[view.region]
+        region = self.program.regions[view.region]
         storage = self.storage[view.region]
         if region.fixed:
             return storage.view()

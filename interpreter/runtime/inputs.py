@@ -8,27 +8,34 @@ Public: `template_index`, `plan_instant`, `input_regions`, `check_initial`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
+from duplexcadence.dsl.program import Program
+from duplexcadence.interpreter.plans.plan import Plan
 from duplexcadence.interpreter.plans.trace import Firing, Simulator
 from duplexcadence.interpreter.runtime.binding import describe
+from duplexcadence.interpreter.runtime.capture.strategy import StepTemplate
 from duplexcadence.interpreter.runtime.errors import StepError
 from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES
 
-if TYPE_CHECKING:
-    from duplexcadence.interpreter.runtime.runtime import Runtime
 
-
-def template_index(runtime: Runtime, instant: int, args: tuple, inputs: dict[str, torch.Tensor]) -> int | None:
-    """The precomputed instant (index into `runtime.templates`) that a step at `instant` repeats, if the
-    inputs are exactly the planned ones; a positional input is then named in `inputs`."""
-    index = runtime.plan.trace.planned_index(instant)
-    if index is None or index >= len(runtime.templates):
+def template_index(
+    plan: Plan,
+    templates: Sequence[StepTemplate],
+    device: torch.device,
+    instant: int,
+    args: tuple,
+    inputs: dict[str, torch.Tensor],
+) -> int | None:
+    """The planned instant (index into `templates`, `templates_of(plan)`) that a step at `instant` repeats,
+    if the inputs are exactly the planned ones on `device`; a positional input is then named in `inputs`."""
+    index = plan.trace.planned_index(instant)
+    if index is None or index >= len(templates):
         return None
-    template = runtime.templates[index]
+    template = templates[index]
     named = inputs
     if args:
         if len(args) != 1 or len(template.inputs) != 1 or inputs:
@@ -40,31 +47,38 @@ def template_index(runtime: Runtime, instant: int, args: tuple, inputs: dict[str
         if (
             not isinstance(tensor, torch.Tensor)
             or tuple(tensor.shape) != template.inputs[name]
-            or tensor.dtype != runtime.storage_dtypes[name]
-            or tensor.device != runtime.device
+            or tensor.dtype != TORCH_DTYPES[plan.program.regions[name].dtype]
+            or tensor.device != device
         ):
             return None
     inputs.update(named)  # only on a match: the off-plan path names a positional input itself
     return index
 
 
-def input_regions(runtime: Runtime, simulator: Simulator, instant: int) -> dict[str, str]:
+def input_regions(program: Program, simulator: Simulator, instant: int) -> dict[str, str]:
     """Input regions fed at `instant`, mapped to the stage that reads them."""
     fed: dict[str, str] = {}
     for stage in simulator.stages_at(instant):
-        for access in runtime.program.stages[stage].accesses:
-            if access.kind == "read" and runtime.program.regions[access.region].role == "input":
+        for access in program.stages[stage].accesses:
+            if access.kind == "read" and program.regions[access.region].role == "input":
                 fed.setdefault(access.region, stage)
     return fed
 
 
 def plan_instant(
-    runtime: Runtime, simulator: Simulator, instant: int, args: tuple, inputs: dict[str, torch.Tensor], last: bool
+    plan: Plan,
+    device: torch.device,
+    simulator: Simulator,
+    instant: int,
+    args: tuple,
+    inputs: dict[str, torch.Tensor],
+    last: bool,
 ) -> tuple[list[Firing], Simulator, bool]:
-    """The firings of `instant` for these inputs, traced on a copy of `simulator`: (firings, the simulator
-    after the instant, whether the instant is off the plan). StepError for inputs it cannot take; a
-    positional input is named in `inputs`."""
-    expected = input_regions(runtime, simulator, instant)
+    """The firings of `instant` for these inputs (on `device`), traced on a copy of `simulator`: (firings,
+    the simulator after the instant, whether the instant is off the plan). StepError for inputs it cannot
+    take; a positional input is named in `inputs`."""
+    program = plan.program
+    expected = input_regions(program, simulator, instant)
     if args:
         if len(args) != 1 or len(expected) != 1 or inputs:
             raise StepError(f"pass inputs by name: this instant takes {_names(expected)}")
@@ -82,12 +96,11 @@ def plan_instant(
     probe = simulator.copy()
     planned = {v.region: v for f in probe.copy().run_instant(instant) for v in f.views if v.kind == "feed"}
     for name, tensor in inputs.items():
-        region = runtime.program.regions[name]
-        problem = _input_problem(region, tensor, runtime.device)
+        region = program.regions[name]
+        problem = _input_problem(region, tensor, device)
         if problem:
             raise StepError(
-                f"step() input '{name}': {problem}; expected {_expected(region, planned[name].length)} "
-                f"on {runtime.device}"
+                f"step() input '{name}': {problem}; expected {_expected(region, planned[name].length)} on {device}"
             )
         units = tensor.shape[region.time_axis]
         if units != planned[name].length:
@@ -96,16 +109,16 @@ def plan_instant(
         firings = probe.run_instant(instant, override, last=last)
     except ValueError as error:
         raise StepError(f"step() at instant {instant}: {error}") from error
-    off_plan = bool(override) or last or runtime.plan.trace.planned_index(instant) is None
+    off_plan = bool(override) or last or plan.trace.planned_index(instant) is None
     for firing in firings:
         for view in firing.views:
-            capacity = runtime.plan.schedule.regions[view.region].capacity
+            capacity = plan.schedule.regions[view.region].capacity
             needed = max(
                 view.transient if view.kind in ("feed", "write") else 0,
                 (view.start + view.length) if view.length is not None and view.kind != "update" else 0,
             )
             if capacity is not None and needed > capacity:
-                region = runtime.program.regions[view.region]
+                region = program.regions[view.region]
                 longer = [
                     f"'{name}' has {units} units where the plan feeds {planned[name].length}"
                     for name, units in sorted(override.items())
@@ -124,9 +137,9 @@ def plan_instant(
     return firings, probe, off_plan
 
 
-def check_initial(runtime: Runtime, initial: Mapping[str, torch.Tensor]) -> None:
+def check_initial(program: Program, initial: Mapping[str, torch.Tensor]) -> None:
     """StepError unless `initial` gives exactly the `start given` regions, each at its declared start."""
-    given = {n: r for n, r in runtime.program.regions.items() if r.start == "given"}
+    given = {n: r for n, r in program.regions.items() if r.start == "given"}
     for name in initial:
         if name not in given:
             raise StepError(

@@ -13,15 +13,12 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Generator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from duplexcadence.interpreter.runtime.errors import SessionFailed, SessionsFailed, StepError
 from duplexcadence.interpreter.runtime.session import PendingStep, Session
-
-if TYPE_CHECKING:
-    from duplexcadence.interpreter.runtime.runtime import Runtime
 
 _CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 _LANE_STREAMS: dict[tuple[torch.device, int], torch.cuda.Stream] = {}
@@ -47,9 +44,9 @@ def lane_stream(device: torch.device, lane: int) -> torch.cuda.Stream:
 
 
 def step_many(
-    runtime: Runtime, steps: Mapping[Session, Mapping[str, torch.Tensor] | torch.Tensor]
+    runtime: object, device: torch.device, steps: Mapping[Session, Mapping[str, torch.Tensor] | torch.Tensor]
 ) -> dict[Session, Any]:
-    """`Runtime.step_many` (see there); the caller holds the runtime's lock."""
+    """`Runtime.step_many` of `runtime` (its sessions on `device`; see there); the caller holds its lock."""
     pending: dict[Session, PendingStep] = {}
     for session, inputs in steps.items():
         if not isinstance(session, Session) or session.runtime is not runtime:
@@ -65,9 +62,9 @@ def step_many(
     for session in pending:
         lanes.setdefault(session.lane, deque()).append(session)
     streams: dict[int, Any] = {}
-    if runtime.device.type == "cuda":
-        caller = torch.cuda.current_stream(runtime.device)
-        streams = {lane: lane_stream(runtime.device, lane) for lane in lanes}
+    if device.type == "cuda":
+        caller = torch.cuda.current_stream(device)
+        streams = {lane: lane_stream(device, lane) for lane in lanes}
         for stream in streams.values():
             stream.wait_stream(caller)
     running: dict[Session, Generator] = {}

@@ -6,24 +6,32 @@ instant when the slot captures, and shared by the slot's later sessions (a slot'
 change). A step that cannot take the short path (an eager firing, an input off the planned shape, the
 last instant) still replays the graphs whose firings it repeats (`matching_runs`).
 
-Public: `GraphReplay`, `resolve_replays`, `resolve_all`, `matching_runs`.
+Public: `StageGraph`, `GraphReplay`, `resolve_replays`, `resolve_all`, `matching_runs`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 import attrs
 import torch
 
+from duplexcadence.dsl.program import Program
 from duplexcadence.interpreter.plans.trace import Firing
 from duplexcadence.interpreter.runtime.capture.strategy import Run
 from duplexcadence.interpreter.runtime.storage import RegionStorage
 
-if TYPE_CHECKING:
-    from duplexcadence.interpreter.runtime.capture.graphs import StageGraph
-    from duplexcadence.interpreter.runtime.runtime import Runtime
+
+@attrs.define
+class StageGraph:
+    """A captured graph run (capture/graphs.py): its number in the slot, the CUDA graph, the module outputs
+    it leaves (writes without a length, read after each replay), and how long its capture took."""
+
+    key: int
+    graph: Any
+    module_outputs: dict[str, torch.Tensor]
+    capture_seconds: float
 
 
 @attrs.frozen
@@ -39,13 +47,12 @@ class GraphReplay:
 
 
 def resolve_replays(
-    runtime: Runtime, storage: Mapping[str, RegionStorage], graphs: Mapping[tuple, StageGraph], runs: Sequence[Run]
+    program: Program, storage: Mapping[str, RegionStorage], graphs: Mapping[tuple, StageGraph], runs: Sequence[Run]
 ) -> tuple[GraphReplay, ...] | None:
     """The resolved graph runs of one planned instant; None when it has an eager run (or a feed that goes
     through a staging copy): such an instant takes the general path."""
     if not runs or any(run.kind != "graph" for run in runs):
         return None
-    program = runtime.program
     resolved = []
     for run in runs:
         graph = graphs[run.key]
@@ -73,7 +80,7 @@ def resolve_replays(
 
 
 def resolve_all(
-    runtime: Runtime,
+    program: Program,
     storage: Mapping[str, RegionStorage],
     graphs: Mapping[tuple, StageGraph],
     runs: Mapping[int, Sequence[Run]],
@@ -81,7 +88,7 @@ def resolve_all(
     """`resolve_replays` of every planned instant, once, when the slot's graphs are captured: each warm-up
     instant is stepped once per session, so resolving on first use would cost every warm-up step (the
     same views serve every later session of the slot: its addresses do not change)."""
-    return {index: resolve_replays(runtime, storage, graphs, instant) for index, instant in runs.items()}
+    return {index: resolve_replays(program, storage, graphs, instant) for index, instant in runs.items()}
 
 
 def matching_runs(graphs: Mapping[tuple, StageGraph], firings: Sequence[Firing]) -> tuple[Run, ...]:

@@ -1,19 +1,15 @@
 """What a runtime reports: a session's counters and the runtime's `RuntimeReport` (bytes, graphs, runs).
 
-Public: `Counters`, `RegionReport`, `RuntimeReport`, `runtime_report`.
+Public: `Counters`, `RegionReport`, `RuntimeReport`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
 import attrs
 
 from duplexcadence.dsl.diagnostics import Diagnostic
-
-if TYPE_CHECKING:
-    from duplexcadence.interpreter.runtime.runtime import Runtime
 
 
 @attrs.define
@@ -110,34 +106,3 @@ class RuntimeReport:
         for diagnostic in self.blocked:
             lines.append(f"  blocked: {diagnostic.message}")
         return "\n".join(lines)
-
-
-def runtime_report(runtime: Runtime) -> RuntimeReport:
-    """The report of `runtime` now: its regions, graphs, and the counters of its open and closed sessions."""
-    schedule = runtime.plan.schedule
-    regions = tuple(
-        RegionReport(r.name, r.bytes, r.stock_bytes, r.double_buffer_bytes) for r in schedule.regions.values()
-    )
-    totals = attrs.evolve(runtime.closed_counters)
-    for session in runtime.sessions:
-        totals.add_totals(session.counters)
-    covered = {signature for graphs, _, _ in runtime.slot_graphs.values() for key in graphs for signature in key}
-    return RuntimeReport(
-        str(runtime.device),
-        runtime.arena.sessions,
-        runtime.arena.nbytes,
-        runtime.plan.arena.session_bytes,
-        runtime.plan.arena.scratch_bytes,
-        regions,
-        len(runtime.plan.capture.graphs),
-        runtime.graphs_captured,
-        len(covered),
-        runtime.capture_seconds,
-        tuple(runtime.blocked.values()),
-        totals.replays,
-        totals.eager_planned,
-        totals.eager_off_plan,
-        runtime.lanes,
-        totals.short_path_steps,
-        runtime.capture.name,
-    )

@@ -7,19 +7,16 @@ after the first have a generator state of their own (`lane_rng_states`), install
 first.
 
 Public: `RNG_LOCK`, `seeded_rng_state`, `get_rng_state`, `set_rng_state`, `lane_rng_states`,
-`default_generator`, `call_with_rng`, `call_in_session`.
+`default_generator`, `call_with_rng`.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
-
-if TYPE_CHECKING:
-    from duplexcadence.interpreter.runtime.session import Session
 
 Result = TypeVar("Result")
 
@@ -110,14 +107,3 @@ def call_with_rng(
             if original is not None:
                 generator.graphsafe_set_state(original)
     return result, state
-
-
-def call_in_session(session: Session, uses_rng: bool, fn: Callable[..., Result], *args: Any) -> Result:
-    """`fn(*args)`, drawing from `session`'s generator state when `uses_rng` (the state advances in
-    `session.rng_state`, on its lane's generator state)."""
-    if not uses_rng:
-        return fn(*args)
-    runtime = session.runtime
-    lane_state = runtime.lane_rng_states[session.lane]
-    result, session.rng_state = call_with_rng(runtime.device, session.rng_state, lane_state, fn, *args)
-    return result

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 from duplexcadence.dsl import messages
@@ -37,13 +38,13 @@ from duplexcadence.dsl.program import Program
 from duplexcadence.interpreter.plans.plan import Plan, make_plan
 from duplexcadence.interpreter.plans.trace import Firing
 from duplexcadence.interpreter.runtime import capture as capture_strategies
-from duplexcadence.interpreter.runtime import lanes as lanes_module
 from duplexcadence.interpreter.runtime.binding import Attribute, StageCallable, bind_program
 from duplexcadence.interpreter.runtime.capture import CaptureStrategy, templates_of
 from duplexcadence.interpreter.runtime.capture.graphs import capture_slot
 from duplexcadence.interpreter.runtime.errors import CaptureWarning, SessionFailed, SessionsFailed, StepError
+from duplexcadence.interpreter.runtime.lanes import lane_stream, step_many
 from duplexcadence.interpreter.runtime.replay import resolve_all
-from duplexcadence.interpreter.runtime.reports import Counters, RuntimeReport, runtime_report
+from duplexcadence.interpreter.runtime.reports import Counters, RegionReport, RuntimeReport
 from duplexcadence.interpreter.runtime.rng import lane_rng_states
 from duplexcadence.interpreter.runtime.session import Session
 from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES, DeviceArena
@@ -200,7 +201,7 @@ class Runtime:
 
     def lane_stream(self, lane: int):
         """Lane `lane`'s CUDA stream: its graphs are captured on it and `step_many` runs it on it."""
-        return lanes_module.lane_stream(self.device, lane)
+        return lane_stream(self.device, lane)
 
     def counts_before(self, instant: int) -> dict[str, int]:
         """How many times each stage has fired before `instant` (from the clocks alone)."""
@@ -276,7 +277,7 @@ class Runtime:
             if self.graphs_enabled:
                 if slot not in self.slot_graphs:
                     capture_slot(session, self.capture)  # an error here leaves the slot free
-                    session.replays = resolve_all(self, session.storage, session.graphs, session.runs)
+                    session.replays = resolve_all(self.program, session.storage, session.graphs, session.runs)
                     self.slot_graphs[slot] = (session.graphs, session.runs, session.replays)
                 session.graphs, session.runs, session.replays = self.slot_graphs[slot]
             self.free_slots.remove(slot)
@@ -301,13 +302,40 @@ class Runtime:
         run interleaved the same way on the host, one run at a time.
         """
         with self.lock:
-            return lanes_module.step_many(self, steps)
+            return step_many(self, self.device, steps)
 
     # --- reporting -------------------------------------------------------------------------------
 
     def report(self) -> RuntimeReport:
+        """Its regions, graphs, and the counters of its open and closed sessions, now."""
         with self.lock:
-            return runtime_report(self)
+            regions = tuple(
+                RegionReport(r.name, r.bytes, r.stock_bytes, r.double_buffer_bytes)
+                for r in self.plan.schedule.regions.values()
+            )
+            totals = attrs.evolve(self.closed_counters)
+            for session in self.sessions:
+                totals.add_totals(session.counters)
+            covered = {signature for graphs, _, _ in self.slot_graphs.values() for key in graphs for signature in key}
+            return RuntimeReport(
+                str(self.device),
+                self.arena.sessions,
+                self.arena.nbytes,
+                self.plan.arena.session_bytes,
+                self.plan.arena.scratch_bytes,
+                regions,
+                len(self.plan.capture.graphs),
+                self.graphs_captured,
+                len(covered),
+                self.capture_seconds,
+                tuple(self.blocked.values()),
+                totals.replays,
+                totals.eager_planned,
+                totals.eager_off_plan,
+                self.lanes,
+                totals.short_path_steps,
+                self.capture.name,
+            )
 
     def verify(self, stock, inputs, ticks: int | None = None, seed: int = 0):
         """Run stock eager and a fresh session side by side; see `duplexcadence.interpreter.runtime.verify`."""

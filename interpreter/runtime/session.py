@@ -13,14 +13,14 @@ KeyboardInterrupt or what a signal handler raises included, leaves it failed (`r
 one that arrives after finds the step committed, its outputs in `last_outputs`; one that arrives
 before finds the session as it was.
 
-Public: `Session`, `PendingStep`.
+Public: `Session`, `PendingStep`, `call_in_session`.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Generator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Generator, Mapping
+from typing import Any, TypeVar
 
 import attrs
 import torch
@@ -30,14 +30,12 @@ from duplexcadence.interpreter.runtime.body import Body
 from duplexcadence.interpreter.runtime.capture.strategy import Run
 from duplexcadence.interpreter.runtime.errors import SessionFailed, StepError
 from duplexcadence.interpreter.runtime.inputs import check_initial, plan_instant, template_index
-from duplexcadence.interpreter.runtime.replay import GraphReplay, matching_runs
+from duplexcadence.interpreter.runtime.replay import GraphReplay, StageGraph, matching_runs
 from duplexcadence.interpreter.runtime.reports import Counters
-from duplexcadence.interpreter.runtime.rng import call_in_session, seeded_rng_state
+from duplexcadence.interpreter.runtime.rng import call_with_rng, seeded_rng_state
 from duplexcadence.interpreter.runtime.storage import RegionStorage
 
-if TYPE_CHECKING:
-    from duplexcadence.interpreter.runtime.capture.graphs import StageGraph
-    from duplexcadence.interpreter.runtime.runtime import Runtime
+Result = TypeVar("Result")
 
 
 @attrs.frozen
@@ -55,7 +53,8 @@ class PendingStep:
 
 
 class Session:
-    """One conversation's state: its regions in its arena slot, its clock position and RNG state.
+    """One conversation's state: its regions in its arena slot, its clock position and RNG state. `runtime`
+    is the `Runtime` (runtime.py) that made it.
 
     `last_outputs`: what the last committed step returned (a tensor, or a dict by output name; None
     after `reset()`): when a step raised an interrupt after committing its instant, its outputs are here.
@@ -69,7 +68,7 @@ class Session:
     last_outputs: Any = None
     failed: BaseException | None = None
 
-    def __init__(self, runtime: Runtime, slot: int, initial: Mapping[str, torch.Tensor] | None, seed: int):
+    def __init__(self, runtime: Any, slot: int, initial: Mapping[str, torch.Tensor] | None, seed: int):
         self.runtime = runtime
         self.slot = slot
         self._lane = runtime.lane_of(slot)
@@ -83,7 +82,7 @@ class Session:
             if runtime.plan.schedule.regions[name].double_buffer_bytes:
                 double = runtime.arena.block(f"{name}~double", None, self.lane)
             self.storage[name] = RegionStorage(region, flat, double)
-        self.body = Body(runtime, self.storage)
+        self.body = Body(program, runtime.model, runtime.callables, runtime.attributes, self.storage)
         self.graphs: dict[tuple, StageGraph] = {}
         self.runs: dict[int, tuple[Run, ...]] = {}
         self.replays: dict[int, tuple[GraphReplay, ...] | None] = {}  # by template index, resolved after capture
@@ -93,7 +92,7 @@ class Session:
         self._unfinished = SessionFailed("a step was interrupted before it committed its instant")
         self.closed = False
         self.initial = dict(initial or {})
-        check_initial(runtime, self.initial)
+        check_initial(program, self.initial)
         self.reset()
 
     # --- public API ------------------------------------------------------------------------------
@@ -115,7 +114,7 @@ class Session:
             if self.closed:  # its slot may be another session's now: resetting would overwrite that one
                 raise RuntimeError("this session is closed")
             if initial is not None:
-                check_initial(runtime, initial)
+                check_initial(runtime.program, initial)
                 self.initial = dict(initial)
             self.failed = SessionFailed("reset() did not complete")
             for name, storage in self.storage.items():
@@ -255,7 +254,10 @@ class Session:
 
     def _planned_index(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool) -> int | None:
         """The planned instant this step repeats (`template_index`), None when it takes the general path."""
-        return template_index(self.runtime, self._instant, args, inputs) if self.on_plan and not last else None
+        if not self.on_plan or last:
+            return None
+        runtime = self.runtime
+        return template_index(runtime.plan, runtime.templates, runtime.device, self._instant, args, inputs)
 
     def _begin(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool, index: int | None) -> PendingStep:
         runtime = self.runtime
@@ -264,7 +266,9 @@ class Session:
             return PendingStep(runs, inputs, None, False, last, dict(runtime.plan.trace.states[index][0]))
         self._sync_simulator()
         lengths = dict(self.simulator.length)
-        firings, simulator, off_plan = plan_instant(runtime, self.simulator, self._instant, args, inputs, last)
+        firings, simulator, off_plan = plan_instant(
+            runtime.plan, runtime.device, self.simulator, self._instant, args, inputs, last
+        )
         return PendingStep(matching_runs(self.graphs, firings), inputs, simulator, off_plan, last, lengths)
 
     def _replay(self, replays: tuple[GraphReplay, ...], inputs: Mapping[str, torch.Tensor]):
@@ -381,3 +385,14 @@ class Session:
         lengths, fills = runtime.plan.trace.states[index]
         self.simulator.restore(lengths, fills, runtime.counts_before(self._instant))
         self.simulator_stale = False
+
+
+def call_in_session(session: Session, uses_rng: bool, fn: Callable[..., Result], *args: Any) -> Result:
+    """`fn(*args)`, drawing from `session`'s generator state when `uses_rng` (rng.call_with_rng, on its
+    lane's generator state); the state it leaves becomes the session's."""
+    if not uses_rng:
+        return fn(*args)
+    runtime = session.runtime
+    lane_state = runtime.lane_rng_states[session.lane]
+    result, session.rng_state = call_with_rng(runtime.device, session.rng_state, lane_state, fn, *args)
+    return result

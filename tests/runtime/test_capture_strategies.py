@@ -18,8 +18,7 @@ from duplexcadence.examples.toy.model import build_toy, make_prompt
 from duplexcadence.interpreter.plans.plan import make_plan
 from duplexcadence.interpreter.runtime import capture
 from duplexcadence.interpreter.runtime.capture import CaptureStrategy, Run, checked_runs, templates_of
-from duplexcadence.interpreter.runtime.capture.graphs import StageGraph
-from duplexcadence.interpreter.runtime.replay import resolve_all
+from duplexcadence.interpreter.runtime.replay import StageGraph, resolve_all
 from duplexcadence.interpreter.runtime.runtime import Runtime
 from duplexcadence.tests.runtime.test_replay_path import EagerGraph
 from duplexcadence.tests.runtime.test_toy_runtime import TICKS, codes_stream
@@ -223,7 +222,7 @@ def install_planned_graphs(session) -> None:
                     len(session.graphs), EagerGraph(session, run.firings, lengths), {}, 0
                 )
         session.runs[index] = runs
-    session.replays = resolve_all(runtime, session.storage, session.graphs, session.runs)
+    session.replays = resolve_all(runtime.program, session.storage, session.graphs, session.runs)
 
 
 @pytest.mark.parametrize("strategy,graphs_per_instant", [("fused", 1), ("per-stage", 3)])

@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from duplexcadence.interpreter.runtime.capture.graphs import StageGraph
 from duplexcadence.interpreter.runtime.errors import SessionFailed, StepError
-from duplexcadence.interpreter.runtime.replay import resolve_all
+from duplexcadence.interpreter.runtime.replay import StageGraph, resolve_all
 from duplexcadence.interpreter.runtime.session import Session
 from duplexcadence.tests.runtime.test_toy_runtime import TICKS, codes_stream, make
 
@@ -42,7 +41,9 @@ def install_eager_graphs(session, fail_at_instant=None):
                 graph = EagerGraph(session, run.firings, lengths, fail_at_instant)
                 session.graphs[run.key] = StageGraph(len(session.graphs), graph, {}, 0.0)
         session.runs[index] = runs
-    session.replays = resolve_all(runtime, session.storage, session.graphs, session.runs)  # as the capture does, once
+    session.replays = resolve_all(
+        runtime.program, session.storage, session.graphs, session.runs
+    )  # as the capture does, once
 
 
 def sessions_pair():

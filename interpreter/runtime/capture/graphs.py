@@ -5,7 +5,7 @@ the instant happens. First every planned (stage, signature) is warmed up and pro
 stage that syncs is blocked: it runs eagerly); then each planned instant's graph runs are captured,
 each as one CUDA graph, in the lane's graph pool and on the lane's stream.
 
-Public: `StageGraph`, `capture_slot`, `collector_paused`, `sync_debug`.
+Public: `capture_slot`, `collector_paused`, `sync_debug`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ import gc
 import time
 import warnings
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any
 
-import attrs
 import torch
 
 from duplexcadence.dsl import messages
@@ -25,21 +23,8 @@ from duplexcadence.interpreter.plans.trace import Firing
 from duplexcadence.interpreter.runtime.capture.strategy import CaptureStrategy, Run, StepTemplate, checked_runs
 from duplexcadence.interpreter.runtime.errors import CaptureWarning
 from duplexcadence.interpreter.runtime.lanes import lane_stream
-from duplexcadence.interpreter.runtime.rng import call_in_session
-
-if TYPE_CHECKING:
-    from duplexcadence.interpreter.runtime.session import Session
-
-
-@attrs.define
-class StageGraph:
-    """A captured graph run: its number in the slot, the CUDA graph, the module outputs it leaves (writes
-    without a length, read after each replay), and how long its capture took."""
-
-    key: int
-    graph: Any
-    module_outputs: dict[str, torch.Tensor]
-    capture_seconds: float
+from duplexcadence.interpreter.runtime.replay import StageGraph
+from duplexcadence.interpreter.runtime.session import Session, call_in_session
 
 
 def capture_slot(session: Session, strategy: CaptureStrategy) -> None:
@@ -49,7 +34,7 @@ def capture_slot(session: Session, strategy: CaptureStrategy) -> None:
     The warm-up runs on the caller's current stream and only the captures on the lane's stream, as
     `torch.cuda.graph` users do: eager work of a model on a side stream puts the process in a state
     where every CUDA graph replays slower from then on (about 0.3 us more between any two kernels:
-    about 180 us, 11 % of a Mimi frame on the H200; docs/benchmarks.md).
+    about 180 us, 11 % of a Mimi frame on the H200; docs/benchmarks.md, "CUDA graph replay on the H200").
     """
     runtime = session.runtime
     stream = lane_stream(

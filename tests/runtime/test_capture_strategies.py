@@ -21,9 +21,10 @@ from duplexcadence.interpreter.runtime.capture import CaptureStrategy, Run, chec
 from duplexcadence.interpreter.runtime.replay import StageGraph, resolve_all
 from duplexcadence.interpreter.runtime.runtime import Runtime
 from duplexcadence.tests.runtime.test_replay_path import EagerGraph
-from duplexcadence.tests.runtime.test_toy_runtime import TICKS, codes_stream
+from duplexcadence.tests.runtime.test_toy_runtime import codes_stream
 
 TOY = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
+TICKS = 60  # every planned instant: the warm-up (20) and a steady period (25), then into the next
 
 
 def plan_of(path, max_graphs=None):

@@ -17,6 +17,7 @@ import socket
 import time
 
 import pytest
+import torch
 
 pytest.importorskip("ray.serve")
 
@@ -40,6 +41,16 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Stock runs with the replicas' one intra-op thread (`PoolSpec.cpu_threads`): CPU kernels sum in another
+    order with another thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from duplexcadence.interpreter import tails
+from duplexcadence.interpreter.cli import serve_ray
 from duplexcadence.interpreter.cli.common import (
     EXIT_CLEAN,
     UsageError,
@@ -112,6 +113,8 @@ async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None 
 def run(args: argparse.Namespace) -> int:
     if args.lanes > args.slots:
         raise UsageError(f"--lanes {args.lanes} is more than --slots {args.slots}: a lane needs a slot")
+    if serve_ray.wants_ray(args):
+        return serve_ray.serve_cluster(args)
     return asyncio.run(serve(args))
 
 
@@ -149,4 +152,5 @@ def register(commands) -> None:
     )
     parser.add_argument("--queue-depth", type=positive, default=4, help="ticks a session may have queued (4)")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    serve_ray.add_ray_options(parser)
     parser.set_defaults(handler=run)

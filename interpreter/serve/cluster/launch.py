@@ -16,6 +16,7 @@ routed by the `FreeCapacityRouter`.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -35,20 +36,24 @@ ROUTER_CLASS = "duplexcadence.interpreter.serve.cluster.router:FreeCapacityRoute
 class ClusterConfig:
     """Where and how the replicas run.
 
-    `replicas`: how many (one per GPU with `gpus_per_replica=1`); `address`: an existing Ray cluster (None: a
-    local one, with `local_cpus` CPUs and the GPUs it finds); `host`/`port`: the Serve HTTP proxy;
+    `replicas`: how many (None: one per GPU of the cluster, or one without GPUs); `address`: an existing Ray
+    cluster (`auto`, `HOST:PORT`, `ray://...`; None: a local one with `local_cpus` CPUs (None: every core) and the GPUs it finds);
+    `gpus_per_replica`: None takes 1 when the cluster has GPUs, else 0 (a CPU replica with `cpus_per_replica`);
+    `runtime_env`: the replicas' Ray runtime environment (a `working_dir` for a model builder of your own);
+    `host`/`port`: the Serve HTTP proxy;
     `stats_period_s`: how often each replica's capacity is polled for the router; `drain_timeout_s`: how long a
     replica Serve stops (scale-down, redeploy, shutdown) waits for its sessions; `health_check_period_s`: how
     often its device thread is probed; `max_ongoing_requests`: requests a replica takes at once (its sessions
     and HTTP calls; None: the pool's slots (rows) + 16, so the pool's admission, not Serve's queue, refuses).
     """
 
-    replicas: int = 1
+    replicas: int | None = None
     address: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
-    gpus_per_replica: float = 0.0
+    gpus_per_replica: float | None = None
     cpus_per_replica: float = 1.0
+    runtime_env: dict[str, Any] | None = None
     local_cpus: int | None = None
     stats_period_s: float = 0.25
     drain_timeout_s: float = 600.0
@@ -59,9 +64,9 @@ class ClusterConfig:
 
     def problems(self) -> list[str]:
         found = []
-        if self.replicas < 1:
+        if self.replicas is not None and self.replicas < 1:
             found.append(f"replicas must be at least 1, not {self.replicas}")
-        if self.gpus_per_replica < 0 or self.cpus_per_replica < 0:
+        if (self.gpus_per_replica or 0) < 0 or self.cpus_per_replica < 0:
             found.append("gpus and cpus per replica cannot be negative")
         if self.gpus_per_replica == 0 and self.cpus_per_replica == 0:
             found.append("a replica needs a GPU or a share of a CPU (gpus_per_replica or cpus_per_replica above 0)")
@@ -77,8 +82,10 @@ def sessions_per_replica(spec: PoolSpec) -> int:
 def deployment_options(spec: PoolSpec, config: ClusterConfig) -> dict[str, Any]:
     """The Serve options of the replicas' deployment (`Deployment.options`)."""
     actor: dict[str, Any] = {"num_cpus": config.cpus_per_replica}
-    if config.gpus_per_replica > 0:
+    if config.gpus_per_replica:
         actor["num_gpus"] = config.gpus_per_replica
+    if config.runtime_env:
+        actor["runtime_env"] = config.runtime_env
     return {
         "num_replicas": config.replicas,
         "ray_actor_options": actor,
@@ -99,14 +106,20 @@ def init_ray(config: ClusterConfig) -> bool:
     """Connect to `config.address`, or start a local Ray; True when this call started Ray."""
     import ray
 
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the driver's share of Serve's INFO lines
     if ray.is_initialized():
         return False
     if config.address is not None:
         ray.init(address=config.address, include_dashboard=False, log_to_driver=False)
         return True
     os.environ.setdefault(proxy.PROXY_CALLBACK_VARIABLE, proxy.PROXY_CALLBACK)
-    cpus = config.local_cpus or max(2, int(config.replicas * config.cpus_per_replica + 0.999))
-    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(
+        address="local",
+        num_cpus=config.local_cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     return True
 
 
@@ -175,7 +188,7 @@ class DuplexCluster:
 
     def wait_serving(self, replicas: int | None = None, timeout_s: float = 600.0) -> dict[str, dict[str, Any]]:
         """Wait until `replicas` (default: all) replicas run and have reported their capacity to the router."""
-        wanted = self.config.replicas if replicas is None else replicas
+        wanted = replicas if replicas is not None else self.config.replicas or 1
         deadline = time.monotonic() + timeout_s
         while True:
             found = {name: stats for name, stats in self.capacities().items() if not stats.get("starting")}
@@ -197,6 +210,19 @@ class DuplexCluster:
             ray.shutdown()
 
 
+def resolve(config: ClusterConfig) -> ClusterConfig:
+    """`config` with its defaults taken from the cluster Ray is connected to: a GPU per replica when it has
+    GPUs, and one replica per GPU (or one)."""
+    import ray
+
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    per_replica = config.gpus_per_replica if config.gpus_per_replica is not None else (1.0 if gpus else 0.0)
+    replicas = config.replicas
+    if replicas is None:
+        replicas = max(1, int(gpus // per_replica)) if per_replica else 1
+    return attrs.evolve(config, gpus_per_replica=per_replica, replicas=replicas)
+
+
 def start(spec: PoolSpec, config: ClusterConfig, wait: bool = True) -> DuplexCluster:
     """Deploy `config.replicas` replicas of `spec` (see the module docstring); with `wait`, return once every
     replica serves."""
@@ -207,6 +233,7 @@ def start(spec: PoolSpec, config: ClusterConfig, wait: bool = True) -> DuplexClu
 
     started_ray = init_ray(config)
     try:
+        config = resolve(config)
         serve.start(http_options={"host": config.host, "port": config.port})
         application = DEPLOYMENT.options(**deployment_options(spec, config)).bind(spec)
         serve.run(application, name=config.app_name, route_prefix="/")

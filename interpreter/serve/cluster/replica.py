@@ -112,8 +112,11 @@ class DuplexReplica:
     def stats(self) -> dict[str, Any]:
         if self.pool.rule is None:  # the lifespan has not started the pool
             return {"replica": self.replica_id, "device": self.device, "starting": True}
+        import torch
+
         snapshot = self.pool.capacity().to_json()
-        return {**snapshot, "replica": self.replica_id, "device": self.device, "recorded_at": time.time()}
+        where = {"replica": self.replica_id, "device": self.device, "threads": torch.get_num_threads()}
+        return {**snapshot, **where, "recorded_at": time.time()}
 
     async def record_routing_stats(self) -> dict[str, Any]:
         stats = self.stats()

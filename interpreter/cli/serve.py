@@ -70,6 +70,7 @@ def make_pool(args: argparse.Namespace) -> Any:
         headroom=args.headroom,
         idle_timeout_s=args.idle_timeout,
         queue_depth=args.queue_depth,
+        gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
     )
     try:
         return SessionPool(served, config)
@@ -151,6 +152,13 @@ def register(commands) -> None:
         "--idle-timeout", type=positive_float, default=30.0, metavar="SECONDS", help="close a silent session (30)"
     )
     parser.add_argument("--queue-depth", type=positive, default=4, help="ticks a session may have queued (4)")
+    parser.add_argument(
+        "--gather-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="how long a round may wait for the other sessions' ticks (default: 5%% of the tick period; 0: none)",
+    )
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     serve_ray.add_ray_options(parser)
     parser.set_defaults(handler=run)

@@ -14,7 +14,7 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 import torch
@@ -77,6 +77,7 @@ class LoadReport:
                 "errors": list(s.errors),
                 "blocked": s.blocked,
                 "refused": s.refused,
+                "latencies_s": list(s.latencies),
                 "replica": s.replica,
             }
             for s in self.per_session
@@ -196,8 +197,11 @@ async def run_load(
     paced: bool = True,
     record: int = 0,
     first_seed: int = 0,
+    before_start: Callable[[], Awaitable[None]] | None = None,
 ) -> LoadReport:
-    """Drive `sessions` sessions (seeds `first_seed`, `first_seed` + 1, ...) for `ticks` ticks each."""
+    """Drive `sessions` sessions (seeds `first_seed`, `first_seed` + 1, ...) for `ticks` ticks each.
+    `before_start` is awaited once every session is open (or refused), before the first tick (a barrier
+    across processes)."""
     start = asyncio.Event()
     opened: asyncio.Queue = asyncio.Queue()
     tasks = [
@@ -206,6 +210,8 @@ async def run_load(
     ]
     clients = [await opened.get() for _ in range(sessions)]
     period = next((c.tick_period_s for c in clients if c is not None), None)
+    if before_start is not None:
+        await before_start()
     began = time.perf_counter()
     start.set()
     loads = await asyncio.gather(*tasks)

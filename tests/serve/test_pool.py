@@ -300,7 +300,6 @@ def test_lockstep_is_refused_where_the_plan_cannot_take_a_session_into_a_running
         pool = SessionPool(TOY, PoolConfig(slots=1, lockstep=2, tick_model=MODEL))
         with pytest.raises(ValueError) as refused:
             await pool.start()
-        pool.executor.shutdown()
         return str(refused.value)
 
     assert run(scenario()) == (
@@ -316,3 +315,21 @@ def test_a_config_out_of_range_is_refused_with_every_problem():
         "lanes must be from 1 to slots (2), not 3; headroom must be from 0 to below 1, not 1.5; the queue depth must "
         "be at least 1, not 0"
     )
+
+
+def test_a_round_gathers_the_ticks_of_every_session_paced_by_the_cadence():
+    async def scenario():
+        pool = await started(gather_s=60.0)
+        a, b = await pool.open(seed=1), await pool.open(seed=2)
+        first = a.submit(TOY.inputs(1, 0))
+        await asyncio.sleep(0.05)  # the scheduler holds the round: b has nothing queued yet
+        assert not first.done() and len(pool.round_log) == 0
+        second = b.submit(TOY.inputs(2, 0))
+        outputs = [await first, await second]
+        rounds = [units for units, _ in pool.round_log]
+        await pool.stop()
+        return outputs, rounds
+
+    outputs, rounds = run(scenario())
+    assert rounds == [2]  # one step_many for both sessions
+    assert equal_to_stock(1, outputs[:1]) and equal_to_stock(2, outputs[1:])

@@ -53,17 +53,11 @@ def pairs(values: list[str]) -> dict[str, str]:
     return found
 
 
-def make_pool(args: argparse.Namespace) -> Any:
-    """The `SessionPool` the arguments ask for (not started); UsageError for what cannot be served."""
-    from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
-    from duplexcadence.interpreter.serve.tail import ServeSetupError, served_tail
+def pool_config(args: argparse.Namespace) -> Any:
+    """The `PoolConfig` the arguments ask for (a pool here, or each replica's with --ray)."""
+    from duplexcadence.interpreter.serve.pool import PoolConfig
 
-    device = resolve_device(args.device)
-    try:
-        served = served_tail(args.target, args.model, pairs(args.param), device)
-    except (ServeSetupError, tails.TailError) as error:
-        raise UsageError(str(error)) from None
-    config = PoolConfig(
+    return PoolConfig(
         slots=args.slots,
         lanes=args.lanes,
         lockstep=args.lockstep,
@@ -72,8 +66,20 @@ def make_pool(args: argparse.Namespace) -> Any:
         queue_depth=args.queue_depth,
         gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
     )
+
+
+def make_pool(args: argparse.Namespace) -> Any:
+    """The `SessionPool` the arguments ask for (not started); UsageError for what cannot be served."""
+    from duplexcadence.interpreter.serve.pool import SessionPool
+    from duplexcadence.interpreter.serve.tail import ServeSetupError, served_tail
+
+    device = resolve_device(args.device)
     try:
-        return SessionPool(served, config)
+        served = served_tail(args.target, args.model, pairs(args.param), device)
+    except (ServeSetupError, tails.TailError) as error:
+        raise UsageError(str(error)) from None
+    try:
+        return SessionPool(served, pool_config(args))
     except ValueError as error:
         raise UsageError(str(error)) from None
 

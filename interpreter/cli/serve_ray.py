@@ -6,7 +6,7 @@ of the cluster, or one on CPUs), each owning the pool the `dsl serve` options de
 its HTTP proxy listens on `--host:--port` with the routes of `dsl serve` (one websocket per session). A new
 session goes to the replica with the most free predicted capacity and stays there. An interrupt (or SIGTERM)
 stops Serve: each replica admits nothing new and waits up to `--drain-timeout` seconds for its sessions.
-docs/serving-ray.md has the details.
+docs/serving.md, "Across GPUs and nodes" has the details.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from duplexcadence.interpreter.cli.common import (
 
 
 def add_ray_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("across GPUs and nodes (Ray Serve, docs/serving-ray.md)")
+    group = parser.add_argument_group("across GPUs and nodes (Ray Serve; docs/serving.md)")
     group.add_argument("--ray", action="store_true", help="serve through Ray Serve on a local Ray (every GPU here)")
     group.add_argument(
         "--ray-address", default=None, metavar="ADDR", help="an existing Ray cluster (auto, HOST:PORT); implies --ray"
@@ -75,9 +75,8 @@ def wants_ray(args: argparse.Namespace) -> bool:
 
 def pool_spec(args: argparse.Namespace) -> Any:
     """The `PoolSpec` the arguments describe, checked here before any replica starts."""
-    from duplexcadence.interpreter.cli.serve import pairs
+    from duplexcadence.interpreter.cli.serve import pairs, pool_config
     from duplexcadence.interpreter.serve.cluster.replica import PoolSpec
-    from duplexcadence.interpreter.serve.pool import PoolConfig
     from duplexcadence.interpreter.serve.tail import ServeSetupError, import_function, served_tail
 
     try:
@@ -91,14 +90,7 @@ def pool_spec(args: argparse.Namespace) -> Any:
             target = str(Path(args.target).resolve())
     except (ServeSetupError, tails.TailError) as error:
         raise UsageError(str(error)) from None
-    config = PoolConfig(
-        slots=args.slots,
-        lanes=args.lanes,
-        lockstep=args.lockstep,
-        headroom=args.headroom,
-        idle_timeout_s=args.idle_timeout,
-        queue_depth=args.queue_depth,
-    )
+    config = pool_config(args)
     problems = config.problems()
     if problems:
         raise UsageError("; ".join(problems))

@@ -6,12 +6,12 @@
     cluster.drain(replica)           # no new session there; its sessions finish
     cluster.shutdown()
 
-Without `address` the code starts a local Ray (`ray.init`) sized for the replicas and sets the proxy's
-middleware (`proxy.PROXY_CALLBACK`) in the environment its processes inherit; with one it connects to that
-cluster (`ray.init(address=...)`), whose nodes set the middleware themselves (docs/serving-ray.md). Serve is
-started with the HTTP proxy on `host:port`, and the replicas are one Serve application: `replicas` copies of
-`DuplexReplica`, each with `gpus_per_replica` GPUs (1: one GPU each) or, on CPU, `cpus_per_replica` CPUs,
-routed by the `FreeCapacityRouter`.
+Without `address` the code starts a local Ray (`ray.init(address="local")`) and sets the proxy's middleware
+(`proxy.PROXY_CALLBACK`) in the environment its processes inherit; with one it connects to that cluster
+(`ray.init(address=...)`), whose nodes set the middleware themselves (docs/serving.md, "Across GPUs and
+nodes"). Serve is started with the HTTP proxy on `host:port`, and the replicas are one Serve application:
+`replicas` copies of `DuplexReplica`, each with `gpus_per_replica` GPUs (1: one GPU each) or, on CPU,
+`cpus_per_replica` CPUs, routed by the `FreeCapacityRouter`.
 """
 
 from __future__ import annotations

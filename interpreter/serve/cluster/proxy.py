@@ -10,8 +10,8 @@ websockets the replica or the client closed.
 Ray Serve installs proxy middlewares from the import path in the environment variable
 `RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH` of the proxy's process (`ray.serve._private.http_util`): the
 cluster launcher sets it to `PROXY_CALLBACK` before it starts a local Ray; the nodes of an existing cluster
-need it in their environment when `ray start` runs (docs/serving-ray.md). The module imports neither torch nor
-the pool: it loads into every proxy.
+need it in their environment when `ray start` runs (docs/serving.md, "Across GPUs and nodes"). The module
+imports neither torch nor the pool: it loads into every proxy.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def pool_spec(args: argparse.Namespace) -> Any:
                 served_tail(args.target, args.model, pairs(args.param), "cpu")  # says what is wrong
             import_function(args.model)
             target = str(Path(args.target).resolve())
-    except (ServeSetupError, tails.TailError) as error:
+    except (ServeSetupError, tails.TailError, ValueError) as error:  # ValueError: a tail option out of range
         raise UsageError(str(error)) from None
     config = pool_config(args)
     problems = config.problems()
@@ -132,7 +132,7 @@ def serve_cluster(
 ) -> int:
     """Start the replicas, then serve until interrupted (or `stop` is set); `started(cluster)` once they serve."""
     try:
-        from duplexcadence.interpreter.serve.cluster.launch import start
+        from duplexcadence.interpreter.serve.cluster.launch import ClusterStartError, start
     except ModuleNotFoundError as error:
         if (error.name or "").partition(".")[0] == "duplexcadence":
             raise
@@ -141,7 +141,7 @@ def serve_cluster(
     status(args, f"starting {config.replicas or 'one per GPU'} replica(s) of '{args.target}' on Ray")
     try:
         cluster = start(spec, config)
-    except ValueError as error:
+    except (ValueError, ClusterStartError) as error:
         raise UsageError(str(error)) from None
     stop = stop or threading.Event()
     previous = (

@@ -318,3 +318,7 @@ def replicas_not_serving(found: int, wanted: int, timeout_s: float) -> str:
     return (
         f"{found} of {wanted} replicas serve after {timeout_s:g} s (the replicas' logs are in the Ray session's logs)"
     )
+
+
+def replicas_failed(reason: str) -> str:
+    return f"the replicas did not start: {reason}"

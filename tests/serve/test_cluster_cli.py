@@ -94,3 +94,18 @@ def test_dsl_serve_ray_starts_replicas_serves_a_session_and_stops(capsys):
         f"  replica {name} on cpu: capacity 2 sessions of 2 slots, 0 active" for name in served["replicas"]
     ]
     assert len(err) == 5 and err[-1] == "stopping: each replica admits nothing new and waits up to 30 s"
+
+
+def test_a_pool_that_cannot_start_on_the_replicas_is_a_usage_error_with_its_reason(capsys):
+    code, out, err = dsl(
+        capsys,
+        *["serve", "toy", "--ray", "--ray-cpus", "2", "--device", "cpu", "--replicas", "1", "--cpus-per-replica"],
+        *["0.5", "--slots", "2", "--lockstep", "2", "--port", str(free_port())],
+    )
+    # Ray's raylet may print its own line as Serve stops ("Task ServeController.graceful_shutdown failed...")
+    assert code == 2 and all("(raylet)" in line for line in out.splitlines())
+    assert err.splitlines()[-1] == (
+        "dsl serve: error: the replicas did not start: ValueError: --lockstep 2: this plan cannot take a session "
+        "into a running group: region(s) cache do not start as zeros, so a zeroed row is not a fresh one; members "
+        "join at the group's start"
+    )

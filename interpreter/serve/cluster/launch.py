@@ -43,7 +43,8 @@ class ClusterConfig:
     `host`/`port`: the Serve HTTP proxy;
     `stats_period_s`: how often each replica's capacity is polled for the router; `drain_timeout_s`: how long a
     replica Serve stops (scale-down, redeploy, shutdown) waits for its sessions; `health_check_period_s`: how
-    often its device thread is probed; `max_ongoing_requests`: requests a replica takes at once (its sessions
+    often its device thread is probed; `start_attempts`: how often Serve starts a replica whose pool fails to
+    start before the deployment fails; `max_ongoing_requests`: requests a replica takes at once (its sessions
     and HTTP calls; None: the pool's slots (rows) + 16, so the pool's admission, not Serve's queue, refuses).
     """
 
@@ -60,6 +61,7 @@ class ClusterConfig:
     health_check_period_s: float = 10.0
     health_check_timeout_s: float = 30.0
     max_ongoing_requests: int | None = None
+    start_attempts: int = 2
     app_name: str = "duplexcadence"
 
     def problems(self) -> list[str]:
@@ -94,6 +96,7 @@ def deployment_options(spec: PoolSpec, config: ClusterConfig) -> dict[str, Any]:
         "graceful_shutdown_wait_loop_s": 1.0,
         "health_check_period_s": config.health_check_period_s,
         "health_check_timeout_s": config.health_check_timeout_s,
+        "max_constructor_retry_count": config.start_attempts,
         "request_router_config": {  # a `ray.serve.config.RequestRouterConfig`
             "request_router_class": ROUTER_CLASS,
             "request_routing_stats_period_s": config.stats_period_s,
@@ -121,6 +124,20 @@ def init_ray(config: ClusterConfig) -> bool:
         configure_logging=False,
     )
     return True
+
+
+class ClusterStartError(RuntimeError):
+    """The replicas did not start: the first replica's own error."""
+
+
+def start_error(app_name: str) -> ClusterStartError:
+    """Why the application's deployment failed, from Serve's status (the replica's exception, last line)."""
+    from ray import serve
+
+    status = serve.status().applications.get(app_name)
+    detail = status.deployments[DEPLOYMENT_NAME].message if status and DEPLOYMENT_NAME in status.deployments else ""
+    lines = [line.strip() for line in detail.splitlines() if line.strip()]
+    return ClusterStartError(messages.replicas_failed(lines[-1] if lines else "no reason given"))
 
 
 class DuplexCluster:
@@ -236,7 +253,10 @@ def start(spec: PoolSpec, config: ClusterConfig, wait: bool = True) -> DuplexClu
         config = resolve(config)
         serve.start(http_options={"host": config.host, "port": config.port})
         application = DEPLOYMENT.options(**deployment_options(spec, config)).bind(spec)
-        serve.run(application, name=config.app_name, route_prefix="/")
+        try:
+            serve.run(application, name=config.app_name, route_prefix="/")
+        except RuntimeError:
+            raise start_error(config.app_name) from None
         cluster = DuplexCluster(spec, config, started_ray)
         if wait:
             cluster.wait_serving()

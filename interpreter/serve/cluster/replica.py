@@ -1,17 +1,18 @@
 """The replica: one Ray Serve replica per GPU, owning that GPU's `SessionPool` and serving its ASGI app.
 
 `DuplexReplica` is a Serve deployment whose ingress is the pool's Starlette app (`make_app`), built on the
-replica (`__serve_build_asgi_app__`) after the pool: Serve runs the app's lifespan before it marks the replica
-running, so the pool has loaded, warmed its slots and calibrated before a session is routed to it. The rest is
-Serve's replica protocol:
+replica (`__serve_build_asgi_app__`) once the pool has started: Serve marks the replica running only then, so
+the pool has loaded, warmed its slots and calibrated before a session is routed to it, and a pool that cannot
+start fails the replica with its own error (Serve's deployment status shows it). The rest is Serve's replica
+protocol:
 
 * `record_routing_stats`: the pool's `capacity()` (with the replica's name and when it was recorded), which the
   controller polls and the `FreeCapacityRouter` of every proxy places sessions by;
 * `check_health`: the device thread answers a probe within the health-check timeout (a hung round or a CUDA
   fault fails it; Serve then replaces the replica, and its sessions close with `CLOSE_REPLICA_LOST`);
 * graceful shutdown (a scale-down, a redeploy, `serve.shutdown`): Serve routes nothing new to the replica,
-  waits up to `graceful_shutdown_timeout_s` for its websockets (its sessions) to end, then the app's lifespan
-  stops the pool, which closes any session left with 1001 and the reason;
+  waits up to `graceful_shutdown_timeout_s` for its websockets (its sessions) to end, then calls `__del__`,
+  which stops the pool: any session left is closed with 1001 and the reason;
 * `drain(replica_id=...)` and `capacity(replica_id=...)`: handle calls the router pins to the named replica.
 
 Every websocket accept carries the header `x-duplexcadence-replica` naming the replica: the client names it in
@@ -104,10 +105,15 @@ class DuplexReplica:
         self.reports = 0
         self.reported: asyncio.Condition | None = None
 
-    def __serve_build_asgi_app__(self) -> ASGIApp:
+    async def __serve_build_asgi_app__(self) -> ASGIApp:
         from duplexcadence.interpreter.serve.app import make_app
 
-        return ReplicaHeader(make_app(self.pool), self.replica_id)
+        await self.pool.start()
+        return ReplicaHeader(make_app(self.pool, manage_pool=False), self.replica_id)
+
+    async def __del__(self) -> None:
+        if self.pool.rule is not None:
+            await self.pool.stop()
 
     def stats(self) -> dict[str, Any]:
         if self.pool.rule is None:  # the lifespan has not started the pool

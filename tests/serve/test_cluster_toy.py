@@ -3,7 +3,8 @@
 Every session's outputs equal that session run alone on stock; a burst is spread by free capacity and a session
 too many is refused with the pool's text; a new session goes where most capacity is free; a replica killed
 mid-run fails only its own sessions (`ReplicaLost` naming it, close code 1014), the others finish equal to
-stock; a drained replica admits nothing (new sessions go to the other) while its session finishes.
+stock; a drained replica admits nothing (new sessions go to the other) while its session finishes; the
+cluster's shutdown drains every replica, then closes a session still open with 1001 and the reason.
 
 Ray starts once for the module (a minute at most on 2 busy cores) and stops at its end; every test is
 bounded by `asyncio.wait_for`.
@@ -23,7 +24,7 @@ pytest.importorskip("ray.serve")
 
 from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.admission import TickModel
-from duplexcadence.interpreter.serve.client import Refused, ReplicaLost, SessionClient
+from duplexcadence.interpreter.serve.client import Refused, ReplicaLost, SessionClient, SessionClosedByServer
 from duplexcadence.interpreter.serve.cluster.launch import ClusterConfig, DuplexCluster, start
 from duplexcadence.interpreter.serve.cluster.replica import PoolSpec
 from duplexcadence.interpreter.serve.loadgen import SessionLoad, compare_with_stock, run_load, verify
@@ -180,15 +181,26 @@ def test_a_drained_replica_admits_nothing_while_its_session_finishes(cluster):
     assert (after["draining"], after["sessions"]) == (True, 0)
 
 
-def test_a_session_arriving_when_every_replica_drains_is_refused_with_the_reason(cluster):
-    for replica in cluster.capacities():
-        cluster.drain(replica)
-
+def test_shutdown_drains_then_closes_a_session_left_with_1001(cluster):
     async def scenario():
-        with pytest.raises(Refused) as refused:
-            await SessionClient.connect(cluster.ws_url, seed=70)
-        return refused.value
+        client = await SessionClient.connect(cluster.ws_url, seed=80)
+        await client.step(TOY.inputs(80, 0))
+        stopping = asyncio.create_task(asyncio.to_thread(cluster.shutdown, 2.0))
+        await asyncio.sleep(0.5)
+        with pytest.raises(Refused) as refused:  # every replica drains first
+            await SessionClient.connect(cluster.ws_url, seed=81)
+        ticks = 1
+        with pytest.raises(SessionClosedByServer) as closed:
+            while True:
+                await client.step(TOY.inputs(80, ticks))
+                ticks += 1
+                await asyncio.sleep(0.05)
+        await stopping
+        return refused.value, closed.value, ticks
 
-    refused = run(scenario())
+    refused, closed, ticks = run(scenario())
     assert (refused.code, refused.close_code) == (messages.DRAINING, messages.CLOSE_TRY_AGAIN_LATER)
-    assert refused.message == "draining: this pool admits no new session while its 0 sessions finish"
+    assert refused.message.startswith("draining: this pool admits no new session while its ")
+    assert ticks > 5  # the session kept its ticks while the cluster drained
+    assert type(closed) is SessionClosedByServer and closed.close_code == messages.CLOSE_GOING_AWAY
+    assert closed.message == messages.shutting_down()

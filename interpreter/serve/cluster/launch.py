@@ -147,6 +147,7 @@ class DuplexCluster:
         self.spec = spec
         self.config = config
         self.started_ray = started_ray
+        self.stopped = False
 
     @property
     def url(self) -> str:
@@ -216,15 +217,30 @@ class DuplexCluster:
                 raise TimeoutError(messages.replicas_not_serving(len(found), wanted, timeout_s))
             time.sleep(0.2)
 
-    def shutdown(self) -> None:
-        """Stop the application (Serve drains each replica up to `drain_timeout_s`), Serve, and Ray if this
-        process started it."""
+    def shutdown(self, drain_timeout_s: float | None = None) -> None:
+        """Drain every replica and wait up to `drain_timeout_s` (default the config's) for their sessions to end,
+        stop the pools (a session left is closed with 1001 and the reason), then Serve, and Ray if this process
+        started it. (`serve.shutdown` alone stops the proxies at once: every open session would be cut.)"""
         import ray
         from ray import serve
 
-        serve.shutdown()
-        if self.started_ray:
-            ray.shutdown()
+        if self.stopped:
+            return
+        self.stopped = True
+        timeout = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        deadline = time.monotonic() + timeout
+        try:
+            replicas = list(self.capacities())
+            for replica in replicas:
+                self.handle().drain.remote(replica_id=replica, timeout_s=0.0).result(timeout_s=30)
+            while time.monotonic() < deadline and any(stats["sessions"] for stats in self.capacities().values()):
+                time.sleep(0.2)
+            for replica in replicas:
+                self.handle().stop_pool.remote(replica_id=replica).result(timeout_s=60)
+        finally:
+            serve.shutdown()
+            if self.started_ray:
+                ray.shutdown()
 
 
 def resolve(config: ClusterConfig) -> ClusterConfig:

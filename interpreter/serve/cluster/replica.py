@@ -138,7 +138,7 @@ class DuplexReplica:
         if pool.rule is None:
             return
         if pool.stopping:
-            raise RuntimeError(f"replica {self.replica_id}: its pool has stopped")
+            return  # stopped on purpose (the cluster's shutdown): nothing to replace
         try:
             await asyncio.wait_for(pool.run_on_device(device_probe, self.device), HEALTH_PROBE_TIMEOUT_S)
         except TimeoutError:
@@ -167,6 +167,13 @@ class DuplexReplica:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.reported.wait_for(lambda: self.reports >= target), timeout_s)
         return self.stats()
+
+    async def stop_pool(self, replica_id: str) -> None:
+        """Stop this replica's pool: a session left is closed with 1001 and the reason (the cluster's shutdown,
+        after its drain)."""
+        self.check_target(replica_id)
+        if self.pool.rule is not None:
+            await self.pool.stop()
 
     async def metrics_text(self, replica_id: str) -> str:
         """This replica's Prometheus exposition (`/metrics` through the proxy reaches one replica)."""

@@ -28,10 +28,10 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import attrs
+from ray import serve
 
 from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
-from ray import serve
 
 Message = MutableMapping[str, Any]
 ASGIApp = Callable[[Message, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
@@ -82,9 +82,8 @@ class ReplicaHeader:
 
 def replica_device() -> str:
     """The replica's device: the GPU Ray assigned it (`num_gpus=1` sets CUDA_VISIBLE_DEVICES), else the CPU."""
-    import torch
-
     import ray
+    import torch
 
     return "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
 
@@ -116,7 +115,7 @@ class DuplexReplica:
             await self.pool.stop()
 
     def stats(self) -> dict[str, Any]:
-        if self.pool.rule is None:  # the lifespan has not started the pool
+        if self.pool.rule is None:  # the pool has not started yet
             return {"replica": self.replica_id, "device": self.device, "starting": True}
         import torch
 

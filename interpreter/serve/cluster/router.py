@@ -30,7 +30,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
-
 from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
 
 SETTLE_S = 1.0

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import attrs
 
-from duplexcadence.dsl import messages
-from duplexcadence.dsl import syntax as ast
+from duplexcadence.dsl import messages, syntax
 from duplexcadence.dsl.diagnostics import ClockError, DiagnosticBag
 from duplexcadence.dsl.parse import MAX_SOURCE_BYTES, parse_module
 from duplexcadence.dsl.source import SourceFile
@@ -31,8 +30,8 @@ class Unit:
 
     key: str
     source: SourceFile
-    module: ast.Module
-    imports: tuple[tuple[ast.Use, str], ...]
+    module: syntax.Module
+    imports: tuple[tuple[syntax.Use, str], ...]
     dotted: str = ""
 
 
@@ -67,12 +66,12 @@ def find_module(parts: Sequence[str], folder: Path) -> Path | None:
     return std if std.is_file() else None
 
 
-def _find(use: ast.Use, importer: Path) -> Path | None:
+def _find(use: syntax.Use, importer: Path) -> Path | None:
     return find_module(use.module, importer.parent)
 
 
 @functools.lru_cache(maxsize=128)
-def _parse(path: str, text: str) -> ast.Module:
+def _parse(path: str, text: str) -> syntax.Module:
     """Parse once per (path, text): the stdlib is imported by nearly every check. The AST is frozen,
     so sharing it is safe; a failed parse raises and is not cached."""
     return parse_module(SourceFile(path, text))
@@ -123,16 +122,16 @@ def load(path: str | Path, source: SourceFile | None = None, sources: dict[str, 
     main_key = os.path.normpath(path)
     stack: list[str] = []
 
-    def visit(key: str, src: SourceFile, via: ast.Use | None) -> None:
+    def visit(key: str, src: SourceFile, via: syntax.Use | None) -> None:
         sources[key] = src
         try:
             module = _parse(src.path, src.text)
         except ClockError as error:
             bag.extend(error.diagnostics)
             return
-        imports: list[tuple[ast.Use, str]] = []
+        imports: list[tuple[syntax.Use, str]] = []
         stack.append(key)
-        for use in module.of(ast.Use):
+        for use in module.of(syntax.Use):
             found = _find(use, Path(key))
             if found is None:
                 bag.add(messages.unknown_import(use.dotted, use.module_span or use.span, stdlib_modules()))

@@ -39,6 +39,6 @@ if ! command -v dot >/dev/null 2>&1; then
         echo "install.sh: graphviz's 'dot' is missing and apt-get is not available: install graphviz" >&2
     fi
 fi
-step "installing duplexcadence with its extras" pip_install -e ".[test,serve,moshi,qwen3omni,minicpmo45]"
+step "installing duplexcadence with its extras" pip_install -e ".[test,lsp,serve,moshi,qwen3omni,minicpmo45]"
 step "installing the model packages (--no-deps)" pip_install --no-deps -r scripts/model-pins.txt
 "$PY" -c "import duplexcadence, torch; print(f'install.sh: duplexcadence {duplexcadence.__version__}, torch {torch.__version__}')"

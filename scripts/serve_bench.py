@@ -65,6 +65,7 @@ class Config:
     counts: tuple[int, ...]
     ticks: int
     description: str
+    direct_rounds: int = 20
 
 
 GPU_CONFIGS = {
@@ -77,6 +78,7 @@ GPU_CONFIGS = {
         (8, 12, 16, 18, 20, 22, 24, 26, 28, 32),
         10,
         "MiniCPM-o 4.5 token2wav, fp32, n=10, P=150, 4 lanes; a tick is a 1 s chunk of 25 tokens",
+        direct_rounds=5,
     ),
     "moshi-lockstep": Config(
         "moshi-lockstep",
@@ -249,13 +251,14 @@ async def measure(pool: SessionPool, url: str, config: Config, args: argparse.Na
     admission = AdmissionRule(rule.slots, rule.rows, rule.model, period, HEADROOM).capacity()
     rows, best = [], 0
     for sessions in config.counts:
-        before = await direct_rounds(pool, sessions, args.direct_rounds)
+        rounds = args.direct_rounds or config.direct_rounds
+        before = await direct_rounds(pool, sessions, rounds)
         rounds_at = len(pool.round_log)
         ticks_at = len(pool.tick_latencies)
         loads, where = await server_pass(url, config, sessions, args.sample, args.workers, args.folder)
         server_rounds = [seconds for _, seconds in list(pool.round_log)[rounds_at:]]
         server_ticks = list(pool.tick_latencies)[ticks_at:]
-        after = await direct_rounds(pool, sessions, args.direct_rounds)
+        after = await direct_rounds(pool, sessions, rounds)
         latencies = [value for load in loads for value in load.latencies]
         errors = sorted({code for load in loads for code in load.errors})
         opened = sum(1 for load in loads if load.refused is None)
@@ -388,7 +391,9 @@ def main() -> int:
     parser.add_argument("--configs", default=None, help=f"comma-separated, of {', '.join(GPU_CONFIGS)} (default all)")
     parser.add_argument("--workers", type=int, default=None, help="load-generator processes (0: all in this process)")
     parser.add_argument("--sample", type=int, default=2, help="sessions recorded and compared with stock per count")
-    parser.add_argument("--direct-rounds", type=int, default=None, help="timed rounds per direct pass")
+    parser.add_argument(
+        "--direct-rounds", type=int, default=None, help="timed rounds per direct pass (default: the configuration's)"
+    )
     parser.add_argument(
         "--gather-ms", type=float, default=None, help="the pool's gather time (default: 5%% of the period)"
     )
@@ -408,7 +413,6 @@ def main() -> int:
     else:
         args.device, configs = "cuda", GPU_CONFIGS
         args.workers = min(8, max(1, (os.cpu_count() or 2) // 2)) if args.workers is None else args.workers
-        args.direct_rounds = args.direct_rounds or 20
     chosen = list(configs) if not args.configs else args.configs.split(",")
     unknown = [name for name in chosen if name not in configs]
     if unknown:

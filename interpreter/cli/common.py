@@ -19,8 +19,7 @@ from typing import IO, Any
 
 import attrs
 
-from duplexcadence.dsl import diagnostic_text as report
-from duplexcadence.dsl import loader, messages
+from duplexcadence.dsl import diagnostic_text, loader, messages
 from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
 from duplexcadence.dsl.source import SourceFile
 
@@ -357,12 +356,12 @@ def print_diagnostics(
     """Print diagnostics in the `full` (`text`) or `concise` form; `path` locates those without a span."""
     for diagnostic in diagnostics:
         if fmt == "concise":
-            print(report.format_concise(diagnostic, path), file=stream)
+            print(diagnostic_text.format_concise(diagnostic, path), file=stream)
         else:
-            print(report.format_full(diagnostic, sources, color, path), file=stream)
+            print(diagnostic_text.format_full(diagnostic, sources, color, path), file=stream)
             print(file=stream)
 
 
 def diagnostics_json(results: Iterable[tuple[str, Iterable[Diagnostic]]]) -> str:
     """The diagnostics document of every command's `--format json` (docs/language.md, "The CLI")."""
-    return report.to_json(results)
+    return diagnostic_text.to_json(results)

@@ -99,7 +99,8 @@ def _capacity(region: RegionInfo, trace: Trace) -> int | None:
     return most
 
 
-def schedule(program: Program, trace: Trace, stage_order: tuple[str, ...]) -> AllocationSchedule:
+def schedule_allocations(program: Program, trace: Trace, stage_order: tuple[str, ...]) -> AllocationSchedule:
+    """Pass 3: the capacity and bytes of every region, its double buffer, and the liveness of scratch."""
     position = {name: i for i, name in enumerate(stage_order)}
     plans = {}
     for name, region in program.regions.items():

@@ -408,7 +408,8 @@ def _last_instant(simulator: Simulator, index: int) -> list[Firing]:
     return []
 
 
-def trace(program: Program, clocks: ClockPlan) -> Trace:
+def trace_shapes(program: Program, clocks: ClockPlan) -> Trace:
+    """Pass 2: every firing's exact views from session start through the warm-up and one steady period."""
     period = clocks.instants_per_hyperperiod
     simulator = Simulator(program, clocks)
     releases = any(

@@ -142,6 +142,10 @@ class SocketSession:
         except AdmissionRefused as refusal:
             await self._refuse(refusal.reason, refusal.message, messages.CLOSE_TRY_AGAIN_LATER)
             return
+        except Exception as error:  # a fault of the pool (a bug): say so, never a silent drop
+            LOG.exception("opening a session failed")
+            await self._refuse(messages.INTERNAL, messages.internal(error), messages.CLOSE_INTERNAL)
+            return
         self.session = session
         try:
             await websocket.send_json(ready_frame(self.pool, session))

@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     if args.lanes > args.slots:
         raise UsageError(f"--lanes {args.lanes} is more than --slots {args.slots}: a lane needs a slot")
     if serve_ray.wants_ray(args):
-        return serve_ray.serve_cluster(args)
+        return serve_ray.serve_cluster(args, pool_config(args), pairs(args.param))
     return asyncio.run(serve(args))
 
 

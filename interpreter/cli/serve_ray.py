@@ -73,28 +73,27 @@ def wants_ray(args: argparse.Namespace) -> bool:
     return bool(args.ray or args.ray_address)
 
 
-def pool_spec(args: argparse.Namespace) -> Any:
-    """The `PoolSpec` the arguments describe, checked here before any replica starts."""
-    from duplexcadence.interpreter.cli.serve import pairs, pool_config
+def pool_spec(args: argparse.Namespace, pool: Any, params: dict[str, str]) -> Any:
+    """The `PoolSpec` of the arguments, `pool` (a `PoolConfig`) and the tail's `params`, checked here before any
+    replica starts."""
     from duplexcadence.interpreter.serve.cluster.replica import PoolSpec
     from duplexcadence.interpreter.serve.tail import ServeSetupError, import_function, served_tail
 
     try:
         if args.model is None:  # the adapter only: the replicas load the model
-            served_tail(args.target, None, pairs(args.param), "cpu")
+            served_tail(args.target, None, params, "cpu")
             target = args.target
         else:
             if not Path(args.target).is_file():
-                served_tail(args.target, args.model, pairs(args.param), "cpu")  # says what is wrong
+                served_tail(args.target, args.model, params, "cpu")  # says what is wrong
             import_function(args.model)
             target = str(Path(args.target).resolve())
     except (ServeSetupError, tails.TailError, ValueError) as error:  # ValueError: a tail option out of range
         raise UsageError(str(error)) from None
-    config = pool_config(args)
-    problems = config.problems()
+    problems = pool.problems()
     if problems:
         raise UsageError("; ".join(problems))
-    return PoolSpec(target, args.model, pairs(args.param), config, cpu_threads=None)
+    return PoolSpec(target, args.model, params, pool, cpu_threads=None)
 
 
 def cluster_config(args: argparse.Namespace) -> Any:
@@ -128,16 +127,21 @@ def describe(cluster: Any) -> list[str]:
 
 
 def serve_cluster(
-    args: argparse.Namespace, started: Callable[[Any], None] | None = None, stop: threading.Event | None = None
+    args: argparse.Namespace,
+    pool: Any,
+    params: dict[str, str],
+    started: Callable[[Any], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> int:
-    """Start the replicas, then serve until interrupted (or `stop` is set); `started(cluster)` once they serve."""
+    """Start the replicas, each with a pool of `pool` (a `PoolConfig`) over the tail with `params`, then serve
+    until interrupted (or `stop` is set); `started(cluster)` once they serve."""
     try:
         from duplexcadence.interpreter.serve.cluster.launch import ClusterStartError, start
     except ModuleNotFoundError as error:
         if (error.name or "").partition(".")[0] == "duplexcadence":
             raise
         raise missing_package(error, extra="serve", what="dsl serve --ray") from None
-    spec, config = pool_spec(args), cluster_config(args)
+    spec, config = pool_spec(args, pool, params), cluster_config(args)
     status(args, f"starting {config.replicas or 'one per GPU'} replica(s) of '{args.target}' on Ray")
     try:
         cluster = start(spec, config)

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("ray.serve")
 
 from duplexcadence.interpreter.cli import main as cli
-from duplexcadence.interpreter.cli import serve_ray
+from duplexcadence.interpreter.cli import serve, serve_ray
 from duplexcadence.interpreter.serve.client import SessionClient
 from duplexcadence.interpreter.serve.tail import served_tail
 
@@ -82,7 +82,7 @@ def test_dsl_serve_ray_starts_replicas_serves_a_session_and_stops(capsys):
         served["replicas"] = sorted(cluster.capacities())
         stop.set()
 
-    code = serve_ray.serve_cluster(args, started=started, stop=stop)
+    code = serve_ray.serve_cluster(args, serve.pool_config(args), {}, started=started, stop=stop)
     ours = ("starting ", "serving on ", "  replica ", "stopping: ")  # Ray and Serve log on stderr too
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith(ours)]
     assert code == 0

@@ -190,6 +190,7 @@ EXTRAS = {
     "uvicorn": "serve",
     "websockets": "serve",
     "prometheus_client": "serve",
+    "ray": "serve",
 }
 # What an extra needs beside it that pip cannot resolve with torch >= 2.11 (the package's own pins would
 # move torch): installed with --no-deps, at the versions scripts/model-pins.txt pins.

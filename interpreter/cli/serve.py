@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from duplexcadence.interpreter import tails
+from duplexcadence.interpreter.cli import serve_ray
 from duplexcadence.interpreter.cli.common import (
     EXIT_CLEAN,
     UsageError,
@@ -52,17 +53,11 @@ def pairs(values: list[str]) -> dict[str, str]:
     return found
 
 
-def make_pool(args: argparse.Namespace) -> Any:
-    """The `SessionPool` the arguments ask for (not started); UsageError for what cannot be served."""
-    from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
-    from duplexcadence.interpreter.serve.tail import ServeSetupError, served_tail
+def pool_config(args: argparse.Namespace) -> Any:
+    """The `PoolConfig` the arguments ask for (a pool here, or each replica's with --ray)."""
+    from duplexcadence.interpreter.serve.pool import PoolConfig
 
-    device = resolve_device(args.device)
-    try:
-        served = served_tail(args.target, args.model, pairs(args.param), device)
-    except (ServeSetupError, tails.TailError) as error:
-        raise UsageError(str(error)) from None
-    config = PoolConfig(
+    return PoolConfig(
         slots=args.slots,
         lanes=args.lanes,
         lockstep=args.lockstep,
@@ -71,8 +66,20 @@ def make_pool(args: argparse.Namespace) -> Any:
         queue_depth=args.queue_depth,
         gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
     )
+
+
+def make_pool(args: argparse.Namespace) -> Any:
+    """The `SessionPool` the arguments ask for (not started); UsageError for what cannot be served."""
+    from duplexcadence.interpreter.serve.pool import SessionPool
+    from duplexcadence.interpreter.serve.tail import ServeSetupError, served_tail
+
+    device = resolve_device(args.device)
     try:
-        return SessionPool(served, config)
+        served = served_tail(args.target, args.model, pairs(args.param), device)
+    except (ServeSetupError, tails.TailError) as error:
+        raise UsageError(str(error)) from None
+    try:
+        return SessionPool(served, pool_config(args))
     except ValueError as error:
         raise UsageError(str(error)) from None
 
@@ -113,6 +120,8 @@ async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None 
 def run(args: argparse.Namespace) -> int:
     if args.lanes > args.slots:
         raise UsageError(f"--lanes {args.lanes} is more than --slots {args.slots}: a lane needs a slot")
+    if serve_ray.wants_ray(args):
+        return serve_ray.serve_cluster(args, pool_config(args), pairs(args.param))
     return asyncio.run(serve(args))
 
 
@@ -157,4 +166,5 @@ def register(commands) -> None:
         help="how long a round may wait for the other sessions' ticks (default: 5%% of the tick period; 0: none)",
     )
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    serve_ray.add_ray_options(parser)
     parser.set_defaults(handler=run)

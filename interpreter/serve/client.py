@@ -6,7 +6,9 @@
         await client.reset()                          # barge-in
 
 `send` and `receive` pipeline ticks (the server answers in order). An error frame raises `ServerError` (its
-code and message); a refused session raises `Refused` from `connect` (the reason, with the numbers).
+code and message); a refused session raises `Refused` from `connect` (the reason, with the numbers). Through a
+cluster (`interpreter/serve/cluster`), `replica` names the replica that holds the session (the accept's
+`x-duplexcadence-replica` header), and a session whose replica stops raises `ReplicaLost` naming it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from duplexcadence.interpreter.serve import codec
+from duplexcadence.interpreter.serve import codec, messages
 
 MAX_FRAME_BYTES = 64 * 2**20
 
@@ -50,6 +52,16 @@ class SessionClosedByServer(ServerError):
         self.close_code = close_code
 
 
+class ReplicaLost(SessionClosedByServer):
+    """The replica holding the session stopped (it died, or was replaced after a failed health check): the
+    session's state is lost with it, and nothing re-opens it elsewhere. `replica` names it; `close_code` is
+    1014 from the Serve proxy, or None when the connection ended without a close frame."""
+
+    def __init__(self, message: str, close_code: int | None, replica: str | None):
+        super().__init__(messages.REPLICA_LOST, message, close_code)
+        self.replica = replica
+
+
 class SessionClient:
     """One session over one websocket (see the module docstring)."""
 
@@ -57,6 +69,9 @@ class SessionClient:
         self.connection = connection
         self.ready = ready
         self.sent = 0
+        response = connection.response
+        self.replica: str | None = response.headers.get(messages.REPLICA_HEADER) if response is not None else None
+        """The replica that holds the session (a cluster), None for a single server."""
 
     @classmethod
     async def connect(cls, url: str, seed: int = 0, open_timeout: float = 600.0) -> SessionClient:
@@ -89,8 +104,13 @@ class SessionClient:
         return float(self.ready["tick_period_s"])
 
     async def send(self, tensors: Mapping[str, torch.Tensor] | None = None, last: bool = False, **named) -> int:
-        """Send one tick (inputs by name); returns its index (error frames name it)."""
-        await self.connection.send(codec.encode({**(tensors or {}), **named}, last))
+        """Send one tick (inputs by name); returns its index (error frames name it). SessionClosedByServer (or
+        ReplicaLost) when the session is already closed."""
+        data = codec.encode({**(tensors or {}), **named}, last)
+        try:
+            await self.connection.send(data)
+        except ConnectionClosed as closed:
+            raise self.closed_error(closed) from None
         self.sent += 1
         return self.sent - 1
 
@@ -104,8 +124,7 @@ class SessionClient:
         try:
             message = await self.connection.recv()
         except ConnectionClosed as closed:
-            code = closed.rcvd.code if closed.rcvd else None
-            raise SessionClosedByServer("closed", closed.rcvd.reason if closed.rcvd else "", code) from None
+            raise self.closed_error(closed) from None
         if isinstance(message, bytes):
             return codec.decode(message).tensors
         frame = json.loads(message)
@@ -119,6 +138,17 @@ class SessionClient:
                 raise SessionClosedByServer(frame["code"], frame["message"], close_code)
             raise ServerError(frame["code"], frame["message"], frame.get("tick"))
         return frame
+
+    def closed_error(self, closed: ConnectionClosed) -> SessionClosedByServer:
+        """What a closed connection means for the session: `ReplicaLost` when the proxy says its replica stopped
+        (1014) or, through a cluster, when the connection ended without a close frame."""
+        code = closed.rcvd.code if closed.rcvd else None
+        reason = closed.rcvd.reason if closed.rcvd else ""
+        if code == messages.CLOSE_REPLICA_LOST:
+            return ReplicaLost(reason or messages.replica_lost(self.replica), code, self.replica)
+        if code is None and self.replica is not None:
+            return ReplicaLost(messages.connection_lost(self.replica, code), code, self.replica)
+        return SessionClosedByServer("closed", reason, code)
 
     async def step(self, tensors: Mapping[str, torch.Tensor] | None = None, last: bool = False, **named) -> dict:
         """One tick: send it, return its outputs by name (ServerError for its error frame)."""

@@ -29,7 +29,8 @@ Inputs = Callable[[int, int], Mapping[str, torch.Tensor]]
 @attrs.frozen
 class SessionLoad:
     """One driven session: its seed, ticks answered with outputs, error codes, latencies (seconds), blocked
-    sends, whether it was refused (with the reason), and its recorded outputs (`record`)."""
+    sends, whether it was refused (with the reason), its recorded outputs (`record`), and the replica that held
+    it (through a cluster; None for a single server)."""
 
     seed: int
     ticks: int
@@ -38,6 +39,7 @@ class SessionLoad:
     blocked: int
     refused: str | None = None
     outputs: tuple[dict[str, torch.Tensor], ...] = attrs.field(default=(), repr=False)
+    replica: str | None = None
 
 
 @attrs.frozen
@@ -76,6 +78,7 @@ class LoadReport:
                 "blocked": s.blocked,
                 "refused": s.refused,
                 "latencies_s": list(s.latencies),
+                "replica": s.replica,
             }
             for s in self.per_session
         ]
@@ -169,7 +172,10 @@ async def drive_session(
             if closed_early.is_set():
                 break
             sent_at.append(time.perf_counter())
-            await client.send(dict(inputs(seed, tick)))
+            try:
+                await client.send(dict(inputs(seed, tick)))
+            except SessionClosedByServer:  # the receiver records why
+                break
         await receiver
     finally:
         receiver.cancel()
@@ -178,7 +184,9 @@ async def drive_session(
                 await client.close()
         else:
             await client.connection.close()
-    return SessionLoad(seed, len(latencies), tuple(errors), tuple(latencies), blocked, None, tuple(outputs))
+    return SessionLoad(
+        seed, len(latencies), tuple(errors), tuple(latencies), blocked, None, tuple(outputs), client.replica
+    )
 
 
 async def run_load(

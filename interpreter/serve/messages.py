@@ -285,3 +285,40 @@ def capacity_line(capacity: int, active: int, slots: int, predicted_s: float, pe
         f"capacity: {plural(capacity, 'session')} of {slots} slots ({active} active), predicted tick at capacity "
         f"{milliseconds(predicted_s)} of {milliseconds(period_s)} (headroom {percent(headroom)})"
     )
+
+
+# --- across replicas (Ray Serve: `interpreter/serve/cluster`) -----------------------------------------
+
+CLOSE_REPLICA_LOST = 1014
+"""RFC 6455 "bad gateway": the Serve proxy relayed the session to a replica that stopped; the session is lost."""
+REPLICA_LOST = "replica-lost"
+"""Why a session ended when the replica holding it stopped (a client-side code, never an error frame's)."""
+REPLICA_HEADER = "x-duplexcadence-replica"
+"""The header of a replica's websocket accept that names it (the proxy passes it to the client)."""
+
+
+def replica_lost(replica: str | None) -> str:
+    """The close reason the proxy sends when the replica of a session stops."""
+    name = f"replica {replica}" if replica else "the replica"
+    return f"{name} stopped; this session's state was on it and is lost"
+
+
+def connection_lost(replica: str | None, code: int | None) -> str:
+    """A session whose connection ended without the server closing it (no close frame, or another code)."""
+    name = f"replica {replica}" if replica else "the server"
+    how = "without a close frame" if code is None else f"with code {code}"
+    return f"the connection to {name} ended {how}; this session's state was there and is lost"
+
+
+def replica_not_serving(replica: str) -> str:
+    return f"replica {replica} is not serving (it stopped, or has not started yet)"
+
+
+def replicas_not_serving(found: int, wanted: int, timeout_s: float) -> str:
+    return (
+        f"{found} of {wanted} replicas serve after {timeout_s:g} s (the replicas' logs are in the Ray session's logs)"
+    )
+
+
+def replicas_failed(reason: str) -> str:
+    return f"the replicas did not start: {reason}"

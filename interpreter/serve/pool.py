@@ -344,6 +344,8 @@ class SessionPool:
         self._empty = asyncio.Event()
         self._empty.set()
         device = torch.device(self.served.device)
+        if device.type == "cuda" and device.index is None:  # set_device needs an index: "cuda" is the current one
+            device = torch.device("cuda", torch.cuda.current_device())
         initializer = (lambda: torch.cuda.set_device(device)) if device.type == "cuda" else None
         self.executor = concurrent.futures.ThreadPoolExecutor(1, "duplexcadence-device", initializer=initializer)
         started = time.perf_counter()

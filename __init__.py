@@ -42,10 +42,10 @@ _EXPORTS = {
     "make_plan": "duplexcadence.interpreter.plans.plan",
     "plan_file": "duplexcadence.interpreter.plans.plan",
     "Runtime": "duplexcadence.interpreter.runtime.runtime",
-    "Session": "duplexcadence.interpreter.runtime.runtime",
-    "StepError": "duplexcadence.interpreter.runtime.runtime",
-    "SessionFailed": "duplexcadence.interpreter.runtime.runtime",
-    "SessionsFailed": "duplexcadence.interpreter.runtime.runtime",
+    "Session": "duplexcadence.interpreter.runtime.session",
+    "StepError": "duplexcadence.interpreter.runtime.errors",
+    "SessionFailed": "duplexcadence.interpreter.runtime.errors",
+    "SessionsFailed": "duplexcadence.interpreter.runtime.errors",
     "LockstepGroup": "duplexcadence.interpreter.runtime.lockstep",
     "LockstepError": "duplexcadence.interpreter.runtime.lockstep",
     "verify": "duplexcadence.interpreter.runtime.verify",
@@ -78,8 +78,10 @@ if TYPE_CHECKING:
     from duplexcadence.dsl.frontend import CheckResult, check_file, load_program
     from duplexcadence.dsl.program import Program
     from duplexcadence.interpreter.plans.plan import Plan, make_plan, plan_file
+    from duplexcadence.interpreter.runtime.errors import SessionFailed, SessionsFailed, StepError
     from duplexcadence.interpreter.runtime.lockstep import LockstepError, LockstepGroup
-    from duplexcadence.interpreter.runtime.runtime import Runtime, Session, SessionFailed, SessionsFailed, StepError
+    from duplexcadence.interpreter.runtime.runtime import Runtime
+    from duplexcadence.interpreter.runtime.session import Session
     from duplexcadence.interpreter.runtime.verify import VerifyReport, verify
 
 

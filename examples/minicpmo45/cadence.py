@@ -67,7 +67,8 @@ from duplexcadence.examples.minicpmo45.stock import (
     setup_stream_caches,
 )
 from duplexcadence.interpreter.plans.trace import Firing, View
-from duplexcadence.interpreter.runtime.runtime import Runtime, Session
+from duplexcadence.interpreter.runtime.runtime import Runtime
+from duplexcadence.interpreter.runtime.session import Session
 from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES, RegionStorage
 
 CLOCK = Path(__file__).resolve().parents[2] / "stdlib" / "models" / "step_audio2_token2wav.clock"

@@ -44,7 +44,8 @@ from moshi.utils.compile import no_compile
 
 from duplexcadence.examples.personaplex.stock import AddCarry, ConvCarry, PersonaPlexMimiDecoder
 from duplexcadence.interpreter.runtime.lockstep import LockstepGroup, Member
-from duplexcadence.interpreter.runtime.runtime import Runtime, Session
+from duplexcadence.interpreter.runtime.runtime import Runtime
+from duplexcadence.interpreter.runtime.session import Session
 
 
 def clock_path() -> Path:

@@ -31,7 +31,9 @@ import torch
 
 from duplexcadence.dsl.frontend import load_program
 from duplexcadence.dsl.program import Program
-from duplexcadence.interpreter.runtime.runtime import Runtime, Session, StepError
+from duplexcadence.interpreter.runtime.errors import StepError
+from duplexcadence.interpreter.runtime.runtime import Runtime
+from duplexcadence.interpreter.runtime.session import Session
 
 
 class LockstepError(ValueError):

@@ -15,6 +15,8 @@ from typing import Any
 import attrs
 import torch
 
+from duplexcadence.interpreter.runtime.rng import get_rng_state, seeded_rng_state, set_rng_state
+
 
 @attrs.frozen
 class Mismatch:
@@ -106,8 +108,6 @@ def verify(
     seed: int = 0,
 ) -> VerifyReport:
     """Run `ticks` instants through `stock` and a fresh runtime session; compare every output."""
-    from duplexcadence.interpreter.runtime.runtime import _get_rng, _seeded_rng_state, _set_rng
-
     device = runtime.device
     feed = inputs if callable(inputs) else list(inputs).__getitem__
     if ticks is None:
@@ -124,14 +124,14 @@ def verify(
         )
         try:
             stock.reset()
-            stock_rng = _seeded_rng_state(seed, device)
+            stock_rng = seeded_rng_state(seed, device)
             for tick in range(ticks):
                 step_inputs = dict(feed(tick))
-                saved = _get_rng(device)
-                _set_rng(device, stock_rng)
+                saved = get_rng_state(device)
+                set_rng_state(device, stock_rng)
                 expected = _as_dict(stock.step(**step_inputs))
-                stock_rng = _get_rng(device)
-                _set_rng(device, saved)
+                stock_rng = get_rng_state(device)
+                set_rng_state(device, saved)
                 actual = session.step(**step_inputs)
                 actual = (
                     _as_dict(actual)

@@ -87,21 +87,10 @@ LAYERS = (
 # Layers that must start without torch (dsl check, fmt, plan and render run without it).
 NO_TORCH = ("language", "plans", "views")
 
-# The violations that exist today, all inside interpreter/runtime/ (its split removes them). An entry
-# that no longer occurs fails the test: delete it then, until both sets are empty.
-#
-# Private names used across modules: (importing file, private name). verify.py replays the stock
-# model under the runtime's RNG helpers, which runtime.py keeps private.
-PRIVATE_ALLOWLIST = {
-    ("interpreter/runtime/verify.py", "_get_rng"),
-    ("interpreter/runtime/verify.py", "_seeded_rng_state"),
-    ("interpreter/runtime/verify.py", "_set_rng"),
-}
-# Import cycles, as the set of modules in the cycle: `Runtime.verify` imports verify.py, which imports
-# the RNG helpers from runtime.py (both inside functions).
-CYCLE_ALLOWLIST = {
-    frozenset({f"{PACKAGE}.interpreter.runtime.runtime", f"{PACKAGE}.interpreter.runtime.verify"}),
-}
+# Violations the test tolerates: (importing file, private name) used across modules, and import cycles as
+# the set of modules in the cycle. An entry that no longer occurs fails the test.
+PRIVATE_ALLOWLIST: set[tuple[str, str]] = set()
+CYCLE_ALLOWLIST: set[frozenset[str]] = set()
 
 
 # --- the import graph ----------------------------------------------------------------------------

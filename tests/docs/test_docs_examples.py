@@ -26,7 +26,9 @@ def test_python_blocks_run(doc, monkeypatch):
 
 
 def test_runtime_api_names_exist():
-    from duplexcadence.interpreter.runtime.runtime import Runtime, RuntimeReport, Session
+    from duplexcadence.interpreter.runtime.reports import RuntimeReport
+    from duplexcadence.interpreter.runtime.runtime import Runtime
+    from duplexcadence.interpreter.runtime.session import Session
     from duplexcadence.interpreter.runtime.verify import VerifyReport
 
     text = (ROOT / "docs/runtime.md").read_text()

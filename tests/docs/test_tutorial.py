@@ -297,7 +297,8 @@ def test_the_tutorial_model_on_the_gpu_replays_graphs_bit_identically(tmp_path, 
     """On CUDA: all 11 planned stage graphs are captured and the outputs equal stock eager's; a head
     that copies a CPU constant every call is blocked from capture with the warning the tutorial shows,
     and still matches; the fix (a buffer) is captured."""
-    from duplexcadence.interpreter.runtime.runtime import CaptureWarning, Runtime
+    from duplexcadence.interpreter.runtime.errors import CaptureWarning
+    from duplexcadence.interpreter.runtime.runtime import Runtime
 
     extract(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -24,7 +24,7 @@ from duplexcadence.examples.qwen3omni.model import Qwen3OmniMoeCode2WavConfig, b
 from duplexcadence.examples.qwen3omni.stock import StockSecondDecoder, second_bounds, split_into_seconds
 from duplexcadence.examples.qwen3omni.streaming import StreamingCode2Wav, streaming_window_mask
 from duplexcadence.examples.qwen3omni.streaming_cadence import StreamingSecondDecoder, load_streaming_runtime
-from duplexcadence.interpreter.runtime.runtime import StepError
+from duplexcadence.interpreter.runtime.errors import StepError
 
 SECONDS = 7
 DEFICIT = 555

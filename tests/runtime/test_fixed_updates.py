@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed
+from duplexcadence.interpreter.runtime.errors import SessionFailed
+from duplexcadence.interpreter.runtime.runtime import Runtime
 
 CLOCK = """
 cadence 1 s
@@ -67,7 +68,8 @@ def test_a_write_of_the_wrong_length_fails_the_step_with_both_shapes(tmp_path):
     import pytest
     import torch
 
-    from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed
+    from duplexcadence.interpreter.runtime.errors import SessionFailed
+    from duplexcadence.interpreter.runtime.runtime import Runtime
 
     clock = tmp_path / "w.clock"
     clock.write_text(

@@ -15,15 +15,9 @@ import pytest
 import torch
 
 from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
-from duplexcadence.interpreter.runtime.runtime import (
-    Runtime,
-    SessionFailed,
-    SessionsFailed,
-    StepError,
-    _get_rng,
-    _seeded_rng_state,
-    _set_rng,
-)
+from duplexcadence.interpreter.runtime.errors import SessionFailed, SessionsFailed, StepError
+from duplexcadence.interpreter.runtime.rng import get_rng_state, seeded_rng_state, set_rng_state
+from duplexcadence.interpreter.runtime.runtime import Runtime
 
 CLOCK = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 PROMPT, WINDOW = 6, 20
@@ -47,14 +41,14 @@ class SoloStock:
         self.device = torch.device(device)
         self.stock = ToyStockStream(build_toy(device=device), prompt, WINDOW)
         self.stock.reset()
-        self.rng = _seeded_rng_state(seed, self.device)
+        self.rng = seeded_rng_state(seed, self.device)
 
     def step(self, codes: torch.Tensor) -> torch.Tensor:
-        saved = _get_rng(self.device)
-        _set_rng(self.device, self.rng)
+        saved = get_rng_state(self.device)
+        set_rng_state(self.device, self.rng)
         out = self.stock.step(codes=codes)
-        self.rng = _get_rng(self.device)
-        _set_rng(self.device, saved)
+        self.rng = get_rng_state(self.device)
+        set_rng_state(self.device, saved)
         return out
 
 

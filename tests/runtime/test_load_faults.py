@@ -17,7 +17,8 @@ from duplexcadence.dsl import messages
 from duplexcadence.dsl.diagnostics import ClockError
 from duplexcadence.examples.toy.model import build_toy, make_prompt
 from duplexcadence.interpreter.runtime import runtime as runtime_module
-from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed, check_arena_fits
+from duplexcadence.interpreter.runtime.errors import SessionFailed
+from duplexcadence.interpreter.runtime.runtime import Runtime, check_arena_fits
 
 CLOCK = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 TOY = CLOCK.read_text()
@@ -240,7 +241,7 @@ def test_runtime_load_refuses_before_allocating_anything(monkeypatch):
     """On a (pretended) CUDA device with too little memory, Runtime.load raises before the arena, the
     graph pool or any session exists."""
     fake_cuda_memory(monkeypatch, free=1024)
-    monkeypatch.setattr(runtime_module, "_device", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(runtime_module, "resolve_device", lambda device: torch.device("cuda", 0))
 
     def no_allocation(*args, **kwargs):
         raise AssertionError("the arena was allocated")
@@ -253,7 +254,7 @@ def test_runtime_load_refuses_before_allocating_anything(monkeypatch):
 
 def test_an_allocation_that_fails_anyway_is_the_same_clear_error(monkeypatch):
     fake_cuda_memory(monkeypatch, free=2**40)
-    monkeypatch.setattr(runtime_module, "_device", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(runtime_module, "resolve_device", lambda device: torch.device("cuda", 0))
 
     def out_of_memory(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate ...")
@@ -299,11 +300,11 @@ def test_a_session_whose_graph_capture_raises_leaves_its_slot_free(monkeypatch):
     runtime = Runtime.load(CLOCK, model, device="cpu", sessions=2)
     free = list(runtime.free_slots)
 
-    def broken(session):
+    def broken(session, strategy):
         raise RuntimeError("CUDA error: out of memory")
 
     runtime.graphs_enabled = True  # as on CUDA, where each new slot captures its graphs
-    monkeypatch.setattr(runtime_module.Session, "_capture_graphs", broken)
+    monkeypatch.setattr(runtime_module, "capture_slot", broken)
     with pytest.raises(RuntimeError, match="out of memory"):
         runtime.session(initial={"cache": make_prompt(model, 6)})
     assert runtime.free_slots == free and runtime.sessions == []

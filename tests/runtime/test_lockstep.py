@@ -13,15 +13,10 @@ import pytest
 import torch
 
 from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
+from duplexcadence.interpreter.runtime.errors import SessionFailed, StepError
 from duplexcadence.interpreter.runtime.lockstep import LockstepError, LockstepGroup, batch_axes
-from duplexcadence.interpreter.runtime.runtime import (
-    Runtime,
-    SessionFailed,
-    StepError,
-    _get_rng,
-    _seeded_rng_state,
-    _set_rng,
-)
+from duplexcadence.interpreter.runtime.rng import get_rng_state, seeded_rng_state, set_rng_state
+from duplexcadence.interpreter.runtime.runtime import Runtime
 
 CLOCK = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 PROMPT, WINDOW, ROWS = 6, 20, 3
@@ -44,14 +39,14 @@ class BatchedStock:
 
     def __init__(self, prompt: torch.Tensor, seed: int, rows: int = ROWS):
         self.stock = ToyStockStream(build_toy(batch=rows), prompt, WINDOW)
-        self.rng = _seeded_rng_state(seed, torch.device("cpu"))
+        self.rng = seeded_rng_state(seed, torch.device("cpu"))
 
     def step(self, codes: torch.Tensor) -> torch.Tensor:
-        saved = _get_rng(torch.device("cpu"))
-        _set_rng(torch.device("cpu"), self.rng)
+        saved = get_rng_state(torch.device("cpu"))
+        set_rng_state(torch.device("cpu"), self.rng)
         out = self.stock.step(codes)
-        self.rng = _get_rng(torch.device("cpu"))
-        _set_rng(torch.device("cpu"), saved)
+        self.rng = get_rng_state(torch.device("cpu"))
+        set_rng_state(torch.device("cpu"), saved)
         return out
 
 

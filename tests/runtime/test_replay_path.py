@@ -1,4 +1,4 @@
-"""The on-plan replay path (`Session._replay`): a planned instant made only of graph runs is stepped on
+"""The on-plan short path (replay.py, `Session.step`): a planned instant made only of graph runs is stepped on
 views resolved once per session. On CPU the graphs are stand-ins that run the captured firings' bodies
 eagerly, so the path's own work (feeds, counters, output clones, failure handling) is checked against the
 general path here; the GPU tests check it with real CUDA graphs against stock."""
@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from duplexcadence.interpreter.runtime import runtime as runtime_module
-from duplexcadence.interpreter.runtime.runtime import SessionFailed, StageGraph, StepError
+from duplexcadence.interpreter.runtime.errors import SessionFailed, StepError
+from duplexcadence.interpreter.runtime.replay import StageGraph, resolve_all
+from duplexcadence.interpreter.runtime.session import Session
 from duplexcadence.tests.runtime.test_toy_runtime import TICKS, codes_stream, make
 
 
@@ -24,23 +25,25 @@ class EagerGraph:
     def replay(self):
         if self.session.instant == self.fail_at_instant:
             raise RuntimeError("boom")
-        self.session._bound_lengths = dict(self.lengths)
+        self.session.body.bound_lengths = dict(self.lengths)
         for firing in self.firings:
-            self.session._run_body(firing)
+            self.session.body.run(firing)
 
 
 def install_eager_graphs(session, fail_at_instant=None):
     """Give `session` the runs and graphs a CUDA capture would (every planned firing graphed)."""
     runtime = session.runtime
     for index, template in enumerate(runtime.templates):
-        runs = session._runs(template)
-        for kind, key, firings in runs:
-            if kind == "graph" and key not in session.graphs:
-                lengths = runtime.plan.trace.states[firings[0].instant][0]
-                graph = EagerGraph(session, firings, lengths, fail_at_instant)
-                session.graphs[key] = StageGraph(len(session.graphs), graph, {}, 0.0)
+        runs = runtime.capture.plan_runs(template, runtime.blocked)
+        for run in runs:
+            if run.kind == "graph" and run.key not in session.graphs:
+                lengths = runtime.plan.trace.states[run.firings[0].instant][0]
+                graph = EagerGraph(session, run.firings, lengths, fail_at_instant)
+                session.graphs[run.key] = StageGraph(len(session.graphs), graph, {}, 0.0)
         session.runs[index] = runs
-    session.replays = session._resolve_all_replays()  # as the capture does, once
+    session.replays = resolve_all(
+        runtime.program, session.storage, session.graphs, session.runs
+    )  # as the capture does, once
 
 
 def sessions_pair():
@@ -61,11 +64,9 @@ def test_replayed_steps_equal_the_general_path_and_skip_it(monkeypatch):
     def general_path(self, step):
         raise AssertionError("an on-plan instant of graph runs took the general path")
 
-    run_step = runtime_module.Session._run_step
+    execute = Session.execute
     monkeypatch.setattr(
-        runtime_module.Session,
-        "_run_step",
-        lambda self, step: general_path(self, step) if self is replayed else run_step(self, step),
+        Session, "execute", lambda self, step: general_path(self, step) if self is replayed else execute(self, step)
     )
     for tick in range(1, TICKS):
         ours, theirs = replayed.step(**feed(tick)), general.step(**feed(tick))

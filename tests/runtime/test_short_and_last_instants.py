@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from duplexcadence.interpreter.plans.plan import plan_file
-from duplexcadence.interpreter.runtime.runtime import Runtime, StepError
+from duplexcadence.interpreter.runtime.errors import StepError
+from duplexcadence.interpreter.runtime.runtime import Runtime
 
 CLOCK = """
 cadence 1 s

@@ -13,7 +13,8 @@ import re
 import pytest
 import torch
 
-from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed
+from duplexcadence.interpreter.runtime.errors import SessionFailed
+from duplexcadence.interpreter.runtime.runtime import Runtime
 
 CLOCK = """
 cadence 1 s
@@ -95,7 +96,8 @@ from pathlib import Path  # noqa: E402
 import attrs  # noqa: E402
 
 from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt  # noqa: E402
-from duplexcadence.interpreter.runtime.runtime import StepError, _seeded_rng_state  # noqa: E402
+from duplexcadence.interpreter.runtime.errors import StepError  # noqa: E402
+from duplexcadence.interpreter.runtime.rng import seeded_rng_state  # noqa: E402
 
 TOY = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 PROMPT, WINDOW = 6, 20
@@ -107,7 +109,7 @@ class ToyStock:
 
     def __init__(self, prompt: torch.Tensor, seed: int = 0):
         self.stream = ToyStockStream(build_toy(), prompt, WINDOW)
-        self.rng = _seeded_rng_state(seed, CPU)
+        self.rng = seeded_rng_state(seed, CPU)
 
     def step(self, codes: torch.Tensor) -> torch.Tensor:
         saved = torch.get_rng_state()

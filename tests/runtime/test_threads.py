@@ -186,10 +186,10 @@ def test_a_reset_on_another_thread_does_not_touch_the_generator_an_rng_stage_dra
 
 @pytest.mark.gpu
 def test_gpu_seeded_rng_state_is_the_default_generators_after_manual_seed():
-    from duplexcadence.interpreter.runtime.runtime import _seeded_rng_state
+    from duplexcadence.interpreter.runtime.rng import seeded_rng_state
 
     device = torch.device("cuda", torch.cuda.current_device())
     with torch.random.fork_rng(devices=[device]):
         for seed in (0, 7, 2**40 + 3):
             torch.cuda.manual_seed(seed)
-            assert torch.equal(_seeded_rng_state(seed, device), torch.cuda.get_rng_state(device))
+            assert torch.equal(seeded_rng_state(seed, device), torch.cuda.get_rng_state(device))

@@ -13,7 +13,8 @@ import torch
 
 from duplexcadence.dsl.diagnostics import ClockError
 from duplexcadence.examples.toy.model import ToyStockStream, build_toy, make_prompt
-from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed, StepError
+from duplexcadence.interpreter.runtime.errors import SessionFailed, StepError
+from duplexcadence.interpreter.runtime.runtime import Runtime
 
 CLOCK = Path(__file__).resolve().parents[2] / "examples" / "toy" / "toy.clock"
 PROMPT, WINDOW = 6, 20
@@ -116,20 +117,20 @@ def test_wrong_input_is_rejected_and_the_session_continues_exactly():
         ({"tokens": torch.zeros(1, 1, dtype=torch.int64)}, "missing codes; unexpected tokens"),
         ({}, "missing codes"),
     ]
-    from duplexcadence.interpreter.runtime.runtime import _get_rng, _seeded_rng_state, _set_rng
+    from duplexcadence.interpreter.runtime.rng import get_rng_state, seeded_rng_state, set_rng_state
 
-    stock_rng = _seeded_rng_state(0, torch.device("cpu"))
+    stock_rng = seeded_rng_state(0, torch.device("cpu"))
     for tick in range(40):
         if tick % 7 == 3:
             inputs, text = bad_inputs[(tick // 7) % len(bad_inputs)]
             with pytest.raises(StepError, match=text.replace("[", r"\[").replace("]", r"\]")):
                 session.step(**inputs)
         actual = session.step(**feed(tick))
-        saved = _get_rng(torch.device("cpu"))
-        _set_rng(torch.device("cpu"), stock_rng)
+        saved = get_rng_state(torch.device("cpu"))
+        set_rng_state(torch.device("cpu"), stock_rng)
         expected = stock.step(**feed(tick))
-        stock_rng = _get_rng(torch.device("cpu"))
-        _set_rng(torch.device("cpu"), saved)
+        stock_rng = get_rng_state(torch.device("cpu"))
+        set_rng_state(torch.device("cpu"), saved)
         assert torch.equal(actual, expected), f"tick {tick}"
 
 
@@ -281,23 +282,23 @@ def test_gpu_stages_warm_up_on_the_callers_stream_and_only_captures_run_on_the_s
     """Eager work of a model on a side stream makes every CUDA graph in the process replay slower
     (docs/benchmarks.md, "CUDA graph replay on the H200"): every eager run of a stage body while a session captures
     its graphs (the warm-up and the host-sync probe) is on the caller's stream, every capture on the lane's."""
-    from duplexcadence.interpreter.runtime.runtime import Session
+    from duplexcadence.interpreter.runtime.body import Body
 
     runtime, prompt = make(device="cuda")
     caller = torch.cuda.current_stream()
     eager_streams, capture_streams = [], []
-    run_body = Session._run_body
+    run_body = Body.run
 
     def recording(self, firing):
         streams = capture_streams if torch.cuda.is_current_stream_capturing() else eager_streams
         streams.append(torch.cuda.current_stream())
         return run_body(self, firing)
 
-    Session._run_body = recording
+    Body.run = recording
     try:
         session = runtime.session(initial={"cache": prompt})
     finally:
-        Session._run_body = run_body
+        Body.run = run_body
     assert eager_streams and capture_streams
     assert set(eager_streams) == {caller}
     assert set(capture_streams) == {runtime.lane_stream(0)} and caller not in capture_streams
@@ -328,7 +329,7 @@ def test_gpu_graph_budget_sends_the_rest_eager_and_still_matches():
 
 @pytest.mark.gpu
 def test_gpu_failed_capture_falls_back_eager_with_a_warning():
-    from duplexcadence.interpreter.runtime.runtime import CaptureWarning
+    from duplexcadence.interpreter.runtime.errors import CaptureWarning
 
     model = build_toy(device="cuda")
     original = model.attention.forward

@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from duplexcadence.interpreter.runtime.runtime import Runtime, SessionFailed
+from duplexcadence.interpreter.runtime.errors import SessionFailed
+from duplexcadence.interpreter.runtime.runtime import Runtime
 
 CLOCK = """\
 cadence 1 s

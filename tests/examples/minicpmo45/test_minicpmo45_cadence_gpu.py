@@ -93,7 +93,7 @@ def _stock_chunks(float16: bool, n_timesteps: int, prompt, seed: int, tokens: li
 def test_graphs_replay_every_planned_chunk_bit_identical_to_stock(float16, n_timesteps):
     from duplexcadence.examples.minicpmo45.cadence import load_runtime
     from duplexcadence.examples.minicpmo45.model import RELEASED, build_tail, random_prompt
-    from duplexcadence.interpreter.runtime.runtime import CaptureWarning
+    from duplexcadence.interpreter.runtime.errors import CaptureWarning
 
     prompt = random_prompt(PROMPT_FRAMES, seed=4321, device="cuda")
     tokens = _tokens()

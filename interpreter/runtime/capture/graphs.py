@@ -1,0 +1,173 @@
+"""Capturing a session slot's CUDA graphs, ahead of time, as its capture strategy plans the runs.
+
+A slot's addresses are known before any tick, so the graph for a warm-up instant is captured before
+the instant happens. First every planned (stage, signature) is warmed up and probed for host syncs (a
+stage that syncs is blocked: it runs eagerly); then each planned instant's graph runs are captured,
+each as one CUDA graph, in the lane's graph pool and on the lane's stream.
+
+Public: `capture_slot`, `collector_paused`, `sync_debug`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+import warnings
+from collections.abc import Callable, Generator
+
+import torch
+
+from duplexcadence.dsl import messages
+from duplexcadence.interpreter.plans.trace import Firing
+from duplexcadence.interpreter.runtime.capture.strategy import CaptureStrategy, Run, StepTemplate, checked_runs
+from duplexcadence.interpreter.runtime.errors import CaptureWarning
+from duplexcadence.interpreter.runtime.lanes import lane_stream
+from duplexcadence.interpreter.runtime.replay import StageGraph
+from duplexcadence.interpreter.runtime.session import Session, call_in_session
+
+
+def capture_slot(session: Session, strategy: CaptureStrategy) -> None:
+    """Capture the graphs of `session`'s slot into `session.graphs`, and each planned instant's runs into
+    `session.runs` (by template index); the session is reset afterwards.
+
+    The warm-up runs on the caller's current stream and only the captures on the lane's stream, as
+    `torch.cuda.graph` users do: eager work of a model on a side stream puts the process in a state
+    where every CUDA graph replays slower from then on (about 0.3 us more between any two kernels:
+    about 180 us, 11 % of a Mimi frame on the H200; docs/benchmarks.md, "CUDA graph replay on the H200").
+    """
+    runtime = session.runtime
+    stream = lane_stream(
+        runtime.device, session.lane
+    )  # captures only: the lane's cuBLAS workspace is baked into its graphs
+    for graph_plan in runtime.plan.capture.captured:
+        firing = runtime.first_firing[graph_plan.signature]
+        stage = runtime.program.stages[firing.stage]
+        if stage.name in runtime.blocked:
+            continue
+        for storage in session.storage.values():
+            storage.fill_zero()
+        try:
+            call_in_session(session, stage.rng, _warm_up_and_probe, session, firing)
+        except Exception as error:  # a sync or host copy: plan this stage eager, say where
+            _block(session, stage, error, stacklevel=4)
+        torch.cuda.synchronize(runtime.device)
+    for index, template in enumerate(runtime.templates):
+        session.runs[index] = _capture_template(
+            session, strategy, template, lambda key, firings: _capture_run(session, key, firings, stream)
+        )
+    session.reset()
+
+
+def _warm_up_and_probe(session: Session, firing: Firing) -> None:
+    lengths = session.runtime.plan.trace.states[firing.instant][0]
+    session.body.bound_lengths = dict(lengths)
+    session.body.run(firing)  # warm-up: lazy buffers, cuBLAS handles, torch.compile'd kernels
+    session.body.bound_lengths = dict(lengths)
+    with sync_debug("error"):
+        session.body.run(firing)  # the probe: a host sync inside the stage raises here
+
+
+def _capture_template(
+    session: Session,
+    strategy: CaptureStrategy,
+    template: StepTemplate,
+    capture: Callable[[tuple, tuple[Firing, ...]], BaseException | None],
+) -> tuple[Run, ...]:
+    """The instant's runs, each graph run captured by `capture` (None on success, else the error).
+
+    A graph run whose capture fails is split: its firings are captured one by one, the first that
+    fails alone has its stage blocked (eager, with a `capture-blocked` warning), and the instant is
+    planned again with that stage blocked, so every graph run it returns was captured. When every
+    firing captures alone and only the whole run fails, the run's first stage is blocked: each retry
+    blocks one more stage, so this ends."""
+    runtime = session.runtime
+    while True:
+        runs = checked_runs(strategy, template, runtime.blocked)
+        for run in runs:
+            if run.kind != "graph" or run.key in session.graphs:
+                continue
+            error = capture(run.key, run.firings)
+            if error is None:
+                continue
+            culprit, cause = run.firings[0], error
+            if len(run.firings) > 1:
+                for firing in run.firings:
+                    alone = (firing.signature,)
+                    alone_error = None if alone in session.graphs else capture(alone, (firing,))
+                    if alone_error is not None:
+                        culprit, cause = firing, alone_error
+                        break
+            _block(session, runtime.program.stages[culprit.stage], cause, stacklevel=5)
+            break
+        else:
+            return runs
+
+
+def _capture_run(session: Session, key: tuple, firings: tuple[Firing, ...], stream) -> BaseException | None:
+    """Capture one graph run as graph `key`; the error if the capture failed (nothing is kept)."""
+    runtime = session.runtime
+    stages = [runtime.program.stages[f.stage] for f in firings]
+    for storage in session.storage.values():
+        storage.fill_zero()
+    started = time.perf_counter()
+    torch.cuda.synchronize(runtime.device)
+    graph = torch.cuda.CUDAGraph()
+    module_outputs: dict[str, torch.Tensor] = {}
+
+    def record() -> None:
+        session.body.bound_lengths = dict(runtime.plan.trace.states[firings[0].instant][0])
+        with collector_paused(), torch.cuda.graph(graph, pool=runtime.pools[session.lane], stream=stream):
+            for firing in firings:
+                module_outputs.update(session.body.run(firing))
+
+    try:
+        call_in_session(session, any(stage.rng for stage in stages), record)
+    except Exception as error:
+        torch.cuda.synchronize(runtime.device)
+        return error
+    torch.cuda.synchronize(runtime.device)
+    session.graphs[key] = StageGraph(len(session.graphs), graph, module_outputs, time.perf_counter() - started)
+    runtime.capture_seconds += session.graphs[key].capture_seconds
+    runtime.graphs_captured = max(runtime.graphs_captured, len(session.graphs))
+    return None
+
+
+def _block(session: Session, stage, error: BaseException, stacklevel: int) -> None:
+    """Plan `stage` eager from now on, with a `capture-blocked` warning (`stacklevel`: to the caller of
+    `Runtime.session`)."""
+    diagnostic = messages.capture_blocked(stage.name, _first_line(error), stage.span)
+    session.runtime.blocked[stage.name] = diagnostic
+    warnings.warn(f"{diagnostic.message}; it runs eagerly", CaptureWarning, stacklevel=stacklevel)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Generator[None, None, None]:
+    """No automatic garbage collection inside the block (a capture). A collection there may destroy the
+    CUDA graphs of a runtime that became garbage; destroying a graph during a capture invalidates that
+    capture, and its failed end leaves the default generator marked as capturing, so every later replay
+    of a graph that draws random numbers raises 'Offset increment outside graph capture'. (Since torch 2.x
+    `torch.cuda.graph` collects before a capture only with `torch.compiler.config.force_cudagraph_gc`.)"""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def sync_debug(mode: str) -> Generator[None, None, None]:
+    """`torch.cuda.set_sync_debug_mode(mode)` inside the block ("error": a host sync raises)."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"

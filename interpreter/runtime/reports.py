@@ -1,0 +1,108 @@
+"""What a runtime reports: a session's counters and the runtime's `RuntimeReport` (bytes, graphs, runs).
+
+Public: `Counters`, `RegionReport`, `RuntimeReport`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import attrs
+
+from duplexcadence.dsl.diagnostics import Diagnostic
+
+
+@attrs.define
+class Counters:
+    """What a session did: steps, graph replays, eager firings (planned, e.g. over budget; or off-plan), and
+    the steps that took the short path (replay.py)."""
+
+    steps: int = 0
+    replays: int = 0
+    eager_planned: int = 0
+    eager_off_plan: int = 0
+    per_graph: Counter = attrs.field(factory=Counter)
+    short_path_steps: int = 0
+
+    def add_totals(self, other: Counters) -> None:
+        """Add `other`'s replays, eager firings and short-path steps (what the runtime's report sums)."""
+        self.replays += other.replays
+        self.eager_planned += other.eager_planned
+        self.eager_off_plan += other.eager_off_plan
+        self.short_path_steps += other.short_path_steps
+
+
+@attrs.frozen
+class RegionReport:
+    name: str
+    bytes: int
+    stock_bytes: int | None
+    double_buffer_bytes: int
+
+
+@attrs.frozen
+class RuntimeReport:
+    """The numbers a serving engineer asks for, from one runtime."""
+
+    device: str
+    sessions: int
+    arena_bytes: int
+    session_bytes: int
+    scratch_bytes: int
+    regions: tuple[RegionReport, ...]
+    graphs_planned: int
+    graphs_captured: int
+    stage_graphs_covered: int
+    capture_seconds: float
+    blocked: tuple[Diagnostic, ...]
+    replays: int
+    eager_planned: int
+    eager_off_plan: int
+    lanes: int = 1
+    """Scratch copies in the arena: `arena_bytes` = sessions x `session_bytes` + lanes x `scratch_bytes`."""
+    short_path_steps: int = 0
+    capture: str = "fused"
+    """The capture strategy's name."""
+
+    @property
+    def stock_bytes(self) -> int:
+        return sum(r.stock_bytes for r in self.regions if r.stock_bytes is not None)
+
+    @property
+    def compared_bytes(self) -> int:
+        return sum(r.bytes for r in self.regions if r.stock_bytes is not None)
+
+    def __str__(self) -> str:
+        from duplexcadence.interpreter.plans.plan_text import human_bytes
+
+        if self.lanes == 1:
+            lines = [
+                f"DuplexCadence runtime on {self.device}: {self.sessions} session slot(s)",
+                f"  arena {human_bytes(self.arena_bytes)} in one allocation ({human_bytes(self.session_bytes)} "
+                f"per session + {human_bytes(self.scratch_bytes)} shared scratch)",
+            ]
+        else:
+            lines = [
+                f"DuplexCadence runtime on {self.device}: {self.sessions} session slot(s) in {self.lanes} lanes",
+                f"  arena {human_bytes(self.arena_bytes)} in one allocation ({human_bytes(self.session_bytes)} "
+                f"per session + {self.lanes} x {human_bytes(self.scratch_bytes)} scratch, one copy per lane)",
+            ]
+        if self.stock_bytes:
+            lines.append(
+                f"  regions with a stock allocation: {human_bytes(self.compared_bytes)} vs stock "
+                f"{human_bytes(self.stock_bytes)} per session"
+            )
+        grouped = (
+            f"fused into {self.graphs_captured} instant graphs"
+            if self.capture == "fused"
+            else f"as {self.graphs_captured} graphs (capture '{self.capture}')"
+        )
+        lines.append(
+            f"  graphs: {self.stage_graphs_covered} of {self.graphs_planned} planned stage graphs captured, "
+            f"{grouped} in {self.capture_seconds:.2f} s; stage "
+            f"replays {self.replays}; eager firings {self.eager_planned} planned + {self.eager_off_plan} "
+            f"outside the plan; {self.short_path_steps} steps on the short replay path"
+        )
+        for diagnostic in self.blocked:
+            lines.append(f"  blocked: {diagnostic.message}")
+        return "\n".join(lines)

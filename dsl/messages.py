@@ -91,14 +91,17 @@ def suggest(name: str, candidates: Iterable[str]) -> list[str]:
     return difflib.get_close_matches(name, sorted(set(candidates)), n=3, cutoff=0.6)
 
 
-def _did_you_mean(name: str, candidates: Iterable[str]) -> tuple[str, ...]:
-    close = suggest(name, candidates)
+def _did_you_mean(name: str, candidates: Iterable[str] | None) -> tuple[str, ...]:
+    """`did you mean 'x'?`, or nothing; `candidates` None: no suggestion is looked for."""
+    close = suggest(name, candidates) if candidates is not None else []
     if not close:
         return ()
     return ("did you mean " + " or ".join(f"'{c}'" for c in close) + "?",)
 
 
-def _legal(kind: str, candidates: Iterable[str]) -> tuple[str, ...]:
+def _legal(kind: str, candidates: Iterable[str] | None) -> tuple[str, ...]:
+    if candidates is None:
+        return ()
     names = sorted(set(candidates))
     if not names:
         return (f"no {kind} is defined here",)
@@ -250,15 +253,22 @@ def empty_file(path: str) -> Diagnostic:
 # --- names and imports --------------------------------------------------------------------------
 
 
-def unknown_name(kind: str, name: str, span: Span | None, candidates: Iterable[str]) -> Diagnostic:
-    candidates = list(candidates)
+def unknown_name(kind: str, name: str, span: Span | None, candidates: Iterable[str] | None) -> Diagnostic:
+    """`candidates`: the names of that kind for a did-you-mean (None: no suggestion)."""
+    candidates = list(candidates) if candidates is not None else None
     helps = _did_you_mean(name, candidates) or _legal(kind, candidates)
     return Diagnostic(UNKNOWN_NAME, f"unknown {kind} '{name}'", span, helps=helps)
 
 
 def wrong_kind_of_name(
-    name: str, is_kind: str, want_kind: str, span: Span | None, defined_at: Span | None, candidates: Iterable[str]
+    name: str,
+    is_kind: str,
+    want_kind: str,
+    span: Span | None,
+    defined_at: Span | None,
+    candidates: Iterable[str] | None,
 ) -> Diagnostic:
+    candidates = list(candidates) if candidates is not None else None
     return Diagnostic(
         UNKNOWN_NAME,
         f"'{name}' is a {is_kind}, not a {want_kind}",
@@ -350,7 +360,8 @@ def unknown_import(module: str, span: Span | None, available: Iterable[str]) -> 
     return Diagnostic(UNKNOWN_IMPORT, f"no module '{module}' in the stdlib or beside this file", span, helps=helps)
 
 
-def unknown_imported_name(module: str, name: str, span: Span | None, available: Iterable[str]) -> Diagnostic:
+def unknown_imported_name(module: str, name: str, span: Span | None, available: Iterable[str] | None) -> Diagnostic:
+    available = list(available) if available is not None else None
     return Diagnostic(
         UNKNOWN_IMPORT,
         f"module '{module}' defines no '{name}'",

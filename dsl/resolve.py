@@ -7,8 +7,9 @@ their members (`kv[0]` ... `kv[7]`) with `{index}` placeholders filled in their 
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from fractions import Fraction
 
 import attrs
@@ -31,6 +32,9 @@ from duplexcadence.dsl.loader import Loaded
 from duplexcadence.dsl.parse import parse_value
 from duplexcadence.dsl.program import Access, ClockInfo, Program, RegionInfo, Retention, StageInfo
 from duplexcadence.dsl.source import Span
+
+MAX_SUGGESTION_WORK = 200_000
+"""Name comparisons per check spent on did-you-mean suggestions (about half a second)."""
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _PATH_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[0-9]+\])*$|^[0-9]+$")
@@ -65,8 +69,32 @@ class Declaration:
         return getattr(self.node, "name_span", None) or self.span
 
 
-def collect_declarations(loaded: Loaded, bag: DiagnosticBag) -> dict[str, dict[str, Declaration]]:
+class Suggestions:
+    """The did-you-mean budget of one check: a suggestion compares the unknown name with every
+    candidate, so thousands of unknown names among thousands of declarations would take minutes;
+    once MAX_SUGGESTION_WORK comparisons are spent, diagnostics come without a suggestion."""
+
+    def __init__(self, budget: int = MAX_SUGGESTION_WORK):
+        self.remaining = budget
+
+    def offer(self, candidates: Iterable[str]) -> list[str] | None:
+        """The candidates (read only here: pass a lazy iterable) while the budget covers comparing a
+        name with each of them, else None."""
+        if self.remaining <= 0:
+            return None
+        names = list(candidates)
+        if len(names) > self.remaining:
+            self.remaining = 0
+            return None
+        self.remaining -= max(len(names), 1)
+        return names
+
+
+def collect_declarations(
+    loaded: Loaded, bag: DiagnosticBag, suggestions: Suggestions | None = None
+) -> dict[str, dict[str, Declaration]]:
     """The names visible in each unit: its own declarations and what its `use`s bring in."""
+    suggestions = suggestions or Suggestions()
     visible: dict[str, dict[str, Declaration]] = {}
     for key, unit in loaded.units.items():  # children are inserted before their importers
         names: dict[str, Declaration] = {}
@@ -100,7 +128,7 @@ def collect_declarations(loaded: Loaded, bag: DiagnosticBag) -> dict[str, dict[s
             spans = use.name_spans if len(use.name_spans) == len(use.names) else (use.span,) * len(use.names)
             for name, at in zip(use.names, spans):
                 if name not in exported:
-                    bag.add(messages.unknown_imported_name(use.dotted, name, at, exported))
+                    bag.add(messages.unknown_imported_name(use.dotted, name, at, suggestions.offer(exported)))
                     continue
                 add(exported[name], at, True)
         for statement in unit.module.statements:
@@ -120,7 +148,8 @@ class _Resolver:
     def __init__(self, loaded: Loaded, overrides: Mapping[str, str]):
         self.loaded = loaded
         self.bag = DiagnosticBag()
-        self.scopes = collect_declarations(loaded, self.bag)
+        self.suggestions = Suggestions()
+        self.scopes = collect_declarations(loaded, self.bag, self.suggestions)
         self.units = [loaded.main]  # the unit whose names are in scope: a declaration sees its own file's names
         self.overrides = dict(overrides)
         self.values: dict[tuple[str, str], Quantity] = {}
@@ -132,6 +161,7 @@ class _Resolver:
         self.families: dict[str, tuple[str, ...]] = {}
         self.resolved_clocks: dict[int, ClockInfo | None] = {}
         self.resolved_regions: dict[int, list[RegionInfo] | None] = {}
+        self.kinds: dict[tuple[str, str], dict[str, Declaration]] = {}  # of_kind, per unit in scope
 
     @property
     def decls(self) -> dict[str, Declaration]:
@@ -152,13 +182,18 @@ class _Resolver:
     # --- names ---------------------------------------------------------------------------------
 
     def of_kind(self, kind: str) -> dict[str, Declaration]:
-        return {n: d for n, d in self.decls.items() if d.kind == kind}
+        key = (self.units[-1], kind)
+        if key not in self.kinds:
+            self.kinds[key] = {n: d for n, d in self.decls.items() if d.kind == kind}
+        return self.kinds[key]
 
     def lookup_value(self, node: ast.Name, local: Mapping[str, int] | None = None) -> Quantity:
         if local and node.id in local:
             return Quantity(Fraction(local[node.id]))
         declaration = self.decls.get(node.id)
-        candidates = [n for n, d in self.decls.items() if d.kind in ("param", "clock")] + list(local or ())
+        if declaration is not None and declaration.kind in ("param", "clock"):
+            return self.value_of(declaration)
+        candidates = self.suggestions.offer(itertools.chain(self.of_kind("param"), self.of_kind("clock"), local or ()))
         if declaration is None:
             raise EvalError(messages.unknown_name("name", node.id, node.span, candidates))
         if declaration.kind not in ("param", "clock"):
@@ -456,7 +491,7 @@ class _Resolver:
     def _unknown(self, name: str, want: str, span: Span | None) -> None:
         """Report a name that is not a `want` (clock or region): unknown, or of another kind."""
         declaration = self.decls.get(name)
-        candidates = self.of_kind(want)
+        candidates = self.suggestions.offer(self.of_kind(want))
         if declaration is None:
             self.bag.add(messages.unknown_name(want, name, span, candidates))
         elif declaration.kind != want:

@@ -207,6 +207,15 @@ def too_deep(limit: int, span: Span) -> Diagnostic:
     )
 
 
+def number_too_long(length: int, limit: int, span: Span) -> Diagnostic:
+    return Diagnostic(
+        BAD_VALUE,
+        f"this number is written with {length} characters, over the {limit} a number may have",
+        span,
+        helps=("values are at most 10^15, with a denominator of at most 10^15: write the number in fewer digits",),
+    )
+
+
 def unreadable(path: str, reason: str) -> Diagnostic:
     return Diagnostic(UNREADABLE, f"cannot read '{path}': {reason}", None)
 
@@ -223,10 +232,12 @@ def unknown_clock(name: str, modules: Iterable[str]) -> Diagnostic:
     )
 
 
-def file_too_large(path: str, size: int, limit: int) -> Diagnostic:
+def file_too_large(path: str, size: int | None, limit: int) -> Diagnostic:
+    """`size` None: the file holds more than `limit` bytes (reading stopped there)."""
+    amount = f"it is {size} bytes, over" if size is not None else "it holds more than"
     return Diagnostic(
         UNREADABLE,
-        f"cannot read '{path}': it is {size} bytes, over the {limit}-byte limit for a .clock file",
+        f"cannot read '{path}': {amount} the {limit}-byte limit for a .clock file",
         None,
         helps=("a .clock file declares clocks, regions and stages; it is never this large",),
     )
@@ -238,6 +249,18 @@ def unreadable_import(module: str, path: str, reason: str, span: Span | None) ->
         f"cannot read module '{module}' ('{path}'): {reason}",
         span,
         helps=("a module is a UTF-8 text file of .clock declarations",),
+    )
+
+
+def import_outside_root(module: str, path: str, root: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        UNREADABLE,
+        f"cannot read module '{module}' ('{path}'): it is a symbolic link out of '{root}', where `use` looks for it",
+        span,
+        helps=(
+            "`use` reads modules beside the importing file, then in the stdlib, and not through links "
+            "that leave them: copy the module beside the file",
+        ),
     )
 
 
@@ -370,6 +393,15 @@ def unknown_imported_name(module: str, name: str, span: Span | None, available: 
     )
 
 
+def import_name_too_long(module: str, problem: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        UNKNOWN_IMPORT,
+        f"no module '{module}' can exist: {problem}",
+        span,
+        helps=("a module is a .clock file beside this file or in the stdlib; check the `use` line",),
+    )
+
+
 def import_cycle(cycle: list[str], span: Span | None) -> Diagnostic:
     return Diagnostic(
         IMPORT_CYCLE,
@@ -384,6 +416,16 @@ def import_cycle(cycle: list[str], span: Span | None) -> Diagnostic:
 
 def bad_value(problem: str, span: Span | None, help: str | None = None) -> Diagnostic:
     return Diagnostic(BAD_VALUE, problem, span, helps=(help,) if help else ())
+
+
+def depends_on_itself(kind: str, name: str, cycle: list[str], span: Span | None) -> Diagnostic:
+    """`cycle` starts and ends with `name`; a long one is shown by its ends."""
+    shown = cycle if len(cycle) <= 12 else [*cycle[:6], f"... ({len(cycle) - 10} more)", *cycle[-4:]]
+    return bad_value(
+        f"{kind} '{name}' depends on itself: " + " -> ".join(shown),
+        span,
+        "define it from values that do not depend on it",
+    )
 
 
 def unknown_function(name: str, span: Span | None) -> Diagnostic:

@@ -22,6 +22,7 @@ import attrs
 from duplexcadence.dsl import diagnostic_text as report
 from duplexcadence.dsl import loader, messages
 from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
+from duplexcadence.dsl.parse import MAX_SOURCE_BYTES
 from duplexcadence.dsl.source import SourceFile
 
 EXIT_CLEAN, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
@@ -321,7 +322,10 @@ def clock_inputs(arguments: Sequence[str], walk: bool = False, stdin_filename: s
 
 
 def read_stdin(name: str) -> ClockInput:
-    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
+    if hasattr(sys.stdin, "buffer"):
+        data = loader.read_bounded(sys.stdin.buffer)
+    else:
+        data = sys.stdin.read(MAX_SOURCE_BYTES + 1).encode("utf-8")
     try:
         source = loader.source_from_bytes(name, data)
     except ClockError as error:

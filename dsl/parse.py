@@ -31,6 +31,11 @@ MAX_NESTING = 100
 """The deepest expression accepted; deeper ones are refused with a located syntax error, so no
 later pass (evaluation, printing, equality) can run out of Python stack."""
 
+MAX_NUMBER_LENGTH = 40
+"""The longest number literal, in characters: every value is at most 10^15 with a denominator of at
+most 10^15, so a longer literal is refused where it is written (Python would not even convert one
+of 4 300 digits to text)."""
+
 MAX_SYNTAX_ERRORS = 20
 """Syntax errors reported per file before giving up."""
 
@@ -572,6 +577,8 @@ class _ToAst(Transformer):
     def number(self, meta, children):
         literal, *unit = children
         unit = [u for u in unit if u is not None]
+        if len(literal) > MAX_NUMBER_LENGTH:
+            raise ClockError([messages.number_too_long(len(literal), MAX_NUMBER_LENGTH, self._token_span(literal))])
         return ast.Number(Fraction(str(literal)), str(unit[0]) if unit else None, span=self._span(meta))
 
     def name(self, meta, children):

@@ -7,6 +7,7 @@ their members (`kv[0]` ... `kv[7]`) with `{index}` placeholders filled in their 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 from collections.abc import Iterable, Mapping
@@ -213,13 +214,11 @@ class _Resolver:
             raise _Skip()
         if key in self.evaluating:
             cycle = [n for _, n in self.evaluating[self.evaluating.index(key) :]] + [name]
-            raise EvalError(
-                messages.bad_value(
-                    f"{declaration.kind} '{name}' depends on itself: " + " -> ".join(cycle),
-                    declaration.name_span,
-                    "define it from values that do not depend on it",
-                )
-            )
+            raise EvalError(_depends_on_itself(declaration, cycle))
+        if not self.evaluating:
+            self._evaluate_dependencies_first(declaration)
+            if key in self.broken:
+                raise _Skip()
         self.evaluating.append(key)
         try:
             with self.in_scope_of(declaration):
@@ -231,10 +230,60 @@ class _Resolver:
             self.broken.add(key)
             self.bag.extend(error.diagnostics)
             raise _Skip() from None
+        except _Skip:  # it depends on a broken one: broken too, so that nothing evaluates it again
+            self.broken.add(key)
+            raise
         finally:
             self.evaluating.pop()
         self.values[key] = value
         return value
+
+    def _dependencies(self, declaration: Declaration) -> list[Declaration]:
+        """The params and clocks `declaration`'s value names, in the order its evaluation meets them."""
+        node = declaration.node
+        expr = node.default if declaration.kind == "param" else node.rate
+        scope = self.scopes[declaration.unit]
+        found = []
+        for name in names_in_order(expr):
+            other = scope.get(name)
+            if other is not None and other.kind in ("param", "clock"):
+                found.append(other)
+        return found
+
+    def _evaluate_dependencies_first(self, root: Declaration) -> None:
+        """Evaluate everything `root` depends on, deepest first, with an explicit stack: each value is
+        then computed from values already known, so a chain of thousands of params never recurses
+        (Python's stack would overflow). A cycle is reported here, as `value_of` would, at the first
+        declaration met again, and all of its members become broken."""
+        on_path: dict[tuple[str, str], int] = {}  # key -> position on `path`
+        done: set[tuple[str, str]] = set()
+        path: list[Declaration] = [root]
+        on_path[(root.unit, root.name)] = 0
+        stack = [iter(self._dependencies(root))]
+        while stack:
+            child = next(stack[-1], None)
+            if child is None:
+                stack.pop()
+                finished = path.pop()
+                key = (finished.unit, finished.name)
+                del on_path[key]
+                done.add(key)
+                if finished is not root and key not in self.values and key not in self.broken:
+                    with contextlib.suppress(_Skip):
+                        self.value_of(finished)
+                continue
+            key = (child.unit, child.name)
+            if key in self.values or key in self.broken or key in done:
+                continue
+            if key in on_path:
+                members = path[on_path[key] :]
+                cycle = [member.name for member in members] + [child.name]
+                self.bag.add(_depends_on_itself(child, cycle))
+                self.broken.update((member.unit, member.name) for member in members)
+                continue
+            on_path[key] = len(path)
+            path.append(child)
+            stack.append(iter(self._dependencies(child)))
 
     def _param_value(self, declaration: Declaration) -> Quantity:
         node: ast.Param = declaration.node
@@ -833,6 +882,10 @@ class _Resolver:
         return result
 
 
+def _depends_on_itself(declaration: Declaration, cycle: list[str]):
+    return messages.depends_on_itself(declaration.kind, declaration.name, cycle, declaration.name_span)
+
+
 class _Skip(Exception):
     """A declaration that depends on one already reported as broken."""
 
@@ -871,6 +924,25 @@ def _element_kind(q: Quantity) -> str:
     if q.is_list:
         return "a list"
     return "an integer" if q.unit == PLAIN and q.value.denominator == 1 else unit_name(q.unit)
+
+
+def names_in_order(expr) -> list[str]:
+    """The names an expression mentions, each once, in the order evaluation meets them."""
+    found: dict[str, None] = {}
+
+    def walk(value) -> None:
+        if isinstance(value, ast.Name):
+            found.setdefault(value.id)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+        elif attrs.has(type(value)):
+            for field in attrs.fields(type(value)):
+                if field.name != "span":
+                    walk(getattr(value, field.name))
+
+    walk(expr)
+    return list(found)
 
 
 def free_names(node) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ from fractions import Fraction
 import attrs
 import networkx as nx
 
-from duplexcadence.dsl import complete, depgraph, messages
+from duplexcadence.dsl import bounds, complete, depgraph, messages
 from duplexcadence.dsl.complete import read_need, units_per_firing
 from duplexcadence.dsl.diagnostics import Diagnostic, Note
 from duplexcadence.dsl.printer import number_text
@@ -250,11 +250,22 @@ def check_unused(program: Program) -> Iterator[Diagnostic]:
             yield messages.unused_region(key, region.span)
 
 
+def check_bounds(program: Program) -> Iterator[Diagnostic]:
+    """The plan's limits (dsl/bounds.py): hyperperiod, warm-up, firings, views, bytes."""
+    yield from bounds.check(program)
+
+
 def check_hyperperiod(program: Program) -> Iterator[Diagnostic]:
+    """A warning for clocks that line up only after an hour (within the hyperperiod limit)."""
+    if not program.stages:
+        return
+    span, problem = bounds.clock_span(program)
+    if span is None or problem is not None:
+        return  # over the limit: check_bounds says so
     stage_periods = [program.clocks[s.clock].period for s in program.stages.values()]
     hyper = lcm_fractions([program.cadence] + stage_periods)
-    firings = sum(hyper / period for period in stage_periods)
-    if hyper > 3600 or firings > 100_000:
+    if hyper > 3600:
+        firings = sum(hyper / period for period in stage_periods)
         yield messages.long_hyperperiod(_fmt(hyper), int(firings), program.cadence_span)
 
 
@@ -272,6 +283,7 @@ def check_bindings(program: Program) -> Iterator[Diagnostic]:
 
 
 RULES = (
+    check_bounds,
     check_rates,
     check_accesses,
     check_retention,

@@ -62,8 +62,27 @@ PARAM_OVERRIDE = ErrorCode("param-override", "a --param for an unknown param, or
 BUDGET = ErrorCode("over-budget", "a plan over its arena or graph budget")
 BINDING_MISMATCH = ErrorCode("binding-mismatch", "a region that disagrees with the module tensor it binds to")
 CAPTURE_BLOCKED = ErrorCode("capture-blocked", "a stage that cannot be captured in a CUDA graph as written")
-CANNOT_PLAN = ErrorCode(
-    "cannot-plan", "a program the planner cannot lay out: no stage, or more firings per hyperperiod than it traces"
+CANNOT_PLAN = ErrorCode("cannot-plan", "a program the planner cannot lay out: it declares no stage")
+TOO_MANY_REGIONS = ErrorCode("too-many-regions", "more regions (family members counted) than the `regions` limit")
+RETENTION_TOO_LONG = ErrorCode(
+    "retention-too-long", "a `last`, `ring` or pinned `first` retention over the `retention` limit"
+)
+HORIZON_TOO_LONG = ErrorCode("horizon-too-long", "a `retain all horizon H` over the `horizon` limit")
+CONTEXT_TOO_LONG = ErrorCode("context-too-long", "a read span, context or lookahead over the `context` limit")
+WARMUP_TOO_LONG = ErrorCode(
+    "warmup-too-long",
+    "a state that repeats only after more instants than the `warmup` limit (or never, before a horizon)",
+)
+HYPERPERIOD_TOO_LONG = ErrorCode(
+    "hyperperiod-too-long", "clocks whose common period holds more base ticks than the `hyperperiod` limit"
+)
+TOO_MANY_FIRINGS = ErrorCode("too-many-firings", "a plan that traces more firings than the `firings` limit")
+TOO_MANY_VIEWS = ErrorCode("too-many-views", "a plan that traces more region views than the `views` limit")
+ARENA_TOO_LARGE = ErrorCode("arena-too-large", "a session arena over the `bytes` limit")
+UNSAFE_PATH = ErrorCode(
+    "unsafe-path",
+    "a module or bind path that could leave the model: a dunder segment (`__x`), or a private one (`_x`) "
+    "without `private`",
 )
 HYPERPERIOD = ErrorCode("long-hyperperiod", "clocks whose common period is very long", Severity.WARNING)
 UNUSED_REGION = ErrorCode("unused-region", "a region no stage reads or writes", Severity.WARNING)
@@ -1001,16 +1020,6 @@ def nothing_to_plan(path: str) -> Diagnostic:
     )
 
 
-def too_many_firings(seconds: str, firings: int, limit: int, span: Span | None) -> Diagnostic:
-    return Diagnostic(
-        CANNOT_PLAN,
-        f"the clocks repeat only every {seconds} s, after {firings} firings: over the "
-        f"{limit} firings per hyperperiod the planner traces",
-        span,
-        helps=("rates with a small common period keep the plan short; check for a typo in a rate",),
-    )
-
-
 def arena_does_not_fit(
     need: int,
     sessions: int,
@@ -1089,4 +1098,186 @@ def capture_blocked(stage: str, reason: str, span: Span | None) -> Diagnostic:
         f"stage '{stage}' cannot be captured: {reason}",
         span,
         helps=("split the stage at this op, or keep its constants on the device; the stage runs eagerly until then",),
+    )
+
+
+# --- limits -------------------------------------------------------------------------------------
+
+
+def count_text(value: int) -> str:
+    """An integer as written, or its order of magnitude when it is huge."""
+    if value.bit_length() > 200:
+        return f"about 10^{int(value.bit_length() * 0.30103)}"
+    return str(value)
+
+
+def bytes_text(value: int) -> str:
+    """`1.5 GiB`, `512 B`."""
+    if value.bit_length() > 200:
+        return f"about 2^{value.bit_length() - 1} bytes"
+    amount = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if amount < 1024 or unit == "PiB":
+            return f"{value} B" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1024
+    raise AssertionError("unreachable")
+
+
+def _raise_limit(name: str, needed: int | None) -> str:
+    value = str(needed) if needed is not None else "N"
+    return f"a model that needs more raises the limit: --limit {name}={value} (limits={{'{name}': {value}}} in Python)"
+
+
+def too_many_regions(region: str, members: int | None, total: int, limit: int, span: Span | None) -> Diagnostic:
+    """`members`: the family's size (None for a plain region); `total`: the regions with it."""
+    if members is not None:
+        message = (
+            f"family '{region}' has {count_text(members)} members, which makes {count_text(total)} regions: "
+            f"over the limit of {count_text(limit)} regions in a program"
+        )
+    else:
+        message = (
+            f"region '{region}' makes {count_text(total)} regions: over the limit of {count_text(limit)} in a program"
+        )
+    return Diagnostic(
+        TOO_MANY_REGIONS,
+        message,
+        span,
+        helps=(
+            "each member of a family is a region of its own: check the family's size",
+            _raise_limit("regions", total),
+        ),
+    )
+
+
+def retention_too_long(what: str, region: str, value: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        RETENTION_TOO_LONG,
+        f"{what} of region '{region}' is {count_text(value)} units, over the limit of {count_text(limit)}",
+        span,
+        helps=(
+            "check the count and its unit (a duration counts units of the region's clock: 10 s at 24 kHz is 240 000)",
+            _raise_limit("retention", value),
+        ),
+    )
+
+
+def horizon_too_long(region: str, value: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        HORIZON_TOO_LONG,
+        f"the horizon of region '{region}' is {count_text(value)} units, over the limit of {count_text(limit)}",
+        span,
+        helps=(
+            "the horizon is the longest session, in units of the region's clock: check the count and its unit",
+            _raise_limit("horizon", value),
+        ),
+    )
+
+
+def context_too_long(what: str, region: str, value: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        CONTEXT_TOO_LONG,
+        f"{what} of region '{region}' is {count_text(value)} units, over the limit of {count_text(limit)}",
+        span,
+        helps=(
+            "a read this long needs a retention as long: check the count and its unit",
+            _raise_limit("context", value),
+        ),
+    )
+
+
+def warmup_too_long(
+    region: str, keeps: int, horizon: bool, rate: str, seconds: str, instants: int, limit: int, span: Span | None
+) -> Diagnostic:
+    """`dsl check`'s estimate: the time `region` takes to fill (to its horizon, when `horizon`)."""
+    if horizon:
+        what = (
+            f"region '{region}' keeps everything up to its horizon of {count_text(keeps)} units at {rate} Hz: "
+            f"the planner traces the whole session, {seconds} s"
+        )
+    else:
+        what = f"region '{region}' fills its {count_text(keeps)} units at {rate} Hz: the state repeats only after {seconds} s"
+    return Diagnostic(
+        WARMUP_TOO_LONG,
+        f"{what}, at least {count_text(instants)} instants, over the warm-up limit of {count_text(limit)} instants",
+        span,
+        helps=(
+            "a window starts full with `start zeros`; otherwise it fills as fast as its clock: keep less, or check the count",
+            _raise_limit("warmup", instants + 1),
+        ),
+    )
+
+
+def warmup_not_repeating(
+    region: str, before: int, after: int, instants: int, limit: int, span: Span | None
+) -> Diagnostic:
+    """The planner's count: the state still changes after `instants` instants."""
+    return Diagnostic(
+        WARMUP_TOO_LONG,
+        f"the state does not repeat within the warm-up limit of {count_text(limit)} instants: region '{region}' "
+        f"still grows, from {count_text(before)} to {count_text(after)} units over the last hyperperiod traced",
+        span,
+        helps=(
+            "a window starts full with `start zeros`; otherwise it fills as fast as its clock: keep less, or check the count",
+            _raise_limit("warmup", None),
+        ),
+    )
+
+
+def hyperperiod_too_long(cause: str, ticks: int, base_tick: str, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        HYPERPERIOD_TOO_LONG,
+        f"{cause}: {count_text(ticks)} base ticks of {base_tick} s, over the limit of {count_text(limit)}",
+        span,
+        helps=(
+            "the base tick divides every clock's period: rates with a small common period keep the plan short; "
+            "check the rates for a typo",
+            _raise_limit("hyperperiod", ticks),
+        ),
+    )
+
+
+def too_many_firings(total: int, warmup: int, periods: int, seconds: str, limit: int, span: Span | None) -> Diagnostic:
+    parts = [f"{count_text(warmup)} in the warm-up"] if warmup else []
+    parts += [f"{count_text(periods)} in two hyperperiods of {seconds} s"] if periods else []
+    return Diagnostic(
+        TOO_MANY_FIRINGS,
+        f"the planner would trace {count_text(total)} firings ({', '.join(parts)}), over the limit of "
+        f"{count_text(limit)}",
+        span,
+        helps=(
+            "the trace holds every firing of the warm-up and of two hyperperiods: check the rates and the "
+            "retentions for a typo",
+            _raise_limit("firings", total),
+        ),
+    )
+
+
+def too_many_views(total: int, stage: str, views: int, firings: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        TOO_MANY_VIEWS,
+        f"the planner would trace {count_text(total)} region views, over the limit of {count_text(limit)}; "
+        f"stage '{stage}' alone touches {count_text(views)} regions in each of its {count_text(firings)} firings",
+        span,
+        helps=(
+            "every region a firing touches is one view of the trace: check the family sizes, the reads and the rates",
+            _raise_limit("views", total),
+        ),
+    )
+
+
+def arena_too_large(
+    need: int, region: str, region_bytes: int, limit: int, at_least: bool, span: Span | None
+) -> Diagnostic:
+    """`at_least`: `dsl check`'s lower bound (the plan's exact arena may be larger)."""
+    amount = "at least " if at_least else ""
+    return Diagnostic(
+        ARENA_TOO_LARGE,
+        f"a session's arena needs {amount}{bytes_text(need)} ({count_text(need)} bytes), over the limit of "
+        f"{bytes_text(limit)}; region '{region}' alone needs {amount}{bytes_text(region_bytes)}",
+        span,
+        helps=(
+            "check the region's shape, dtype and retention for a typo",
+            _raise_limit("bytes", need),
+        ),
     )

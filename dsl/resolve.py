@@ -29,6 +29,7 @@ from duplexcadence.dsl.evaluate import (
     require_int,
     unit_name,
 )
+from duplexcadence.dsl.limits import DEFAULT_LIMITS, Limits
 from duplexcadence.dsl.loader import Loaded
 from duplexcadence.dsl.parse import parse_value
 from duplexcadence.dsl.program import Access, ClockInfo, Program, RegionInfo, Retention, StageInfo
@@ -146,8 +147,10 @@ def collect_declarations(
 
 
 class _Resolver:
-    def __init__(self, loaded: Loaded, overrides: Mapping[str, str]):
+    def __init__(self, loaded: Loaded, overrides: Mapping[str, str], limits: Limits = DEFAULT_LIMITS):
         self.loaded = loaded
+        self.limits = limits
+        self.region_count = 0  # regions made so far, family members counted (against limits.regions)
         self.bag = DiagnosticBag()
         self.suggestions = Suggestions()
         self.scopes = collect_declarations(loaded, self.bag, self.suggestions)
@@ -382,6 +385,7 @@ class _Resolver:
             stages,
             cadence_span=cadence_span,
             incomplete=bool(self.bag.errors),
+            limits=self.limits,
         )
 
     def clock_info(self, declaration: Declaration) -> ClockInfo | None:
@@ -527,6 +531,18 @@ class _Resolver:
                 ok = False
         if not ok:
             return None
+        if self.region_count + count > self.limits.regions:  # checked before a member is made
+            if self.region_count <= self.limits.regions:  # reported once: the regions after it are left out
+                span = node.family.count.span if node.family is not None else name_span
+                members_count = count if node.family is not None else None
+                self.bag.add(
+                    messages.too_many_regions(
+                        node.name, members_count, self.region_count + count, self.limits.regions, span
+                    )
+                )
+            self.region_count = self.limits.regions + 1
+            return None
+        self.region_count += count
         time_axis = next((i for i, d in enumerate(node.shape) if isinstance(d, ast.TimeAxis)), None)
         members = []
         for index in range(count):
@@ -691,8 +707,16 @@ class _Resolver:
             return None
         keep = clause.retention
 
-        def count(expr: ast.Expr, what: str, minimum: int) -> int:
-            return count_of(self.evaluate_in(expr, local), clock.rate, expr, f"{what} of region '{name}'", minimum)
+        def count(expr: ast.Expr, what: str, minimum: int, limit: int | None = None) -> int:
+            """The count, within `limit` (the retention limit unless given)."""
+            units = count_of(self.evaluate_in(expr, local), clock.rate, expr, f"{what} of region '{name}'", minimum)
+            if limit is None and units > self.limits.retention:
+                self.bag.add(messages.retention_too_long(what, name, units, self.limits.retention, expr.span))
+                raise _Skip()
+            if limit is not None and units > limit:
+                self.bag.add(messages.horizon_too_long(name, units, limit, expr.span))
+                raise _Skip()
+            return units
 
         if isinstance(keep, ast.KeepLast):
             return Retention("last", last=count(keep.count, "the retention", 1), span=clause.span)
@@ -709,7 +733,8 @@ class _Resolver:
             if keep.horizon is None:
                 self.bag.add(messages.unbounded_retention(name, clause.span))
                 return None
-            return Retention("all", horizon=count(keep.horizon, "the horizon", 1), span=clause.span)
+            horizon = count(keep.horizon, "the horizon", 1, limit=self.limits.horizon)
+            return Retention("all", horizon=horizon, span=clause.span)
         return Retention("scratch", span=clause.span)
 
     def _stock(
@@ -831,6 +856,17 @@ class _Resolver:
             self.bag.add(messages.index_on_plain_region(ref.name, ref.index.span))
             raise _Skip()
         result = []
+
+        def reach(expr: ast.Expr, rate: Fraction, what: str, minimum: int, region: str) -> int:
+            """A read's count of units, within the context limit."""
+            units = count_of(self.evaluate_in(expr), rate, expr, what, minimum)
+            if units > self.limits.context:
+                self.bag.add(
+                    messages.context_too_long(what.capitalize(), region, units, self.limits.context, expr.span)
+                )
+                raise _Skip()
+            return units
+
         for member in members:
             region = self.regions[member]
             rate = self.clocks[region.clock].rate if region.clock else Fraction(1)
@@ -838,22 +874,14 @@ class _Resolver:
                 window, count, context = "all", 0, 0
                 if isinstance(item.span_clause, ast.SpanLast):
                     window = "last"
-                    count = count_of(
-                        self.evaluate_in(item.span_clause.count), rate, item.span_clause.count, "a read span", 1
-                    )
+                    count = reach(item.span_clause.count, rate, "a read span", 1, ref.name)
                 elif isinstance(item.span_clause, ast.SpanNew):
                     window = "new"
                     if item.span_clause.context is not None:
-                        context = count_of(
-                            self.evaluate_in(item.span_clause.context),
-                            rate,
-                            item.span_clause.context,
-                            "a read context",
-                            0,
-                        )
+                        context = reach(item.span_clause.context, rate, "a read context", 0, ref.name)
                 lookahead = 0
                 if item.lookahead is not None:
-                    lookahead = count_of(self.evaluate_in(item.lookahead), rate, item.lookahead, "a lookahead", 0)
+                    lookahead = reach(item.lookahead, rate, "a lookahead", 0, ref.name)
                 result.append(
                     Access("read", member, window, count, context, lookahead, item.alias, item.prev, span=item.span)
                 )
@@ -972,12 +1000,14 @@ def _python_value(q: Quantity):
     return q.value
 
 
-def resolve(loaded: Loaded, overrides: Mapping[str, str] | None = None) -> tuple[Program, list]:
+def resolve(
+    loaded: Loaded, overrides: Mapping[str, str] | None = None, limits: Limits = DEFAULT_LIMITS
+) -> tuple[Program, list]:
     """Resolve and evaluate: the program made of every declaration that resolved, and the problems.
 
     Declarations that failed (and those that depend on them) are left out, so later checks can run
     on the rest without reporting the same mistake twice.
     """
-    resolver = _Resolver(loaded, overrides or {})
+    resolver = _Resolver(loaded, overrides or {}, limits)
     program = resolver.resolve()
     return program, list(resolver.bag)

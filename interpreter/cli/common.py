@@ -22,6 +22,8 @@ import attrs
 from duplexcadence.dsl import diagnostic_text as report
 from duplexcadence.dsl import loader, messages
 from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
+from duplexcadence.dsl.limits import DEFAULT_LIMITS, Limits, parse_limits
+from duplexcadence.dsl.limits import NAMES as LIMIT_NAMES
 from duplexcadence.dsl.parse import MAX_SOURCE_BYTES
 from duplexcadence.dsl.source import SourceFile
 
@@ -242,6 +244,29 @@ def params_or_usage_error(pairs: Sequence[str]) -> dict[str, str]:
     if problems:
         raise UsageError(problems[0].message, problems[0].helps)
     return overrides
+
+
+# --- --limit -------------------------------------------------------------------------------------
+
+
+def add_limit_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="raise (or lower) a limit of the program: "
+        + ", ".join(f"{name}={getattr(DEFAULT_LIMITS, name)}" for name in LIMIT_NAMES)
+        + " (docs/language.md, Limits)",
+    )
+
+
+def limits_or_usage_error(pairs: Sequence[str]) -> Limits:
+    """`--limit` values; an unknown name or a value that is not a positive integer is a usage error."""
+    limits, problems = parse_limits(pairs)
+    if problems:
+        raise UsageError(problems[0])
+    return limits
 
 
 # --- .clock inputs -------------------------------------------------------------------------------

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from duplexcadence.interpreter.cli.common import EXIT_CLEAN, EXIT_PROBLEMS, EXIT_USAGE, non_negative, positive
+from duplexcadence.interpreter.cli.common import (
+    EXIT_CLEAN,
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    add_limit_option,
+    non_negative,
+    positive,
+)
 from duplexcadence.interpreter.cli.plan import plan_of_file
 from duplexcadence.interpreter.views.render import (
     FORMATS,
@@ -58,6 +65,7 @@ def register(commands) -> None:
         help="timeline (default): firings and region fill per instant; graph: the dataflow; arena: the memory map",
     )
     render.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
+    add_limit_option(render)
     render.add_argument(
         "-o",
         "--output",

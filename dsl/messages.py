@@ -674,6 +674,35 @@ def bad_bind(region: str, path: str, problem: str, span: Span | None) -> Diagnos
     )
 
 
+def unsafe_path(keyword: str, owner: str, path: str, segment: str, dunder: bool, span: Span | None) -> Diagnostic:
+    """`keyword`: `module` (of stage `owner`) or `bind` (of region `owner`)."""
+    what = (
+        f"the module path '{path}' of stage '{owner}'"
+        if keyword == "module"
+        else f"the binding '{path}' of region '{owner}'"
+    )
+    legal = (
+        "a path names public attributes of the model: child modules, parameters, buffers, tensors and the "
+        "lists, dicts and plain objects that hold them"
+    )
+    if dunder:
+        return Diagnostic(
+            UNSAFE_PATH,
+            f"{what} goes through '{segment}', a dunder attribute: a path never leaves the model",
+            span,
+            helps=(legal + "; a segment that starts with `__` is never allowed",),
+        )
+    return Diagnostic(
+        UNSAFE_PATH,
+        f"{what} goes through '{segment}', a private attribute",
+        span,
+        helps=(
+            legal + ". Where the model keeps its state in a private attribute (moshi's `_streaming_state`), "
+            f'opt in: `{keyword} private "{path}"`',
+        ),
+    )
+
+
 # --- stages -------------------------------------------------------------------------------------
 
 

@@ -45,6 +45,7 @@ _TERMINAL_WORDS = {
     "STRING": 'a "string"',
     "UNIT": "a unit (Hz, kHz, s, ms)",
     "PREV": "'prev'",
+    "PRIVATE": "'private'",
     "$END": "the end of the file",
 }
 STATEMENT_KEYWORDS = ("use", "cadence", "param", "clock", "region", "stage")
@@ -89,6 +90,7 @@ def _keyword_of_terminal() -> dict[str, str]:
         if isinstance(terminal.pattern, lark.lexer.PatternStr):
             found[terminal.name] = terminal.pattern.value
     found["PREV"] = "prev"
+    found["PRIVATE"] = "private"
     return found
 
 
@@ -457,7 +459,8 @@ class _ToAst(Transformer):
         return ast.StockClause(children[0], span=self._span(meta))
 
     def bind_clause(self, meta, children):
-        return ast.BindClause(str(children[0])[1:-1], span=self._span(meta))
+        *private, path = children
+        return ast.BindClause(str(path)[1:-1], bool(private), span=self._span(meta), path_span=self._token_span(path))
 
     def input_clause(self, meta, children):
         return ast.RoleClause("input", span=self._span(meta))
@@ -502,7 +505,8 @@ class _ToAst(Transformer):
         )
 
     def module_item(self, meta, children):
-        return ast.ModuleItem(str(children[0])[1:-1], span=self._span(meta), path_span=self._token_span(children[0]))
+        *private, path = children
+        return ast.ModuleItem(str(path)[1:-1], bool(private), span=self._span(meta), path_span=self._token_span(path))
 
     def hook_item(self, meta, children):
         return ast.HookItem(str(children[0]), span=self._span(meta))

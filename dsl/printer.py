@@ -90,7 +90,7 @@ def _clause(node: ast.RegionClause) -> str:
     if isinstance(node, ast.StockClause):
         return f"stock {expr(node.capacity)}"
     if isinstance(node, ast.BindClause):
-        return f'bind "{node.path}"'
+        return f'bind private "{node.path}"' if node.private else f'bind "{node.path}"'
     return node.role
 
 
@@ -100,7 +100,7 @@ def _ref(node: ast.RegionRef) -> str:
 
 def _item(node: ast.StageItem) -> str:
     if isinstance(node, ast.ModuleItem):
-        return f'module "{node.path}"'
+        return f'module private "{node.path}"' if node.private else f'module "{node.path}"'
     if isinstance(node, ast.HookItem):
         return f"hook {node.name}"
     if isinstance(node, ast.RngItem):

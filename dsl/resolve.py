@@ -54,6 +54,30 @@ def path_problem(path: str) -> str | None:
     return None
 
 
+def unsafe_segment(path: str, private: bool) -> tuple[int, str, bool] | None:
+    """The first segment of `path` that could lead out of the model, as (offset in `path`, segment,
+    whether it is a dunder), or None. A path names public attributes; a dunder segment (`__x`, the
+    way to a class, its functions and their module's globals) is never allowed; a private one (`_x`)
+    only with `private` (upstream code that keeps its state there, like moshi's `_streaming_state`)."""
+    offset = 0
+    for part in path.split("."):
+        name = part.split("[", 1)[0]
+        if name.startswith("__"):
+            return offset, name, True
+        if name.startswith("_") and not private:
+            return offset, name, False
+        offset += len(part) + 1
+    return None
+
+
+def segment_span(path_span: Span | None, offset: int, segment: str) -> Span | None:
+    """Where a segment of a path is written: inside its string, after the opening quote."""
+    if path_span is None:
+        return None
+    column = path_span.column + 1 + offset
+    return Span(path_span.path, path_span.line, column, path_span.line, column + len(segment))
+
+
 @attrs.frozen
 class Declaration:
     kind: str  # param, clock, region, stage, cadence
@@ -766,6 +790,12 @@ class _Resolver:
             unknown.append(key)
             return match.group(0)
 
+        unsafe = unsafe_segment(clause.path, clause.private)
+        if unsafe is not None:
+            offset, segment, dunder = unsafe
+            where = segment_span(clause.path_span, offset, segment) or clause.span
+            self.bag.add(messages.unsafe_path("bind", node.name, clause.path, segment, dunder, where))
+            return None
         path = _PLACEHOLDER.sub(fill, clause.path)
         if unknown:
             self.bag.add(messages.bad_placeholder(node.name, unknown[0], list(local), clause.span))
@@ -798,6 +828,11 @@ class _Resolver:
             problem = path_problem(item.path) if item.path != "" else None
             if problem is not None:  # reported, but the stage's accesses are still worth checking
                 self.bag.add(messages.bad_module_path(node.name, item.path, problem, item.path_span or item.span))
+            unsafe = unsafe_segment(item.path, item.private)
+            if unsafe is not None:
+                offset, segment, dunder = unsafe
+                where = segment_span(item.path_span, offset, segment) or item.span
+                self.bag.add(messages.unsafe_path("module", node.name, item.path, segment, dunder, where))
         aliases: dict[str, Span | None] = {}
         for item in node.items_of(ast.ReadItem):
             if item.alias is None:

@@ -703,6 +703,20 @@ def unsafe_path(keyword: str, owner: str, path: str, segment: str, dunder: bool,
     )
 
 
+def path_leaves_model(keyword: str, owner: str, path: str, part: str, found: str, span: Span | None) -> Diagnostic:
+    """At load: the object `part` of `path` reaches is `found`, outside the model."""
+    what = f"stage '{owner}' calls '{path}'" if keyword == "module" else f"region '{owner}' binds to '{path}'"
+    return Diagnostic(
+        UNSAFE_PATH,
+        f"{what}, whose '{part}' is {found}: a path stays inside the model",
+        span,
+        helps=(
+            "a path walks through modules, tensors, lists, dicts and plain objects holding state, and a stage "
+            "calls a module or a method of the object before it; call anything else from a `hook`",
+        ),
+    )
+
+
 # --- stages -------------------------------------------------------------------------------------
 
 

@@ -4,7 +4,7 @@ long or allocate much.
 Every limit is a named constant here, with what it bounds and why its default is what it is. A
 program over one gets a located error of its own code (docs/reliability.md), from `dsl check` as
 well as `dsl plan` and `dsl render`, before the work it would cost: family expansion (`regions`),
-the shape trace (`warmup`, `hyperperiod`, `firings`, `views`), the arena (`bytes`). A real model that
+the order of stages (`stages`), the shape trace (`warmup`, `hyperperiod`, `firings`, `views`), the arena (`bytes`). A real model that
 needs more raises a limit: `--limit NAME=VALUE` on `dsl check`, `dsl plan` and `dsl render`, or
 `limits={"NAME": VALUE}` (or a `Limits`) for `check_file`, `load_program`, `plan_file` and
 `make_plan`; a program carries the limits it was checked with to its plan.
@@ -23,6 +23,11 @@ import attrs
 MAX_REGIONS = 1024
 """Regions in a program, each member of a family counted (`kv[layer < 8]` is 8): family expansion,
 the plan and the arena map are per region. A 48-layer model with four state families has 192."""
+
+MAX_STAGES = 256
+"""Stages in a program: the order within an instant relates every stage that writes a region to every
+stage that reads it, which grows with the square of the stages. A stage per layer of a 64-layer
+model, attention and feed-forward apart, is 128; Mimi has 3."""
 
 MAX_RETENTION = 10_000_000
 """Units a `retain last N`, `ring N` or `first A + last B` keeps (each of A and B): 208 s of a 48 kHz
@@ -60,6 +65,7 @@ class Limits:
     """The limits a program is checked and planned under (see each constant for what it bounds)."""
 
     regions: int = MAX_REGIONS
+    stages: int = MAX_STAGES
     retention: int = MAX_RETENTION
     horizon: int = MAX_HORIZON
     context: int = MAX_CONTEXT

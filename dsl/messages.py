@@ -64,6 +64,7 @@ BINDING_MISMATCH = ErrorCode("binding-mismatch", "a region that disagrees with t
 CAPTURE_BLOCKED = ErrorCode("capture-blocked", "a stage that cannot be captured in a CUDA graph as written")
 CANNOT_PLAN = ErrorCode("cannot-plan", "a program the planner cannot lay out: it declares no stage")
 TOO_MANY_REGIONS = ErrorCode("too-many-regions", "more regions (family members counted) than the `regions` limit")
+TOO_MANY_STAGES = ErrorCode("too-many-stages", "more stages than the `stages` limit")
 RETENTION_TOO_LONG = ErrorCode(
     "retention-too-long", "a `last`, `ring` or pinned `first` retention over the `retention` limit"
 )
@@ -1189,6 +1190,19 @@ def too_many_regions(region: str, members: int | None, total: int, limit: int, s
         helps=(
             "each member of a family is a region of its own: check the family's size",
             _raise_limit("regions", total),
+        ),
+    )
+
+
+def too_many_stages(stage: str, total: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        TOO_MANY_STAGES,
+        f"stage '{stage}' is stage {limit + 1} of {count_text(total)}: over the limit of {count_text(limit)} "
+        "stages in a program",
+        span,
+        helps=(
+            "a stage is one call per tick; a model's tail has a handful: check for repeated declarations",
+            _raise_limit("stages", total),
         ),
     )
 

@@ -386,7 +386,11 @@ class _Resolver:
         for declaration in self.of_kind("region").values():
             self.region_members(declaration)
         stages: dict[str, StageInfo] = {}
-        for name, declaration in self.of_kind("stage").items():
+        for position, (name, declaration) in enumerate(self.of_kind("stage").items()):
+            if position == self.limits.stages:  # reported once, at the first stage over; the rest are left out
+                total = len(self.of_kind("stage"))
+                self.bag.add(messages.too_many_stages(name, total, self.limits.stages, declaration.name_span))
+                break
             with self.in_scope_of(declaration):
                 stage = self._stage(declaration.node)
             if stage is not None:

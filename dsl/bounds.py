@@ -60,27 +60,39 @@ def arrival_periods(program: Program) -> Iterator[tuple[Fraction, Span | None]]:
 def clock_span(program: Program) -> tuple[ClockSpan | None, Diagnostic | None]:
     """The base tick and hyperperiod, or the `hyperperiod-too-long` diagnostic: both are built one
     period at a time and given up as soon as the count of base ticks passes the limit, so a program
-    of thousands of clocks with coprime rates never makes a number of thousands of digits."""
+    of thousands of clocks with coprime rates never makes a number of thousands of digits. The
+    diagnostic points at the clock whose period passed it (at the access, for a fractional advance)."""
     limit = program.limits.hyperperiod
     base = program.cadence
     for name, clock in program.clocks.items():
         base = _gcd(base, 1 / clock.rate)
         if program.cadence / base > limit:
-            cause = f"clock '{name}' ({number_text(clock.rate)} Hz) makes the base tick so short that one cadence holds"
             return None, messages.hyperperiod_too_long(
-                cause, math.ceil(program.cadence / base), number_text(base), limit, clock.span
+                messages.base_tick_cause(name, number_text(clock.rate)),
+                math.ceil(program.cadence / base),
+                number_text(base),
+                limit,
+                clock.span,
             )
-    periods: list[tuple[Fraction, Span | None, str]] = [(program.cadence, program.cadence_span, "the cadence")]
+    periods: list[tuple[Fraction, Span | None, str | None]] = []
     for stage in program.stages.values():
-        rate = program.clocks[stage.clock].rate
-        periods.append((1 / rate, stage.span, f"stage '{stage.name}' on clock '{stage.clock}'"))
-    periods += [(period, span, "this access's arrivals") for period, span in arrival_periods(program)]
+        clock = program.clocks[stage.clock]
+        periods.append((clock.period, clock.span or stage.span, stage.name))
+    periods += [(period, span, None) for period, span in arrival_periods(program)]
     hyper = program.cadence
-    for period, span, what in periods:
+    for period, span, stage_name in periods:
         hyper = _lcm(hyper, period)
         if hyper / base > limit:
-            cause = f"with {what}, the clocks repeat only every {number_text(hyper)} s"
-            return None, messages.hyperperiod_too_long(cause, math.ceil(hyper / base), number_text(base), limit, span)
+            if stage_name is not None:
+                stage = program.stages[stage_name]
+                cause = messages.stage_clock_cause(
+                    stage.clock, number_text(program.clocks[stage.clock].rate), stage_name, number_text(hyper)
+                )
+            else:
+                cause = messages.arrivals_cause(number_text(hyper))
+            return None, messages.hyperperiod_too_long(
+                cause, math.ceil(hyper / base), number_text(base), limit, span
+            )
     return ClockSpan(base, hyper), None
 
 
@@ -152,13 +164,18 @@ def _releases(program: Program) -> bool:
     )
 
 
-def _capped_product(values, cap: int) -> int:
-    """The product of positive `values`, or `cap + 1` once it passes `cap` (no number of thousands of digits)."""
+PRODUCT_CAP = 2**256
+"""Past this a product of dims stops growing (thousands of dims of 10^15 would be a number of
+tens of thousands of digits); every byte limit is far below it."""
+
+
+def _capped_product(values) -> int:
+    """The product of positive `values`, or PRODUCT_CAP + 1 once it passes PRODUCT_CAP."""
     product = 1
     for value in values:
         product *= value
-        if product > cap:
-            return cap + 1
+        if product > PRODUCT_CAP:
+            return PRODUCT_CAP + 1
     return product
 
 
@@ -176,14 +193,14 @@ def units_per_firing_at_least(program: Program) -> dict[str, int]:
     return units
 
 
-def region_bytes_at_least(region: RegionInfo, per_firing: int, cap: int) -> int:
-    """The fewest bytes `region` can take in the plan (capped at `cap + 1`): its whole shape, or the
-    units it keeps, starts with, or takes in at one firing (`per_firing`), whichever is most."""
+def region_bytes_at_least(region: RegionInfo, per_firing: int) -> int:
+    """The fewest bytes `region` can take in the plan (capped, see PRODUCT_CAP): its whole shape, or
+    the units it keeps, starts with, or takes in at one firing (`per_firing`), whichever is most."""
     if region.fixed:
-        return _capped_product([*region.shape, region.itemsize], cap)
+        return _capped_product([*region.shape, region.itemsize])
     units = max(region.retention.keeps or 0, region.start_length, per_firing)
     elements = [dim for axis, dim in enumerate(region.shape) if axis != region.time_axis]
-    return _capped_product([*elements, units, region.itemsize], cap)
+    return _capped_product([*elements, units, region.itemsize])
 
 
 def period_firings_problem(program: Program, span: ClockSpan) -> Diagnostic | None:
@@ -276,7 +293,7 @@ def check_bytes(program: Program) -> list[Diagnostic]:
     limit = program.limits.bytes
     per_firing = units_per_firing_at_least(program)
     sizes = {
-        name: region_bytes_at_least(region, per_firing.get(name, 0), limit) for name, region in program.regions.items()
+        name: region_bytes_at_least(region, per_firing.get(name, 0)) for name, region in program.regions.items()
     }
     pinned = sum(size for name, size in sizes.items() if program.regions[name].retention.kind != "scratch")
     scratch = max(

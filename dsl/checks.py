@@ -300,8 +300,8 @@ def check_hyperperiod(program: Program) -> Iterator[Diagnostic]:
     if not program.stages:
         return
     span, problem = bounds.clock_span(program)
-    if span is None or problem is not None:
-        return  # over the limit: check_bounds says so
+    if span is None or problem is not None or bounds.period_firings_problem(program, span) is not None:
+        return  # over a limit: check_bounds says so
     stage_periods = [program.clocks[s.clock].period for s in program.stages.values()]
     hyper = lcm_fractions([program.cadence] + stage_periods)
     if hyper > 3600:

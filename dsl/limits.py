@@ -9,9 +9,10 @@ needs more raises a limit: `--limit NAME=VALUE` on `dsl check`, `dsl plan` and `
 `limits={"NAME": VALUE}` (or a `Limits`) for `check_file`, `load_program`, `plan_file` and
 `make_plan`; a program carries the limits it was checked with to its plan.
 
-The defaults hold every released tail with room to spare (the largest: Mimi's warm-up of 125
-instants and 450 traced firings; Step-Audio2's 325 MiB arena) and keep `dsl check`, `dsl plan` and
-`dsl render` of any file within a few seconds on a laptop core.
+The defaults hold every released tail with room to spare (the largest: Mimi's decoder, 40 regions,
+a warm-up of 125 instants, 450 traced firings and 6 450 views; Step-Audio2's token2wav, a 743 MiB
+arena) and keep `dsl check`, `dsl plan` and `dsl render` of any file (up to the 256 kB a file may
+have) within a few seconds on one core.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import attrs
 
 MAX_REGIONS = 1024
 """Regions in a program, each member of a family counted (`kv[layer < 8]` is 8): family expansion,
-the plan and the arena map are per region. A 48-layer model with four state families has 192."""
+the plan and the arena map are per region. A 48-layer model with four state families has 192;
+Mimi's decoder has 40."""
 
 MAX_STAGES = 256
 """Stages in a program: the order within an instant relates every stage that writes a region to every
@@ -53,11 +55,11 @@ repeats). Mimi's plan traces 450."""
 
 MAX_VIEWS = 200_000
 """Region views the planner traces: every region a traced firing touches counts once (a stage that
-updates a family of 8 has 8 views a firing). Mimi's plan traces 4 650."""
+updates a family of 8 has 8 views a firing). Mimi's plan traces 6 450."""
 
 MAX_BYTES = 64 * 2**30
-"""Bytes of one session's arena (its pinned regions and its share of scratch): 64 GiB, against the
-325 MiB of Step-Audio2's token2wav at its released size."""
+"""Bytes of the arena of one session (its pinned regions and one block of scratch): 64 GiB, against
+the 743 MiB of Step-Audio2's token2wav at its released size."""
 
 
 @attrs.frozen

@@ -1281,6 +1281,18 @@ def warmup_not_repeating(
     )
 
 
+def base_tick_cause(clock: str, rate: str) -> str:
+    return f"clock '{clock}' ({rate} Hz) makes the base tick so short that one cadence holds"
+
+
+def stage_clock_cause(clock: str, rate: str, stage: str, seconds: str) -> str:
+    return f"clock '{clock}' ({rate} Hz), on which stage '{stage}' fires, makes the clocks repeat only every {seconds} s"
+
+
+def arrivals_cause(seconds: str) -> str:
+    return f"the units this access takes per firing make the clocks repeat only every {seconds} s"
+
+
 def hyperperiod_too_long(cause: str, ticks: int, base_tick: str, limit: int, span: Span | None) -> Diagnostic:
     return Diagnostic(
         HYPERPERIOD_TOO_LONG,

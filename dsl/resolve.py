@@ -897,12 +897,11 @@ class _Resolver:
         result = []
 
         def reach(expr: ast.Expr, rate: Fraction, what: str, minimum: int, region: str) -> int:
-            """A read's count of units, within the context limit."""
-            units = count_of(self.evaluate_in(expr), rate, expr, what, minimum)
+            """A read's count of units (`what`: `read span`, `read context`, `lookahead`), within the
+            context limit."""
+            units = count_of(self.evaluate_in(expr), rate, expr, f"a {what}", minimum)
             if units > self.limits.context:
-                self.bag.add(
-                    messages.context_too_long(what.capitalize(), region, units, self.limits.context, expr.span)
-                )
+                self.bag.add(messages.context_too_long(f"the {what}", region, units, self.limits.context, expr.span))
                 raise _Skip()
             return units
 
@@ -913,14 +912,14 @@ class _Resolver:
                 window, count, context = "all", 0, 0
                 if isinstance(item.span_clause, ast.SpanLast):
                     window = "last"
-                    count = reach(item.span_clause.count, rate, "a read span", 1, ref.name)
+                    count = reach(item.span_clause.count, rate, "read span", 1, ref.name)
                 elif isinstance(item.span_clause, ast.SpanNew):
                     window = "new"
                     if item.span_clause.context is not None:
-                        context = reach(item.span_clause.context, rate, "a read context", 0, ref.name)
+                        context = reach(item.span_clause.context, rate, "read context", 0, ref.name)
                 lookahead = 0
                 if item.lookahead is not None:
-                    lookahead = reach(item.lookahead, rate, "a lookahead", 0, ref.name)
+                    lookahead = reach(item.lookahead, rate, "lookahead", 0, ref.name)
                 result.append(
                     Access("read", member, window, count, context, lookahead, item.alias, item.prev, span=item.span)
                 )

@@ -1198,7 +1198,7 @@ def too_many_stages(stage: str, total: int, limit: int, span: Span | None) -> Di
     return Diagnostic(
         TOO_MANY_STAGES,
         f"stage '{stage}' is stage {limit + 1} of {count_text(total)}: over the limit of {count_text(limit)} "
-        "stages in a program",
+        f"stage{'s' if limit != 1 else ''} in a program",
         span,
         helps=(
             "a stage is one call per tick; a model's tail has a handful: check for repeated declarations",

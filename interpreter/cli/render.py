@@ -24,6 +24,18 @@ from duplexcadence.interpreter.views.render import (
     write_output,
 )
 
+MAX_TICKS = 10_000
+"""The most instants `--ticks` draws: the default limit of a warm-up, and after the warm-up every
+instant repeats the steady period (drawing a million would take minutes and show nothing new)."""
+
+
+def ticks_count(text: str) -> int:
+    """An argparse type: an integer from 1 to MAX_TICKS."""
+    value = positive(text)
+    if value > MAX_TICKS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_TICKS}, not {value}")
+    return value
+
 
 def run(args: argparse.Namespace) -> int:
     try:
@@ -78,10 +90,11 @@ def register(commands) -> None:
     )
     render.add_argument(
         "--ticks",
-        type=positive,
+        type=ticks_count,
         default=None,
         metavar="N",
-        help="timeline: draw N instants from session start (default: warm-up + one steady period)",
+        help=f"timeline: draw N instants from session start, at most {MAX_TICKS} (default: warm-up + one steady "
+        "period)",
     )
     render.add_argument(
         "--max-graphs",

@@ -123,13 +123,13 @@ def slowest_fill(program: Program) -> Fill | None:
     slowest: Fill | None = None
     for name in sorted(grown):
         region = program.regions[name]
-        if region.fixed or region.retention.keeps is None:
+        if region.clock is None or region.retention.keeps is None:  # fixed, or scratch
             continue
         start = 0 if region.retention.kind == "ring" else region.start_length  # a ring's fill starts at 0
         units = region.retention.keeps - start
         if units <= 0:
             continue
-        seconds = units / program.clocks[region.clock].rate
+        seconds = Fraction(units) / program.clocks[region.clock].rate
         if slowest is None or seconds > slowest.seconds:
             slowest = Fill(region, units, seconds, region.retention.kind == "all")
     return slowest
@@ -239,6 +239,7 @@ def check(program: Program) -> list[Diagnostic]:
         instants = int(whole) * len(times) + bisect.bisect_left(times, rest)
         if instants > limits.warmup:
             region = fill.region
+            assert region.clock is not None, "a region that fills has a clock"
             return [
                 messages.warmup_too_long(
                     region.name,

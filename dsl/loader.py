@@ -48,14 +48,20 @@ class Loaded:
     units: dict[str, Unit] = attrs.field(hash=False)
 
 
+@functools.cache
 def stdlib_root() -> Path:
     return Path(str(resources.files("duplexcadence").joinpath("stdlib")))
 
 
 def stdlib_modules() -> list[str]:
     """Dotted names of every stdlib module (`std.audio`, `models.mimi_decoder`, ...)."""
+    return list(_stdlib_modules())
+
+
+@functools.cache
+def _stdlib_modules() -> tuple[str, ...]:
     root = stdlib_root()
-    return sorted(".".join(p.relative_to(root).with_suffix("").parts) for p in root.rglob("*.clock"))
+    return tuple(sorted(".".join(p.relative_to(root).with_suffix("").parts) for p in root.rglob("*.clock")))
 
 
 def stdlib_path(dotted: str) -> Path:
@@ -242,6 +248,7 @@ def load(path: str | Path, source: SourceFile | None = None, sources: dict[str, 
     units: dict[str, Unit] = {}
     main_key = os.path.normpath(path)
     stack: list[str] = []
+    searched: dict[tuple[tuple[str, ...], str], tuple[str | None, Path | None, Path | None]] = {}
 
     def visit(key: str, src: SourceFile, via: ast.Use | None) -> None:
         sources[key] = src
@@ -254,16 +261,19 @@ def load(path: str | Path, source: SourceFile | None = None, sources: dict[str, 
         stack.append(key)
         for use in module.of(ast.Use):
             at = use.module_span or use.span
-            problem = module_name_problem(use.module, Path(key).parent)
+            if (use.module, key) not in searched:  # a file may repeat a `use` thousands of times
+                problem = module_name_problem(use.module, Path(key).parent)
+                found = _find(use, Path(key)) if problem is None else None
+                root = outside_root(found, use.module, Path(key).parent) if found is not None else None
+                searched[use.module, key] = (problem, found, root)
+            problem, found, root = searched[use.module, key]
             if problem is not None:
                 bag.add(messages.import_name_too_long(_shortened(use.dotted), problem, at))
                 continue
-            found = _find(use, Path(key))
             if found is None:
                 bag.add(messages.unknown_import(use.dotted, at, stdlib_modules()))
                 continue
             target = os.path.normpath(found)
-            root = outside_root(found, use.module, Path(key).parent)
             if root is not None:
                 bag.add(messages.import_outside_root(use.dotted, target, str(root), at))
                 continue

@@ -97,9 +97,14 @@ def main(argv: list[str] | None = None) -> int:
             "max": round(max(totals), 3),
         },
         "max_seconds_per_command": {name: round(max(values), 3) for name, values in per_command.items() if values},
+        "cpu_seconds_per_input": {
+            "median": round(statistics.median(o.cpu_seconds for _, o in outcomes), 3),
+            "max": round(max(o.cpu_seconds for _, o in outcomes), 3),
+        },
+        "over_5_s_wall": sum(o.total_seconds > 5 for _, o in outcomes),
         "largest_input_bytes": max(len(text.encode("utf-8", "surrogatepass")) for text, _ in outcomes),
         "slowest": [
-            {"seconds": outcome.seconds, "bytes": len(text), "head": text[:300]}
+            {"seconds": outcome.seconds, "cpu_seconds": outcome.cpu_seconds, "bytes": len(text), "head": text[:300]}
             for text, outcome in sorted(outcomes, key=lambda item: -item[1].total_seconds)[:10]
         ],
         "broken": broken,
@@ -114,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  seconds per input: median {summary['seconds_per_input']['median']}, p99 {summary['seconds_per_input']['p99']}, "
         f"max {summary['seconds_per_input']['max']}; max per command {summary['max_seconds_per_command']}"
+    )
+    print(
+        f"  CPU seconds per input: median {summary['cpu_seconds_per_input']['median']}, "
+        f"max {summary['cpu_seconds_per_input']['max']}; inputs over 5 s of wall-clock: {summary['over_5_s_wall']}"
     )
     print(f"  exit codes (check/plan/render): {dict(list(summary['exit_codes'].items())[:6])}")
     return 0 if not broken else 1

@@ -90,9 +90,7 @@ def clock_span(program: Program) -> tuple[ClockSpan | None, Diagnostic | None]:
                 )
             else:
                 cause = messages.arrivals_cause(number_text(hyper))
-            return None, messages.hyperperiod_too_long(
-                cause, math.ceil(hyper / base), number_text(base), limit, span
-            )
+            return None, messages.hyperperiod_too_long(cause, math.ceil(hyper / base), number_text(base), limit, span)
     return ClockSpan(base, hyper), None
 
 
@@ -216,8 +214,8 @@ def period_firings_problem(program: Program, span: ClockSpan) -> Diagnostic | No
 
 
 def check(program: Program) -> list[Diagnostic]:
-    """The limits of the plan (hyperperiod, warm-up, firings, views, bytes), in that order; the first
-    one a program is over stops the rest (they would measure what that one already refused)."""
+    """The limits of the plan (hyperperiod, warm-up, firings, views, states, bytes), in that order; the
+    first one a program is over stops the rest (they would measure what that one already refused)."""
     if not program.stages:
         return []
     limits = program.limits
@@ -233,10 +231,10 @@ def check(program: Program) -> list[Diagnostic]:
     doubled = 2 if _releases(program) else 1
     fill = slowest_fill(program)
     seconds = fill.seconds if fill is not None else Fraction(0)
+    times = _instant_times(program, span.hyperperiod)
+    whole, rest = divmod(seconds, span.hyperperiod)
+    instants = int(whole) * len(times) + bisect.bisect_left(times, rest)
     if fill is not None:
-        times = _instant_times(program, span.hyperperiod)
-        whole, rest = divmod(seconds, span.hyperperiod)
-        instants = int(whole) * len(times) + bisect.bisect_left(times, rest)
         if instants > limits.warmup:
             region = fill.region
             assert region.clock is not None, "a region that fills has a clock"
@@ -285,6 +283,14 @@ def check(program: Program) -> list[Diagnostic]:
                 program.stages[busiest].span,
             )
         ]
+    timed = sum(not region.fixed for region in program.regions.values())
+    traced_instants = instants + periods * len(times)
+    if traced_instants * timed * doubled > limits.states:
+        return [
+            messages.too_many_states(
+                traced_instants * timed * doubled, traced_instants, timed, limits.states, program.cadence_span
+            )
+        ]
     return check_bytes(program)
 
 
@@ -293,9 +299,7 @@ def check_bytes(program: Program) -> list[Diagnostic]:
     scratch region (scratch shares one block)."""
     limit = program.limits.bytes
     per_firing = units_per_firing_at_least(program)
-    sizes = {
-        name: region_bytes_at_least(region, per_firing.get(name, 0)) for name, region in program.regions.items()
-    }
+    sizes = {name: region_bytes_at_least(region, per_firing.get(name, 0)) for name, region in program.regions.items()}
     pinned = sum(size for name, size in sizes.items() if program.regions[name].retention.kind != "scratch")
     scratch = max(
         (size for name, size in sizes.items() if program.regions[name].retention.kind == "scratch"), default=0

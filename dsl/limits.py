@@ -4,7 +4,8 @@ long or allocate much.
 Every limit is a named constant here, with what it bounds and why its default is what it is. A
 program over one gets a located error of its own code (docs/reliability.md), from `dsl check` as
 well as `dsl plan` and `dsl render`, before the work it would cost: family expansion (`regions`),
-the order of stages (`stages`), the shape trace (`warmup`, `hyperperiod`, `firings`, `views`), the arena (`bytes`). A real model that
+the order of stages (`stages`), the shape trace (`warmup`, `hyperperiod`, `firings`, `views`,
+`states`), the arena (`bytes`). A real model that
 needs more raises a limit: `--limit NAME=VALUE` on `dsl check`, `dsl plan` and `dsl render`, or
 `limits={"NAME": VALUE}` (or a `Limits`) for `check_file`, `load_program`, `plan_file` and
 `make_plan`; a program carries the limits it was checked with to its plan.
@@ -57,6 +58,11 @@ MAX_VIEWS = 200_000
 """Region views the planner traces: every region a traced firing touches counts once (a stage that
 updates a family of 8 has 8 views a firing). Mimi's plan traces 6 450."""
 
+MAX_STATES = 500_000
+"""Region lengths the planner traces and keeps: at every traced instant, the length of every region
+with a time axis (the runtime looks them up by instant, and the timeline draws them). A thousand
+regions on a 10 kHz clock would be twenty million. Mimi's plan keeps 4 025."""
+
 MAX_BYTES = 64 * 2**30
 """Bytes of the arena of one session (its pinned regions and one block of scratch): 64 GiB, against
 the 743 MiB of Step-Audio2's token2wav at its released size."""
@@ -75,6 +81,7 @@ class Limits:
     hyperperiod: int = MAX_HYPERPERIOD
     firings: int = MAX_FIRINGS
     views: int = MAX_VIEWS
+    states: int = MAX_STATES
     bytes: int = MAX_BYTES
 
     @classmethod

@@ -79,6 +79,9 @@ HYPERPERIOD_TOO_LONG = ErrorCode(
 )
 TOO_MANY_FIRINGS = ErrorCode("too-many-firings", "a plan that traces more firings than the `firings` limit")
 TOO_MANY_VIEWS = ErrorCode("too-many-views", "a plan that traces more region views than the `views` limit")
+TOO_MANY_STATES = ErrorCode(
+    "too-many-states", "a plan that keeps more region lengths (instants x regions) than the `states` limit"
+)
 ARENA_TOO_LARGE = ErrorCode("arena-too-large", "a session arena over the `bytes` limit")
 UNSAFE_PATH = ErrorCode(
     "unsafe-path",
@@ -1286,7 +1289,9 @@ def base_tick_cause(clock: str, rate: str) -> str:
 
 
 def stage_clock_cause(clock: str, rate: str, stage: str, seconds: str) -> str:
-    return f"clock '{clock}' ({rate} Hz), on which stage '{stage}' fires, makes the clocks repeat only every {seconds} s"
+    return (
+        f"clock '{clock}' ({rate} Hz), on which stage '{stage}' fires, makes the clocks repeat only every {seconds} s"
+    )
 
 
 def arrivals_cause(seconds: str) -> str:
@@ -1331,6 +1336,20 @@ def too_many_views(total: int, stage: str, views: int, firings: int, limit: int,
         helps=(
             "every region a firing touches is one view of the trace: check the family sizes, the reads and the rates",
             _raise_limit("views", total),
+        ),
+    )
+
+
+def too_many_states(total: int, instants: int, regions: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        TOO_MANY_STATES,
+        f"the planner would keep {count_text(total)} region lengths ({count_text(instants)} traced instants x "
+        f"{count_text(regions)} regions with a time axis), over the limit of {count_text(limit)}",
+        span,
+        helps=(
+            "the plan keeps every region's length at every traced instant: check the rates (how many instants) "
+            "and the family sizes (how many regions)",
+            _raise_limit("states", total),
         ),
     )
 

@@ -12,8 +12,10 @@ from duplexcadence.interpreter.cli.common import (
     add_limit_option,
     non_negative,
     positive,
+    status,
 )
 from duplexcadence.interpreter.cli.plan import plan_of_file
+from duplexcadence.interpreter.plans.plan import Plan
 from duplexcadence.interpreter.views.render import (
     FORMATS,
     VIEWS,
@@ -37,6 +39,28 @@ def ticks_count(text: str) -> int:
     return value
 
 
+TIMELINE_WORK = 1_000_000
+"""The timeline gives alike members of a family one lane, comparing every member's cells with the
+others' at each instant it draws: F x F x instants for a family of F members. Past this many, the
+timeline draws fewer instants (its title says how many are shown) so that it takes seconds."""
+
+
+def timeline_ticks(plan: Plan, ticks: int | None) -> tuple[int | None, str | None]:
+    """The instants the timeline draws (None: its default, the warm-up and one steady period), and
+    why fewer than asked, if so."""
+    if not plan.program.families:
+        return ticks, None
+    family, members = max(plan.program.families.items(), key=lambda item: (len(item[1]), item[0]))
+    wanted = ticks if ticks is not None else len(plan.trace.states)
+    most = max(1, TIMELINE_WORK // (len(members) * len(members)))
+    if wanted <= most:
+        return ticks, None
+    return most, (
+        f"the timeline shows the first {most} of {wanted} instants: family '{family}' has {len(members)} "
+        "members, and comparing them at every instant would take minutes (the graph and arena views show all)"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         chosen = output_format(args.output, args.format)
@@ -48,8 +72,13 @@ def run(args: argparse.Namespace) -> int:
     plan, _ = plan_of_file(args, max_graphs=args.max_graphs)
     if plan is None:
         return EXIT_PROBLEMS
+    ticks = args.ticks
+    if args.view == "timeline":
+        ticks, fewer = timeline_ticks(plan, ticks)
+        if fewer is not None:
+            status(args, f"dsl render: {fewer}")
     try:
-        data = to_bytes(render_plan(plan, args.view, args.ticks), chosen)
+        data = to_bytes(render_plan(plan, args.view, ticks), chosen)
         if args.output is None:
             sys.stdout.buffer.write(data)
             sys.stdout.buffer.flush()

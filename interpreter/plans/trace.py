@@ -410,7 +410,8 @@ def _last_instant(simulator: Simulator, index: int) -> list[Firing]:
 
 def trace(program: Program, clocks: ClockPlan) -> Trace:
     """The trace, held to the program's limits as it grows: ClockError (`warmup-too-long`,
-    `too-many-firings`, `too-many-views`) as soon as one is passed, so no program traces for long."""
+    `too-many-firings`, `too-many-views`, `too-many-states`) as soon as one is passed, so no program
+    traces for long."""
     limits = program.limits
     period = clocks.instants_per_hyperperiod
     simulator = Simulator(program, clocks)
@@ -430,10 +431,13 @@ def trace(program: Program, clocks: ClockPlan) -> Trace:
         name: region.retention.horizon for name, region in program.regions.items() if region.retention.kind == "all"
     }
     ended_at = None
-    traced_firings = traced_views = 0
+    traced_firings = traced_views = traced_states = 0
     while index < limit or warmup is None:
         if warmup is None and index >= limit:
             raise ClockError([_not_repeating(program, snapshots, period, limits.warmup)])
+        traced_states += (len(simulator.length) + len(simulator.fill)) * (2 if releases else 1)
+        if traced_states > limits.states:  # before the copies this instant would keep
+            raise ClockError([_too_many_states(program, index + 1, traced_states)])
         states.append(simulator.state(index % period))
         snapshots.append((dict(simulator.length), dict(simulator.fill)))
         if releases:
@@ -524,3 +528,8 @@ def _too_many_views(program, by_instant, last_by_instant, traced: int):
     return messages.too_many_views(
         traced, busiest, per_firing, counts[busiest], program.limits.views, program.stages[busiest].span
     )
+
+
+def _too_many_states(program, instants: int, traced: int):
+    timed = sum(not region.fixed for region in program.regions.values())
+    return messages.too_many_states(traced, instants, timed, program.limits.states, program.cadence_span)

@@ -69,6 +69,20 @@ def test_the_planner_counts_firings_and_views_exactly(window):
     )
 
 
+def test_the_planner_stops_before_keeping_more_region_lengths_than_the_states_limit(window):
+    """28 traced instants x 2 regions with a time axis (x, hist): 56 region lengths."""
+    program = load_program(window)
+    assert make_plan(program, limits={"states": 56}).trace.warmup_instants == 8
+    with pytest.raises(ClockError) as caught:
+        trace(attrs.evolve(program, limits=Limits(states=55)), plan_clocks(program))
+    [diagnostic] = caught.value.diagnostics
+    assert diagnostic.code is messages.TOO_MANY_STATES
+    assert diagnostic.message == (
+        "the planner would keep 56 region lengths (28 traced instants x 2 regions with a time axis), "
+        "over the limit of 55"
+    )
+
+
 def test_a_program_carries_its_limits_to_its_plan(window):
     program = load_program(window, limits={"bytes": 100})
     with pytest.raises(ClockError) as caught:
@@ -95,9 +109,9 @@ def test_limit_flags_parse_or_say_what_is_wrong():
     _, problems = parse_limits(["regions", "nope=3", "views=-1", "bytes=" + "9" * 5000])
     assert problems == [
         "--limit 'regions' is not NAME=VALUE (the limits: regions, stages, retention, horizon, context, warmup, "
-        "hyperperiod, firings, views, bytes)",
+        "hyperperiod, firings, views, states, bytes)",
         "--limit nope: no such limit (the limits: regions, stages, retention, horizon, context, warmup, "
-        "hyperperiod, firings, views, bytes)",
+        "hyperperiod, firings, views, states, bytes)",
         "--limit views=-1: the value must be a positive integer",
         "--limit bytes=" + "9" * 5000 + ": the value must be a positive integer",
     ]

@@ -234,22 +234,21 @@ def check(program: Program) -> list[Diagnostic]:
     times = _instant_times(program, span.hyperperiod)
     whole, rest = divmod(seconds, span.hyperperiod)
     instants = int(whole) * len(times) + bisect.bisect_left(times, rest)
-    if fill is not None:
-        if instants > limits.warmup:
-            region = fill.region
-            assert region.clock is not None, "a region that fills has a clock"
-            return [
-                messages.warmup_too_long(
-                    region.name,
-                    region.retention.keeps or 0,
-                    fill.horizon,
-                    number_text(program.clocks[region.clock].rate),
-                    number_text(seconds),
-                    instants,
-                    limits.warmup,
-                    region.retention.span or region.span,
-                )
-            ]
+    if fill is not None and instants > limits.warmup:
+        region = fill.region
+        assert region.clock is not None, "a region that fills has a clock"
+        return [
+            messages.warmup_too_long(
+                region.name,
+                region.retention.keeps or 0,
+                fill.horizon,
+                number_text(program.clocks[region.clock].rate),
+                number_text(seconds),
+                instants,
+                limits.warmup,
+                region.retention.span or region.span,
+            )
+        ]
     before = _firings_before(program, seconds)
     periods = 0 if fill is not None and fill.horizon else 2  # a session that ends at a horizon never repeats
     firings = {name: (before[name] + periods * per_period[name]) * doubled for name in program.stages}

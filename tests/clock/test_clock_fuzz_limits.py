@@ -166,6 +166,7 @@ def pathological(draw) -> str:
                 "unknown-names",
                 "repeat-use",
                 "wide-stages",
+                "fast-family",
                 "clocks-coprime",
             ]
         )
@@ -207,6 +208,13 @@ def pathological(draw) -> str:
         return "".join(f"param p{i} = q{i}\n" for i in range(count))
     if kind == "repeat-use":
         return _repeat("use std.audio", count) + head
+    if kind == "fast-family":  # many regions on a fast clock: every traced instant keeps every length
+        rate = draw(st.sampled_from(["49 Hz", "249 Hz", "499 Hz", "9999 Hz"]))
+        return (
+            f"cadence 1 s\nclock c = {rate}\nregion x : f32[1, time] on c input\n"
+            f"region kv[i < {count % 1024 + 1}] : f32[1, time] on c retain last 2 start zeros\n"
+            'stage s on c {\n    module "s"\n    read x\n    read kv[0]\n}\n'
+        )
     if kind == "wide-stages":  # many stages that all read and update one fixed region: every pair ordered
         return (
             head
@@ -370,7 +378,7 @@ def run_input(folder: Path, text: str, budget: float = PER_INPUT_BUDGET_S) -> Ou
 # --- the tests ----------------------------------------------------------------------------------------
 
 FUZZ = settings(
-    max_examples=60,
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
 )
@@ -388,7 +396,7 @@ def test_adversarial_inputs_finish_in_budget_without_internal_errors(folder, tex
     assert not outcome.problems, (outcome.problems, text[:500])
 
 
-@settings(FUZZ, max_examples=40)
+@settings(FUZZ, max_examples=80)
 @given(text=scaffold())
 def test_huge_numbers_in_a_consistent_program_are_limits_not_work(folder, text) -> None:
     outcome = run_input(folder, text)

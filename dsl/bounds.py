@@ -109,8 +109,10 @@ class Fill:
 
 
 def slowest_fill(program: Program) -> Fill | None:
-    """The region that takes longest to fill at its clock's rate (every write and update advances a
-    region at its clock's rate on average); None when none has history to fill."""
+    """The region whose filling decides how long the planner traces (every write and update advances
+    a region at its clock's rate on average): the slowest window to fill, or, when a region keeps
+    everything up to a horizon, the first such region to reach it (the state never repeats while it
+    grows: the session ends there). None when no region has history to fill."""
     grown = {a.region for stage in program.stages.values() for a in stage.accesses if a.kind != "read"}
     grown |= {
         a.region
@@ -118,7 +120,8 @@ def slowest_fill(program: Program) -> Fill | None:
         for a in stage.accesses
         if a.kind == "read" and program.regions[a.region].role == "input"
     }
-    slowest: Fill | None = None
+    windows: list[Fill] = []
+    horizons: list[Fill] = []
     for name in sorted(grown):
         region = program.regions[name]
         if region.clock is None or region.retention.keeps is None:  # fixed, or scratch
@@ -128,9 +131,13 @@ def slowest_fill(program: Program) -> Fill | None:
         if units <= 0:
             continue
         seconds = Fraction(units) / program.clocks[region.clock].rate
-        if slowest is None or seconds > slowest.seconds:
-            slowest = Fill(region, units, seconds, region.retention.kind == "all")
-    return slowest
+        if region.retention.kind == "all":
+            horizons.append(Fill(region, units, seconds, True))
+        else:
+            windows.append(Fill(region, units, seconds, False))
+    if horizons:
+        return min(horizons, key=lambda fill: fill.seconds)
+    return max(windows, key=lambda fill: fill.seconds, default=None)
 
 
 def _instant_times(program: Program, hyperperiod: Fraction) -> list[Fraction]:

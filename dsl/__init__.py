@@ -1,1 +1,2 @@
-"""The ``.clock`` language: parse, check, dependency graph, render, and the ``dsl`` CLI."""
+"""The ``.clock`` language: parse, resolve, check, the dependency graph, diagnostics and the formatter
+(no torch; the ``dsl`` command is ``duplexcadence.interpreter.cli``)."""

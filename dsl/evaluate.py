@@ -12,8 +12,7 @@ from fractions import Fraction
 
 import attrs
 
-from duplexcadence.dsl import messages
-from duplexcadence.dsl import syntax as ast
+from duplexcadence.dsl import messages, syntax
 from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
 
 PLAIN, SECONDS, HERTZ = 0, 1, -1
@@ -71,33 +70,33 @@ class EvalError(ClockError):
         super().__init__([diagnostic])
 
 
-Lookup = Callable[[ast.Name], Quantity]
+Lookup = Callable[[syntax.Name], Quantity]
 
 
-def evaluate(expr: ast.Expr, lookup: Lookup) -> Quantity:
+def evaluate(expr: syntax.Expr, lookup: Lookup) -> Quantity:
     """Evaluate `expr`; `lookup` resolves names (and raises EvalError for unknown ones)."""
-    if isinstance(expr, ast.Number):
+    if isinstance(expr, syntax.Number):
         if expr.unit is None:
             return _bounded(Quantity(expr.value), expr)
         scale, unit = _UNIT_SCALE[expr.unit]
         return _bounded(Quantity(expr.value * scale, unit), expr)
-    if isinstance(expr, ast.Name):
+    if isinstance(expr, syntax.Name):
         return lookup(expr)
-    if isinstance(expr, ast.Neg):
+    if isinstance(expr, syntax.Neg):
         operand = _scalar(evaluate(expr.operand, lookup), expr.operand, "negate")
         return Quantity(-operand.value, operand.unit)
-    if isinstance(expr, ast.BinOp):
+    if isinstance(expr, syntax.BinOp):
         return _binop(expr, lookup)
-    if isinstance(expr, ast.ListExpr):
+    if isinstance(expr, syntax.ListExpr):
         return Quantity(tuple(evaluate(item, lookup) for item in expr.items))
-    if isinstance(expr, ast.Index):
+    if isinstance(expr, syntax.Index):
         return _index(expr, lookup)
-    if isinstance(expr, ast.Call):
+    if isinstance(expr, syntax.Call):
         return _call(expr, lookup)
     raise AssertionError(f"unknown expression node {expr!r}")
 
 
-def _bounded(quantity: Quantity, expr: ast.Expr) -> Quantity:
+def _bounded(quantity: Quantity, expr: syntax.Expr) -> Quantity:
     if quantity.is_list:
         return quantity
     if abs(quantity.value) > MAX_MAGNITUDE:
@@ -120,7 +119,7 @@ def _bounded(quantity: Quantity, expr: ast.Expr) -> Quantity:
     return quantity
 
 
-def _scalar(q: Quantity, expr: ast.Expr, what: str) -> Quantity:
+def _scalar(q: Quantity, expr: syntax.Expr, what: str) -> Quantity:
     if q.is_list:
         raise EvalError(
             messages.bad_value(
@@ -130,7 +129,7 @@ def _scalar(q: Quantity, expr: ast.Expr, what: str) -> Quantity:
     return q
 
 
-def _binop(expr: ast.BinOp, lookup: Lookup) -> Quantity:
+def _binop(expr: syntax.BinOp, lookup: Lookup) -> Quantity:
     verb = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide"}[expr.op]
     left = _scalar(evaluate(expr.left, lookup), expr.left, verb)
     right = _scalar(evaluate(expr.right, lookup), expr.right, verb)
@@ -162,7 +161,7 @@ def _binop(expr: ast.BinOp, lookup: Lookup) -> Quantity:
     return _bounded(Quantity(value, unit), expr)
 
 
-def _index(expr: ast.Index, lookup: Lookup) -> Quantity:
+def _index(expr: syntax.Index, lookup: Lookup) -> Quantity:
     target = evaluate(expr.target, lookup)
     if not target.is_list:
         raise EvalError(
@@ -182,7 +181,7 @@ def _index(expr: ast.Index, lookup: Lookup) -> Quantity:
     return target.value[position]
 
 
-def _call(expr: ast.Call, lookup: Lookup) -> Quantity:
+def _call(expr: syntax.Call, lookup: Lookup) -> Quantity:
     if expr.func not in messages.BUILTIN_FUNCTIONS:
         raise EvalError(messages.unknown_function(expr.func, expr.span))
     args = [evaluate(a, lookup) for a in expr.args]
@@ -218,7 +217,7 @@ def _call(expr: ast.Call, lookup: Lookup) -> Quantity:
     return Quantity(pick(q.value for q in items), unit)
 
 
-def require_int(q: Quantity, expr: ast.Expr | None, what: str, minimum: int | None = None) -> int:
+def require_int(q: Quantity, expr: syntax.Expr | None, what: str, minimum: int | None = None) -> int:
     """The integer value of a plain number, or a located bad-value error naming `what`."""
     span = expr.span if expr is not None else None
     if q.is_list or q.unit != PLAIN or q.value.denominator != 1:
@@ -233,7 +232,7 @@ def require_int(q: Quantity, expr: ast.Expr | None, what: str, minimum: int | No
     return value
 
 
-def count_of(q: Quantity, rate: Fraction, expr: ast.Expr, what: str, minimum: int = 0) -> int:
+def count_of(q: Quantity, rate: Fraction, expr: syntax.Expr, what: str, minimum: int = 0) -> int:
     """A count of clock units from a plain integer or a duration converted with `rate` (Hz)."""
     if not q.is_list and q.unit == SECONDS:
         units = q.value * rate

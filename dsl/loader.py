@@ -19,8 +19,7 @@ from typing import BinaryIO
 
 import attrs
 
-from duplexcadence.dsl import messages
-from duplexcadence.dsl import syntax as ast
+from duplexcadence.dsl import messages, syntax
 from duplexcadence.dsl.diagnostics import ClockError, DiagnosticBag
 from duplexcadence.dsl.parse import MAX_SOURCE_BYTES, parse_module
 from duplexcadence.dsl.source import SourceFile
@@ -35,8 +34,8 @@ class Unit:
 
     key: str
     source: SourceFile
-    module: ast.Module
-    imports: tuple[tuple[ast.Use, str], ...]
+    module: syntax.Module
+    imports: tuple[tuple[syntax.Use, str], ...]
     dotted: str = ""
 
 
@@ -137,12 +136,12 @@ def outside_root(path: Path, parts: Sequence[str], folder: Path) -> Path | None:
     return None
 
 
-def _find(use: ast.Use, importer: Path) -> Path | None:
+def _find(use: syntax.Use, importer: Path) -> Path | None:
     return find_module(use.module, importer.parent)
 
 
 @functools.lru_cache(maxsize=128)
-def _parse(path: str, text: str) -> ast.Module:
+def _parse(path: str, text: str) -> syntax.Module:
     """Parse once per (path, text): the stdlib is imported by nearly every check. The AST is frozen,
     so sharing it is safe; a failed parse raises and is not cached."""
     return parse_module(SourceFile(path, text))
@@ -250,16 +249,16 @@ def load(path: str | Path, source: SourceFile | None = None, sources: dict[str, 
     stack: list[str] = []
     searched: dict[tuple[tuple[str, ...], str], tuple[str | None, Path | None, Path | None]] = {}
 
-    def visit(key: str, src: SourceFile, via: ast.Use | None) -> None:
+    def visit(key: str, src: SourceFile, via: syntax.Use | None) -> None:
         sources[key] = src
         try:
             module = _parse(src.path, src.text)
         except ClockError as error:
             bag.extend(error.diagnostics)
             return
-        imports: list[tuple[ast.Use, str]] = []
+        imports: list[tuple[syntax.Use, str]] = []
         stack.append(key)
-        for use in module.of(ast.Use):
+        for use in module.of(syntax.Use):
             at = use.module_span or use.span
             if (use.module, key) not in searched:  # a file may repeat a `use` thousands of times
                 problem = module_name_problem(use.module, Path(key).parent)

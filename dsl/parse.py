@@ -18,8 +18,7 @@ import lark
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
-from duplexcadence.dsl import messages
-from duplexcadence.dsl import syntax as ast
+from duplexcadence.dsl import messages, syntax
 from duplexcadence.dsl.diagnostics import ClockError, Diagnostic, Note
 from duplexcadence.dsl.source import SourceFile, Span
 
@@ -94,7 +93,7 @@ def _keyword_of_terminal() -> dict[str, str]:
     return found
 
 
-def parse_module(source: SourceFile) -> ast.Module:
+def parse_module(source: SourceFile) -> syntax.Module:
     """Parse a whole file. Raises `ClockError` with every syntax error found (one per statement)."""
     size = len(source.text.encode("utf-8", "surrogatepass"))
     if size > MAX_SOURCE_BYTES:
@@ -105,10 +104,10 @@ def parse_module(source: SourceFile) -> ast.Module:
         raise ClockError(_all_syntax_errors(source, error)) from None
     _check_nesting(source, tree)
     statements = _transform(source, tree)
-    return ast.Module(source.path, tuple(statements), comments=tuple(scan_comments(source)))
+    return syntax.Module(source.path, tuple(statements), comments=tuple(scan_comments(source)))
 
 
-def parse_value(text: str, path: str = "<--param>") -> ast.Expr:
+def parse_value(text: str, path: str = "<--param>") -> syntax.Expr:
     """Parse one expression, as given to `--param NAME=VALUE`."""
     source = SourceFile(path, text)
     try:
@@ -119,7 +118,7 @@ def parse_value(text: str, path: str = "<--param>") -> ast.Expr:
     return _transform(source, tree)
 
 
-def scan_comments(source: SourceFile) -> list[ast.Comment]:
+def scan_comments(source: SourceFile) -> list[syntax.Comment]:
     """Every `# ...` comment of a file that parsed, with its position.
 
     Strings cannot hold a newline or a quote, so a `#` outside quotes always starts a comment.
@@ -133,7 +132,9 @@ def scan_comments(source: SourceFile) -> list[ast.Comment]:
                 in_string = not in_string
             elif char == "#" and not in_string:
                 text = line[column - 1 :].rstrip()
-                comments.append(ast.Comment(text, span=Span(source.path, number, column, number, column + len(text))))
+                comments.append(
+                    syntax.Comment(text, span=Span(source.path, number, column, number, column + len(text)))
+                )
                 break
     return comments
 
@@ -398,7 +399,7 @@ class _ToAst(Transformer):
     def use_stmt(self, meta, children):
         (module, module_span), *names = children
         listed = names[0] if names and names[0] is not None else None
-        return ast.Use(
+        return syntax.Use(
             tuple(module),
             tuple(str(n) for n in listed) if listed is not None else None,
             span=self._span(meta),
@@ -413,19 +414,19 @@ class _ToAst(Transformer):
         return list(names)
 
     def cadence_stmt(self, meta, children):
-        return ast.Cadence(children[0], span=self._span(meta))
+        return syntax.Cadence(children[0], span=self._span(meta))
 
     def param_stmt(self, meta, children):
         name, default = children
-        return ast.Param(str(name), default, span=self._span(meta), name_span=self._token_span(name))
+        return syntax.Param(str(name), default, span=self._span(meta), name_span=self._token_span(name))
 
     def clock_stmt(self, meta, children):
         name, rate = children
-        return ast.Clock(str(name), rate, span=self._span(meta), name_span=self._token_span(name))
+        return syntax.Clock(str(name), rate, span=self._span(meta), name_span=self._token_span(name))
 
     def region_stmt(self, meta, children):
         name, family, dtype, shape, *clauses = children
-        return ast.Region(
+        return syntax.Region(
             str(name),
             family,
             str(dtype),
@@ -438,64 +439,66 @@ class _ToAst(Transformer):
 
     def family(self, meta, children):
         index, count = children
-        return ast.Family(str(index), count, span=self._span(meta), index_span=self._token_span(index))
+        return syntax.Family(str(index), count, span=self._span(meta), index_span=self._token_span(index))
 
     def shape(self, meta, dims):
         return list(dims)
 
     def time_axis(self, meta, children):
-        return ast.TimeAxis(span=self._span(meta))
+        return syntax.TimeAxis(span=self._span(meta))
 
     def on_clause(self, meta, children):
-        return ast.OnClause(str(children[0]), span=self._span(meta), clock_span=self._token_span(children[0]))
+        return syntax.OnClause(str(children[0]), span=self._span(meta), clock_span=self._token_span(children[0]))
 
     def retain_clause(self, meta, children):
-        return ast.RetainClause(children[0], span=self._span(meta))
+        return syntax.RetainClause(children[0], span=self._span(meta))
 
     def start_clause(self, meta, children):
-        return ast.StartClause(children[0], span=self._span(meta))
+        return syntax.StartClause(children[0], span=self._span(meta))
 
     def stock_clause(self, meta, children):
-        return ast.StockClause(children[0], span=self._span(meta))
+        return syntax.StockClause(children[0], span=self._span(meta))
 
     def bind_clause(self, meta, children):
         *private, path = children
-        return ast.BindClause(str(path)[1:-1], bool(private), span=self._span(meta), path_span=self._token_span(path))
+        return syntax.BindClause(
+            str(path)[1:-1], bool(private), span=self._span(meta), path_span=self._token_span(path)
+        )
 
     def input_clause(self, meta, children):
-        return ast.RoleClause("input", span=self._span(meta))
+        return syntax.RoleClause("input", span=self._span(meta))
 
     def output_clause(self, meta, children):
-        return ast.RoleClause("output", span=self._span(meta))
+        return syntax.RoleClause("output", span=self._span(meta))
 
     def keep_last(self, meta, children):
-        return ast.KeepLast(children[0], span=self._span(meta))
+        return syntax.KeepLast(children[0], span=self._span(meta))
 
     def keep_ring(self, meta, children):
-        return ast.KeepRing(children[0], span=self._span(meta))
+        return syntax.KeepRing(children[0], span=self._span(meta))
 
     def keep_first_last(self, meta, children):
         first, last = children
-        return ast.KeepFirstLast(first, last, span=self._span(meta))
+        return syntax.KeepFirstLast(first, last, span=self._span(meta))
 
     def keep_all(self, meta, children):
-        return ast.KeepAll(children[0] if children else None, span=self._span(meta))
+        return syntax.KeepAll(children[0] if children else None, span=self._span(meta))
 
     def keep_scratch(self, meta, children):
-        return ast.KeepScratch(span=self._span(meta))
+        return syntax.KeepScratch(span=self._span(meta))
 
     def start_zeros(self, meta, children):
-        return ast.StartZeros(span=self._span(meta))
+        return syntax.StartZeros(span=self._span(meta))
 
     def start_empty(self, meta, children):
-        return ast.StartEmpty(span=self._span(meta))
+        return syntax.StartEmpty(span=self._span(meta))
 
     def start_given(self, meta, children):
-        return ast.StartGiven(children[0] if children else None, span=self._span(meta))
+        return syntax.StartGiven(children[0] if children else None, span=self._span(meta))
 
     def stage_stmt(self, meta, children):
         name, clock, *items = children
-        return ast.Stage(
+        return syntax.Stage(
             str(name),
             str(clock),
             tuple(items),
@@ -506,10 +509,12 @@ class _ToAst(Transformer):
 
     def module_item(self, meta, children):
         *private, path = children
-        return ast.ModuleItem(str(path)[1:-1], bool(private), span=self._span(meta), path_span=self._token_span(path))
+        return syntax.ModuleItem(
+            str(path)[1:-1], bool(private), span=self._span(meta), path_span=self._token_span(path)
+        )
 
     def hook_item(self, meta, children):
-        return ast.HookItem(str(children[0]), span=self._span(meta))
+        return syntax.HookItem(str(children[0]), span=self._span(meta))
 
     def read_item(self, meta, children):
         prev = bool(children) and isinstance(children[0], Token) and children[0].type == "PREV"
@@ -517,10 +522,10 @@ class _ToAst(Transformer):
             children = children[1:]
         region, *optional = children
         # Optional parts arrive in grammar order, None where absent (maybe_placeholders).
-        span_clause = next((p for p in optional if isinstance(p, (ast.SpanLast, ast.SpanNew))), None)
+        span_clause = next((p for p in optional if isinstance(p, (syntax.SpanLast, syntax.SpanNew))), None)
         lookahead = next((p[1] for p in optional if isinstance(p, tuple) and p[0] == "lookahead"), None)
         alias = next((p for p in optional if isinstance(p, tuple) and p[0] == "alias"), None)
-        return ast.ReadItem(
+        return syntax.ReadItem(
             region,
             span_clause,
             lookahead,
@@ -533,14 +538,14 @@ class _ToAst(Transformer):
     def update_item(self, meta, children):
         region, *advance = children
         advance = [a for a in advance if a is not None]
-        return ast.UpdateItem(region, advance[0][1] if advance else None, span=self._span(meta))
+        return syntax.UpdateItem(region, advance[0][1] if advance else None, span=self._span(meta))
 
     def write_item(self, meta, children):
         region, *rest = children
         rest = [p for p in rest if p is not None]
         advance = next((p[1] for p in rest if p[0] == "advance"), None)
         latency = next((p for p in rest if p[0] == "latency"), None)
-        return ast.WriteItem(
+        return syntax.WriteItem(
             region,
             advance,
             latency[1] if latency else None,
@@ -549,20 +554,20 @@ class _ToAst(Transformer):
         )
 
     def rng_item(self, meta, children):
-        return ast.RngItem(span=self._span(meta))
+        return syntax.RngItem(span=self._span(meta))
 
     def region_ref(self, meta, children):
         name, *index = children
         index = [i for i in index if i is not None]
-        return ast.RegionRef(
+        return syntax.RegionRef(
             str(name), index[0] if index else None, span=self._span(meta), name_span=self._token_span(name)
         )
 
     def span_last(self, meta, children):
-        return ast.SpanLast(children[0], span=self._span(meta))
+        return syntax.SpanLast(children[0], span=self._span(meta))
 
     def span_new(self, meta, children):
-        return ast.SpanNew(children[0] if children else None, span=self._span(meta))
+        return syntax.SpanNew(children[0] if children else None, span=self._span(meta))
 
     def lookahead(self, meta, children):
         return ("lookahead", children[0])
@@ -583,30 +588,30 @@ class _ToAst(Transformer):
         unit = [u for u in unit if u is not None]
         if len(literal) > MAX_NUMBER_LENGTH:
             raise ClockError([messages.number_too_long(len(literal), MAX_NUMBER_LENGTH, self._token_span(literal))])
-        return ast.Number(Fraction(str(literal)), str(unit[0]) if unit else None, span=self._span(meta))
+        return syntax.Number(Fraction(str(literal)), str(unit[0]) if unit else None, span=self._span(meta))
 
     def name(self, meta, children):
-        return ast.Name(str(children[0]), span=self._span(meta))
+        return syntax.Name(str(children[0]), span=self._span(meta))
 
     def _binop(op):
         def method(self, meta, children):
             left, right = children
-            return ast.BinOp(op, left, right, span=self._span(meta))
+            return syntax.BinOp(op, left, right, span=self._span(meta))
 
         return method
 
     add, sub, mul, div = _binop("+"), _binop("-"), _binop("*"), _binop("/")
 
     def neg(self, meta, children):
-        return ast.Neg(children[0], span=self._span(meta))
+        return syntax.Neg(children[0], span=self._span(meta))
 
     def index(self, meta, children):
         target, index = children
-        return ast.Index(target, index, span=self._span(meta))
+        return syntax.Index(target, index, span=self._span(meta))
 
     def call(self, meta, children):
         func, *args = children
-        return ast.Call(str(func), tuple(a for a in args if a is not None), span=self._span(meta))
+        return syntax.Call(str(func), tuple(a for a in args if a is not None), span=self._span(meta))
 
     def list(self, meta, children):
-        return ast.ListExpr(tuple(c for c in children if c is not None), span=self._span(meta))
+        return syntax.ListExpr(tuple(c for c in children if c is not None), span=self._span(meta))

@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import attrs
 
-from duplexcadence.dsl import syntax as ast
+from duplexcadence.dsl import syntax
 
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 
@@ -36,8 +36,8 @@ def number_text(value: Fraction) -> str:
     return f"{value.numerator}/{value.denominator}"
 
 
-def expr(node: ast.Expr, parent: int = 0, right_side: bool = False) -> str:
-    if isinstance(node, ast.Number):
+def expr(node: syntax.Expr, parent: int = 0, right_side: bool = False) -> str:
+    if isinstance(node, syntax.Number):
         text = number_text(node.value)
         if node.value.denominator != 1 and "/" in text:
             text = f"({text})" if parent else text
@@ -46,77 +46,77 @@ def expr(node: ast.Expr, parent: int = 0, right_side: bool = False) -> str:
             if parent >= 2:
                 text = f"({text})"
         return text
-    if isinstance(node, ast.Name):
+    if isinstance(node, syntax.Name):
         return node.id
-    if isinstance(node, ast.Neg):
+    if isinstance(node, syntax.Neg):
         return "-" + expr(node.operand, 3)
-    if isinstance(node, ast.BinOp):
+    if isinstance(node, syntax.BinOp):
         precedence = _PRECEDENCE[node.op]
         text = f"{expr(node.left, precedence)} {node.op} {expr(node.right, precedence, True)}"
         if precedence < parent or (right_side and precedence == parent):
             return f"({text})"
         return text
-    if isinstance(node, ast.ListExpr):
+    if isinstance(node, syntax.ListExpr):
         return "[" + ", ".join(expr(i) for i in node.items) + "]"
-    if isinstance(node, ast.Index):
+    if isinstance(node, syntax.Index):
         return f"{expr(node.target, 4)}[{expr(node.index)}]"
-    if isinstance(node, ast.Call):
+    if isinstance(node, syntax.Call):
         return f"{node.func}(" + ", ".join(expr(a) for a in node.args) + ")"
     raise AssertionError(f"unknown expression {node!r}")
 
 
-def _retention(node: ast.Retention) -> str:
-    if isinstance(node, ast.KeepLast):
+def _retention(node: syntax.Retention) -> str:
+    if isinstance(node, syntax.KeepLast):
         return f"last {expr(node.count)}"
-    if isinstance(node, ast.KeepRing):
+    if isinstance(node, syntax.KeepRing):
         return f"ring {expr(node.count)}"
-    if isinstance(node, ast.KeepFirstLast):
+    if isinstance(node, syntax.KeepFirstLast):
         return f"first {expr(node.first)} + last {expr(node.last)}"
-    if isinstance(node, ast.KeepAll):
+    if isinstance(node, syntax.KeepAll):
         return "all" if node.horizon is None else f"all horizon {expr(node.horizon)}"
     return "scratch"
 
 
-def _clause(node: ast.RegionClause) -> str:
-    if isinstance(node, ast.OnClause):
+def _clause(node: syntax.RegionClause) -> str:
+    if isinstance(node, syntax.OnClause):
         return f"on {node.clock}"
-    if isinstance(node, ast.RetainClause):
+    if isinstance(node, syntax.RetainClause):
         return f"retain {_retention(node.retention)}"
-    if isinstance(node, ast.StartClause):
+    if isinstance(node, syntax.StartClause):
         policy = node.policy
-        if isinstance(policy, ast.StartGiven):
+        if isinstance(policy, syntax.StartGiven):
             return "start given" if policy.count is None else f"start given {expr(policy.count)}"
-        return "start zeros" if isinstance(policy, ast.StartZeros) else "start empty"
-    if isinstance(node, ast.StockClause):
+        return "start zeros" if isinstance(policy, syntax.StartZeros) else "start empty"
+    if isinstance(node, syntax.StockClause):
         return f"stock {expr(node.capacity)}"
-    if isinstance(node, ast.BindClause):
+    if isinstance(node, syntax.BindClause):
         return f'bind private "{node.path}"' if node.private else f'bind "{node.path}"'
     return node.role
 
 
-def _ref(node: ast.RegionRef) -> str:
+def _ref(node: syntax.RegionRef) -> str:
     return node.name if node.index is None else f"{node.name}[{expr(node.index)}]"
 
 
-def _item(node: ast.StageItem) -> str:
-    if isinstance(node, ast.ModuleItem):
+def _item(node: syntax.StageItem) -> str:
+    if isinstance(node, syntax.ModuleItem):
         return f'module private "{node.path}"' if node.private else f'module "{node.path}"'
-    if isinstance(node, ast.HookItem):
+    if isinstance(node, syntax.HookItem):
         return f"hook {node.name}"
-    if isinstance(node, ast.RngItem):
+    if isinstance(node, syntax.RngItem):
         return "rng"
-    if isinstance(node, ast.ReadItem):
+    if isinstance(node, syntax.ReadItem):
         parts = ["read"] + (["prev"] if node.prev else []) + [_ref(node.region)]
-        if isinstance(node.span_clause, ast.SpanLast):
+        if isinstance(node.span_clause, syntax.SpanLast):
             parts.append(f"last {expr(node.span_clause.count)}")
-        elif isinstance(node.span_clause, ast.SpanNew):
+        elif isinstance(node.span_clause, syntax.SpanNew):
             parts.append("new" if node.span_clause.context is None else f"new + {expr(node.span_clause.context)}")
         if node.lookahead is not None:
             parts.append(f"lookahead {expr(node.lookahead)}")
         if node.alias is not None:
             parts.append(f"as {node.alias}")
         return " ".join(parts)
-    if isinstance(node, ast.UpdateItem):
+    if isinstance(node, syntax.UpdateItem):
         if node.advance is None:
             return f"update {_ref(node.region)}"
         return f"update {_ref(node.region)} +{expr(node.advance, 3)}"
@@ -132,7 +132,7 @@ LINE_LENGTH = 100
 """A region declaration longer than this moves its trailing `stock` clauses to lines of their own."""
 
 
-def _region_lines(node: ast.Region) -> list[tuple[str, ast.RegionClause | None]]:
+def _region_lines(node: syntax.Region) -> list[tuple[str, syntax.RegionClause | None]]:
     """The region's output lines, each with the clause it holds (None for the declaration line).
 
     The declaration line holds every clause but the trailing `stock`/`bind` ones; each trailing
@@ -141,45 +141,45 @@ def _region_lines(node: ast.Region) -> list[tuple[str, ast.RegionClause | None]]
     round-trips.
     """
     family = f"[{node.family.index} < {expr(node.family.count)}]" if node.family else ""
-    dims = ", ".join("time" if isinstance(d, ast.TimeAxis) else expr(d) for d in node.shape)
+    dims = ", ".join("time" if isinstance(d, syntax.TimeAxis) else expr(d) for d in node.shape)
     line = f"region {node.name}{family} : {node.dtype}[{dims}]"
     clauses = list(node.clauses)
     tail = len(clauses)
-    while tail > 0 and isinstance(clauses[tail - 1], (ast.StockClause, ast.BindClause)):
+    while tail > 0 and isinstance(clauses[tail - 1], (syntax.StockClause, syntax.BindClause)):
         tail -= 1
     line += "".join(" " + _clause(c) for c in clauses[:tail])
     for clause in clauses[tail:]:
-        if isinstance(clause, ast.BindClause) or len(line) + 1 + len(_clause(clause)) > LINE_LENGTH:
+        if isinstance(clause, syntax.BindClause) or len(line) + 1 + len(_clause(clause)) > LINE_LENGTH:
             break
         line += " " + _clause(clause)
         tail += 1
     return [(line, None)] + [("    " + _clause(c), c) for c in clauses[tail:]]
 
 
-def statement(node: ast.Statement) -> str:
-    if isinstance(node, ast.Use):
+def statement(node: syntax.Statement) -> str:
+    if isinstance(node, syntax.Use):
         names = f" ({', '.join(node.names)})" if node.names is not None else ""
         return f"use {node.dotted}{names}"
-    if isinstance(node, ast.Cadence):
+    if isinstance(node, syntax.Cadence):
         return f"cadence {expr(node.period)}"
-    if isinstance(node, ast.Param):
+    if isinstance(node, syntax.Param):
         return f"param {node.name} = {expr(node.default)}"
-    if isinstance(node, ast.Clock):
+    if isinstance(node, syntax.Clock):
         return f"clock {node.name} = {expr(node.rate)}"
-    if isinstance(node, ast.Region):
+    if isinstance(node, syntax.Region):
         return "\n".join(text for text, _ in _region_lines(node))
-    if isinstance(node, ast.Stage):
+    if isinstance(node, syntax.Stage):
         items = "".join(f"    {_item(i)}\n" for i in node.items)
         return f"stage {node.name} on {node.clock} {{\n{items}}}"
     raise AssertionError(f"unknown statement {node!r}")
 
 
-def _blank_between(previous: ast.Statement, current: ast.Statement) -> bool:
+def _blank_between(previous: syntax.Statement, current: syntax.Statement) -> bool:
     """The canonical layout's blank lines: between statements of different kinds, around stages."""
-    return type(previous) is not type(current) or isinstance(current, ast.Stage)
+    return type(previous) is not type(current) or isinstance(current, syntax.Stage)
 
 
-def module(node: ast.Module) -> str:
+def module(node: syntax.Module) -> str:
     """The canonical text of a whole file (ends with one newline).
 
     Comments (`node.comments`, located by their spans) are kept: a comment on a line of its own stays
@@ -192,7 +192,7 @@ def module(node: ast.Module) -> str:
     return _CommentedPrinter(node).text()
 
 
-def _module_without_comments(node: ast.Module) -> str:
+def _module_without_comments(node: syntax.Module) -> str:
     lines: list[str] = []
     previous = None
     for item in node.statements:
@@ -213,11 +213,11 @@ class _Line:
 
 
 class _CommentedPrinter:
-    def __init__(self, node: ast.Module):
+    def __init__(self, node: syntax.Module):
         self.node = node
         self.comments = sorted(node.comments, key=lambda c: (c.span.line, c.span.column))
 
-    def _own_line(self, comment: ast.Comment) -> bool:
+    def _own_line(self, comment: syntax.Comment) -> bool:
         """Whether no code precedes the comment on its line."""
         first_code = self._source_columns.get(comment.span.line)
         return first_code is None or first_code > comment.span.column
@@ -227,7 +227,7 @@ class _CommentedPrinter:
         statements = list(self.node.statements)
         out: list[tuple[str, str | None]] = []
         last_end = 0  # the last source line already printed
-        previous: ast.Statement | None = None
+        previous: syntax.Statement | None = None
         pending = [c for c in self.comments]
         for item in statements:
             leading = [c for c in pending if c.span.line < item.span.line]
@@ -273,39 +273,39 @@ class _CommentedPrinter:
 
         for item in self.node.statements:
             visit(item)
-            if isinstance(item, ast.Stage):  # the closing brace
+            if isinstance(item, syntax.Stage):  # the closing brace
                 columns.setdefault(item.span.end_line, item.span.end_column - 1)
         return columns
 
-    def _lines_of(self, item: ast.Statement) -> list[_Line]:
-        if isinstance(item, ast.Region):
+    def _lines_of(self, item: syntax.Statement) -> list[_Line]:
+        if isinstance(item, syntax.Region):
             result = []
             for text, clause in _region_lines(item):
                 result.append(_Line(text, clause.span.line if clause is not None else item.span.line))
             return result
-        if isinstance(item, ast.Stage):
+        if isinstance(item, syntax.Stage):
             result = [_Line(f"stage {item.name} on {item.clock} {{", item.span.line)]
             result += [_Line("    " + _item(i), i.span.line) for i in item.items]
             result.append(_Line("}", item.span.end_line))
             return result
         return [_Line(statement(item), item.span.line)]
 
-    def _render(self, item: ast.Statement, comments: list[ast.Comment]) -> list[tuple[str, str | None]]:
+    def _render(self, item: syntax.Statement, comments: list[syntax.Comment]) -> list[tuple[str, str | None]]:
         lines = self._lines_of(item)
         before: dict[int, list[str]] = {}
         for comment in comments:
             line = comment.span.line
             if self._own_line(comment) and line != item.span.line:
-                target = next((i for i, l in enumerate(lines) if l.anchor > line), len(lines) - 1)
+                target = next((i for i, candidate in enumerate(lines) if candidate.anchor > line), len(lines) - 1)
                 before.setdefault(target, []).append(comment.text)
                 continue
-            exact = [l for l in lines if l.anchor == line]
-            target_line = exact[-1] if exact else [l for l in lines if l.anchor <= line][-1]
+            exact = [candidate for candidate in lines if candidate.anchor == line]
+            target_line = exact[-1] if exact else [c for c in lines if c.anchor <= line][-1]
             target_line.comments.append(comment.text)
         out: list[tuple[str, str | None]] = []
         for index, line in enumerate(lines):
             indent = " " * (len(line.code) - len(line.code.lstrip(" ")))
-            if isinstance(item, ast.Stage) and index == len(lines) - 1:
+            if isinstance(item, syntax.Stage) and index == len(lines) - 1:
                 indent = "    "  # comments before the closing brace stay inside the stage
             for text in before.get(index, []):
                 out.append((indent + text, None))

@@ -15,8 +15,7 @@ from fractions import Fraction
 
 import attrs
 
-from duplexcadence.dsl import messages
-from duplexcadence.dsl import syntax as ast
+from duplexcadence.dsl import messages, syntax
 from duplexcadence.dsl.diagnostics import ClockError, DiagnosticBag
 from duplexcadence.dsl.evaluate import (
     HERTZ,
@@ -116,6 +115,32 @@ class Suggestions:
         return names
 
 
+class _UnitScope:
+    """The names one unit sees and where each was declared or imported; a second declaration of a
+    name is reported to `bag`."""
+
+    def __init__(self, bag: DiagnosticBag) -> None:
+        self.bag = bag
+        self.names: dict[str, Declaration] = {}
+        self.where: dict[str, tuple[Span | None, bool]] = {}
+
+    def add(self, declaration: Declaration, at: Span | None, imported: bool = False) -> None:
+        existing = self.names.get(declaration.name)
+        if existing is None:
+            self.names[declaration.name] = declaration
+            self.where[declaration.name] = (at, imported)
+        elif existing.node is not declaration.node:
+            first, first_imported = self.where[declaration.name]
+            if declaration.kind == "cadence":
+                self.bag.add(messages.duplicate_cadence(at, first, first_imported))
+            else:
+                self.bag.add(
+                    messages.duplicate_name(
+                        declaration.kind, declaration.name, at, first, existing.kind, first_imported
+                    )
+                )
+
+
 def collect_declarations(
     loaded: Loaded, bag: DiagnosticBag, suggestions: Suggestions | None = None
 ) -> dict[str, dict[str, Declaration]]:
@@ -123,50 +148,31 @@ def collect_declarations(
     suggestions = suggestions or Suggestions()
     visible: dict[str, dict[str, Declaration]] = {}
     for key, unit in loaded.units.items():  # children are inserted before their importers
-        names: dict[str, Declaration] = {}
-
-        where: dict[str, tuple[Span | None, bool]] = {}
-
-        def add(declaration: Declaration, at: Span | None, imported: bool = False) -> None:
-            existing = names.get(declaration.name)
-            if existing is None:
-                names[declaration.name] = declaration
-                where[declaration.name] = (at, imported)
-            elif existing.node is not declaration.node:
-                first, first_imported = where[declaration.name]
-                if declaration.kind == "cadence":
-                    bag.add(messages.duplicate_cadence(at, first, first_imported))
-                else:
-                    bag.add(
-                        messages.duplicate_name(
-                            declaration.kind, declaration.name, at, first, existing.kind, first_imported
-                        )
-                    )
-
+        scope = _UnitScope(bag)
         for use, target in unit.imports:
             exported = visible.get(target)
             if exported is None:  # the imported unit did not load; its own errors say why
                 continue
             if use.names is None:
-                for name, declaration in exported.items():
-                    add(declaration, use.module_span or use.span, True)
+                for declaration in exported.values():
+                    scope.add(declaration, use.module_span or use.span, True)
                 continue
             spans = use.name_spans if len(use.name_spans) == len(use.names) else (use.span,) * len(use.names)
             for name, at in zip(use.names, spans):
                 if name not in exported:
                     bag.add(messages.unknown_imported_name(use.dotted, name, at, suggestions.offer(exported)))
                     continue
-                add(exported[name], at, True)
+                scope.add(exported[name], at, True)
         for statement in unit.module.statements:
-            if isinstance(statement, ast.Use):
+            if isinstance(statement, syntax.Use):
                 continue
-            if isinstance(statement, ast.Cadence):
-                add(Declaration("cadence", "cadence", statement, key), statement.span)
+            if isinstance(statement, syntax.Cadence):
+                scope.add(Declaration("cadence", "cadence", statement, key), statement.span)
                 continue
             kind = type(statement).__name__.lower()
             declaration = Declaration(kind, statement.name, statement, key)
-            add(declaration, declaration.name_span)
-        visible[key] = names
+            scope.add(declaration, declaration.name_span)
+        visible[key] = scope.names
     return visible
 
 
@@ -215,7 +221,7 @@ class _Resolver:
             self.kinds[key] = {n: d for n, d in self.decls.items() if d.kind == kind}
         return self.kinds[key]
 
-    def lookup_value(self, node: ast.Name, local: Mapping[str, int] | None = None) -> Quantity:
+    def lookup_value(self, node: syntax.Name, local: Mapping[str, int] | None = None) -> Quantity:
         if local and node.id in local:
             return Quantity(Fraction(local[node.id]))
         declaration = self.decls.get(node.id)
@@ -313,7 +319,7 @@ class _Resolver:
             stack.append(iter(self._dependencies(child)))
 
     def _param_value(self, declaration: Declaration) -> Quantity:
-        node: ast.Param = declaration.node
+        node: syntax.Param = declaration.node
         default = evaluate(node.default, self.lookup_value)
         visible = self.scopes[self.loaded.main].get(declaration.name)
         if declaration.name not in self.overrides or visible is None or visible.node is not node:
@@ -337,7 +343,7 @@ class _Resolver:
         return given
 
     def _clock_value(self, declaration: Declaration) -> Quantity:
-        node: ast.Clock = declaration.node
+        node: syntax.Clock = declaration.node
         rate = evaluate(node.rate, self.lookup_value)
         if rate.is_list or rate.unit != HERTZ:
             raise EvalError(messages.bad_rate(declaration.name, f"is {rate.describe()}, not a rate in Hz", node.span))
@@ -347,7 +353,7 @@ class _Resolver:
             )
         return rate
 
-    def evaluate_in(self, expr: ast.Expr, local: Mapping[str, int] | None = None) -> Quantity:
+    def evaluate_in(self, expr: syntax.Expr, local: Mapping[str, int] | None = None) -> Quantity:
         return evaluate(expr, lambda n: self.lookup_value(n, local))
 
     # --- the program ---------------------------------------------------------------------------
@@ -454,7 +460,7 @@ class _Resolver:
         declaration = self.decls.get("cadence")
         if declaration is None or declaration.kind != "cadence":
             return None, None
-        node: ast.Cadence = declaration.node
+        node: syntax.Cadence = declaration.node
         try:
             with self.in_scope_of(declaration):
                 period = self.evaluate_in(node.period)
@@ -472,15 +478,15 @@ class _Resolver:
         return period.value, node.span
 
     def _region(self, declaration: Declaration) -> list[RegionInfo] | None:
-        node: ast.Region = declaration.node
+        node: syntax.Region = declaration.node
         ok = True
         for kind, label in (
-            (ast.OnClause, "on"),
-            (ast.RetainClause, "retain"),
-            (ast.StartClause, "start"),
-            (ast.StockClause, "stock"),
-            (ast.BindClause, "bind"),
-            (ast.RoleClause, None),
+            (syntax.OnClause, "on"),
+            (syntax.RetainClause, "retain"),
+            (syntax.StartClause, "start"),
+            (syntax.StockClause, "stock"),
+            (syntax.BindClause, "bind"),
+            (syntax.RoleClause, None),
         ):
             found = node.clauses_of(kind)
             for extra in found[1:]:
@@ -493,9 +499,9 @@ class _Resolver:
         if node.dtype not in messages.DTYPES:
             self.bag.add(messages.unknown_dtype(node.dtype, node.dtype_span))
             ok = False
-        time_axes = [d for d in node.shape if isinstance(d, ast.TimeAxis)]
-        on = node.clause(ast.OnClause)
-        role_clause = node.clause(ast.RoleClause)
+        time_axes = [d for d in node.shape if isinstance(d, syntax.TimeAxis)]
+        on = node.clause(syntax.OnClause)
+        role_clause = node.clause(syntax.RoleClause)
         role = role_clause.role if role_clause else "state"
         if len(time_axes) > 1:
             self.bag.add(messages.time_axis_count(node.name, len(time_axes), time_axes[1].span or name_span))
@@ -504,8 +510,8 @@ class _Resolver:
             self.bag.add(messages.time_axis_count(node.name, 0, role_clause.span or name_span))
             ok = False
         if not time_axes:
-            retain = node.clause(ast.RetainClause)
-            if retain is not None and isinstance(retain.retention, ast.KeepScratch):
+            retain = node.clause(syntax.RetainClause)
+            if retain is not None and isinstance(retain.retention, syntax.KeepScratch):
                 retain = None  # a fixed scratch region is a working buffer shared by every session
             for clause in (retain, on):
                 if clause is not None:
@@ -548,15 +554,20 @@ class _Resolver:
                 ok = False
             except _Skip:
                 ok = False
-        bind_clause = node.clause(ast.BindClause)
-        if ok and node.family is not None and count > 1 and bind_clause is not None:
-            if not _PLACEHOLDER.search(bind_clause.path):  # an unknown placeholder is reported by `_bind`
-                self.bag.add(
-                    messages.family_bind_without_index(
-                        node.name, bind_clause.path, count, node.family.index, bind_clause.span
-                    )
+        bind_clause = node.clause(syntax.BindClause)
+        if (
+            ok
+            and node.family is not None
+            and count > 1
+            and bind_clause is not None
+            and not _PLACEHOLDER.search(bind_clause.path)  # an unknown placeholder is reported by `_bind`
+        ):
+            self.bag.add(
+                messages.family_bind_without_index(
+                    node.name, bind_clause.path, count, node.family.index, bind_clause.span
                 )
-                ok = False
+            )
+            ok = False
         if not ok:
             return None
         if self.region_count + count > self.limits.regions:  # checked before a member is made
@@ -571,7 +582,7 @@ class _Resolver:
             self.region_count = self.limits.regions + 1
             return None
         self.region_count += count
-        time_axis = next((i for i, d in enumerate(node.shape) if isinstance(d, ast.TimeAxis)), None)
+        time_axis = next((i for i, d in enumerate(node.shape) if isinstance(d, syntax.TimeAxis)), None)
         members = []
         for index in range(count):
             local = {node.family.index: index} if node.family is not None else {}
@@ -601,13 +612,13 @@ class _Resolver:
         role: str,
         time_axis: int | None,
     ) -> RegionInfo | None:
-        node: ast.Region = declaration.node
+        node: syntax.Region = declaration.node
         base = self.canonical(declaration)
         name = f"{base}[{index}]" if index is not None else base
         try:
             shape: list[int | None] = []
             for position, dim in enumerate(node.shape):
-                if isinstance(dim, ast.TimeAxis):
+                if isinstance(dim, syntax.TimeAxis):
                     shape.append(None)
                     continue
                 value = self.evaluate_in(dim, local)
@@ -616,7 +627,7 @@ class _Resolver:
                     return None
                 shape.append(value.value.numerator)
             if time_axis is None:
-                scratch = isinstance(getattr(node.clause(ast.RetainClause), "retention", None), ast.KeepScratch)
+                scratch = isinstance(getattr(node.clause(syntax.RetainClause), "retention", None), syntax.KeepScratch)
                 retention = Retention("scratch" if scratch else "fixed")
             else:
                 retention = self._retention(node, name, clock, role, local)
@@ -624,7 +635,7 @@ class _Resolver:
                 return None
             start, start_length = self._start(node, name, retention, clock, local)
             stock_shape = self._stock(node, name, shape, local)
-            bind_clause = node.clause(ast.BindClause)
+            bind_clause = node.clause(syntax.BindClause)
             bind = self._bind(node, bind_clause, name, local) if bind_clause else None
             if bind_clause is not None and bind is None:
                 return None
@@ -654,7 +665,7 @@ class _Resolver:
         )
 
     def _start(
-        self, node: ast.Region, name: str, retention: Retention, clock: ClockInfo | None, local: dict[str, int]
+        self, node: syntax.Region, name: str, retention: Retention, clock: ClockInfo | None, local: dict[str, int]
     ) -> tuple[str, int]:
         """The start policy and the units held at session start (see RegionInfo.start_length).
 
@@ -663,24 +674,24 @@ class _Resolver:
         of 0; an input or output sized from its stages gets its zeros once `complete.size_io_regions`
         knows the window.
         """
-        clause = node.clause(ast.StartClause)
-        fixed = not any(isinstance(d, ast.TimeAxis) for d in node.shape)
+        clause = node.clause(syntax.StartClause)
+        fixed = not any(isinstance(d, syntax.TimeAxis) for d in node.shape)
         if clause is None:
             return ("zeros", 0) if fixed else ("empty", 0)
         policy = clause.policy
         if fixed:
-            if isinstance(policy, ast.StartEmpty):
+            if isinstance(policy, syntax.StartEmpty):
                 self.bag.add(messages.bad_start(name, "has no time axis, so it cannot start empty", clause.span))
                 raise _Skip()
-            if isinstance(policy, ast.StartGiven) and policy.count is not None:
+            if isinstance(policy, syntax.StartGiven) and policy.count is not None:
                 self.bag.add(
                     messages.bad_start(
                         name, "has no time axis, so it starts whole: write `start given` without a length", clause.span
                     )
                 )
                 raise _Skip()
-            return ("zeros", 0) if isinstance(policy, ast.StartZeros) else ("given", 0)
-        if isinstance(policy, ast.StartEmpty):
+            return ("zeros", 0) if isinstance(policy, syntax.StartZeros) else ("given", 0)
+        if isinstance(policy, syntax.StartEmpty):
             return "empty", 0
         if retention.kind == "scratch":
             self.bag.add(
@@ -689,7 +700,7 @@ class _Resolver:
                 )
             )
             raise _Skip()
-        if isinstance(policy, ast.StartZeros):
+        if isinstance(policy, syntax.StartZeros):
             if retention.kind == "all":
                 self.bag.add(
                     messages.bad_start(
@@ -725,9 +736,9 @@ class _Resolver:
         return "given", length
 
     def _retention(
-        self, node: ast.Region, name: str, clock: ClockInfo, role: str, local: dict[str, int]
+        self, node: syntax.Region, name: str, clock: ClockInfo, role: str, local: dict[str, int]
     ) -> Retention | None:
-        clause = node.clause(ast.RetainClause)
+        clause = node.clause(syntax.RetainClause)
         if clause is None:
             if role in ("input", "output"):
                 return Retention("io", span=node.name_span or node.span)  # sized from the stages by `checks`
@@ -735,7 +746,7 @@ class _Resolver:
             return None
         keep = clause.retention
 
-        def count(expr: ast.Expr, what: str, minimum: int, limit: int | None = None) -> int:
+        def count(expr: syntax.Expr, what: str, minimum: int, limit: int | None = None) -> int:
             """The count, within `limit` (the retention limit unless given)."""
             units = count_of(self.evaluate_in(expr, local), clock.rate, expr, f"{what} of region '{name}'", minimum)
             if limit is None and units > self.limits.retention:
@@ -746,18 +757,18 @@ class _Resolver:
                 raise _Skip()
             return units
 
-        if isinstance(keep, ast.KeepLast):
+        if isinstance(keep, syntax.KeepLast):
             return Retention("last", last=count(keep.count, "the retention", 1), span=clause.span)
-        if isinstance(keep, ast.KeepRing):
+        if isinstance(keep, syntax.KeepRing):
             return Retention("ring", last=count(keep.count, "the ring size", 1), span=clause.span)
-        if isinstance(keep, ast.KeepFirstLast):
+        if isinstance(keep, syntax.KeepFirstLast):
             return Retention(
                 "first_last",
                 first=count(keep.first, "the pinned head", 0),
                 last=count(keep.last, "the window", 1),
                 span=clause.span,
             )
-        if isinstance(keep, ast.KeepAll):
+        if isinstance(keep, syntax.KeepAll):
             if keep.horizon is None:
                 self.bag.add(messages.unbounded_retention(name, clause.span))
                 return None
@@ -766,9 +777,9 @@ class _Resolver:
         return Retention("scratch", span=clause.span)
 
     def _stock(
-        self, node: ast.Region, name: str, shape: list[int | None], local: dict[str, int]
+        self, node: syntax.Region, name: str, shape: list[int | None], local: dict[str, int]
     ) -> tuple[int, ...] | None:
-        clause = node.clause(ast.StockClause)
+        clause = node.clause(syntax.StockClause)
         if clause is None:
             return None
         value = self.evaluate_in(clause.capacity, local)
@@ -784,7 +795,7 @@ class _Resolver:
         capacity = require_int(value, clause.capacity, f"the stock capacity of region '{name}'", 0)
         return tuple(capacity if d is None else d for d in shape)
 
-    def _bind(self, node: ast.Region, clause: ast.BindClause, name: str, local: dict[str, int]) -> str | None:
+    def _bind(self, node: syntax.Region, clause: syntax.BindClause, name: str, local: dict[str, int]) -> str | None:
         unknown: list[str] = []
 
         def fill(match: re.Match) -> str:
@@ -810,7 +821,7 @@ class _Resolver:
             return None
         return path
 
-    def _stage(self, node: ast.Stage) -> StageInfo | None:
+    def _stage(self, node: syntax.Stage) -> StageInfo | None:
         ok = True
         clock = None
         clock_declaration = self.decls.get(node.clock)
@@ -820,7 +831,7 @@ class _Resolver:
         else:
             clock = self.clock_info(clock_declaration)
             ok = clock is not None
-        callables = node.items_of(ast.ModuleItem) + node.items_of(ast.HookItem)
+        callables = node.items_of(syntax.ModuleItem) + node.items_of(syntax.HookItem)
         if len(callables) != 1:
             self.bag.add(
                 messages.stage_callable(
@@ -828,7 +839,7 @@ class _Resolver:
                 )
             )
             ok = False
-        for item in node.items_of(ast.ModuleItem):
+        for item in node.items_of(syntax.ModuleItem):
             problem = path_problem(item.path) if item.path != "" else None
             if problem is not None:  # reported, but the stage's accesses are still worth checking
                 self.bag.add(messages.bad_module_path(node.name, item.path, problem, item.path_span or item.span))
@@ -838,7 +849,7 @@ class _Resolver:
                 where = segment_span(item.path_span, offset, segment) or item.span
                 self.bag.add(messages.unsafe_path("module", node.name, item.path, segment, dunder, where))
         aliases: dict[str, Span | None] = {}
-        for item in node.items_of(ast.ReadItem):
+        for item in node.items_of(syntax.ReadItem):
             if item.alias is None:
                 continue
             if item.alias in aliases:
@@ -851,7 +862,7 @@ class _Resolver:
                 aliases[item.alias] = item.alias_span or item.span
         accesses: list[Access] = []
         for item in node.items:
-            if isinstance(item, (ast.ReadItem, ast.UpdateItem, ast.WriteItem)):
+            if isinstance(item, (syntax.ReadItem, syntax.UpdateItem, syntax.WriteItem)):
                 try:
                     accesses.extend(self._accesses(item))
                 except EvalError as error:
@@ -862,20 +873,20 @@ class _Resolver:
         if not ok:
             return None
         target = callables[0]
-        kind = "module" if isinstance(target, ast.ModuleItem) else "hook"
+        kind = "module" if isinstance(target, syntax.ModuleItem) else "hook"
         return StageInfo(
             node.name,
             clock.name,
             kind,
             target.path if kind == "module" else target.name,
             tuple(accesses),
-            bool(node.items_of(ast.RngItem)),
+            bool(node.items_of(syntax.RngItem)),
             span=node.span,
             callable_span=target.span,
         )
 
     def _accesses(self, item) -> list[Access]:
-        ref: ast.RegionRef = item.region
+        ref: syntax.RegionRef = item.region
         declaration = self.decls.get(ref.name)
         if declaration is None or declaration.kind != "region":
             self._unknown(ref.name, "region", ref.name_span or ref.span)
@@ -896,7 +907,7 @@ class _Resolver:
             raise _Skip()
         result = []
 
-        def reach(expr: ast.Expr, rate: Fraction, what: str, minimum: int, region: str) -> int:
+        def reach(expr: syntax.Expr, rate: Fraction, what: str, minimum: int, region: str) -> int:
             """A read's count of units (`what`: `read span`, `read context`, `lookahead`), within the
             context limit."""
             units = count_of(self.evaluate_in(expr), rate, expr, f"a {what}", minimum)
@@ -908,12 +919,12 @@ class _Resolver:
         for member in members:
             region = self.regions[member]
             rate = self.clocks[region.clock].rate if region.clock else Fraction(1)
-            if isinstance(item, ast.ReadItem):
+            if isinstance(item, syntax.ReadItem):
                 window, count, context = "all", 0, 0
-                if isinstance(item.span_clause, ast.SpanLast):
+                if isinstance(item.span_clause, syntax.SpanLast):
                     window = "last"
                     count = reach(item.span_clause.count, rate, "read span", 1, ref.name)
-                elif isinstance(item.span_clause, ast.SpanNew):
+                elif isinstance(item.span_clause, syntax.SpanNew):
                     window = "new"
                     if item.span_clause.context is not None:
                         context = reach(item.span_clause.context, rate, "read context", 0, ref.name)
@@ -923,7 +934,7 @@ class _Resolver:
                 result.append(
                     Access("read", member, window, count, context, lookahead, item.alias, item.prev, span=item.span)
                 )
-            elif isinstance(item, ast.UpdateItem):
+            elif isinstance(item, syntax.UpdateItem):
                 advance = None
                 if item.advance is not None:
                     advance = count_of(self.evaluate_in(item.advance), rate, item.advance, "an advance", 0)
@@ -956,7 +967,7 @@ class _Skip(Exception):
     """A declaration that depends on one already reported as broken."""
 
 
-def _no_names(node: ast.Name) -> Quantity:
+def _no_names(node: syntax.Name) -> Quantity:
     raise EvalError(
         messages.bad_value(
             f"'{node.id}': a --param value cannot name other declarations", node.span, "give a literal value"
@@ -997,7 +1008,7 @@ def names_in_order(expr) -> list[str]:
     found: dict[str, None] = {}
 
     def walk(value) -> None:
-        if isinstance(value, ast.Name):
+        if isinstance(value, syntax.Name):
             found.setdefault(value.id)
         elif isinstance(value, (list, tuple)):
             for item in value:
@@ -1016,7 +1027,7 @@ def free_names(node) -> tuple[str, ...]:
     found: set[str] = set()
 
     def walk(value) -> None:
-        if isinstance(value, ast.Name):
+        if isinstance(value, syntax.Name):
             found.add(value.id)
         elif isinstance(value, (list, tuple)):
             for item in value:

@@ -8,7 +8,6 @@ No Lark type ever appears here: the parser converts everything.
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Union
 
 import attrs
 
@@ -86,7 +85,7 @@ class Call:
     span: Span | None = _span_field()
 
 
-Expr = Union[Number, Name, BinOp, Neg, ListExpr, Index, Call]
+Expr = Number | Name | BinOp | Neg | ListExpr | Index | Call
 
 
 # --- statements --------------------------------------------------------------------------------
@@ -152,7 +151,7 @@ class TimeAxis:
     span: Span | None = _span_field()
 
 
-Dim = Union[TimeAxis, Expr]
+Dim = TimeAxis | Expr
 
 
 @attrs.frozen
@@ -198,7 +197,7 @@ class KeepScratch:
     span: Span | None = _span_field()
 
 
-Retention = Union[KeepLast, KeepRing, KeepFirstLast, KeepAll, KeepScratch]
+Retention = KeepLast | KeepRing | KeepFirstLast | KeepAll | KeepScratch
 
 
 @attrs.frozen
@@ -224,7 +223,7 @@ class StartGiven:
     span: Span | None = _span_field()
 
 
-StartPolicy = Union[StartZeros, StartEmpty, StartGiven]
+StartPolicy = StartZeros | StartEmpty | StartGiven
 
 
 @attrs.frozen
@@ -281,7 +280,7 @@ class RoleClause:
     span: Span | None = _span_field()
 
 
-RegionClause = Union[OnClause, RetainClause, StartClause, StockClause, BindClause, RoleClause]
+RegionClause = OnClause | RetainClause | StartClause | StockClause | BindClause | RoleClause
 
 
 @attrs.frozen
@@ -409,7 +408,7 @@ class RngItem:
     span: Span | None = _span_field()
 
 
-StageItem = Union[ModuleItem, HookItem, ReadItem, UpdateItem, WriteItem, RngItem]
+StageItem = ModuleItem | HookItem | ReadItem | UpdateItem | WriteItem | RngItem
 
 
 @attrs.frozen
@@ -430,7 +429,7 @@ class Stage:
         return [i for i in self.items if isinstance(i, kind)]
 
 
-Statement = Union[Use, Cadence, Param, Clock, Region, Stage]
+Statement = Use | Cadence | Param | Clock | Region | Stage
 
 
 @attrs.frozen

@@ -23,6 +23,10 @@ import sys
 from pathlib import Path
 
 GPU_COMMAND = "bash scripts/demo.sh --device cuda --seconds 20"
+INSTALL_MOSHI = (
+    "pip install 'duplexcadence[moshi]' && pip install --no-deps -r scripts/model-pins.txt "
+    "(bash scripts/demo.sh does both)"
+)
 GPU_SECONDS = 20
 
 
@@ -60,19 +64,21 @@ def main(argv: list[str] | None = None) -> int:
         for help_text in error.helps:
             print(f"  help: {help_text}", file=sys.stderr)
         return 2
-    try:
-        from duplexcadence.examples.moshi.bench import subject
-        from duplexcadence.examples.moshi.cadence import clock_path
-    except ImportError as error:
-        from duplexcadence.interpreter.cli.common import missing_package
+    from duplexcadence.interpreter import tails
 
-        problem = missing_package(error, extra="moshi", what="the demo")
-        print(f"demo: error: {problem.message}\n  help: {problem.helps[0]}", file=sys.stderr)
+    try:  # the tail's model packages are imported lazily: ask the registry before anything runs
+        tails.get("moshi").require()
+    except tails.TailError as error:
+        print(f"demo: error: {error}", file=sys.stderr)
+        print(f"  help: {INSTALL_MOSHI}", file=sys.stderr)
         return 2
+    from duplexcadence.examples.moshi.bench import subject
+    from duplexcadence.examples.moshi.cadence import clock_path
     from duplexcadence.interpreter import bench
     from duplexcadence.interpreter.plans.plan import plan_file
     from duplexcadence.interpreter.plans.plan_text import format_plan, human_bytes, table
-    from duplexcadence.interpreter.views.render import RenderError, render_file
+    from duplexcadence.interpreter.views.output import RenderError
+    from duplexcadence.interpreter.views.render import render_file
 
     gpu = device.startswith("cuda")
     out = Path(args.out)
@@ -126,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(
             f"  on a CPU nothing is captured ({len(plan.capture.graphs)} graphs planned, {graphs} captured): both "
-            "variants run the same eager kernels,\n  so the times are alike and vary from run to run; the "
-            "speed-up is CUDA-graph replay on a GPU:\n"
+            "variants run the same eager kernels,\n  so a CPU shows no speed-up (its times vary from run to run, "
+            "and DuplexCadence adds its copies\n  into the arena); the speed-up is CUDA-graph replay on a GPU:\n"
             f"    {GPU_COMMAND}"
         )
     print(f"\nresults: {out / 'moshi-demo.json'}")

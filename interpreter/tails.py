@@ -6,7 +6,7 @@ A distribution registers a tail by naming a `Tail` record in its metadata::
     mytail = "mypackage.tail:TAIL"
 
 `available()` lists the registered names, `get(name)` loads one record. Loading a record imports only the
-module that holds it: its callables (`build_model`, `stock_loop`, `load_runtime`, `subject`) are
+module that holds it: its callables (`build_model`, `stock_loop`, `load_runtime`, `subject`, `serve`) are
 `Reference`s, imported when first called, so a tail whose optional packages are missing is still listed,
 and calling into it says which extra to install. The bench (`dsl bench NAME`), the tests and the serving
 code find tails here; nothing in the core names one.
@@ -101,6 +101,8 @@ class Tail:
     `stock_loop(model, ...)`: the stock streaming loop, the reference every output is compared with.
     `load_runtime(model, ...)`: the DuplexCadence runtime over the model, its hooks bound.
     `subject(device=, seconds=, batch=, dtype=, **options)`: its `dsl bench` subject.
+    `serve(device=, **options)`: its serving adapter, a `duplexcadence.interpreter.serve.ServedTail` (`dsl serve
+    NAME`); None for a tail that declares none.
     `extra`: the pip extra of this distribution that installs `requires` (None: none needed).
     """
 
@@ -115,9 +117,12 @@ class Tail:
     subject: Reference = attrs.field(converter=_reference)
     extra: str | None = None
     requires: tuple[str, ...] = ()
+    serve: Reference | None = attrs.field(default=None, converter=attrs.converters.optional(_reference))
 
     def __attrs_post_init__(self) -> None:
-        for field in ("build_model", "stock_loop", "load_runtime", "subject"):
+        for field in ("build_model", "stock_loop", "load_runtime", "subject", "serve"):
+            if getattr(self, field) is None:
+                continue
             reference = attrs.evolve(getattr(self, field), tail=self.name, extra=self.extra, requires=self.requires)
             object.__setattr__(self, field, reference)
 

@@ -6,8 +6,9 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 mkdir -p /tmp/pkgs && ln -sfn "$PWD" /tmp/pkgs/duplexcadence
 python3 - <<'PY'
-import pathlib, tomllib
+import pathlib, re, tomllib
 project = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["project"]
+project["version"] = re.search(r'^__version__ = "(.+)"', pathlib.Path("__init__.py").read_text(), re.M).group(1)
 info = pathlib.Path(f"/tmp/pkgs/duplexcadence-{project['version']}.dist-info")
 info.mkdir(exist_ok=True)
 (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")

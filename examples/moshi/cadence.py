@@ -56,9 +56,10 @@ def load_runtime(
     sessions: int = 1,
     graphs: bool | str = "auto",
     max_graphs: int | None = None,
+    lanes: int = 1,
 ) -> Runtime:
     """A runtime for `mimi`'s decode tail; `mimi` is left in moshi's streaming mode (it owns the state
-    objects whose tensors the runtime replaces with arena views)."""
+    objects whose tensors the runtime replaces with arena views). `lanes`: see `Runtime.load`."""
     device = device or next(mimi.parameters()).device
     mimi.streaming_forever(batch_size)
     return Runtime.load(
@@ -70,4 +71,5 @@ def load_runtime(
         sessions=sessions,
         graphs=graphs,
         max_graphs=max_graphs,
+        lanes=lanes,
     )

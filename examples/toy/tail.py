@@ -12,4 +12,5 @@ TAIL = Tail(
     stock_loop="duplexcadence.examples.toy.model:ToyStockStream",
     load_runtime="duplexcadence.examples.toy.cadence:load_runtime",
     subject="duplexcadence.examples.toy.bench:subject",
+    serve="duplexcadence.examples.toy.serve:served",
 )

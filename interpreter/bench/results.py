@@ -45,6 +45,7 @@ def to_json(subject: Subject, results: list[VariantResult]) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(subject.device) if subject.device.type == "cuda" else None,
+        "driver": driver_version() if subject.device.type == "cuda" else None,
         "description": subject.description,
         "ticks_per_second": str(subject.ticks_per_second),
         "tick_name": subject.tick_name,
@@ -56,6 +57,18 @@ def to_json(subject: Subject, results: list[VariantResult]) -> dict:
             for faster, other, sequential, again in pass_disagreements(results)
         ],
     }
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version (NVML, through nvidia-ml-py), or None where it cannot be read."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+    except Exception:  # no nvidia-ml-py, no driver: the JSON says null
+        return None
+    return version.decode() if isinstance(version, bytes) else str(version)
 
 
 def dump(path: str, payload: dict) -> None:

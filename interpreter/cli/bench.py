@@ -19,7 +19,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from duplexcadence.interpreter import tails
-from duplexcadence.interpreter.cli.common import EXIT_CLEAN, EXIT_PROBLEMS, EXIT_USAGE
+from duplexcadence.interpreter.cli.common import (
+    EXIT_CLEAN,
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    UsageError,
+    device_name,
+    positive,
+    positive_float,
+    resolve_device,
+    status,
+)
 
 if TYPE_CHECKING:
     from duplexcadence.interpreter.bench import Subject, Variant
@@ -31,8 +41,8 @@ def _options(pairs: list[str]) -> dict[str, str]:
     options = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"dsl bench: --option {pair!r} is not KEY=VALUE")
+        if not sep or not key:
+            raise UsageError(f"--option {pair!r} is not KEY=VALUE", helps=("e.g. --option steps=5",))
         options[key] = value
     return options
 
@@ -67,15 +77,12 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(make_subject, str):
         print(f"dsl bench: {make_subject}", file=sys.stderr)
         return EXIT_USAGE
-    import torch
-
+    options = _options(args.option)
+    device = resolve_device(args.device)  # imports torch
     from duplexcadence.interpreter import bench
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        subject = make_subject(
-            device=device, seconds=args.seconds, batch=args.batch, dtype=args.dtype, **_options(args.option)
-        )
+        subject = make_subject(device=device, seconds=args.seconds, batch=args.batch, dtype=args.dtype, **options)
     except ValueError as error:  # an option the subject does not take (a dtype, a batch for a mode)
         print(f"dsl bench: {args.tail}: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -100,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     print(bench.format_table(subject, results))
     if args.json:
         bench.dump(args.json, bench.to_json(subject, results))
-        print(f"wrote {args.json}")
+        status(args, f"wrote {args.json}")
     identical = all(r.bit_identical is not False for r in results if "duplexcadence" in r.name)
     return EXIT_CLEAN if identical else EXIT_PROBLEMS
 
@@ -129,9 +136,11 @@ def register(commands) -> None:
         help=f"a registered tail ({registered}) or MODULE:FUNCTION, a subject of your own importable from the "
         "current folder",
     )
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    parser.add_argument("--seconds", type=int, default=10, help="duplex seconds to stream per variant")
-    parser.add_argument("--batch", type=int, default=1, help="sessions decoded together (B)")
+    parser.add_argument(
+        "--device", type=device_name, default=None, help="cpu, cuda or cuda:N (default: cuda when present)"
+    )
+    parser.add_argument("--seconds", type=positive, default=10, help="duplex seconds to stream per variant")
+    parser.add_argument("--batch", type=positive, default=1, help="sessions decoded together (B)")
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"))
     parser.add_argument(
         "--option",
@@ -148,7 +157,7 @@ def register(commands) -> None:
     )
     parser.add_argument(
         "--compile-budget",
-        type=float,
+        type=positive_float,
         default=None,
         metavar="SECONDS",
         help=f"wall-clock budget of each compile variant (default {DEFAULT_COMPILE_BUDGET_S:g})",

@@ -19,8 +19,7 @@ from typing import IO, Any
 
 import attrs
 
-from duplexcadence.dsl import diagnostic_text as report
-from duplexcadence.dsl import loader, messages
+from duplexcadence.dsl import diagnostic_text, loader, messages
 from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
 from duplexcadence.dsl.limits import DEFAULT_LIMITS, Limits, parse_limits
 from duplexcadence.dsl.limits import NAMES as LIMIT_NAMES
@@ -190,6 +189,11 @@ EXTRAS = {
     "onnxruntime": "minicpmo45",
     "scipy": "minicpmo45",
     "matplotlib": "plots",
+    "starlette": "serve",
+    "uvicorn": "serve",
+    "websockets": "serve",
+    "prometheus_client": "serve",
+    "ray": "serve",
 }
 # What an extra needs beside it that pip cannot resolve with torch >= 2.11 (the package's own pins would
 # move torch): installed with --no-deps, at the versions scripts/model-pins.txt pins.
@@ -381,12 +385,12 @@ def print_diagnostics(
     """Print diagnostics in the `full` (`text`) or `concise` form; `path` locates those without a span."""
     for diagnostic in diagnostics:
         if fmt == "concise":
-            print(report.format_concise(diagnostic, path), file=stream)
+            print(diagnostic_text.format_concise(diagnostic, path), file=stream)
         else:
-            print(report.format_full(diagnostic, sources, color, path), file=stream)
+            print(diagnostic_text.format_full(diagnostic, sources, color, path), file=stream)
             print(file=stream)
 
 
 def diagnostics_json(results: Iterable[tuple[str, Iterable[Diagnostic]]]) -> str:
     """The diagnostics document of every command's `--format json` (docs/language.md, "The CLI")."""
-    return report.to_json(results)
+    return diagnostic_text.to_json(results)

@@ -40,6 +40,8 @@ COMMAND_MODULES = {
     "bench": "duplexcadence.interpreter.cli.bench",
     "draft": "duplexcadence.interpreter.cli.draft",
     "lsp": "duplexcadence.interpreter.cli.lsp",
+    "serve": "duplexcadence.interpreter.cli.serve",
+    "loadgen": "duplexcadence.interpreter.cli.loadgen",
 }
 
 # The line `dsl --help` shows for a command without importing its module (a command not listed here
@@ -48,8 +50,10 @@ COMMAND_SUMMARIES = {
     "check": "check .clock files and report every problem",
     "fmt": "print .clock files in canonical form",
     "plan": "print the plan: clocks, warm-up, memory per region, graphs",
-    "render": "draw the plan with graphviz: timeline, dataflow graph or arena map",
+    "render": "draw the plan with graphviz (the views: dsl render --list-views)",
     "bench": "benchmark a model tail: stock variants vs DuplexCadence",
+    "serve": "serve a tail's sessions at the cadence over websockets",
+    "loadgen": "drive N concurrent sessions against a dsl serve server",
 }
 
 

@@ -1,4 +1,4 @@
-"""`dsl render`: draw a `.clock` file's plan (views in `duplexcadence.interpreter.views`)."""
+"""`dsl render`: draw a `.clock` file's plan; the views are those of `duplexcadence.interpreter.views.registry`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from duplexcadence.interpreter.cli.common import (
     EXIT_CLEAN,
     EXIT_PROBLEMS,
     EXIT_USAGE,
+    UsageError,
     add_limit_option,
     non_negative,
     positive,
@@ -16,15 +17,16 @@ from duplexcadence.interpreter.cli.common import (
 )
 from duplexcadence.interpreter.cli.plan import plan_of_file
 from duplexcadence.interpreter.plans.plan import Plan
-from duplexcadence.interpreter.views.render import (
-    FORMATS,
-    VIEWS,
-    RenderError,
-    output_format,
-    render_plan,
-    to_bytes,
-    write_output,
-)
+from duplexcadence.interpreter.views.output import FORMATS, RenderError, output_format, to_bytes, write_output
+from duplexcadence.interpreter.views.registry import DEFAULT_VIEW, VIEWS
+from duplexcadence.interpreter.views.render import render_plan
+
+
+def list_views() -> str:
+    """`dsl render --list-views`: one line per registered view, its name then its summary."""
+    width = max(len(name) for name in VIEWS)
+    return "".join(f"{view.name:<{width}}  {view.summary}\n" for view in VIEWS.values())
+
 
 MAX_TICKS = 10_000
 """The most instants `--ticks` draws: the default limit of a warm-up, and after the warm-up every
@@ -62,6 +64,11 @@ def timeline_ticks(plan: Plan, ticks: int | None) -> tuple[int | None, str | Non
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.list_views:
+        sys.stdout.write(list_views())
+        return EXIT_CLEAN
+    if args.file is None:
+        raise UsageError("name the .clock FILE to draw", helps=("dsl render --list-views lists the views",))
     try:
         chosen = output_format(args.output, args.format)
         if args.output is None and chosen in ("png", "pdf") and sys.stdout.isatty():
@@ -94,17 +101,24 @@ def run(args: argparse.Namespace) -> int:
 def register(commands) -> None:
     render = commands.add_parser(
         "render",
-        help="draw the plan with graphviz: timeline, dataflow graph or arena map",
+        help="draw the plan with graphviz: " + ", ".join(VIEWS) + " (dsl render --list-views)",
         description="Draw a .clock file's plan. DOT text needs nothing else; svg, png and pdf need "
         "Graphviz's `dot` (apt-get install graphviz / brew install graphviz).",
     )
-    render.add_argument("file", metavar="FILE")
+    render.add_argument(
+        "file",
+        metavar="FILE",
+        nargs="?",
+        help="a .clock file, a module name (models.mimi_decoder: the current folder, then the stdlib) or - for "
+        "standard input",
+    )
     render.add_argument(
         "--view",
-        choices=VIEWS,
-        default="timeline",
-        help="timeline (default): firings and region fill per instant; graph: the dataflow; arena: the memory map",
+        choices=tuple(VIEWS),
+        default=DEFAULT_VIEW,
+        help="; ".join(f"{view.name}: {view.summary}" for view in VIEWS.values()),
     )
+    render.add_argument("--list-views", action="store_true", help="list the views with what each draws, and exit")
     render.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
     add_limit_option(render)
     render.add_argument(

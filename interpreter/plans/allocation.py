@@ -98,7 +98,8 @@ def _capacity(region: RegionInfo, trace: Trace, views: Sequence[View]) -> int | 
     return most
 
 
-def schedule(program: Program, trace: Trace, stage_order: tuple[str, ...]) -> AllocationSchedule:
+def schedule_allocations(program: Program, trace: Trace, stage_order: tuple[str, ...]) -> AllocationSchedule:
+    """Pass 3: the capacity and bytes of every region, its double buffer, and the liveness of scratch."""
     position = {name: i for i, name in enumerate(stage_order)}
     # one pass over the trace: each region's views (and the stage positions that use it)
     traced: dict[str, list[View]] = {name: [] for name in program.regions}

@@ -16,11 +16,11 @@ from duplexcadence.dsl.diagnostics import ClockError
 from duplexcadence.dsl.frontend import load_program
 from duplexcadence.dsl.limits import Limits
 from duplexcadence.dsl.program import Program
-from duplexcadence.interpreter.plans.allocation import AllocationSchedule, schedule
+from duplexcadence.interpreter.plans.allocation import AllocationSchedule, schedule_allocations
 from duplexcadence.interpreter.plans.arena import ArenaPlan, plan_arena
 from duplexcadence.interpreter.plans.capture import CapturePlan, plan_capture
 from duplexcadence.interpreter.plans.clocks import ClockPlan, plan_clocks
-from duplexcadence.interpreter.plans.trace import Trace, trace
+from duplexcadence.interpreter.plans.trace import Trace, trace_shapes
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -55,8 +55,8 @@ def make_plan(
     if problems:
         raise ClockError(problems)
     clock_plan = plan_clocks(program)
-    shape_trace = trace(program, clock_plan)
-    allocation = schedule(program, shape_trace, clock_plan.stage_order)
+    shape_trace = trace_shapes(program, clock_plan)
+    allocation = schedule_allocations(program, shape_trace, clock_plan.stage_order)
     arena = plan_arena(allocation)
     if arena.total_bytes(1) > program.limits.bytes:
         largest = max(sorted(allocation.regions), key=lambda name: allocation.regions[name].bytes)

@@ -408,10 +408,10 @@ def _last_instant(simulator: Simulator, index: int) -> list[Firing]:
     return []
 
 
-def trace(program: Program, clocks: ClockPlan) -> Trace:
-    """The trace, held to the program's limits as it grows: ClockError (`warmup-too-long`,
-    `too-many-firings`, `too-many-views`, `too-many-states`) as soon as one is passed, so no program
-    traces for long."""
+def trace_shapes(program: Program, clocks: ClockPlan) -> Trace:
+    """Pass 2: every firing's exact views from session start through the warm-up and one steady period,
+    held to the program's limits as it grows: ClockError (`warmup-too-long`, `too-many-firings`,
+    `too-many-views`, `too-many-states`) as soon as one is passed, so no program traces for long."""
     limits = program.limits
     period = clocks.instants_per_hyperperiod
     simulator = Simulator(program, clocks)

@@ -399,6 +399,9 @@ def without_torch(folder) -> dict[str, str]:
         (["plan", "tail.clock"], 0, "Plan for tail.clock"),
         (["plan", "models.mimi_decoder", "--format", "json"], 0, "{"),
         (["render", "tail.clock", "--format", "dot"], 0, "digraph"),
+        (["render", "tail.clock", "--view", "graph", "--format", "dot"], 0, "digraph"),
+        (["render", "tail.clock", "--view", "arena", "--format", "dot"], 0, "digraph"),
+        (["render", "--list-views"], 0, "timeline  "),
         (["check", "broken.clock", "--format", "concise"], 1, "broken.clock:3:28: error"),
     ],
 )

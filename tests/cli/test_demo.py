@@ -97,3 +97,18 @@ def demo_clock():
     from duplexcadence.examples.moshi.cadence import clock_path
 
     return clock_path()
+
+
+def test_without_the_moshi_packages_it_says_what_to_install(capsys, monkeypatch) -> None:
+    from duplexcadence.interpreter import tails
+
+    monkeypatch.setattr(tails, "missing_modules", lambda names: tuple(n for n in names if n == "moshi"))
+    assert demo.main(["--device", "cpu", "--seconds", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        "demo: error: the 'moshi' tail needs 'moshi', which is not installed: install duplexcadence[moshi] "
+        "(model packages go with pip's --no-deps, so that torch stays: see the tail's README.md)",
+        "  help: pip install 'duplexcadence[moshi]' && pip install --no-deps -r scripts/model-pins.txt "
+        "(bash scripts/demo.sh does both)",
+    ]

@@ -1,11 +1,13 @@
-"""scripts/plot_benchmarks.py on the committed JSON: every plot it can draw is a valid PNG, a plot
-whose data is missing is skipped with a note, and a `dsl bench --json` run with per-second series
-gets its ms-per-second plot."""
+"""scripts/plot_benchmarks.py: it draws every figure docs/benchmarks.md shows from the committed JSON, from the
+runs the tables show, with one colour per variant; the committed PNGs are exactly the ones it draws; a
+figure whose data is missing is skipped with a note."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,13 +16,25 @@ pytest.importorskip("matplotlib")
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+FIGURES = {
+    "moshi-ms-per-second.png",
+    "personaplex-ms-per-second.png",
+    "minicpmo45-ms-per-second.png",
+    "qwen3omni-ms-per-second.png",
+    "sessions-per-gpu.png",
+    "memory-by-region.png",
+}
 
 
 def load_script():
     spec = importlib.util.spec_from_file_location("plot_benchmarks", ROOT / "scripts" / "plot_benchmarks.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+plot = load_script()
 
 
 def assert_png(path: Path) -> None:
@@ -29,42 +43,80 @@ def assert_png(path: Path) -> None:
     assert data.rstrip(b"\0")[-8:-4] == b"IEND", path
 
 
-def test_plots_of_the_committed_json(tmp_path, capsys):
-    assert load_script().main(["--out-dir", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert_png(tmp_path / "memory-by-region.png")
-    assert_png(tmp_path / "minicpmo45-density.png")  # its sessions-in-turn sweep
+def test_it_draws_every_figure_of_the_committed_json(tmp_path):
+    assert plot.main(["--out-dir", str(tmp_path)]) == 0
+    assert {path.name for path in tmp_path.glob("*.png")} == FIGURES
     for path in tmp_path.glob("*.png"):
         assert_png(path)
-    for model in ("moshi", "personaplex", "qwen3omni"):
-        if not (tmp_path / f"{model}-ms-per-second.png").exists():
-            assert f"plot_benchmarks: {model}: no per_second_ms in its JSON" in out
 
 
-def test_a_run_with_per_second_series_and_a_foreign_sweep(tmp_path, capsys):
+def test_the_committed_pngs_are_the_figures_and_the_page_shows_them():
+    committed = {path.name for path in (ROOT / "docs" / "benchmarks").glob("*.png")}
+    assert committed == FIGURES
+    for name in committed:
+        assert_png(ROOT / "docs" / "benchmarks" / name)
+    shown = set(re.findall(r"\(benchmarks/([\w.-]+\.png)\)", (ROOT / "docs" / "benchmarks.md").read_text()))
+    assert shown == FIGURES
+
+
+def test_a_tail_figure_draws_the_run_of_its_table():
+    for tail in plot.results_table.TAILS:
+        rows = [row for row in plot.results_table.rows(tail) if row.settled]
+        assert plot.shown_run(tail, plot.results_table.DOCS) == rows[0].run
+
+
+def test_every_variant_of_the_shown_runs_has_its_own_colour_and_keeps_it():
+    names = {
+        v["name"]
+        for tail in plot.results_table.TAILS
+        for v in plot.shown_run(tail, plot.results_table.DOCS)["variants"]
+    }
+    assert names <= set(plot.COLOURS), names - set(plot.COLOURS)
+    colours = {name: plot.colour(name) for name in names}
+    assert colours["duplexcadence"] != colours["moshi stock (own graphs)"]
+    assert colours["duplexcadence"] == plot.CADENCE_COLOUR and colours["personaplex stock"] == plot.STOCK_COLOUR
+    assert len({colours[n] for n in names if n.startswith("duplexcadence")}) == len(
+        [n for n in names if n.startswith("duplexcadence")]
+    )
+
+
+def test_a_run_of_your_own_and_missing_data(tmp_path, capsys):
     run = {
-        "model": "toy",
-        "description": "toy tail",
+        "command": "dsl bench moshi --device cuda --seconds 4",
+        "description": "Mimi decoder, fp32, B=1",
+        "device": "NVIDIA H200",
+        "torch": "2.11.0",
+        "stock_variant": "moshi stock (own graphs)",
         "variants": [
-            {"name": "stock eager", "per_second_ms": [9.0, 7.5, 7.0, 7.2], "warmup_seconds": 2},
-            {"name": "duplexcadence", "per_second_ms": [5.0, 3.1, 3.0, 3.1], "warmup_seconds": 2},
-            {"name": "stock step, torch.compile reduce-overhead", "per_second_ms": [], "error": "RuntimeError: no"},
+            {
+                "name": "stock eager",
+                "per_second_ms": [900.0, 140.0, 139.0, 141.0],
+                "warmup_seconds": 2,
+                "ms_per_s_median": 140.0,
+                "peak_allocated_bytes": 2**29,
+            },
+            {
+                "name": "moshi stock (own graphs)",
+                "per_second_ms": [60.0, 29.0, 30.0, 29.5],
+                "warmup_seconds": 2,
+                "ms_per_s_median": 29.5,
+                "peak_allocated_bytes": 2**29,
+            },
+            {
+                "name": "duplexcadence",
+                "per_second_ms": [22.0, 21.0, 21.0, 21.5],
+                "warmup_seconds": 2,
+                "ms_per_s_median": 21.2,
+                "peak_allocated_bytes": 2**29,
+            },
         ],
     }
-    density = {"lanes": {"sweep": [{"sessions": 1, "round_ms_p99": 40.0}, {"sessions": 8, "round_ms_p99": 90.0}]}}
     (tmp_path / "json").mkdir()
-    (tmp_path / "json" / "toy.json").write_text(json.dumps([run, run]))
-    (tmp_path / "json" / "other.json").write_text(json.dumps(density))
-    assert (
-        load_script().main(["--json-dir", str(tmp_path / "json"), "--out-dir", str(tmp_path / "png"), "--no-plans"])
-        == 0
-    )
-    assert_png(tmp_path / "png" / "toy-ms-per-second.png")
-    assert_png(tmp_path / "png" / "other-density.png")
-    assert not (tmp_path / "png" / "memory-by-region.png").exists()
-    assert "toy: no sessions sweep in its JSON; density plot skipped" in capsys.readouterr().out
-
-
-def test_the_committed_pngs_are_valid():
-    for name in ("memory-by-region.png", "minicpmo45-density.png"):
-        assert_png(ROOT / "docs" / "benchmarks" / name)
+    (tmp_path / "json" / "moshi.json").write_text(json.dumps([run]))
+    out = tmp_path / "png"
+    assert plot.main(["--json-dir", str(tmp_path / "json"), "--out-dir", str(out), "--no-plans"]) == 0
+    assert {path.name for path in out.glob("*.png")} == {"moshi-ms-per-second.png"}
+    assert_png(out / "moshi-ms-per-second.png")
+    printed = capsys.readouterr().out
+    assert "plot_benchmarks: personaplex: no run with per-second series in its JSON; its figure is skipped" in printed
+    assert "sessions-per-gpu.png skipped" in printed

@@ -16,7 +16,7 @@ from duplexcadence.dsl.frontend import check_file, load_program
 from duplexcadence.dsl.limits import DEFAULT_LIMITS, MAX_REGIONS, Limits, parse_limits
 from duplexcadence.interpreter.plans.clocks import plan_clocks
 from duplexcadence.interpreter.plans.plan import make_plan, plan_file
-from duplexcadence.interpreter.plans.trace import trace
+from duplexcadence.interpreter.plans.trace import trace_shapes
 
 WINDOW = """cadence 1 s
 clock c = 10 Hz
@@ -41,7 +41,7 @@ def test_a_window_filling_past_the_warmup_limit_stops_the_trace_at_the_limit(win
     """The trace stops once the limit (plus the one hyperperiod that would show a repeat) is passed."""
     program = attrs.evolve(load_program(window), limits=Limits(warmup=3))
     with pytest.raises(ClockError) as caught:
-        trace(program, plan_clocks(program))
+        trace_shapes(program, plan_clocks(program))
     [diagnostic] = caught.value.diagnostics
     assert diagnostic.code is messages.WARMUP_TOO_LONG
     assert diagnostic.message == (
@@ -59,7 +59,7 @@ def test_the_planner_counts_firings_and_views_exactly(window):
     assert len(plan.trace.firings) == 18 and plan.trace.warmup_instants == 8
     for limits, code in ((Limits(firings=27), messages.TOO_MANY_FIRINGS), (Limits(views=83), messages.TOO_MANY_VIEWS)):
         with pytest.raises(ClockError) as caught:
-            trace(attrs.evolve(program, limits=limits), plan_clocks(program))
+            trace_shapes(attrs.evolve(program, limits=limits), plan_clocks(program))
         [diagnostic] = caught.value.diagnostics
         assert diagnostic.code is code and diagnostic.span is not None
     with pytest.raises(ClockError) as caught:
@@ -74,7 +74,7 @@ def test_the_planner_stops_before_keeping_more_region_lengths_than_the_states_li
     program = load_program(window)
     assert make_plan(program, limits={"states": 56}).trace.warmup_instants == 8
     with pytest.raises(ClockError) as caught:
-        trace(attrs.evolve(program, limits=Limits(states=55)), plan_clocks(program))
+        trace_shapes(attrs.evolve(program, limits=Limits(states=55)), plan_clocks(program))
     [diagnostic] = caught.value.diagnostics
     assert diagnostic.code is messages.TOO_MANY_STATES
     assert diagnostic.message == (

@@ -1,4 +1,5 @@
-"""Plan numbers pinned from the model anatomy (shared/reference/model-anatomy.md) for the stdlib tails."""
+"""Plan numbers pinned for the stdlib tails, from the released models' shapes (each clock's header names its
+upstream files)."""
 
 from __future__ import annotations
 

@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import graphviz
 import pytest
 
 from duplexcadence.interpreter.cli.main import main
 from duplexcadence.interpreter.plans.plan import plan_file
-from duplexcadence.interpreter.views.render import VIEWS, DotMissing, build_timeline, render_file, render_plan
+from duplexcadence.interpreter.views.output import DotMissing
+from duplexcadence.interpreter.views.registry import VIEWS
+from duplexcadence.interpreter.views.render import render_file, render_plan
+from duplexcadence.interpreter.views.style import wrap
+from duplexcadence.interpreter.views.timeline import build_timeline
+from duplexcadence.interpreter.views.view import View
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = sorted((ROOT / "stdlib" / "models").glob("*.clock"))
@@ -96,8 +103,9 @@ def test_same_dot_under_another_hash_seed(plans):
         "import json, sys\n"
         "from duplexcadence.interpreter.views.render import render_plan\n"
         "from duplexcadence.interpreter.plans.plan import plan_file\n"
+        "from duplexcadence.interpreter.views.registry import VIEWS\n"
         "print(json.dumps({p + '|' + v: render_plan(plan_file(p), v).source\n"
-        "                  for p in sys.argv[1:] for v in ('timeline', 'graph', 'arena')}))\n"
+        "                  for p in sys.argv[1:] for v in VIEWS}))\n"
     )
     here = {f"{path}|{view}": render_plan(plans[path.stem], view).source for path in MODELS for view in VIEWS}
     for seed in ("1", "4242"):
@@ -208,12 +216,34 @@ def test_timeline_without_a_steady_state(tmp_path):
 # --- the other views ----------------------------------------------------------------------------
 
 
-def test_graph_view_has_a_cluster_per_clock_and_folds_families(plans):
+def test_graph_view_folds_each_stages_own_state_into_one_table(plans):
     source = render_plan(plans["mimi_decoder"], "graph").source
-    for clock in ("frame", "latent", "seanet8", "seanet48", "seanet240", "sample"):
-        assert f"subgraph cluster_{clock} " in source
+    assert "state of seanet · 10 regions · 45.5 KiB" in source
+    assert "state of transformer · 25 regions · 7.8 MiB" in source
     assert "kv[0..7] ×8" in source and "update +2 ×8" in source
-    assert "read last 28 (3 lookahead)" in render_plan(plans["step_audio2_token2wav"], "graph").source
+    edges = [line.split("[")[0].strip() for line in source.splitlines() if " -> " in line and "invis" not in line]
+    assert [edge for edge in edges if "stage_seanet" in edge] == [
+        "stage_seanet -> state_seanet",
+        "region_latent_out -> stage_seanet",
+        "stage_seanet -> region_pcm",
+    ], "one edge to the ten rings seanet alone updates"
+    for clock in ("frame", "latent", "seanet8", "seanet48", "seanet240", "sample"):
+        assert f"</FONT> {clock}</TD>" in source, f"the clock legend lists {clock}"
+    step_audio2 = render_plan(plans["step_audio2_token2wav"], "graph").source
+    assert "read last 28 (3 lookahead)" in step_audio2
+    assert "region_spectrum" in step_audio2, "state one stage updates and another reads stays in the flow"
+
+
+@needs_dot
+@pytest.mark.parametrize("view", VIEWS)
+@pytest.mark.parametrize("model", MODEL_NAMES)
+def test_every_drawing_fits_a_page_width(plans, model, view):
+    """At most 1200 pt wide (a docs page at 100 %): legends wrap, the dataflow runs top to bottom."""
+    svg = subprocess.run(
+        ["dot", "-Tsvg"], input=render_plan(plans[model], view).source.encode("utf-8"), capture_output=True, timeout=60
+    ).stdout.decode("utf-8")
+    width = float(re.search(r'<svg width="([0-9.]+)pt"', svg).group(1))
+    assert width <= 1200, f"{model} {view} is {width:g} pt wide"
 
 
 def test_arena_view_shows_stock_beside_demand_and_double_buffers(plans):
@@ -301,3 +331,57 @@ def test_cli_usage_errors_exit_2(arguments, capsys):
 def test_cli_params_reach_the_plan(capsysbinary):
     assert main(["render", str(STEP_AUDIO2), "--param", "steps=5", "--view", "graph", "--format", "dot"]) == 0
     assert "steps=5" in capsysbinary.readouterr().out.decode("utf-8")
+
+
+# --- the registry: a view is one module and one line in VIEWS -----------------------------------
+
+
+def test_list_views_prints_the_registry(capsys):
+    assert main(["render", "--list-views"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(VIEWS)
+    for line, view in zip(lines, VIEWS.values()):
+        assert line.endswith("  " + view.summary)
+
+
+def test_render_md_lists_the_registered_views(capsys):
+    """docs/render.md shows `dsl render --list-views` as it prints."""
+    assert main(["render", "--list-views"]) == 0
+    listing = capsys.readouterr().out
+    assert "```text\n" + listing + "```" in (ROOT / "docs" / "render.md").read_text(encoding="utf-8")
+
+
+def test_a_registered_view_is_a_choice_everywhere(monkeypatch, capsysbinary):
+    def draw(plan, options):
+        graph = graphviz.Digraph("regions")
+        for name in sorted(plan.program.regions):
+            graph.node(name)
+        return graph
+
+    monkeypatch.setitem(VIEWS, "regions", View("regions", "one node per region", draw))
+    assert main(["render", "--list-views"]) == 0
+    assert capsysbinary.readouterr().out.decode("utf-8").splitlines()[-1] == "regions   one node per region"
+    assert main(["render", str(QWEN), "--view", "regions", "--format", "dot"]) == 0
+    assert "codes" in capsysbinary.readouterr().out.decode("utf-8")
+    assert render_plan(plan_file(QWEN), "regions").name == "regions"
+
+
+def test_render_without_a_file_says_what_to_give(capsys):
+    assert main(["render"]) == 2
+    assert capsys.readouterr().err == (
+        "dsl render: error: name the .clock FILE to draw\n  help: dsl render --list-views lists the views\n"
+    )
+
+
+def test_legend_text_wraps_after_separators():
+    text = "keys[0..7] update 1×16×0×64, values[0..7] update 1×16×0×64, frame_50hz update 1×1536×0"
+    assert wrap(text, 40).split("<BR/>") == [
+        "keys[0..7] update 1×16×0×64,",
+        "values[0..7] update 1×16×0×64,",
+        "frame_50hz update 1×1536×0",
+    ]
+    assert wrap("1 firing, warm-up only · over the graph budget: eager", 32).split("<BR/>") == [
+        "1 firing, warm-up only ·",
+        "over the graph budget: eager",
+    ]
+    assert wrap("a <b> & c", 80) == "a &lt;b&gt; &amp; c"

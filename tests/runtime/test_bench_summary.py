@@ -1,5 +1,6 @@
-"""scripts/bench_summary.py: a bench run's summary entry with the fields the model issues ask for,
-written into a docs/benchmarks/<model>.json list (one run, a list, or MiniCPM-o's {"bench": [...]})."""
+"""scripts/bench_summary.py: a bench run's summary entry with the fields the docs' tables read, written into
+a docs/benchmarks/<model>.json list (one run, a list, or MiniCPM-o's {"bench": [...]}); a sessions sweep
+added to the file's `sessions` list."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ PAYLOAD = {
     "description": "toy, B=1",
     "device": "cuda",
     "gpu": "NVIDIA H200",
+    "driver": "580.159.04",
     "torch": "2.11.0",
     "cuda": "13.0",
     "variants": [
@@ -42,13 +44,14 @@ PAYLOAD = {
 }
 
 
-def test_the_entry_has_the_issue_fields_measured_against_the_named_stock():
+def test_the_entry_has_the_summary_fields_measured_against_the_named_stock():
     entry = bench_summary.summarize(PAYLOAD, "stock graphs", "duplexcadence", "dsl bench toy")
     assert {
         k: entry[k]
         for k in (
             "model",
             "device",
+            "driver",
             "stock_ms_per_s",
             "cadence_ms_per_s",
             "speedup",
@@ -63,6 +66,7 @@ def test_the_entry_has_the_issue_fields_measured_against_the_named_stock():
     } == {
         "model": "toy",
         "device": "NVIDIA H200",
+        "driver": "580.159.04",
         "stock_ms_per_s": 30.0,
         "cadence_ms_per_s": 20.0,
         "speedup": 1.5,
@@ -117,3 +121,26 @@ def test_two_duplexcadence_variants_of_one_run_are_two_entries(tmp_path):
     bench_summary.add(first, path)
     assert [e["cadence_variant"] for e in json.loads(path.read_text())] == ["duplexcadence, 2 lanes", "duplexcadence"]
     assert lanes["speedup"] == 2.0
+
+
+@pytest.mark.parametrize("existing", [None, "bench runs", "bench key"])
+def test_a_sessions_sweep_is_appended_to_the_sessions_list(tmp_path, existing):
+    path = tmp_path / "minicpmo45.json"
+    old = {"command": "older sweep", "sessions_in_turn": {"stock": {}}}
+    if existing == "bench runs":
+        path.write_text(json.dumps([{"description": "run", "variants": []}]))
+    elif existing == "bench key":
+        path.write_text(json.dumps({"bench": [], "sessions": [old]}))
+    payload = {"gpu": "NVIDIA H200", "torch": "2.11.0", "bench": [], "sessions_in_turn": {"stock": {"sweep": []}}}
+    entry = bench_summary.add_sessions(payload, "python scripts/minicpmo45_gpu_bench.py --part sessions", path)
+    assert entry == {
+        "gpu": "NVIDIA H200",
+        "torch": "2.11.0",
+        "command": "python scripts/minicpmo45_gpu_bench.py --part sessions",
+        "sessions_in_turn": {"stock": {"sweep": []}},
+    }
+    document = json.loads(path.read_text())
+    assert document["sessions"] == ([old, entry] if existing == "bench key" else [entry])
+    assert document["bench"] == ([{"description": "run", "variants": []}] if existing == "bench runs" else [])
+    with pytest.raises(SystemExit, match="no sessions_in_turn"):
+        bench_summary.add_sessions({"bench": []}, "x", path)

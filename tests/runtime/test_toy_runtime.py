@@ -279,7 +279,7 @@ def test_gpu_no_automatic_garbage_collection_inside_a_capture():
 @pytest.mark.gpu
 def test_gpu_stages_warm_up_on_the_callers_stream_and_only_captures_run_on_the_side_stream():
     """Eager work of a model on a side stream makes every CUDA graph in the process replay slower
-    (docs/benchmarks.md, Moshi, sixth session): every eager run of a stage body while a session captures
+    (docs/benchmarks.md, "CUDA graph replay on the H200"): every eager run of a stage body while a session captures
     its graphs (the warm-up and the host-sync probe) is on the caller's stream, every capture on the lane's."""
     from duplexcadence.interpreter.runtime.runtime import Session
 

@@ -1,0 +1,99 @@
+"""`dsl loadgen URL`: N concurrent sessions against a `dsl serve` server, T ticks each, then the numbers.
+
+It opens one session first to read what the server serves (its `ready` frame). A registered tail gives the
+ticks' inputs (each session's own seeded stream) and, with `--verify`, the stock loop every recorded output
+is compared with (each session's inputs run alone, after the load, on `--verify-device`, the server's device
+by default); another tail gets zeros of its input shapes. Prints the sessions opened and refused, tick
+latency p50 / p99, missed ticks and errors; exit 1 when a session was refused, a tick failed or an output
+differs from stock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from urllib.parse import urlsplit, urlunsplit
+
+from duplexcadence.interpreter.cli.common import (
+    EXIT_CLEAN,
+    EXIT_PROBLEMS,
+    UsageError,
+    device_name,
+    non_negative,
+    positive,
+)
+
+DESCRIPTION = "Drive N concurrent sessions against a dsl serve server, T ticks each, and print the numbers."
+
+
+def session_url(url: str) -> str:
+    """`URL` as the session websocket's address: ws(s)://, with `/v1/session` when no path is given."""
+    parts = urlsplit(url if "://" in url else f"ws://{url}")
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("ws", "wss"):
+        raise UsageError(f"{url!r} is not a ws://, wss://, http:// or https:// address")
+    path = parts.path if parts.path not in ("", "/") else "/v1/session"
+    return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from duplexcadence.interpreter.serve import loadgen
+    from duplexcadence.interpreter.serve.client import Refused
+
+    url = session_url(args.url)
+    try:
+        ready = asyncio.run(loadgen.probe(url))
+    except Refused as refusal:
+        raise UsageError(f"{url}: the server refused the first session: {refusal.message}") from None
+    except OSError as error:
+        raise UsageError(f"{url}: cannot connect: {error}") from None
+    served = loadgen.served_for(ready, args.verify_device)
+    inputs = served.inputs if served is not None and served.inputs is not None else loadgen.zeros_inputs(ready)
+    if args.verify and (served is None or served.stock is None or served.inputs is None):
+        raise UsageError(
+            f"--verify: the server serves '{ready['tail']}', which is not a registered tail with a stock loop here"
+        )
+    if not args.quiet:
+        print(loadgen.describe_ready(ready))
+    report = asyncio.run(
+        loadgen.run_load(
+            url,
+            args.sessions,
+            args.ticks,
+            inputs,
+            paced=not args.no_pace,
+            record=args.sessions if args.verify else 0,
+            first_seed=args.seed,
+        )
+    )
+    if args.verify:
+        assert served is not None
+        report = loadgen.verify(served, report)
+    for line in report.lines():
+        print(line)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report.to_json(), handle, indent=1, sort_keys=True)
+    failed = report.refused or report.errors or (args.verify and report.unequal_ticks)
+    return EXIT_PROBLEMS if failed else EXIT_CLEAN
+
+
+def register(commands) -> None:
+    parser = commands.add_parser(
+        "loadgen", help="drive N concurrent sessions against a dsl serve server", description=DESCRIPTION
+    )
+    parser.add_argument("url", metavar="URL", help="the server (ws://127.0.0.1:8000 or its /v1/session address)")
+    parser.add_argument("--sessions", type=positive, default=4, help="concurrent sessions (4)")
+    parser.add_argument("--ticks", type=positive, default=50, help="ticks per session (50)")
+    parser.add_argument("--seed", type=non_negative, default=0, help="the first session's seed; the others follow (0)")
+    parser.add_argument(
+        "--no-pace", action="store_true", help="send each tick when the last is answered (default: one a tick period)"
+    )
+    parser.add_argument("--verify", action="store_true", help="compare every output with stock, each session alone")
+    parser.add_argument(
+        "--verify-device", type=device_name, default=None, help="where stock runs for --verify (the server's device)"
+    )
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
+    parser.set_defaults(handler=run)

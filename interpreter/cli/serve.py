@@ -1,0 +1,170 @@
+"""`dsl serve TAIL_OR_CLOCK`: one tail's sessions at the cadence on one device, over websockets.
+
+TAIL_OR_CLOCK is a registered tail (its `Tail.serve` adapter; `--param K=V` are its options) or, with
+`--model MODULE:FUNCTION`, a `.clock` file bound to the model FUNCTION returns (`--param K=V` are the file's
+params). The pool loads the runtime with `--slots` session slots in `--lanes` lanes (or `--slots` lockstep
+groups of `--lockstep` rows), opens every slot once, calibrates its tick model, prints it, and serves on
+`--host` (loopback unless given) and `--port` until interrupted. docs/serving.md has the protocol.
+
+Torch, the pool and the web packages are imported by `run` only (`pip install "duplexcadence[serve]"`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from duplexcadence.interpreter import tails
+from duplexcadence.interpreter.cli import serve_ray
+from duplexcadence.interpreter.cli.common import (
+    EXIT_CLEAN,
+    UsageError,
+    device_name,
+    non_negative,
+    positive,
+    positive_float,
+    resolve_device,
+    status,
+)
+
+DESCRIPTION = "Serve one tail's sessions at the cadence on one device, over websockets (docs/serving.md)."
+
+
+def headroom(text: str) -> float:
+    """An argparse type: a fraction from 0 to below 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a fraction from 0 to below 1, not {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction from 0 to below 1, not {value}")
+    return value
+
+
+def pairs(values: list[str]) -> dict[str, str]:
+    found = {}
+    for pair in values:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--param {pair!r} is not KEY=VALUE")
+        found[key.strip()] = value.strip()
+    return found
+
+
+def pool_config(args: argparse.Namespace) -> Any:
+    """The `PoolConfig` the arguments ask for (a pool here, or each replica's with --ray)."""
+    from duplexcadence.interpreter.serve.pool import PoolConfig
+
+    return PoolConfig(
+        slots=args.slots,
+        lanes=args.lanes,
+        lockstep=args.lockstep,
+        headroom=args.headroom,
+        idle_timeout_s=args.idle_timeout,
+        queue_depth=args.queue_depth,
+        gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
+    )
+
+
+def make_pool(args: argparse.Namespace) -> Any:
+    """The `SessionPool` the arguments ask for (not started); UsageError for what cannot be served."""
+    from duplexcadence.interpreter.serve.pool import SessionPool
+    from duplexcadence.interpreter.serve.tail import ServeSetupError, served_tail
+
+    device = resolve_device(args.device)
+    try:
+        served = served_tail(args.target, args.model, pairs(args.param), device)
+    except (ServeSetupError, tails.TailError) as error:
+        raise UsageError(str(error)) from None
+    try:
+        return SessionPool(served, pool_config(args))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None = None) -> int:
+    """Start the pool, then serve until the server is told to exit (an interrupt, or `server.should_exit`).
+    `started(server)` is called once it listens."""
+    import uvicorn
+
+    from duplexcadence.dsl.diagnostics import ClockError
+    from duplexcadence.interpreter.serve.app import make_app
+    from duplexcadence.interpreter.serve.server import server_config
+
+    pool = make_pool(args)
+    try:
+        await pool.start()
+    except ClockError as error:
+        raise UsageError(f"{args.target}: {error.diagnostics[0].message}") from None
+    except ValueError as error:  # a lockstep the plan cannot take, a bad tail option
+        raise UsageError(str(error)) from None
+    status(args, pool.describe())
+    server = uvicorn.Server(server_config(make_app(pool, manage_pool=False), args.host, args.port, args.log_level))
+    try:
+        if started is None:
+            await server.serve()
+        else:
+            task = asyncio.create_task(server.serve())
+            while not server.started and not task.done():
+                await asyncio.sleep(0.01)
+            if server.started:
+                started(server)
+            await task
+    finally:
+        await pool.stop()
+    return EXIT_CLEAN
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.lanes > args.slots:
+        raise UsageError(f"--lanes {args.lanes} is more than --slots {args.slots}: a lane needs a slot")
+    if serve_ray.wants_ray(args):
+        return serve_ray.serve_cluster(args, pool_config(args), pairs(args.param))
+    return asyncio.run(serve(args))
+
+
+def register(commands) -> None:
+    parser = commands.add_parser(
+        "serve", help="serve a tail's sessions at the cadence over websockets", description=DESCRIPTION
+    )
+    registered = ", ".join(tails.available()) or "none registered"
+    parser.add_argument(
+        "target", metavar="TAIL_OR_CLOCK", help=f"a registered tail ({registered}), or a .clock file with --model"
+    )
+    parser.add_argument("--model", default=None, metavar="MODULE:FUNCTION", help="the model builder of a .clock file")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="a tail's option (e.g. steps=5 for minicpmo45), or a .clock param with --model",
+    )
+    parser.add_argument("--slots", type=positive, default=1, help="session slots (lockstep: groups) (default 1)")
+    parser.add_argument("--lanes", type=positive, default=1, help="sessions stepped concurrently (default 1)")
+    parser.add_argument(
+        "--lockstep", type=positive, default=None, metavar="ROWS", help="sessions in lockstep groups of ROWS rows"
+    )
+    parser.add_argument("--port", type=non_negative, default=8000)
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback only)")
+    parser.add_argument(
+        "--device", type=device_name, default=None, help="cpu, cuda or cuda:N (default: cuda when present)"
+    )
+    parser.add_argument(
+        "--headroom", type=headroom, default=0.15, help="the fraction of the tick period admission keeps free (0.15)"
+    )
+    parser.add_argument(
+        "--idle-timeout", type=positive_float, default=30.0, metavar="SECONDS", help="close a silent session (30)"
+    )
+    parser.add_argument("--queue-depth", type=positive, default=4, help="ticks a session may have queued (4)")
+    parser.add_argument(
+        "--gather-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="how long a round may wait for the other sessions' ticks (default: 5%% of the tick period; 0: none)",
+    )
+    parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    serve_ray.add_ray_options(parser)
+    parser.set_defaults(handler=run)

@@ -1,0 +1,285 @@
+"""The network front: an ASGI app (Starlette) over one `SessionPool`.
+
+    app = make_app(pool)      # starts the pool at start-up, stops it at shutdown
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+
+Routes: `GET /healthz`, `GET /v1/capacity` (the pool's `capacity()` as JSON), `GET /v1/sessions` (deadline
+accounting per session), `GET /metrics` (Prometheus text), and `WS /v1/session?seed=N`: one session per
+websocket. The server answers the accept with a JSON `ready` frame (or, when the pool refuses, a JSON `error`
+frame and close code 1013 with the reason); then every binary frame (`codec`) is one tick, answered in order
+by a binary frame of its outputs or a JSON `error` frame; text frames are JSON controls (`reset`, `close`).
+docs/serving.md describes the protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from duplexcadence.interpreter.serve import codec, messages
+from duplexcadence.interpreter.serve.admission import AdmissionRefused
+from duplexcadence.interpreter.serve.metrics import CONTENT_TYPE
+from duplexcadence.interpreter.serve.modes import TickError
+from duplexcadence.interpreter.serve.pool import PooledSession, SessionPool
+
+PROTOCOL = codec.VERSION
+LOG = logging.getLogger("duplexcadence.serve")
+
+CLOSE_CODES = {
+    messages.CLIENT_CLOSED: messages.CLOSE_NORMAL,
+    messages.IDLE_TIMEOUT: messages.CLOSE_IDLE,
+    messages.SHUTTING_DOWN: messages.CLOSE_GOING_AWAY,
+    messages.INTERNAL: messages.CLOSE_INTERNAL,
+}
+
+
+def error_frame(code: str, message: str, tick: int | None = None) -> dict:
+    frame: dict[str, Any] = {"type": "error", "code": code, "message": message}
+    if tick is not None:
+        frame["tick"] = tick
+    return frame
+
+
+def ready_frame(pool: SessionPool, session: PooledSession) -> dict:
+    served = pool.served
+    return {
+        "type": "ready",
+        "protocol": PROTOCOL,
+        **session.info(),
+        "tail": served.name,
+        "options": dict(served.options),
+        "device": served.device,
+        "inputs": [spec.to_json() for spec in pool.inputs],
+        "outputs": [spec.to_json() for spec in pool.outputs],
+        "tick_period_s": pool.tick_period_s,
+        "lockstep": pool.config.lockstep,
+        "queue_depth": pool.config.queue_depth,
+        "idle_timeout_s": pool.config.idle_timeout_s,
+    }
+
+
+def make_app(pool: SessionPool, manage_pool: bool = True) -> Starlette:
+    """The ASGI app of `pool`. With `manage_pool` the app's lifespan starts the pool (load, warm-up,
+    calibration: the server accepts connections once it is ready) and stops it at shutdown; without, the
+    caller does both."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if manage_pool:
+            await pool.start()
+            LOG.info("%s", pool.describe())
+        try:
+            yield
+        finally:
+            if manage_pool:
+                await pool.stop()
+
+    async def healthz(request: Request) -> Response:
+        if pool.rule is None:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        if pool.stopping:
+            return JSONResponse({"status": "stopping"}, status_code=503)
+        return JSONResponse({"status": "ok", "tail": pool.served.name, "sessions": len(pool.sessions)})
+
+    async def capacity(request: Request) -> Response:
+        return JSONResponse(pool.capacity().to_json())
+
+    async def sessions(request: Request) -> Response:
+        return JSONResponse(pool.deadlines().to_json())
+
+    async def metrics(request: Request) -> Response:
+        assert pool.metrics is not None
+        return Response(pool.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    async def session_socket(websocket: WebSocket) -> None:
+        await SocketSession(pool, websocket).run()
+
+    routes = [
+        Route("/healthz", healthz),
+        Route("/v1/capacity", capacity),
+        Route("/v1/sessions", sessions),
+        Route("/metrics", metrics),
+        WebSocketRoute("/v1/session", session_socket),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.pool = pool
+    return app
+
+
+class SocketSession:
+    """One websocket's session: a receiver queues each frame's tick or control, a sender answers them in
+    order; when the pool closes the session (asked to, idle, shutting down) the socket closes after the
+    answers."""
+
+    def __init__(self, pool: SessionPool, websocket: WebSocket):
+        self.pool = pool
+        self.websocket = websocket
+        self.answers: asyncio.Queue = asyncio.Queue()
+        self.session: PooledSession | None = None
+        self.frames = 0
+
+    async def run(self) -> None:
+        websocket = self.websocket
+        await websocket.accept()
+        seed_text = websocket.query_params.get("seed", "0")
+        try:
+            seed = int(seed_text)
+        except ValueError:
+            await self._refuse(messages.BAD_CONTROL, messages.bad_seed(seed_text), messages.CLOSE_POLICY)
+            return
+        try:
+            session = await self.pool.open(seed)
+        except AdmissionRefused as refusal:
+            await self._refuse(refusal.reason, refusal.message, messages.CLOSE_TRY_AGAIN_LATER)
+            return
+        except Exception as error:  # a fault of the pool (a bug): say so, never a silent drop
+            LOG.exception("opening a session failed")
+            await self._refuse(messages.INTERNAL, messages.internal(error), messages.CLOSE_INTERNAL)
+            return
+        self.session = session
+        try:
+            await websocket.send_json(ready_frame(self.pool, session))
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            session.abort(messages.DISCONNECTED, messages.disconnected())
+            return
+        receiver = asyncio.create_task(self._receive())
+        sender = asyncio.create_task(self._send())
+        try:
+            await session.closed_event.wait()
+        finally:
+            receiver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await receiver
+            await self.answers.put(None)
+            await sender
+        await self._close(session)
+
+    async def _refuse(self, code: str, message: str, close_code: int) -> None:
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+            await self.websocket.send_json(error_frame(code, message))
+            await self.websocket.close(close_code, messages.close_reason(message))
+
+    async def _receive(self) -> None:
+        session = self.session
+        assert session is not None
+        try:
+            while True:
+                message = await self.websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    session.abort(messages.DISCONNECTED, messages.disconnected())
+                    return
+                if message.get("bytes") is not None:
+                    self._tick(message["bytes"])
+                elif message.get("text") is not None and self._control(message["text"]) == "close":
+                    return
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            session.abort(messages.DISCONNECTED, messages.disconnected())
+        except Exception as error:  # a fault of the server: never a silent hang
+            LOG.exception("websocket receive failed")
+            session.abort(messages.INTERNAL, messages.internal(error))
+
+    def _tick(self, data: bytes) -> None:
+        session = self.session
+        assert session is not None
+        tick = self.frames
+        self.frames += 1
+        try:
+            frame = codec.decode(data)
+            future = session.submit(frame.tensors, frame.last)
+        except (codec.FrameError, TickError) as error:
+            self.answers.put_nowait(("error", error_frame(error.code, error.message, tick)))
+            self._count_error(error.code)
+            session.errors += 1
+            return
+        self.answers.put_nowait(("tick", future, tick))
+
+    def _count_error(self, code: str) -> None:
+        if self.pool.metrics is not None:
+            self.pool.metrics.tick_errors.labels(code).inc()
+
+    def _control(self, text: str) -> str | None:
+        session = self.session
+        assert session is not None
+        try:
+            control = json.loads(text)
+        except ValueError:
+            control = None
+        kind = control.get("type") if isinstance(control, dict) else None
+        if kind == "reset":
+            try:
+                self.answers.put_nowait(("reset", session.reset()))
+            except TickError as error:
+                self.answers.put_nowait(("error", error_frame(error.code, error.message)))
+            return kind
+        if kind == "close":
+            self.answers.put_nowait(("closing", asyncio.ensure_future(session.close())))
+            return kind
+        problem = "the text frame is not JSON" if control is None and kind is None else f"unknown control {text[:80]!r}"
+        if isinstance(control, dict) and kind is not None:
+            problem = f"unknown control type {kind!r}"
+        self.answers.put_nowait(("error", error_frame(messages.BAD_CONTROL, messages.bad_control(problem))))
+        return None
+
+    async def _send(self) -> None:
+        """Answer the queued frames in order; after the socket is gone, only wait for them."""
+        while True:
+            entry = await self.answers.get()
+            if entry is None:
+                return
+            kind = entry[0]
+            try:
+                if kind == "error":
+                    await self.websocket.send_json(entry[1])
+                elif kind == "tick":
+                    try:
+                        outputs = await entry[1]
+                    except TickError as error:
+                        if error.code in (messages.CLIENT_CLOSED, messages.DISCONNECTED):
+                            continue
+                        await self.websocket.send_json(error_frame(error.code, error.message, entry[2]))
+                        continue
+                    await self.websocket.send_bytes(codec.encode(outputs))
+                elif kind == "reset":
+                    try:
+                        await entry[1]
+                    except TickError as error:
+                        await self.websocket.send_json(error_frame(error.code, error.message))
+                        continue
+                    await self.websocket.send_json({"type": "reset"})
+                elif kind == "closing":
+                    await entry[1]
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                if self.session is not None:
+                    self.session.abort(messages.DISCONNECTED, messages.disconnected())
+                self._drain_quietly()
+                return
+
+    def _drain_quietly(self) -> None:
+        while not self.answers.empty():
+            entry = self.answers.get_nowait()
+            if entry is not None and isinstance(entry[1], asyncio.Future):
+                entry[1].add_done_callback(lambda future: future.cancelled() or future.exception())
+
+    async def _close(self, session: PooledSession) -> None:
+        websocket = self.websocket
+        if websocket.client_state != WebSocketState.CONNECTED or session.close_code == messages.DISCONNECTED:
+            return
+        code = session.close_code or messages.CLIENT_CLOSED
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+            if code == messages.CLIENT_CLOSED:
+                await websocket.send_json({"type": "closed", **session.stats_json()})
+                await websocket.close(messages.CLOSE_NORMAL)
+            else:
+                message = session.close_message or code
+                await websocket.send_json(error_frame(code, message))
+                await websocket.close(CLOSE_CODES.get(code, messages.CLOSE_INTERNAL), messages.close_reason(message))

@@ -1,0 +1,286 @@
+"""Start the replicas of one tail on a Ray cluster and hold them: `start(spec, config)` -> `DuplexCluster`.
+
+    cluster = start(PoolSpec("moshi", config=PoolConfig(slots=20, lanes=4)), ClusterConfig(replicas=4))
+    print(cluster.ws_url)            # ws://127.0.0.1:8000/v1/session, through the Serve proxy
+    cluster.capacities()             # {replica: its pool's capacity}
+    cluster.drain(replica)           # no new session there; its sessions finish
+    cluster.shutdown()
+
+Without `address` the code starts a local Ray (`ray.init(address="local")`) and sets the proxy's middleware
+(`proxy.PROXY_CALLBACK`) in the environment its processes inherit; with one it connects to that cluster
+(`ray.init(address=...)`), whose nodes set the middleware themselves (docs/serving.md, "Across GPUs and
+nodes"). Serve is started with the HTTP proxy on `host:port`, and the replicas are one Serve application:
+`replicas` copies of `DuplexReplica`, each with `gpus_per_replica` GPUs (1: one GPU each) or, on CPU,
+`cpus_per_replica` CPUs, routed by the `FreeCapacityRouter`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import attrs
+
+from duplexcadence.interpreter.serve import messages
+from duplexcadence.interpreter.serve.cluster import proxy
+from duplexcadence.interpreter.serve.cluster.replica import DEPLOYMENT, DEPLOYMENT_NAME, PoolSpec
+
+REPLICA_ACTOR_PREFIX = "SERVE_REPLICA::"
+SERVE_NAMESPACE = "serve"
+ROUTER_CLASS = "duplexcadence.interpreter.serve.cluster.router:FreeCapacityRouter"
+
+
+@attrs.frozen
+class ClusterConfig:
+    """Where and how the replicas run.
+
+    `replicas`: how many (None: one per GPU of the cluster, or one without GPUs); `address`: an existing Ray
+    cluster (`auto`, `HOST:PORT`, `ray://...`; None: a local one with `local_cpus` CPUs (None: every core) and the GPUs it finds);
+    `gpus_per_replica`: None takes 1 when the cluster has GPUs, else 0 (a CPU replica with `cpus_per_replica`);
+    `runtime_env`: the replicas' Ray runtime environment (a `working_dir` for a model builder of your own);
+    `host`/`port`: the Serve HTTP proxy;
+    `stats_period_s`: how often each replica's capacity is polled for the router; `drain_timeout_s`: how long a
+    replica Serve stops (scale-down, redeploy, shutdown) waits for its sessions; `health_check_period_s`: how
+    often its device thread is probed; `start_attempts`: how often Serve starts a replica whose pool fails to
+    start before the deployment fails; `max_ongoing_requests`: requests a replica takes at once (its sessions
+    and HTTP calls; None: the pool's slots (rows) + 16, so the pool's admission, not Serve's queue, refuses).
+    """
+
+    replicas: int | None = None
+    address: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    gpus_per_replica: float | None = None
+    cpus_per_replica: float = 1.0
+    runtime_env: dict[str, Any] | None = None
+    local_cpus: int | None = None
+    stats_period_s: float = 0.25
+    drain_timeout_s: float = 600.0
+    health_check_period_s: float = 10.0
+    health_check_timeout_s: float = 30.0
+    max_ongoing_requests: int | None = None
+    start_attempts: int = 2
+    app_name: str = "duplexcadence"
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.replicas is not None and self.replicas < 1:
+            found.append(f"replicas must be at least 1, not {self.replicas}")
+        if (self.gpus_per_replica or 0) < 0 or self.cpus_per_replica < 0:
+            found.append("gpus and cpus per replica cannot be negative")
+        if self.gpus_per_replica == 0 and self.cpus_per_replica == 0:
+            found.append("a replica needs a GPU or a share of a CPU (gpus_per_replica or cpus_per_replica above 0)")
+        if not self.stats_period_s > 0:
+            found.append(f"the routing-stats period must be above 0 s, not {self.stats_period_s}")
+        return found
+
+
+def sessions_per_replica(spec: PoolSpec) -> int:
+    return spec.config.slots * (spec.config.lockstep or 1)
+
+
+def deployment_options(spec: PoolSpec, config: ClusterConfig) -> dict[str, Any]:
+    """The Serve options of the replicas' deployment (`Deployment.options`)."""
+    actor: dict[str, Any] = {"num_cpus": config.cpus_per_replica}
+    if config.gpus_per_replica:
+        actor["num_gpus"] = config.gpus_per_replica
+    if config.runtime_env:
+        actor["runtime_env"] = config.runtime_env
+    return {
+        "num_replicas": config.replicas,
+        "ray_actor_options": actor,
+        "max_ongoing_requests": config.max_ongoing_requests or sessions_per_replica(spec) + 16,
+        "graceful_shutdown_timeout_s": config.drain_timeout_s,
+        "graceful_shutdown_wait_loop_s": 1.0,
+        "health_check_period_s": config.health_check_period_s,
+        "health_check_timeout_s": config.health_check_timeout_s,
+        "max_constructor_retry_count": config.start_attempts,
+        "request_router_config": {  # a `ray.serve.config.RequestRouterConfig`
+            "request_router_class": ROUTER_CLASS,
+            "request_routing_stats_period_s": config.stats_period_s,
+            "request_routing_stats_timeout_s": max(10.0, 4 * config.stats_period_s),
+        },
+    }
+
+
+def init_ray(config: ClusterConfig) -> bool:
+    """Connect to `config.address`, or start a local Ray; True when this call started Ray."""
+    import ray
+
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # the driver's share of Serve's INFO lines
+    if ray.is_initialized():
+        return False
+    if config.address is not None:
+        ray.init(address=config.address, include_dashboard=False, log_to_driver=False)
+        return True
+    os.environ.setdefault(proxy.PROXY_CALLBACK_VARIABLE, proxy.PROXY_CALLBACK)
+    ray.init(
+        address="local",
+        num_cpus=config.local_cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    return True
+
+
+class ClusterStartError(RuntimeError):
+    """The replicas did not start: the first replica's own error."""
+
+
+def start_error(app_name: str) -> ClusterStartError:
+    """Why the application's deployment failed, from Serve's status (the replica's exception, last line)."""
+    from ray import serve
+
+    status = serve.status().applications.get(app_name)
+    detail = status.deployments[DEPLOYMENT_NAME].message if status and DEPLOYMENT_NAME in status.deployments else ""
+    lines = [line.strip() for line in detail.splitlines() if line.strip()]
+    return ClusterStartError(messages.replicas_failed(lines[-1] if lines else "no reason given"))
+
+
+class DuplexCluster:
+    """The running replicas of one application: its address, each replica's capacity, drain, shutdown."""
+
+    def __init__(self, spec: PoolSpec, config: ClusterConfig, started_ray: bool):
+        self.spec = spec
+        self.config = config
+        self.started_ray = started_ray
+        self.stopped = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.config.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://{self.config.host}:{self.config.port}/v1/session"
+
+    def handle(self) -> Any:
+        from ray import serve
+
+        return serve.get_app_handle(self.config.app_name)
+
+    def replicas(self) -> list[str]:
+        """The replicas of the application (their Serve ids), running or starting."""
+        import ray
+
+        prefix = f"{REPLICA_ACTOR_PREFIX}{self.config.app_name}#{DEPLOYMENT_NAME}#"
+        names = [entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)]
+        return sorted(name[len(prefix) :] for name in names if name.startswith(prefix))
+
+    def capacity(self, replica: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        """A replica's routing stats: its pool's capacity, `replica`, `device`, `recorded_at`."""
+        return self.handle().capacity.remote(replica_id=replica).result(timeout_s=timeout_s)
+
+    def capacities(self, timeout_s: float = 30.0) -> dict[str, dict[str, Any]]:
+        """Every running replica's capacity (a replica that is not running yet is left out)."""
+        from duplexcadence.interpreter.serve.cluster.replica import ReplicaNotServing
+
+        found = {}
+        for replica in self.replicas():
+            try:
+                found[replica] = self.capacity(replica, timeout_s)
+            except ReplicaNotServing:
+                continue
+            except Exception as error:  # a RayTaskError wrapping ReplicaNotServing, or a replica that just died
+                if isinstance(getattr(error, "cause", None), ReplicaNotServing) or "not serving" in str(error):
+                    continue
+                raise
+        return found
+
+    def drain(self, replica: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Admit no new session on `replica` (the routers know when this returns); its sessions finish."""
+        return self.handle().drain.remote(replica_id=replica, timeout_s=timeout_s).result(timeout_s=timeout_s + 30)
+
+    def metrics_text(self, replica: str, timeout_s: float = 30.0) -> str:
+        return self.handle().metrics_text.remote(replica_id=replica).result(timeout_s=timeout_s)
+
+    def kill(self, replica: str) -> None:
+        """Kill a replica's process now (fault injection: its sessions are lost; Serve starts a replacement)."""
+        import ray
+
+        name = f"{REPLICA_ACTOR_PREFIX}{self.config.app_name}#{DEPLOYMENT_NAME}#{replica}"
+        ray.kill(ray.get_actor(name, namespace=SERVE_NAMESPACE), no_restart=True)
+
+    def wait_serving(self, replicas: int | None = None, timeout_s: float = 600.0) -> dict[str, dict[str, Any]]:
+        """Wait until `replicas` (default: all) replicas run and have reported their capacity to the router."""
+        wanted = replicas if replicas is not None else self.config.replicas or 1
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = {name: stats for name, stats in self.capacities().items() if not stats.get("starting")}
+            if len(found) >= wanted:
+                time.sleep(2 * self.config.stats_period_s + 0.2)  # one report at least reaches every router
+                return found
+            if time.monotonic() > deadline:
+                raise TimeoutError(messages.replicas_not_serving(len(found), wanted, timeout_s))
+            time.sleep(0.2)
+
+    def shutdown(self, drain_timeout_s: float | None = None) -> None:
+        """Drain every replica and wait up to `drain_timeout_s` (default the config's) for their sessions to end,
+        stop the pools (a session left is closed with 1001 and the reason), then Serve, and Ray if this process
+        started it. (`serve.shutdown` alone stops the proxies at once: every open session would be cut.)"""
+        import ray
+        from ray import serve
+
+        if self.stopped:
+            return
+        self.stopped = True
+        timeout = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        deadline = time.monotonic() + timeout
+        try:
+            replicas = list(self.capacities())
+            for replica in replicas:
+                self.handle().drain.remote(replica_id=replica, timeout_s=0.0).result(timeout_s=30)
+            while time.monotonic() < deadline and any(stats["sessions"] for stats in self.capacities().values()):
+                time.sleep(0.2)
+            for replica in replicas:
+                self.handle().stop_pool.remote(replica_id=replica).result(timeout_s=60)
+        finally:
+            serve.shutdown()
+            if self.started_ray:
+                ray.shutdown()
+
+
+def resolve(config: ClusterConfig) -> ClusterConfig:
+    """`config` with its defaults taken from the cluster Ray is connected to: a GPU per replica when it has
+    GPUs, and one replica per GPU (or one)."""
+    import ray
+
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    per_replica = config.gpus_per_replica if config.gpus_per_replica is not None else (1.0 if gpus else 0.0)
+    replicas = config.replicas
+    if replicas is None:
+        replicas = max(1, int(gpus // per_replica)) if per_replica else 1
+    return attrs.evolve(config, gpus_per_replica=per_replica, replicas=replicas)
+
+
+def start(spec: PoolSpec, config: ClusterConfig, wait: bool = True) -> DuplexCluster:
+    """Deploy `config.replicas` replicas of `spec` (see the module docstring); with `wait`, return once every
+    replica serves."""
+    problems = config.problems() + spec.config.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    from ray import serve
+
+    started_ray = init_ray(config)
+    try:
+        config = resolve(config)
+        serve.start(http_options={"host": config.host, "port": config.port})
+        application = DEPLOYMENT.options(**deployment_options(spec, config)).bind(spec)
+        try:
+            serve.run(application, name=config.app_name, route_prefix="/")
+        except RuntimeError:
+            raise start_error(config.app_name) from None
+        cluster = DuplexCluster(spec, config, started_ray)
+        if wait:
+            cluster.wait_serving()
+    except BaseException:
+        if started_ray:
+            import ray
+
+            serve.shutdown()
+            ray.shutdown()
+        raise
+    return cluster

@@ -1,0 +1,309 @@
+"""A load generator: N concurrent sessions over websockets, each T ticks, with bounded loops.
+
+Every session opens (a refusal is counted with its reason), then all start together. Paced (the default), a
+session sends tick t at start + t x the tick period, as a live stream would, keeping at most the server's queue
+depth of ticks unanswered (a send that had to wait is counted as blocked); unpaced, it sends the next tick
+when the last is answered. A tick's latency runs from its send to its answer. With `record`, the outputs of
+the first `record` sessions are kept; `verify` then runs each of those sessions' inputs alone through the
+tail's stock loop (`ServedTail.stock`) and compares every output with `torch.equal`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+import attrs
+import torch
+
+from duplexcadence.interpreter.serve.client import Refused, ServerError, SessionClient, SessionClosedByServer
+from duplexcadence.interpreter.serve.pool import quantile
+from duplexcadence.interpreter.serve.tail import SeededStock, ServedTail, deterministic_cudnn
+
+Inputs = Callable[[int, int], Mapping[str, torch.Tensor]]
+
+
+@attrs.frozen
+class SessionLoad:
+    """One driven session: its seed, ticks answered with outputs, error codes, latencies (seconds), blocked
+    sends, whether it was refused (with the reason), its recorded outputs (`record`), and the replica that held
+    it (through a cluster; None for a single server)."""
+
+    seed: int
+    ticks: int
+    errors: tuple[str, ...]
+    latencies: tuple[float, ...]
+    blocked: int
+    refused: str | None = None
+    outputs: tuple[dict[str, torch.Tensor], ...] = attrs.field(default=(), repr=False)
+    replica: str | None = None
+
+
+@attrs.frozen
+class LoadReport:
+    """What a run measured: the sessions asked for, opened and refused (reasons counted), ticks answered,
+    their latency p50 / p99 / max, ticks over the tick period (missed), errors by code, blocked sends, the
+    wall time, and the comparison with stock (None without `verify`)."""
+
+    url: str
+    sessions: int
+    ticks_per_session: int
+    paced: bool
+    tick_period_s: float | None
+    opened: int
+    refused: dict[str, int]
+    ticks: int
+    latency_p50_s: float | None
+    latency_p99_s: float | None
+    latency_max_s: float | None
+    missed: int
+    errors: dict[str, int]
+    blocked: int
+    wall_s: float
+    verified_sessions: int | None = None
+    verified_ticks: int | None = None
+    unequal_ticks: int | None = None
+    per_session: tuple[SessionLoad, ...] = attrs.field(default=(), repr=False)
+
+    def to_json(self) -> dict:
+        data = attrs.asdict(self, recurse=False)
+        data["per_session"] = [
+            {
+                "seed": s.seed,
+                "ticks": s.ticks,
+                "errors": list(s.errors),
+                "blocked": s.blocked,
+                "refused": s.refused,
+                "latencies_s": list(s.latencies),
+                "replica": s.replica,
+            }
+            for s in self.per_session
+        ]
+        return data
+
+    def lines(self) -> list[str]:
+        def ms(value: float | None) -> str:
+            return "-" if value is None else f"{value * 1000:.1f} ms"
+
+        refusals = ", ".join(f"{n} {reason}" for reason, n in sorted(self.refused.items())) or "none"
+        errors = ", ".join(f"{n} {code}" for code, n in sorted(self.errors.items())) or "none"
+        period = "-" if self.tick_period_s is None else f"{self.tick_period_s * 1000:g} ms"
+        lines = [
+            f"sessions: {self.opened} of {self.sessions} opened; refused: {refusals}",
+            f"ticks: {self.ticks} answered ({self.ticks_per_session} per session, {'paced' if self.paced else 'unpaced'}) "
+            f"in {self.wall_s:.1f} s; errors: {errors}; blocked sends: {self.blocked}",
+            f"tick latency: p50 {ms(self.latency_p50_s)}, p99 {ms(self.latency_p99_s)}, max {ms(self.latency_max_s)}; "
+            f"missed (over the {period} period): {self.missed}",
+        ]
+        if self.verified_sessions is not None:
+            lines.append(
+                f"verify: {self.verified_ticks} ticks of {self.verified_sessions} sessions compared with stock alone, "
+                f"{self.unequal_ticks} not torch.equal"
+            )
+        return lines
+
+
+async def drive_session(
+    url: str,
+    seed: int,
+    ticks: int,
+    inputs: Inputs,
+    start: asyncio.Event,
+    opened: asyncio.Queue,
+    paced: bool,
+    record: bool,
+) -> SessionLoad:
+    """One session: open, wait for the common start, send `ticks` ticks, close."""
+    try:
+        client = await SessionClient.connect(url, seed=seed)
+    except Refused as refusal:
+        await opened.put(None)
+        return SessionLoad(seed, 0, (), (), 0, refused=f"{refusal.code}: {refusal.message}")
+    await opened.put(client)
+    await start.wait()
+    period = client.tick_period_s
+    window = int(client.ready.get("queue_depth", 1)) if paced else 1  # unpaced: the next tick after the answer
+    sent_at: collections.deque[float] = collections.deque()
+    latencies: list[float] = []
+    errors: list[str] = []
+    outputs: list[dict[str, torch.Tensor]] = []
+    blocked = 0
+    began = time.perf_counter()
+    slots = asyncio.Semaphore(window)
+    closed_early = asyncio.Event()
+
+    async def receive_all() -> None:
+        for _ in range(ticks):
+            try:
+                answer = await client.receive()
+            except SessionClosedByServer as closed:
+                errors.append(closed.code)
+                closed_early.set()
+                for _ in range(window):  # wake the sender: it stops
+                    slots.release()
+                return
+            except ServerError as error:
+                errors.append(error.code)
+                sent_at.popleft()
+                slots.release()
+                if record:
+                    outputs.append({})
+                continue
+            latencies.append(time.perf_counter() - sent_at.popleft())
+            slots.release()
+            if record:
+                outputs.append(answer)
+
+    receiver = asyncio.create_task(receive_all())
+    try:
+        for tick in range(ticks):
+            if closed_early.is_set():
+                break
+            if paced:
+                delay = began + tick * period - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            if paced and slots.locked():
+                blocked += 1
+            await slots.acquire()
+            if closed_early.is_set():
+                break
+            sent_at.append(time.perf_counter())
+            try:
+                await client.send(dict(inputs(seed, tick)))
+            except SessionClosedByServer:  # the receiver records why
+                break
+        await receiver
+    finally:
+        receiver.cancel()
+        if not closed_early.is_set():
+            with contextlib.suppress(ServerError, OSError):
+                await client.close()
+        else:
+            await client.connection.close()
+    return SessionLoad(
+        seed, len(latencies), tuple(errors), tuple(latencies), blocked, None, tuple(outputs), client.replica
+    )
+
+
+async def run_load(
+    url: str,
+    sessions: int,
+    ticks: int,
+    inputs: Inputs,
+    paced: bool = True,
+    record: int = 0,
+    first_seed: int = 0,
+    before_start: Callable[[], Awaitable[None]] | None = None,
+) -> LoadReport:
+    """Drive `sessions` sessions (seeds `first_seed`, `first_seed` + 1, ...) for `ticks` ticks each.
+    `before_start` is awaited once every session is open (or refused), before the first tick (a barrier
+    across processes)."""
+    start = asyncio.Event()
+    opened: asyncio.Queue = asyncio.Queue()
+    tasks = [
+        asyncio.create_task(drive_session(url, first_seed + i, ticks, inputs, start, opened, paced, i < record))
+        for i in range(sessions)
+    ]
+    clients = [await opened.get() for _ in range(sessions)]
+    period = next((c.tick_period_s for c in clients if c is not None), None)
+    if before_start is not None:
+        await before_start()
+    began = time.perf_counter()
+    start.set()
+    loads = await asyncio.gather(*tasks)
+    wall = time.perf_counter() - began
+    latencies = [value for load in loads for value in load.latencies]
+    refused = collections.Counter(load.refused.partition(":")[0] for load in loads if load.refused)
+    errors = collections.Counter(code for load in loads for code in load.errors)
+    return LoadReport(
+        url=url,
+        sessions=sessions,
+        ticks_per_session=ticks,
+        paced=paced,
+        tick_period_s=period,
+        opened=sum(1 for load in loads if load.refused is None),
+        refused=dict(refused),
+        ticks=len(latencies),
+        latency_p50_s=quantile(latencies, 0.5),
+        latency_p99_s=quantile(latencies, 0.99),
+        latency_max_s=max(latencies) if latencies else None,
+        missed=sum(1 for value in latencies if period is not None and value > period),
+        errors=dict(errors),
+        blocked=sum(load.blocked for load in loads),
+        wall_s=wall,
+        per_session=tuple(loads),
+    )
+
+
+def compare_with_stock(served: ServedTail, load: SessionLoad) -> tuple[int, int]:
+    """(ticks compared, ticks with an output not `torch.equal` to stock's): the session's inputs run alone
+    through the stock loop, seeded as the runtime seeds the session."""
+    if served.stock is None:
+        raise ValueError(f"the '{served.name}' tail has no stock loop to verify against")
+    stock = SeededStock(served.stock(load.seed), load.seed, served.device)
+    stock.reset()
+    compared = unequal = 0
+    inputs = served.inputs
+    assert inputs is not None
+    with deterministic_cudnn(), torch.no_grad():
+        for tick, outputs in enumerate(load.outputs):
+            expected = stock.step(**{name: t.to(served.device) for name, t in inputs(load.seed, tick).items()})
+            if not outputs:  # an error frame: nothing to compare (the report counts the error)
+                continue
+            expected_named = expected if isinstance(expected, Mapping) else {next(iter(outputs)): expected}
+            compared += 1
+            unequal += any(
+                name not in outputs or not torch.equal(value.to("cpu"), outputs[name])
+                for name, value in expected_named.items()
+            )
+    return compared, unequal
+
+
+def verify(served: ServedTail, report: LoadReport) -> LoadReport:
+    """The report with every recorded session compared with stock alone."""
+    recorded = [load for load in report.per_session if load.outputs]
+    compared = unequal = 0
+    for load in recorded:
+        done, differ = compare_with_stock(served, load)
+        compared += done
+        unequal += differ
+    return attrs.evolve(report, verified_sessions=len(recorded), verified_ticks=compared, unequal_ticks=unequal)
+
+
+def zeros_inputs(ready: dict) -> Inputs:
+    """Zeros of the shapes the server's `ready` frame gives (a tail without an input generator)."""
+    from duplexcadence.interpreter.serve.codec import TORCH_DTYPES
+
+    specs = [(spec["name"], tuple(spec["shape"]), TORCH_DTYPES[spec["dtype"]]) for spec in ready["inputs"]]
+    return lambda seed, tick: {name: torch.zeros(shape, dtype=dtype) for name, shape, dtype in specs}
+
+
+async def probe(url: str) -> dict:
+    """The `ready` frame of a session opened and closed at once (what the server serves)."""
+    client = await SessionClient.connect(url, seed=0)
+    try:
+        return client.ready
+    finally:
+        await client.close()
+
+
+def served_for(ready: dict, device: str | None = None) -> ServedTail | None:
+    """The registered tail the server serves, built on `device` (the server's by default), for inputs and
+    verification; None when the server's tail is not registered here."""
+    from duplexcadence.interpreter import tails
+    from duplexcadence.interpreter.serve.tail import served_tail
+
+    if ready["tail"] not in tails.available():
+        return None
+    return served_tail(ready["tail"], params=ready.get("options") or {}, device=device or ready["device"])
+
+
+def describe_ready(ready: dict) -> str:
+    inputs = ", ".join(f"{s['name']} {s['dtype']}{s['shape']}" for s in ready["inputs"])
+    return (
+        f"serving '{ready['tail']}' on {ready['device']}: a tick every {ready['tick_period_s'] * 1000:g} ms of {inputs}"
+    )

@@ -1,0 +1,838 @@
+"""The session pool: one tail's runtime on one device, its sessions stepped in rounds at the cadence.
+
+    pool = SessionPool(served_tail("toy"), PoolConfig(slots=8, lanes=2))
+    await pool.start()                      # load, warm every slot, calibrate the tick model
+    session = await pool.open(seed=3)       # AdmissionRefused when it does not fit
+    outputs = await session.step(codes=c)   # {"pcm": tensor on the host}
+    await session.reset()                   # barge-in
+    await session.close()
+
+One thread owns the device (`run_on_device`): it loads the runtime, opens and closes sessions and runs the
+rounds; the event loop never waits on the device. A round steps every session whose next queued item is a tick
+(its controls first: reset, close), as one `Runtime.step_many` (in lockstep, over the groups whose members all
+have a tick). Each session has one item in flight at most and a bounded queue, so its ticks run in the order
+sent. A round starts as soon as the one before it ends and something is queued.
+
+Admission (`admission.AdmissionRule`): a slot must be free and the calibrated tick with one more session must
+stay under the tick period less the headroom. `capacity()` is the snapshot a router reads, `drain()` stops
+admission while the sessions finish. Deadlines: a tick's latency runs from its arrival at the pool to its
+outputs on the host; over the tick period it is missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import itertools
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import torch
+
+from duplexcadence.interpreter.serve import codec, messages
+from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, Capacity, TickModel, fit
+from duplexcadence.interpreter.serve.metrics import PoolMetrics
+from duplexcadence.interpreter.serve.modes import MODES, StepResult, TensorSpec, TickError
+from duplexcadence.interpreter.serve.tail import LoadedTail, ServedTail
+
+REPORT_EVERY_S = 1.0
+GATHER_FRACTION = 0.05
+LATENCY_WINDOW = 65536
+
+
+@attrs.frozen
+class PoolConfig:
+    """How a pool serves its tail.
+
+    `slots`: runtime session slots (with `lockstep`, groups of `lockstep` sessions each); `lanes`: sessions
+    stepped concurrently (see `Runtime.load`); `headroom`: the fraction of the tick period admission keeps free;
+    `idle_timeout_s`: a session that sends nothing this long is closed; `queue_depth`: ticks a session may
+    have queued beside the one in flight. `tick_period_s`: None takes the plan's (cadence over instants).
+    `tick_model`: None calibrates one at start (`calibration_sizes` units, after `calibration_warmup` rounds,
+    the median of `calibration_repeats`); a given model skips the calibration. `enforce_tick_budget`: False
+    admits up to the slots whatever the model predicts (a benchmark that finds the limit itself).
+    `warm_slots`: open every slot once at start (on CUDA: capture its graphs before any session waits).
+    `deterministic`: cuDNN's deterministic algorithms while the pool runs (outputs equal to stock eager).
+    `gather_s`: how long a round may wait, from its oldest tick's arrival, for the other sessions' ticks
+    (sessions paced by the same cadence arrive a few milliseconds apart; one round for all of them costs less
+    than two); None: 5 % of the tick period; 0: a round starts as soon as anything is queued.
+    """
+
+    slots: int = 1
+    lanes: int = 1
+    lockstep: int | None = None
+    headroom: float = 0.15
+    idle_timeout_s: float = 30.0
+    queue_depth: int = 4
+    tick_period_s: float | None = None
+    tick_model: TickModel | None = None
+    calibration_sizes: tuple[int, ...] | None = None
+    calibration_warmup: int = 2
+    calibration_repeats: int = 5
+    enforce_tick_budget: bool = True
+    warm_slots: bool = True
+    deterministic: bool = True
+    gather_s: float | None = None
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.slots < 1:
+            found.append(f"slots must be at least 1, not {self.slots}")
+        if not 1 <= self.lanes <= max(self.slots, 1):
+            found.append(f"lanes must be from 1 to slots ({self.slots}), not {self.lanes}")
+        if self.lockstep is not None and self.lockstep < 1:
+            found.append(f"lockstep rows must be at least 1, not {self.lockstep}")
+        if not 0.0 <= self.headroom < 1.0:
+            found.append(f"headroom must be from 0 to below 1, not {self.headroom}")
+        if not self.idle_timeout_s > 0:
+            found.append(f"the idle timeout must be above 0 s, not {self.idle_timeout_s}")
+        if self.queue_depth < 1:
+            found.append(f"the queue depth must be at least 1, not {self.queue_depth}")
+        if self.tick_period_s is not None and not self.tick_period_s > 0:
+            found.append(f"the tick period must be above 0 s, not {self.tick_period_s}")
+        if self.gather_s is not None and not self.gather_s >= 0:
+            found.append(f"the gather time must be 0 s or more, not {self.gather_s}")
+        return found
+
+
+class SessionClosed(TickError):
+    """A tick, reset or close of a session that is closed (or closing): `code` says why it closed."""
+
+
+@attrs.define(eq=False)
+class Item:
+    kind: str  # "tick", "reset" or "close"
+    future: asyncio.Future = attrs.field(repr=False)
+    inputs: dict[str, torch.Tensor] | None = attrs.field(default=None, repr=False)
+    last: bool = False
+    queued_at: float = 0.0
+
+
+@attrs.frozen
+class SessionStats:
+    """One session's deadline accounting: ticks stepped, ticks missed (latency over the period), ticks answered
+    with an error, and the latency quantiles of its recent ticks (seconds; None before the first)."""
+
+    id: int
+    seed: int
+    ticks: int
+    missed: int
+    errors: int
+    latency_p50_s: float | None
+    latency_p99_s: float | None
+    latency_max_s: float | None
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    """The q-quantile of `values` (nearest rank), None for none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = min(len(ordered) - 1, max(0, math.ceil(round(q * len(ordered), 9)) - 1))
+    return ordered[rank]
+
+
+class PooledSession:
+    """One client's session in the pool. Its ticks run in the order submitted, one in flight at a time."""
+
+    def __init__(self, pool: SessionPool, session_id: int, seed: int, handle: Any, group: int | None):
+        self.pool = pool
+        self.id = session_id
+        self.seed = seed
+        self.handle = handle  # the mode's: a runtime Session, or a lockstep Member (the device thread's)
+        self.group = group
+        self.queue: collections.deque[Item] = collections.deque()
+        self.in_flight = False
+        self.closing: tuple[str, str] | None = None
+        self.closed = False
+        self.closed_event = asyncio.Event()
+        self.failed: str | None = None
+        self.finished = False
+        self.ticks = 0
+        self.missed = 0
+        self.errors = 0
+        self.latencies: collections.deque[float] = collections.deque(maxlen=4096)
+        self.last_activity = time.monotonic()
+
+    @property
+    def close_code(self) -> str | None:
+        """Why the session closed or is closing (an error code of `messages`, or "closed": asked to)."""
+        return self.closing[0] if self.closing else None
+
+    @property
+    def close_message(self) -> str | None:
+        return self.closing[1] if self.closing else None
+
+    def _check_open(self) -> None:
+        if self.closing is not None:
+            raise SessionClosed(self.closing[0], messages.session_closed(self.closing[1]))
+
+    def submit(self, inputs: Mapping[str, torch.Tensor], last: bool = False) -> asyncio.Future:
+        """Queue one tick; a future of its outputs (by name, on the host). Raises TickError before queueing
+        for inputs the tail cannot take, a full queue or a closed session: the session is unchanged."""
+        self._check_open()
+        self.pool.check_inputs(inputs, last)
+        queued = sum(1 for item in self.queue if item.kind == "tick")
+        if queued >= self.pool.config.queue_depth:
+            raise TickError(messages.QUEUE_FULL, messages.queue_full(queued))
+        return self._queue(Item("tick", self.pool.loop.create_future(), dict(inputs), last, time.perf_counter()))
+
+    async def step(self, inputs: Mapping[str, torch.Tensor] | None = None, last: bool = False, **named) -> dict:
+        """One tick: `inputs` by name (or as keywords); its outputs by name. TickError if it did not run."""
+        return await self.submit({**(inputs or {}), **named}, last)
+
+    def reset(self) -> asyncio.Future:
+        """Barge-in: back to the start after the ticks queued before it (a future, done when it is)."""
+        self._check_open()
+        if sum(1 for item in self.queue if item.kind != "tick") >= self.pool.config.queue_depth:
+            raise TickError(messages.QUEUE_FULL, messages.queue_full(len(self.queue)))
+        return self._queue(Item("reset", self.pool.loop.create_future()))
+
+    async def close(self) -> None:
+        """Close after the ticks queued before it; the slot is free when this returns."""
+        if self.closed:
+            return
+        if self.closing is None:
+            self.closing = (messages.CLIENT_CLOSED, "closed by the client")
+            future = self._queue(Item("close", self.pool.loop.create_future()))
+            await future
+        else:
+            await self.closed_event.wait()
+
+    def abort(self, code: str, message: str) -> None:
+        """Close now (a client gone, an idle timeout, the pool stopping): the queued ticks and resets fail with
+        `code`; the slot is freed after the item in flight, if any."""
+        if self.closed:
+            return
+        if self.closing is None or self.closing[0] == messages.CLIENT_CLOSED:
+            self.closing = (code, message)
+        error = SessionClosed(code, message)
+        kept = [item for item in self.queue if item.kind == "close"]
+        for item in self.queue:
+            if item.kind != "close" and not item.future.done():
+                item.future.set_exception(error)
+                item.future.exception()  # retrieved: nobody may be waiting for it
+        self.queue.clear()
+        self.queue.extend(kept or [Item("close", self.pool.loop.create_future())])
+        self.pool.wake()
+
+    def _queue(self, item: Item) -> asyncio.Future:
+        self.queue.append(item)
+        self.last_activity = time.monotonic()
+        self.pool.wake()
+        return item.future
+
+    def _mark_closed(self) -> None:
+        self.closed = True
+        while self.queue:
+            item = self.queue.popleft()
+            if not item.future.done():
+                code, message = self.closing or (messages.CLIENT_CLOSED, "closed by the client")
+                item.future.set_exception(SessionClosed(code, message))
+                item.future.exception()
+        self.closed_event.set()
+
+    def stats(self) -> SessionStats:
+        recent = list(self.latencies)
+        return SessionStats(
+            self.id,
+            self.seed,
+            self.ticks,
+            self.missed,
+            self.errors,
+            quantile(recent, 0.5),
+            quantile(recent, 0.99),
+            max(recent) if recent else None,
+        )
+
+    def stats_json(self) -> dict:
+        return attrs.asdict(self.stats())
+
+    def info(self) -> dict:
+        """What the server's `ready` frame says of the session."""
+        row = getattr(self.handle, "row", None)
+        return {"session": self.id, "seed": self.seed, "group": self.group, "row": row}
+
+
+@attrs.frozen
+class DeadlineReport:
+    """The pool's deadline accounting: session ticks stepped and missed since start, their latency
+    quantiles over the last ticks (seconds), and every open session's own numbers."""
+
+    ticks: int
+    missed: int
+    latency_p50_s: float | None
+    latency_p99_s: float | None
+    latency_max_s: float | None
+    tick_period_s: float
+    sessions: tuple[SessionStats, ...]
+
+    def to_json(self) -> dict:
+        data = attrs.asdict(self, recurse=False)
+        data["sessions"] = [attrs.asdict(stats) for stats in self.sessions]
+        return data
+
+
+@attrs.define
+class Round:
+    controls: list[tuple[PooledSession, Item]] = attrs.field(factory=list)
+    ticks: list[tuple[PooledSession, Item]] = attrs.field(factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.controls or self.ticks)
+
+
+@attrs.frozen
+class RoundOutcome:
+    controls: list[tuple[PooledSession, Item, BaseException | None]]
+    ticks: list[tuple[PooledSession, Item, Any]]  # outputs dict, or a TickError
+    failed: dict[Any, str]
+    round_s: float
+    done_at: float
+    units: int
+
+
+class SessionPool:
+    """Sessions of one tail on one device (see the module docstring)."""
+
+    def __init__(self, served: ServedTail, config: PoolConfig | None = None):
+        self.served = served
+        self.config = config or PoolConfig()
+        problems = self.config.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.sessions: dict[int, PooledSession] = {}
+        self.draining = False
+        self.stopping = False
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
+        self.executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.loaded: LoadedTail | None = None
+        self.mode: Any = None
+        self.rule: AdmissionRule | None = None
+        self.metrics: PoolMetrics | None = None
+        self.tick_period_s = 0.0
+        self.gather_s = 0.0
+        self.started_s = 0.0
+        self._ids = itertools.count(1)
+        self._opening = 0
+        self._opening_groups: collections.Counter = collections.Counter()
+        self._wakeup: asyncio.Event | None = None
+        self._empty: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.tick_latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+        """The latency of the last session ticks (seconds), oldest first."""
+        self.round_log: collections.deque[tuple[int, float]] = collections.deque(maxlen=LATENCY_WINDOW)
+        """(units stepped, seconds) of the last rounds on the device, oldest first."""
+        self._ticks = 0
+        self._missed = 0
+        self._report_at = 0.0
+        self._previous_cudnn: tuple[bool, bool] | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the tail's runtime on the device thread, warm every slot, calibrate (unless a model is
+        given), then start the scheduler and the idle reaper. ValueError for a mode the plan cannot take."""
+        self.loop = asyncio.get_running_loop()
+        self._wakeup = asyncio.Event()
+        self._empty = asyncio.Event()
+        self._empty.set()
+        device = torch.device(self.served.device)
+        if device.type == "cuda" and device.index is None:  # set_device needs an index: "cuda" is the current one
+            device = torch.device("cuda", torch.cuda.current_device())
+        initializer = (lambda: torch.cuda.set_device(device)) if device.type == "cuda" else None
+        self.executor = concurrent.futures.ThreadPoolExecutor(1, "duplexcadence-device", initializer=initializer)
+        started = time.perf_counter()
+        try:
+            model = await self.run_on_device(self._load)
+        except BaseException:
+            await self.run_on_device(self._unload)
+            self.executor.shutdown(wait=False)
+            raise
+        self.started_s = time.perf_counter() - started
+        self.tick_period_s = self.config.tick_period_s or self.mode.facts.tick_period_s
+        self.gather_s = GATHER_FRACTION * self.tick_period_s if self.config.gather_s is None else self.config.gather_s
+        self.rule = AdmissionRule(
+            self.mode.session_slots,
+            self.config.lockstep,
+            model,
+            self.tick_period_s,
+            self.config.headroom,
+            self.config.enforce_tick_budget,
+        )
+        self.metrics = PoolMetrics(self.tick_period_s)
+        self.metrics.slots.set(self.mode.session_slots)
+        assert self.loaded is not None
+        self.metrics.runtime.report = await self.run_on_device(self.loaded.runtime.report)
+        self._refresh_gauges()
+        self._tasks = [
+            self.loop.create_task(self._schedule(), name="duplexcadence-scheduler"),
+            self.loop.create_task(self._reap(), name="duplexcadence-idle-reaper"),
+        ]
+
+    def _load(self) -> TickModel:
+        config = self.config
+        if config.deterministic:
+            self._previous_cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+        rows = config.lockstep
+        self.loaded = self.served.load(sessions=config.slots, lanes=config.lanes, rows=rows)
+        if rows is None:
+            self.mode = MODES["lanes"](self.loaded, config.slots)
+        else:
+            self.mode = MODES["lockstep"](self.loaded, config.slots, rows, self.served.batch_param)
+        if config.warm_slots:
+            self.mode.warm()
+        if config.tick_model is not None:
+            return attrs.evolve(config.tick_model, unit=self.mode.unit)
+        return self._calibrate()
+
+    def _inputs_of(self, seed: int, instant: int) -> dict[str, torch.Tensor]:
+        if self.served.inputs is not None:
+            return self.served.inputs(seed, instant)
+        return self.mode.facts.zeros(instant)
+
+    def _calibrate(self) -> TickModel:
+        config, mode = self.config, self.mode
+        units = mode.units()
+        sizes = config.calibration_sizes or tuple(sorted({1, min(units, max(2, 2 * config.lanes))}))
+        sizes = tuple(sorted({min(max(size, 1), units) for size in sizes}))
+        opened = mode.calibration_units(max(sizes))
+        samples: dict[int, list[float]] = {size: [] for size in sizes}
+        try:
+            for _ in range(config.calibration_warmup):
+                self._calibration_round(mode.unit_ticks(opened, self._inputs_of))
+            for _ in range(config.calibration_repeats):
+                for size in sizes:
+                    samples[size].append(self._calibration_round(mode.unit_ticks(opened[:size], self._inputs_of)))
+        finally:
+            mode.release_calibration(opened)
+        return fit([(size, statistics.median(times)) for size, times in samples.items()], mode.unit)
+
+    def _calibration_round(self, ticks: list) -> float:
+        started = time.perf_counter()
+        result: StepResult = self.mode.step(ticks)
+        elapsed = time.perf_counter() - started
+        if result.errors:
+            error = next(iter(result.errors.values()))
+            raise RuntimeError(f"the calibration's ticks failed: {error.message}")
+        return elapsed
+
+    async def stop(self) -> None:
+        """Close every session (their queued items fail with `shutting-down`), stop the tasks and the device
+        thread. The pool cannot start again."""
+        if self.stopping:
+            return
+        self.stopping = True
+        for session in list(self.sessions.values()):
+            session.abort(messages.SHUTTING_DOWN, messages.shutting_down())
+        if self.sessions and self._empty is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._empty.wait(), timeout=max(10.0, 10 * self.tick_period_s))
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.executor is not None:
+            await self.run_on_device(self._unload)
+            self.executor.shutdown(wait=True)
+
+    def _unload(self) -> None:
+        if self._previous_cudnn is not None:
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = self._previous_cudnn
+
+    async def run_on_device(self, function: Callable[..., Any], *args: Any) -> Any:
+        """Run `function(*args)` on the pool's device thread (after the work queued before it); from any event
+        loop (the device thread is not the loop's)."""
+        assert self.executor is not None, "start() the pool first"
+        return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+
+    # --- admission ---------------------------------------------------------------------------------
+
+    def capacity(self) -> Capacity:
+        """The snapshot a router places sessions by: sessions, slots, capacity, free, predicted tick..."""
+        assert self.rule is not None, "start() the pool first"
+        return self.rule.snapshot(len(self.sessions), self.draining or self.stopping, self.config.lanes)
+
+    def drain(self) -> None:
+        """Admit no new session; the open ones keep their ticks until they close."""
+        self.draining = True
+        self._refresh_gauges()
+
+    async def drained(self) -> None:
+        """Wait until the pool holds no session."""
+        assert self._empty is not None, "start() the pool first"
+        await self._empty.wait()
+
+    async def open(self, seed: int = 0) -> PooledSession:
+        """A new session (its RNG seeded with `seed`); AdmissionRefused, with the numbers, when it does not fit."""
+        assert self.rule is not None and self.metrics is not None, "start() the pool first"
+        active = len(self.sessions) + self._opening
+        if self.stopping:
+            refusal = AdmissionRefused(
+                messages.SHUTTING_DOWN,
+                messages.shutting_down(),
+                active,
+                0,
+                self.rule.slots,
+                self.rule.predict(active + 1),
+                self.tick_period_s,
+                self.config.headroom,
+            )
+        else:
+            refusal = self.rule.refusal(active, self.draining)
+        if refusal is not None:
+            self.metrics.refused.labels(refusal.reason).inc()
+            raise refusal
+        group = self._group_for_new_session()
+        self._opening += 1
+        if group is not None:
+            self._opening_groups[group] += 1
+        try:
+            handle = await self.run_on_device(self.mode.join, seed, group)
+        finally:
+            self._opening -= 1
+            if group is not None:
+                self._opening_groups[group] -= 1
+        session = PooledSession(self, next(self._ids), seed, handle, group)
+        self.sessions[session.id] = session
+        assert self._empty is not None
+        self._empty.clear()
+        self.metrics.admitted.inc()
+        self._refresh_gauges()
+        return session
+
+    def _group_for_new_session(self) -> int | None:
+        if self.config.lockstep is None:
+            return None
+        taken = collections.Counter(s.group for s in self.sessions.values()) + self._opening_groups
+        for group in range(self.config.slots):
+            if taken[group] < self.config.lockstep:
+                return group
+        raise AssertionError("admission let in a session with every row taken")
+
+    # --- inputs ----------------------------------------------------------------------------------
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        """Each input of one session: name, dtype, shape (None on the time axis)."""
+        return self.mode.facts.inputs
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return self.mode.facts.outputs
+
+    def check_inputs(self, inputs: Mapping[str, torch.Tensor], last: bool = False) -> None:
+        """TickError (unknown-input, missing-input, wrong-dtype, wrong-shape, bad-input) for a tick the tail
+        cannot take; what the runtime checks at the instant it checks itself."""
+        specs = {spec.name: spec for spec in self.inputs}
+        names = [spec.name for spec in self.inputs]
+        for name in inputs:
+            if name not in specs:
+                raise TickError(messages.UNKNOWN_INPUT, messages.unknown_input(name, names))
+        missing = [name for name in self.mode.facts.always_fed if name not in inputs]
+        if missing:
+            raise TickError(messages.MISSING_INPUT, messages.missing_input(missing, names))
+        if last and self.config.lockstep is not None:
+            raise TickError(messages.BAD_INPUT, messages.no_last_in_lockstep())
+        for name, tensor in inputs.items():
+            spec = specs[name]
+            found = codec.DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype))
+            if found != spec.dtype:
+                raise TickError(messages.WRONG_DTYPE, messages.wrong_dtype(name, found, spec.dtype))
+            shape = tuple(tensor.shape)
+            problem = shape_problem(spec, shape, self.config.lockstep is not None)
+            if problem:
+                raise TickError(messages.WRONG_SHAPE, messages.wrong_shape(name, shape, spec.declared(), problem))
+
+    # --- the scheduler -----------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def _schedule(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while True:
+                await self._gather()
+                work = self._collect()
+                if not work:
+                    break
+                try:
+                    outcome = await self.run_on_device(self._round, work)
+                except Exception as error:  # a fault of the pool itself: the sessions of the round are lost
+                    self._fail_round(work, error)
+                    continue
+                self._deliver(outcome)
+
+    async def _gather(self) -> None:
+        """Hold the next round until every idle session has something queued, or the oldest queued tick has
+        waited `gather_s`, or a control is queued (never held)."""
+        assert self._wakeup is not None
+        while self.gather_s > 0:
+            waiting = [s for s in self.sessions.values() if not s.in_flight and s.closing is None]
+            heads = [s.queue[0] for s in waiting if s.queue]
+            closing = any(s.closing is not None and s.queue for s in self.sessions.values())
+            if not heads or closing or any(head.kind != "tick" for head in heads):
+                return
+            if all(s.queue or s.failed is not None or s.finished for s in waiting):
+                return
+            remaining = min(head.queued_at for head in heads) + self.gather_s - time.perf_counter()
+            if remaining <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def _collect(self) -> Round:
+        """Take this round's work: every idle session's leading controls and, if its next item is a tick, that
+        tick (in lockstep only when every healthy member of its group has one). Ticks of a failed or finished
+        session are answered here, without the device."""
+        work = Round()
+        candidates: dict[PooledSession, Item] = {}
+        for session in list(self.sessions.values()):
+            if session.in_flight or session.closed:
+                continue
+            controls = []
+            while session.queue and session.queue[0].kind != "tick":
+                controls.append(session.queue.popleft())
+                if controls[-1].kind == "close":
+                    break
+            if controls:
+                work.controls += [(session, item) for item in controls]
+                session.in_flight = True
+                if controls[-1].kind == "close":
+                    continue
+            resets = any(item.kind == "reset" for item in controls)
+            failed = session.failed is not None and not resets
+            finished = session.finished and not resets
+            while session.queue and session.queue[0].kind == "tick" and (failed or finished):
+                item = session.queue.popleft()
+                error = (
+                    TickError(messages.SESSION_FAILED, messages.session_failed(session.failed or ""))
+                    if failed
+                    else TickError(messages.FINISHED, messages.finished())
+                )
+                self._answer_error(session, item, error)
+            if session.queue and session.queue[0].kind == "tick":
+                candidates[session] = session.queue[0]
+        if self.config.lockstep is None:
+            chosen = list(candidates)
+        else:
+            chosen = self._ready_members(candidates, work)
+        for session in chosen:
+            work.ticks.append((session, session.queue.popleft()))
+            session.in_flight = True
+        return work
+
+    def _ready_members(self, candidates: dict[PooledSession, Item], work: Round) -> list[PooledSession]:
+        closing = {session for session, item in work.controls if item.kind == "close"}
+        resets = {session for session, item in work.controls if item.kind == "reset"}
+        groups: dict[int | None, list[PooledSession]] = collections.defaultdict(list)
+        for session in self.sessions.values():
+            healthy = session not in closing and (
+                session in resets or (session.failed is None and not session.finished)
+            )
+            if healthy:
+                groups[session.group].append(session)
+        chosen = []
+        for members in groups.values():
+            if members and all(member in candidates for member in members):
+                chosen += members
+        return chosen
+
+    def _answer_error(self, session: PooledSession, item: Item, error: TickError) -> None:
+        assert self.metrics is not None
+        session.errors += 1
+        self.metrics.tick_errors.labels(error.code).inc()
+        if not item.future.done():
+            item.future.set_exception(error)
+
+    def _round(self, work: Round) -> RoundOutcome:
+        """On the device thread: the controls, then one step of every tick."""
+        mode = self.mode
+        controls: list[tuple[PooledSession, Item, BaseException | None]] = []
+        for session, item in work.controls:
+            try:
+                if item.kind == "reset":
+                    session.handle = mode.reset(session.handle)
+                else:
+                    mode.leave(session.handle)
+                controls.append((session, item, None))
+            except Exception as error:
+                controls.append((session, item, error))
+        ticks: list[tuple[PooledSession, Item, Any]] = []
+        failed: dict[Any, str] = {}
+        started = time.perf_counter()
+        units = 0
+        if work.ticks:
+            result = mode.step([(session.handle, item.inputs, item.last) for session, item in work.ticks])
+            failed = result.failed
+            for session, item in work.ticks:
+                value = result.errors.get(session.handle) or result.outputs.get(session.handle)
+                ticks.append((session, item, value))
+            units = len({getattr(session.handle, "group", session.handle) for session, _ in work.ticks})
+        done_at = time.perf_counter()
+        if done_at - self._report_at > REPORT_EVERY_S and self.metrics is not None and self.loaded is not None:
+            self.metrics.runtime.report = self.loaded.runtime.report()
+            self._report_at = time.perf_counter()
+        return RoundOutcome(controls, ticks, failed, done_at - started, done_at, units)
+
+    def _deliver(self, outcome: RoundOutcome) -> None:
+        metrics = self.metrics
+        assert metrics is not None
+        if outcome.ticks:
+            self.round_log.append((outcome.units, outcome.round_s))
+            metrics.round_seconds.observe(outcome.round_s)
+            metrics.round_units.observe(outcome.units)
+        for handle, cause in outcome.failed.items():
+            for session in self.sessions.values():
+                if session.handle is handle:
+                    session.failed = cause
+        for session, item, value in outcome.ticks:
+            session.in_flight = False
+            if isinstance(value, TickError):
+                self._answer_error(session, item, value)
+                continue
+            if value is None:
+                self._answer_error(session, item, TickError(messages.INTERNAL, "the round gave no outputs"))
+                continue
+            latency = outcome.done_at - item.queued_at
+            missed = latency > self.tick_period_s
+            session.ticks += 1
+            session.missed += missed
+            session.latencies.append(latency)
+            self._ticks += 1
+            self._missed += missed
+            self.tick_latencies.append(latency)
+            metrics.ticks.inc()
+            metrics.tick_latency.observe(latency)
+            if missed:
+                metrics.missed.inc()
+            if item.last:
+                session.finished = True
+            if not item.future.done():
+                item.future.set_result(value)
+        for session, item, error in outcome.controls:
+            session.in_flight = False
+            if item.kind == "reset":
+                if error is None:
+                    session.failed = None
+                    session.finished = False
+                    if not item.future.done():
+                        item.future.set_result(None)
+                elif not item.future.done():
+                    item.future.set_exception(TickError(messages.INTERNAL, messages.internal(error)))
+            else:
+                self._closed(session)
+                if not item.future.done():
+                    item.future.set_result(None)
+        if any(session.queue for session in self.sessions.values()):
+            self.wake()
+
+    def _closed(self, session: PooledSession) -> None:
+        assert self.metrics is not None and self._empty is not None
+        if session.closing is None:
+            session.closing = (messages.CLIENT_CLOSED, "closed by the client")
+        session._mark_closed()
+        if self.sessions.pop(session.id, None) is not None:
+            self.metrics.closed.labels(session.closing[0]).inc()
+        if not self.sessions:
+            self._empty.set()
+        self._refresh_gauges()
+
+    def _fail_round(self, work: Round, error: BaseException) -> None:
+        for session, item in work.controls + work.ticks:
+            session.in_flight = False
+            session.abort(messages.INTERNAL, messages.internal(error))
+            if not item.future.done():
+                item.future.set_exception(TickError(messages.INTERNAL, messages.internal(error)))
+        self.wake()
+
+    def _refresh_gauges(self) -> None:
+        if self.metrics is None or self.rule is None:
+            return
+        snapshot = self.capacity()
+        self.metrics.sessions_active.set(snapshot.sessions)
+        self.metrics.predicted_tick.set(snapshot.predicted_tick_s)
+        self.metrics.capacity.set(snapshot.capacity)
+        self.metrics.draining.set(int(snapshot.draining))
+
+    async def _reap(self) -> None:
+        """Close the sessions idle past the timeout (nothing queued, nothing in flight)."""
+        timeout = self.config.idle_timeout_s
+        while True:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            now = time.monotonic()
+            for session in list(self.sessions.values()):
+                idle = not session.queue and not session.in_flight and session.closing is None
+                if idle and now - session.last_activity > timeout:
+                    session.abort(messages.IDLE_TIMEOUT, messages.idle_timeout(timeout))
+
+    # --- reports -----------------------------------------------------------------------------------
+
+    def deadlines(self) -> DeadlineReport:
+        recent = list(self.tick_latencies)
+        return DeadlineReport(
+            self._ticks,
+            self._missed,
+            quantile(recent, 0.5),
+            quantile(recent, 0.99),
+            max(recent) if recent else None,
+            self.tick_period_s,
+            tuple(session.stats() for session in self.sessions.values()),
+        )
+
+    @property
+    def model(self) -> TickModel:
+        assert self.rule is not None, "start() the pool first"
+        return self.rule.model
+
+    def describe(self) -> str:
+        """The start-up lines: the tail, the mode, the arena, the tick model, the capacity."""
+        assert self.rule is not None and self.loaded is not None
+        report = self.metrics.runtime.report if self.metrics is not None else None
+        mode = (
+            f"{self.config.slots} session slots in {self.config.lanes} lane(s)"
+            if self.config.lockstep is None
+            else f"{self.config.slots} lockstep groups of {self.config.lockstep} rows in {self.config.lanes} lane(s)"
+        )
+        lines = [
+            f"serving '{self.served.name}' on {self.served.device}: {mode}; tick period "
+            f"{messages.milliseconds(self.tick_period_s)}"
+        ]
+        if report is not None:
+            lines.append(
+                f"arena {report.arena_bytes} bytes ({report.session_bytes} per slot + {report.lanes} x "
+                f"{report.scratch_bytes} scratch); {report.graphs_captured} graphs captured"
+            )
+        lines.append(self.rule.model.describe())
+        lines.append(str(self.capacity()))
+        return "\n".join(lines)
+
+
+def shape_problem(spec: TensorSpec, shape: tuple[int, ...], exact_units: bool) -> str | None:
+    """Why a tensor of `shape` cannot be `spec`'s input (None: it can, as far as the shape goes)."""
+    if len(shape) != len(spec.shape):
+        return f"{len(spec.shape)} dimensions, not {len(shape)}"
+    for axis, (found, declared) in enumerate(zip(shape, spec.shape)):
+        if axis == spec.time_axis:
+            if found < 1:
+                return f"dimension {axis} (time) needs at least 1 unit"
+            if exact_units and spec.units is not None and found != spec.units:
+                return f"dimension {axis} (time) must be {spec.units} in a lockstep group"
+        elif declared is not None and found != declared:
+            return f"dimension {axis} must be {declared}"
+    return None

@@ -1,0 +1,75 @@
+"""uvicorn around the app: the configuration `dsl serve` runs, and a server on a thread of its own (its own
+event loop) for tests and benchmarks that drive it from the same process."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+MAX_FRAME_BYTES = 64 * 2**20
+"""The largest websocket message the server reads (a tick's tensors)."""
+
+
+def server_config(app: Any, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> uvicorn.Config:
+    """uvicorn's configuration for `app`: the lifespan on (the pool starts before the first connection),
+    no per-message compression (tensors do not compress; it would cost CPU on every frame)."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        lifespan="on",
+        ws="auto",
+        ws_per_message_deflate=False,
+        ws_max_size=MAX_FRAME_BYTES,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
+
+
+class ServerThread:
+    """`app` served by uvicorn on 127.0.0.1 (a free port unless given) from a daemon thread.
+
+    with ServerThread(make_app(pool)) as server:
+        ... server.url("/v1/session") ...
+    """
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+        self.server = uvicorn.Server(server_config(app, host, port, log_level))
+        self.host = host
+        self.thread = threading.Thread(target=self.server.run, name="duplexcadence-uvicorn", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.server.servers[0].sockets[0].getsockname()[1]
+
+    def url(self, path: str = "", scheme: str = "http") -> str:
+        return f"{scheme}://{self.host}:{self.port}{path}"
+
+    def ws_url(self, path: str = "/v1/session") -> str:
+        return self.url(path, "ws")
+
+    def start(self, timeout: float = 600.0) -> ServerThread:
+        """Start and wait until the app's start-up (the pool's load and calibration) is done."""
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("the server stopped during its start-up (see its log)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server did not start within {timeout:g} s")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

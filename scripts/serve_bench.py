@@ -1,0 +1,459 @@
+"""Sessions per GPU through the server: `dsl serve`'s pool behind its websocket front, driven over loopback.
+
+For each configuration the server runs in this process (uvicorn on a thread, the pool's device thread beside
+it), with admission's tick budget off so that the sweep finds the limit itself; admission's own limit (the
+calibrated tick model, 15 % headroom) is reported beside. For each session count N, growing until one fails:
+
+* direct: N sessions stepped in-process on the pool's device thread, one `Runtime.step_many` a round over the
+  sessions (in lockstep: over ceil(N / rows) full groups), outputs to the host: the round time with no server;
+* server: N sessions over websockets, all starting together and paced at the tick period (a live stream): the
+  sampled sessions (`--sample`) from this process, the others from `--workers` load-generator processes (so
+  that the clients do not share the server's interpreter); tick latency from each send to its answer;
+* direct again (the two direct passes bracket the server pass: drift shows as their difference).
+
+N passes when every session opened, no tick failed and the p99 tick latency over all sessions is under the
+tick period (1 s for MiniCPM-o's chunks, 80 ms for a Mimi frame). The sampled sessions are then run alone
+through the tail's stock loop, every tick compared with `torch.equal` (in lockstep a row is compared with a
+batch-1 decode, which batch-32 kernels need not match: the count is reported, not required to be 0). The
+server's overhead at N is its p50 tick latency less the direct p50 round.
+
+    source scripts/device_setup.sh
+    python scripts/serve_bench.py --out $OUT/serve_bench.json                         # every configuration
+    python scripts/serve_bench.py --configs moshi-lockstep --out $OUT/serve_mimi.json
+    python scripts/serve_bench.py --cpu-dry-run --out /tmp/serve_bench.json           # a smoke test, times mean nothing
+
+`--loadgen-worker` is the mode the script starts its load-generator processes in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import attrs
+import torch
+
+from duplexcadence.interpreter import tails
+from duplexcadence.interpreter.serve.admission import AdmissionRule
+from duplexcadence.interpreter.serve.app import make_app
+from duplexcadence.interpreter.serve.loadgen import SessionLoad, compare_with_stock, run_load
+from duplexcadence.interpreter.serve.modes import unit_count
+from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool, quantile
+from duplexcadence.interpreter.serve.server import ServerThread
+from duplexcadence.interpreter.serve.tail import served_tail
+
+HEADROOM = 0.15
+SAMPLE_SEEDS = 900_000
+"""The sampled sessions' seeds start here (the workers' at 0)."""
+
+
+@attrs.frozen
+class Config:
+    name: str
+    tail: str
+    options: dict[str, str]
+    lanes: int
+    lockstep: int | None
+    counts: tuple[int, ...]
+    ticks: int
+    description: str
+    direct_rounds: int = 20
+
+
+GPU_CONFIGS = {
+    "minicpmo45": Config(
+        "minicpmo45",
+        "minicpmo45",
+        {"steps": "10", "prompt": "150", "dtype": "fp32"},
+        4,
+        None,
+        (8, 12, 16, 18, 20, 22, 24, 26, 28, 32),
+        10,
+        "MiniCPM-o 4.5 token2wav, fp32, n=10, P=150, 4 lanes; a tick is a 1 s chunk of 25 tokens",
+        direct_rounds=5,
+    ),
+    "moshi-lockstep": Config(
+        "moshi-lockstep",
+        "moshi",
+        {},
+        4,
+        32,
+        (32, 64, 128, 192, 256, 320, 384, 448, 512, 576, 640, 704, 768),
+        50,
+        "Moshi's Mimi decoder, fp32, lockstep groups of 32 in 4 lanes; a tick is an 80 ms frame",
+    ),
+    "moshi-lanes": Config(
+        "moshi-lanes",
+        "moshi",
+        {},
+        4,
+        None,
+        (8, 16, 24, 32, 40, 48, 56, 64),
+        50,
+        "Moshi's Mimi decoder, fp32, one session a slot, 4 lanes; a tick is an 80 ms frame",
+    ),
+}
+
+DRY_CONFIGS = {
+    "toy": Config("toy", "toy", {}, 2, None, (1, 2), 3, "the toy tail on the CPU (dry run)"),
+    "moshi-lanes": Config("moshi-lanes", "moshi", {}, 2, None, (1, 2), 2, "Mimi, lanes, on the CPU (dry run)"),
+    "moshi-lockstep": Config("moshi-lockstep", "moshi", {}, 1, 2, (1, 3), 2, "Mimi, lockstep 2, CPU (dry run)"),
+    "minicpmo45": Config(
+        "minicpmo45", "minicpmo45", {"reduced": "1", "prompt": "20", "steps": "2"}, 1, None, (1,), 2, "reduced, CPU"
+    ),
+}
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}"
+
+
+# --- the load-generator worker ---------------------------------------------------------------------
+
+
+async def wait_for_start_line() -> None:
+    """The barrier of a worker: say its sessions are open, then wait for the start time on stdin."""
+    print("open", flush=True)
+    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    delay = float(line) - time.time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+def loadgen_worker(url: str, tail: str, options: str, sessions: int, ticks: int, first_seed: int, out: str) -> None:
+    """`--loadgen-worker`: `sessions` paced sessions from `first_seed`, their report as JSON to `out`."""
+    served = served_tail(tail, params=json.loads(options), device="cpu")
+    report = asyncio.run(
+        run_load(
+            url, sessions, ticks, served.inputs, paced=True, first_seed=first_seed, before_start=wait_for_start_line
+        )
+    )
+    with open(out, "w") as handle:
+        json.dump(report.to_json(), handle)
+
+
+# --- one session count -----------------------------------------------------------------------------
+
+
+async def direct_rounds(pool: SessionPool, sessions: int, rounds: int) -> list[float]:
+    """Seconds of `rounds` rounds of `sessions` sessions stepped on the device thread with no server."""
+    inputs = pool.served.inputs
+
+    def timed() -> list[float]:
+        mode = pool.mode
+        units = mode.calibration_units(unit_count(mode, sessions))
+        times = []
+        try:
+            for round_index in range(rounds + 2):  # two warm-up rounds
+                ticks = mode.unit_ticks(units, inputs)
+                started = time.perf_counter()
+                result = mode.step(ticks)
+                elapsed = time.perf_counter() - started
+                if result.errors:
+                    raise RuntimeError(next(iter(result.errors.values())).message)
+                if round_index >= 2:
+                    times.append(elapsed)
+        finally:
+            mode.release_calibration(units)
+        return times
+
+    return await pool.run_on_device(timed)
+
+
+async def server_pass(
+    url: str, config: Config, sessions: int, sample: int, workers: int, folder: str
+) -> tuple[list[SessionLoad], dict]:
+    """`sessions` paced sessions over websockets: `sample` recorded here, the rest from worker processes."""
+    here = min(sample, sessions) if workers else sessions
+    rest = sessions - here
+    processes, outputs = [], []
+    per_worker = [rest // workers + (i < rest % workers) for i in range(workers)] if workers else []
+    first = 0
+    for index, count in enumerate(c for c in per_worker if c):
+        path = os.path.join(folder, f"worker-{sessions}-{index}.json")
+        command = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--loadgen-worker",
+            url,
+            config.tail,
+            json.dumps(config.options),
+            str(count),
+            str(config.ticks),
+            str(first),
+            path,
+        ]
+        first += count
+        processes.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        outputs.append(path)
+    served = served_tail(config.tail, params=config.options, device="cpu")
+
+    async def barrier() -> None:
+        loop = asyncio.get_running_loop()
+        for process in processes:
+            assert process.stdout is not None and process.stdin is not None
+            line = await loop.run_in_executor(None, process.stdout.readline)
+            if line.strip() != "open":
+                raise RuntimeError(f"a load-generator process failed to open its sessions ({line!r})")
+        start = time.time() + 0.5
+        for process in processes:
+            assert process.stdin is not None
+            process.stdin.write(f"{start}\n")
+            process.stdin.flush()
+        await asyncio.sleep(max(0.0, start - time.time()))
+
+    report = await run_load(
+        url,
+        here,
+        config.ticks,
+        served.inputs,
+        paced=True,
+        record=min(sample, here),
+        first_seed=SAMPLE_SEEDS if workers else 0,
+        before_start=barrier,
+    )
+    loads = list(report.per_session)
+    for process, path in zip(processes, outputs):
+        if process.wait(timeout=600) != 0:
+            raise RuntimeError(f"a load-generator process exited with {process.returncode}")
+        with open(path) as handle:
+            data = json.load(handle)
+        for entry in data["per_session"]:
+            loads.append(
+                SessionLoad(
+                    entry["seed"],
+                    entry["ticks"],
+                    tuple(entry["errors"]),
+                    tuple(entry["latencies_s"]),
+                    entry["blocked"],
+                    entry["refused"],
+                )
+            )
+    return loads, {"here": here, "workers": len(outputs)}
+
+
+async def measure(pool: SessionPool, url: str, config: Config, args: argparse.Namespace, served: Any) -> dict:
+    period = pool.tick_period_s
+    rule = pool.rule
+    assert rule is not None
+    admission = AdmissionRule(rule.slots, rule.rows, rule.model, period, HEADROOM).capacity()
+    rows, best = [], 0
+    for sessions in config.counts:
+        rounds = args.direct_rounds or config.direct_rounds
+        before = await direct_rounds(pool, sessions, rounds)
+        rounds_at = len(pool.round_log)
+        ticks_at = len(pool.tick_latencies)
+        loads, where = await server_pass(url, config, sessions, args.sample, args.workers, args.folder)
+        server_rounds = [seconds for _, seconds in list(pool.round_log)[rounds_at:]]
+        server_ticks = list(pool.tick_latencies)[ticks_at:]
+        after = await direct_rounds(pool, sessions, rounds)
+        latencies = [value for load in loads for value in load.latencies]
+        errors = sorted({code for load in loads for code in load.errors})
+        opened = sum(1 for load in loads if load.refused is None)
+        compared = unequal = 0
+        for load in loads:
+            if load.outputs:
+                done, differ = compare_with_stock(served, load)
+                compared, unequal = compared + done, unequal + differ
+        direct = before + after
+        p99 = quantile(latencies, 0.99)
+        row = {
+            "sessions": sessions,
+            "opened": opened,
+            "errors": errors,
+            "ticks": len(latencies),
+            "latency_p50_s": quantile(latencies, 0.5),
+            "latency_p99_s": p99,
+            "latency_max_s": max(latencies) if latencies else None,
+            "missed": sum(1 for value in latencies if value > period),
+            "blocked_sends": sum(load.blocked for load in loads),
+            "server_tick_p50_s": quantile(server_ticks, 0.5),
+            "server_tick_p99_s": quantile(server_ticks, 0.99),
+            "server_rounds": len(server_rounds),
+            "server_round_p50_s": quantile(server_rounds, 0.5),
+            "direct_round_p50_s": statistics.median(direct) if direct else None,
+            "direct_round_p99_s": quantile(direct, 0.99),
+            "direct_round_p50_before_s": statistics.median(before) if before else None,
+            "direct_round_p50_after_s": statistics.median(after) if after else None,
+            "predicted_tick_s": rule.predict(sessions),
+            "sampled_sessions": sum(1 for load in loads if load.outputs),
+            "sampled_ticks_compared": compared,
+            "sampled_ticks_differing": unequal,
+            **where,
+        }
+        if row["latency_p50_s"] is not None and row["direct_round_p50_s"] is not None:
+            row["overhead_p50_s"] = row["latency_p50_s"] - row["direct_round_p50_s"]
+        passed = opened == sessions and not errors and p99 is not None and p99 < period
+        row["passed"] = passed
+        rows.append(row)
+        log(
+            f"{config.name}: {sessions} sessions: p50 {ms(row['latency_p50_s'])} ms, p99 {ms(p99)} ms of "
+            f"{ms(period)} ms; direct round {ms(row['direct_round_p50_s'])} ms; {unequal} of {compared} sampled "
+            f"ticks differ from stock; {'pass' if passed else 'FAIL'}"
+        )
+        if not passed and not args.cpu_dry_run:
+            break
+        if passed:
+            best = sessions
+    return {
+        "config": config.name,
+        "description": config.description,
+        "tail": config.tail,
+        "options": config.options,
+        "lanes": config.lanes,
+        "lockstep": config.lockstep,
+        "tick_period_s": period,
+        "gather_s": pool.gather_s,
+        "ticks_per_session": config.ticks,
+        "tick_model": {
+            "fixed_s": rule.model.fixed_s,
+            "per_unit_s": rule.model.per_unit_s,
+            "unit": rule.model.unit,
+            "points": [list(point) for point in rule.model.points],
+        },
+        "admission_capacity_sessions": admission,
+        "headroom": HEADROOM,
+        "max_sessions_p99_under_period": best,
+        "sweep": rows,
+    }
+
+
+def run_config(config: Config, args: argparse.Namespace) -> dict:
+    served = served_tail(config.tail, params=config.options, device=args.device)
+    slots_needed = max(config.counts)
+    if config.lockstep is None:
+        slots = slots_needed
+    else:
+        slots = math.ceil(slots_needed / config.lockstep)
+    pool = SessionPool(
+        served,
+        PoolConfig(
+            slots=slots,
+            lanes=min(config.lanes, slots),
+            lockstep=config.lockstep,
+            headroom=HEADROOM,
+            idle_timeout_s=600,
+            queue_depth=4,
+            enforce_tick_budget=False,
+            calibration_repeats=3 if args.cpu_dry_run else 5,
+            calibration_warmup=1 if args.cpu_dry_run else 2,
+            gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
+        ),
+    )
+    started = time.perf_counter()
+    with ServerThread(make_app(pool), log_level="warning") as server:
+        log(f"{config.name}: ready in {time.perf_counter() - started:.1f} s\n{pool.describe()}")
+        result = asyncio.run(measure(pool, server.ws_url(), config, args, served))
+        result["start_seconds"] = time.perf_counter() - started
+    return result
+
+
+def table(results: list[dict]) -> str:
+    lines = [
+        "| configuration | sessions at p99 < period | admission's limit | p99 there | differing sampled ticks | "
+        "overhead p50 (server - step_many) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for result in results:
+        if "skipped" in result:
+            lines.append(f"| {result['config']} | skipped: {result['skipped']} | | | | |")
+            continue
+        best = result["max_sessions_p99_under_period"]
+        row = next((r for r in result["sweep"] if r["sessions"] == best), None)
+        differing = sum(r["sampled_ticks_differing"] for r in result["sweep"])
+        compared = sum(r["sampled_ticks_compared"] for r in result["sweep"])
+        lines.append(
+            f"| {result['config']} | {best} | {result['admission_capacity_sessions']} | "
+            f"{ms(row['latency_p99_s']) if row else '-'} of {ms(result['tick_period_s'])} ms | {differing} of {compared} | "
+            f"{ms(row.get('overhead_p50_s')) if row else '-'} ms |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--loadgen-worker":
+        url, tail, options, sessions, ticks, first, out = sys.argv[2:9]
+        loadgen_worker(url, tail, options, int(sessions), int(ticks), int(first), out)
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", default=None, help=f"comma-separated, of {', '.join(GPU_CONFIGS)} (default all)")
+    parser.add_argument("--workers", type=int, default=None, help="load-generator processes (0: all in this process)")
+    parser.add_argument("--sample", type=int, default=2, help="sessions recorded and compared with stock per count")
+    parser.add_argument(
+        "--direct-rounds", type=int, default=None, help="timed rounds per direct pass (default: the configuration's)"
+    )
+    parser.add_argument(
+        "--gather-ms", type=float, default=None, help="the pool's gather time (default: 5%% of the period)"
+    )
+    parser.add_argument(
+        "--cpu-dry-run", action="store_true", help="CPU, tiny counts: checks the script (times mean nothing)"
+    )
+    default_out = os.path.join(os.environ["OUT"], "serve_bench.json") if os.environ.get("OUT") else "serve_bench.json"
+    parser.add_argument("--out", default=default_out)
+    args = parser.parse_args()
+    if args.cpu_dry_run:
+        args.device, configs = "cpu", DRY_CONFIGS
+        args.workers = 0 if args.workers is None else args.workers
+        args.direct_rounds = args.direct_rounds or 2
+    elif not torch.cuda.is_available():
+        print("needs a CUDA device (or --cpu-dry-run)", file=sys.stderr)
+        return 2
+    else:
+        args.device, configs = "cuda", GPU_CONFIGS
+        args.workers = min(8, max(1, (os.cpu_count() or 2) // 2)) if args.workers is None else args.workers
+    chosen = list(configs) if not args.configs else args.configs.split(",")
+    unknown = [name for name in chosen if name not in configs]
+    if unknown:
+        print(f"unknown configuration(s) {', '.join(unknown)}; they are {', '.join(configs)}", file=sys.stderr)
+        return 2
+    args.folder = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(args.folder, exist_ok=True)
+    payload: dict = {
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
+        "device": args.device,
+        "workers": args.workers,
+        "command": " ".join(sys.argv),
+        "results": [],
+    }
+    started = time.perf_counter()
+    for name in chosen:
+        config = configs[name]
+        tail = tails.get(config.tail)
+        if tail.missing():
+            payload["results"].append({"config": name, "skipped": f"needs {', '.join(tail.missing())}"})
+            log(f"{name}: skipped (needs {', '.join(tail.missing())})")
+            continue
+        try:
+            payload["results"].append(run_config(config, args))
+        except ImportError as error:  # an optional package a tail imports only when it runs
+            payload["results"].append({"config": name, "skipped": f"{type(error).__name__}: {error}"})
+            log(f"{name}: skipped ({error})")
+    payload["wall_seconds"] = time.perf_counter() - started
+    with open(args.out, "w") as handle:
+        json.dump(payload, handle, indent=1, sort_keys=True, default=str)
+    log(f"wrote {args.out}")
+    print(table(payload["results"]))
+    differ = sum(
+        row["sampled_ticks_differing"]
+        for result in payload["results"]
+        if not result.get("lockstep") and "sweep" in result
+        for row in result["sweep"]
+    )
+    return 0 if differ == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

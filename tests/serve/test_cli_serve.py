@@ -1,0 +1,202 @@
+"""`dsl serve` and `dsl loadgen`: help without torch, the extra named when a package is missing, usage errors
+in words, and a real server (started in this process on a free port) driven by `dsl loadgen --verify`, for a
+registered tail and for a `.clock` file with a model builder of the user's own."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from duplexcadence.interpreter.cli import main as cli
+from duplexcadence.interpreter.cli.loadgen import session_url
+from duplexcadence.interpreter.cli.serve import serve
+
+
+def dsl(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as stop:
+        code = stop.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_help_of_serve_and_loadgen_needs_no_torch():
+    script = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from duplexcadence.interpreter.cli import main\n"
+        "for command in ('serve', 'loadgen'):\n"
+        "    try:\n"
+        "        main.main([command, '--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "usage: dsl serve" in done.stdout and "--lockstep ROWS" in done.stdout and "--headroom" in done.stdout
+    assert "usage: dsl loadgen" in done.stdout and "--verify" in done.stdout and "--sessions" in done.stdout
+
+
+def test_a_missing_serving_package_names_the_extra(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    assert dsl(capsys, "serve", "toy", "--device", "cpu") == (
+        2,
+        "",
+        "dsl serve: error: dsl serve needs the package 'uvicorn', which is not installed\n"
+        '  help: pip install "duplexcadence[serve]"\n',
+    )
+
+
+def test_what_cannot_be_served_is_a_usage_error(capsys, tmp_path, monkeypatch):
+    code, _, err = dsl(capsys, "serve", "nosuch", "--device", "cpu")
+    assert code == 2 and err.startswith("dsl serve: error: 'nosuch' is not a registered tail (")
+    assert dsl(capsys, "serve", "toy", "--lanes", "3", "--slots", "2") == (
+        2,
+        "",
+        "dsl serve: error: --lanes 3 is more than --slots 2: a lane needs a slot\n",
+    )
+    monkeypatch.chdir(tmp_path)
+    code, _, err = dsl(
+        capsys, "serve", "nosuch.clock", "--model", "duplexcadence.examples.toy.model:build_toy", "--device", "cpu"
+    )
+    assert (code, err) == (
+        2,
+        "dsl serve: error: 'nosuch.clock' is not a .clock file (with --model, the first argument is the .clock file)\n",
+    )
+    from duplexcadence.examples.toy.cadence import CLOCK
+
+    code, _, err = dsl(
+        capsys, "serve", str(CLOCK), "--model", "duplexcadence.examples.toy.model:build_toy", "--device", "cpu"
+    )
+    assert (code, err) == (
+        2,
+        "dsl serve: error: the .clock declares region(s) cache `start given`: a session needs initial values, which "
+        "a bare model builder does not give; make MODULE:FUNCTION return a ServedTail (docs/serving.md)\n",
+    )
+    code, _, err = dsl(capsys, "serve", "toy", "--model", "nowhere:build", "--device", "cpu")
+    assert code == 2 and "cannot import 'nowhere'" in err
+
+
+def test_a_session_url_is_the_session_websocket():
+    assert session_url("127.0.0.1:8000") == "ws://127.0.0.1:8000/v1/session"
+    assert session_url("http://h:1/") == "ws://h:1/v1/session"
+    assert session_url("wss://h/v1/session?x=1") == "wss://h/v1/session?x=1"
+
+
+def serve_args(target: str, *extra: str) -> argparse.Namespace:
+    parser = cli.build_parser(only="serve")
+    return parser.parse_args(
+        ["serve", target, "--port", "0", "--device", "cpu", "-q", "--log-level", "warning", *extra]
+    )
+
+
+class Serving:
+    """`dsl serve` in a thread of this process; `url` once it listens."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.server = None
+        self.ready = threading.Event()
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        def started(server) -> None:
+            self.server = server
+            self.ready.set()
+
+        try:
+            asyncio.run(serve(self.args, started))
+        except BaseException as error:
+            self.failure = error
+            self.ready.set()
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        assert self.ready.wait(300), "the server did not start"
+        if self.failure is not None:
+            raise self.failure
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"ws://127.0.0.1:{port}"
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+        self.thread.join(60)
+
+
+def test_dsl_serve_a_registered_tail_and_dsl_loadgen_verify_against_it(capsys):
+    with Serving(serve_args("toy", "--slots", "2", "--lanes", "2")) as url:
+        code, out, err = dsl(capsys, "loadgen", url, "--sessions", "2", "--ticks", "5", "--no-pace", "--verify")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "serving 'toy' on cpu: a tick every 80 ms of codes i64[1, 1]"
+    assert lines[1] == "sessions: 2 of 2 opened; refused: none"
+    assert lines[2].startswith("ticks: 10 answered (5 per session, unpaced) in ")
+    assert lines[-1] == "verify: 10 ticks of 2 sessions compared with stock alone, 0 not torch.equal"
+
+
+MODEL = """
+import torch
+
+
+class Scale(torch.nn.Module):
+    def forward(self, x):
+        return 2 * x
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = Scale()
+
+
+def build():
+    return Model()
+"""
+
+CLOCK = """
+cadence 1 s
+clock frame = 12.5 Hz
+region x : f32[1, time] on frame input
+region y : f32[1, time] on frame output
+stage scale on frame {
+    module "scale"
+    read x
+    write y +1
+}
+"""
+
+
+def test_dsl_serve_a_clock_with_a_model_builder(capsys, tmp_path, monkeypatch):
+    (tmp_path / "scaled.py").write_text(textwrap.dedent(MODEL))
+    (tmp_path / "scaled.clock").write_text(textwrap.dedent(CLOCK))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with Serving(serve_args("scaled.clock", "--model", "scaled:build", "--slots", "2")) as url:
+        code, out, _ = dsl(
+            capsys, "loadgen", url, "--sessions", "2", "--ticks", "3", "--no-pace", "--json", "load.json"
+        )
+        verify_code, _, verify_err = dsl(capsys, "loadgen", url, "--sessions", "1", "--ticks", "1", "--verify")
+    sys.modules.pop("scaled", None)
+    assert code == 0, out
+    assert out.splitlines()[0] == "serving 'scaled' on cpu: a tick every 80 ms of x f32[1, 1]"
+    assert (tmp_path / "load.json").exists()
+    assert (verify_code, verify_err) == (
+        2,
+        "dsl loadgen: error: --verify: the server serves 'scaled', which is not a registered tail with a stock loop "
+        "here\n",
+    )
+
+
+def test_lockstep_that_the_plan_does_not_allow_is_a_usage_error(capsys):
+    args = serve_args("toy", "--lockstep", "2")
+    with pytest.raises(Exception) as raised:
+        asyncio.run(serve(args))
+    assert str(raised.value).startswith("--lockstep 2: this plan cannot take a session into a running group: ")

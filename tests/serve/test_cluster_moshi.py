@@ -1,0 +1,63 @@
+"""Moshi's Mimi decoder (released size, seeded weights) on a local Ray cluster (2 CPUs): 2 replicas of one
+slot each behind the Serve proxy; two sessions of 3 frames land one per replica, and every frame is
+`torch.equal` to moshi's own streaming decode of that session alone.
+
+On the CPU the replicas run torch with one intra-op thread (`PoolSpec.cpu_threads`), and stock runs with one
+too: Mimi's kernels sum in another order with another thread count, so the bits are compared at equal counts
+(as on a GPU they are compared at equal batch sizes)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+import torch
+
+pytest.importorskip("ray.serve")
+pytest.importorskip("moshi")
+
+from duplexcadence.interpreter.serve.admission import TickModel
+from duplexcadence.interpreter.serve.cluster.launch import ClusterConfig, start
+from duplexcadence.interpreter.serve.cluster.replica import PoolSpec
+from duplexcadence.interpreter.serve.loadgen import run_load, verify
+from duplexcadence.interpreter.serve.pool import PoolConfig
+from duplexcadence.interpreter.serve.tail import served_tail
+
+pytestmark = pytest.mark.models
+
+FRAMES = 3
+# One slot per replica, no calibration (a given tick model), no warm-up: a CPU replica starts in seconds.
+POOL = PoolConfig(slots=1, lanes=1, tick_model=TickModel(0.0, 0.001), warm_slots=False, idle_timeout_s=300)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    config = ClusterConfig(replicas=2, cpus_per_replica=0.5, local_cpus=2, port=free_port())
+    running = start(PoolSpec("moshi", config=POOL, cpu_threads=1), config)
+    try:
+        yield running
+    finally:
+        running.shutdown()
+
+
+def test_mimi_sessions_one_per_replica_equal_moshi_alone(cluster):
+    served = served_tail("moshi")
+    report = asyncio.run(
+        asyncio.wait_for(run_load(cluster.ws_url, 2, FRAMES, served.inputs, paced=False, record=2, first_seed=3), 120)
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        report = verify(served, report)
+    finally:
+        torch.set_num_threads(threads)
+    assert sorted(load.replica for load in report.per_session) == sorted(cluster.capacities())
+    assert (report.opened, report.errors, report.ticks) == (2, {}, 2 * FRAMES)
+    assert (report.verified_ticks, report.unequal_ticks) == (2 * FRAMES, 0)

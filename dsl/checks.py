@@ -6,6 +6,7 @@ Each rule is a function `(program) -> diagnostics`; `run` applies them in order,
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -15,7 +16,7 @@ from fractions import Fraction
 import attrs
 import networkx as nx
 
-from duplexcadence.dsl import complete, depgraph, messages
+from duplexcadence.dsl import bounds, complete, depgraph, messages
 from duplexcadence.dsl.complete import read_need, units_per_firing
 from duplexcadence.dsl.diagnostics import Diagnostic, Note
 from duplexcadence.dsl.printer import number_text
@@ -70,9 +71,10 @@ def check_rates(program: Program) -> Iterator[Diagnostic]:
                 )
 
 
-def available_to_read(program: Program, stage: StageInfo, access: Access) -> int | None:
+def available_to_read(program: Program, stage: StageInfo, access: Access, order: list[str] | None = None) -> int | None:
     """The most units a read can rely on: the history kept plus the units surely appended earlier in
-    the same instant (fed by `step()`, or written by a stage that fires with it and runs before it)."""
+    the same instant (fed by `step()`, or written by a stage that fires with it and runs before it).
+    `order`: the stages in dataflow order, when the caller has it (it is the same for every read)."""
     region = program.regions[access.region]
     keeps = region.retention.keeps
     if keeps is None and region.retention.kind != "scratch":
@@ -82,15 +84,22 @@ def available_to_read(program: Program, stage: StageInfo, access: Access) -> int
         return available + math.floor(units_per_firing(program, stage, access.region))
     if access.prev:
         return available
-    try:
-        order = depgraph.stage_order(program)
-    except nx.NetworkXUnfeasible:  # stages that feed each other within an instant: `check_cycles` says so
-        return None
+    if order is None:
+        try:
+            order = depgraph.stage_order(program)
+        except nx.NetworkXUnfeasible:  # stages that feed each other within an instant: `check_cycles` says so
+            return None
+    position = _positions(tuple(order))
     for other in program.stages.values():
-        if other.name == stage.name or other.clock != stage.clock or order.index(other.name) > order.index(stage.name):
+        if other.name == stage.name or other.clock != stage.clock or position[other.name] > position[stage.name]:
             continue
         available += sum(a.advance or 0 for a in other.writes() if a.region == access.region)
     return available
+
+
+@functools.lru_cache(maxsize=4)
+def _positions(order: tuple[str, ...]) -> dict[str, int]:
+    return {name: i for i, name in enumerate(order)}
 
 
 def check_accesses(program: Program) -> Iterator[Diagnostic]:
@@ -160,6 +169,11 @@ def check_accesses(program: Program) -> Iterator[Diagnostic]:
 
 
 def check_retention(program: Program) -> Iterator[Diagnostic]:
+    sized_by_module = {a.region for s in program.stages.values() for a in s.writes() if a.advance is None}
+    try:
+        order: list[str] | None = depgraph.stage_order(program)
+    except nx.NetworkXUnfeasible:  # stages that feed each other within an instant: `check_cycles` says so
+        order = None
     for stage in program.stages.values():
         for access in stage.accesses:
             if access.kind != "read" or program.regions[access.region].fixed:
@@ -168,11 +182,11 @@ def check_retention(program: Program) -> Iterator[Diagnostic]:
             found = read_need(program, stage, access)
             if found is None:
                 continue
-            if region.role == "output" or any(
-                a.advance is None for s in program.stages.values() for a in s.writes() if a.region == access.region
-            ):
+            if region.role == "output" or access.region in sized_by_module:
                 continue
-            available = available_to_read(program, stage, access)
+            if order is None and region.role != "input" and not access.prev:
+                continue  # no order within the instant to count earlier writes by
+            available = available_to_read(program, stage, access, order)
             if access.window == "new":  # the new units always arrive; the context must be history
                 found = (access.context, "context before the new ones")
                 available = region.retention.keeps
@@ -224,17 +238,43 @@ def check_roles(program: Program) -> Iterator[Diagnostic]:
 
 
 def check_cycles(program: Program) -> Iterator[Diagnostic]:
+    """One cycle within an instant: the shortest through the first stage (by name) that is on one.
+    Found in time linear in the graph (components, then one breadth-first search), never by listing
+    every cycle, which grows exponentially with the stages."""
     graph = depgraph.instant_graph(program)
-    for cycle in sorted(nx.simple_cycles(graph), key=lambda c: (len(c), sorted(c)))[:1]:
-        start = min(cycle)
-        while cycle[0] != start:
-            cycle = cycle[1:] + cycle[:1]
-        path = cycle + [cycle[0]]
-        notes = []
-        for a, b in itertools.pairwise(path):
-            edge = graph.edges[a, b]
-            notes.append(Note(f"'{b}' reads '{edge['region']}', written by '{a}'", edge["span"]))
-        yield messages.instant_cycle(path, program.stages[start].span, notes)
+    on_cycles = [component for component in nx.strongly_connected_components(graph) if len(component) > 1]
+    if not on_cycles:
+        return
+    start = min(min(component) for component in on_cycles)
+    component = next(c for c in on_cycles if start in c)
+    cycle = _shortest_cycle(graph.subgraph(component), start)
+    path = cycle + [cycle[0]]
+    notes = []
+    for a, b in itertools.pairwise(path):
+        edge = graph.edges[a, b]
+        notes.append(Note(f"'{b}' reads '{edge['region']}', written by '{a}'", edge["span"]))
+    yield messages.instant_cycle(path, program.stages[start].span, notes)
+
+
+def _shortest_cycle(graph: nx.DiGraph, start: str) -> list[str]:
+    """The shortest cycle through `start` (which lies on one), from `start`; ties go to the names
+    first in order (successors are visited sorted)."""
+    parent: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for successor in sorted(graph.successors(node)):
+                if successor == start:
+                    cycle = [node]
+                    while cycle[-1] != start:
+                        cycle.append(parent[cycle[-1]])
+                    return cycle[::-1]
+                if successor not in parent:
+                    parent[successor] = node
+                    following.append(successor)
+        frontier = following
+    raise AssertionError("the start of a strongly connected component of several stages lies on a cycle")
 
 
 def check_unused(program: Program) -> Iterator[Diagnostic]:
@@ -250,11 +290,22 @@ def check_unused(program: Program) -> Iterator[Diagnostic]:
             yield messages.unused_region(key, region.span)
 
 
+def check_bounds(program: Program) -> Iterator[Diagnostic]:
+    """The plan's limits (dsl/bounds.py): hyperperiod, warm-up, firings, views, bytes."""
+    yield from bounds.check(program)
+
+
 def check_hyperperiod(program: Program) -> Iterator[Diagnostic]:
+    """A warning for clocks that line up only after an hour (within the hyperperiod limit)."""
+    if not program.stages:
+        return
+    span, problem = bounds.clock_span(program)
+    if span is None or problem is not None or bounds.period_firings_problem(program, span) is not None:
+        return  # over a limit: check_bounds says so
     stage_periods = [program.clocks[s.clock].period for s in program.stages.values()]
     hyper = lcm_fractions([program.cadence] + stage_periods)
-    firings = sum(hyper / period for period in stage_periods)
-    if hyper > 3600 or firings > 100_000:
+    if hyper > 3600:
+        firings = sum(hyper / period for period in stage_periods)
         yield messages.long_hyperperiod(_fmt(hyper), int(firings), program.cadence_span)
 
 
@@ -272,6 +323,7 @@ def check_bindings(program: Program) -> Iterator[Diagnostic]:
 
 
 RULES = (
+    check_bounds,
     check_rates,
     check_accesses,
     check_retention,

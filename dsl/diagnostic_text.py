@@ -39,7 +39,7 @@ def _excerpt(span: Span, sources: Mapping[str, SourceFile], paint: _Painter, gut
     if source is None:
         return []
     text = source.line(span.line)
-    if not text and span.line > len(source.text.splitlines()):
+    if not text and span.line > source.line_count:
         return []
     width = (span.end_column - span.column) if span.end_line == span.line else len(text) - span.column + 1
     width = max(1, width)

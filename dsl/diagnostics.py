@@ -82,12 +82,18 @@ class InternalError(Exception):
 
 @attrs.define
 class DiagnosticBag:
-    """Collects diagnostics during a pass; `raise_if_errors` stops the pipeline with all of them."""
+    """Collects diagnostics during a pass; `raise_if_errors` stops the pipeline with all of them.
+
+    A diagnostic equal to one already in the bag (same code, message, span, notes and helps) is
+    dropped; the check is a set lookup, so a file that repeats one mistake thousands of times stays
+    linear."""
 
     items: list[Diagnostic] = attrs.field(factory=list)
+    seen: set[Diagnostic] = attrs.field(factory=set, repr=False)
 
     def add(self, diagnostic: Diagnostic) -> None:
-        if diagnostic not in self.items:
+        if diagnostic not in self.seen:
+            self.seen.add(diagnostic)
             self.items.append(diagnostic)
 
     def extend(self, diagnostics: Iterable[Diagnostic]) -> None:

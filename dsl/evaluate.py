@@ -97,12 +97,23 @@ def evaluate(expr: syntax.Expr, lookup: Lookup) -> Quantity:
 
 
 def _bounded(quantity: Quantity, expr: syntax.Expr) -> Quantity:
-    if not quantity.is_list and abs(quantity.value) > MAX_MAGNITUDE:
+    if quantity.is_list:
+        return quantity
+    if abs(quantity.value) > MAX_MAGNITUDE:
         raise EvalError(
             messages.bad_value(
                 f"{quantity.describe()} is too large (the limit is 10^15)",
                 expr.span,
                 "a region or rate this large cannot be allocated or scheduled",
+            )
+        )
+    if quantity.value.denominator > MAX_MAGNITUDE:
+        raise EvalError(
+            messages.bad_value(
+                f"a value of {_fraction_text(quantity.value)} is too fine: its denominator "
+                f"{quantity.value.denominator} is over the limit of 10^15",
+                expr.span,
+                "no rate, duration or count needs a fraction that fine: check the divisions",
             )
         )
     return quantity
@@ -196,7 +207,7 @@ def _call(expr: syntax.Call, lookup: Lookup) -> Quantity:
     if expr.func == "prod":
         value = Fraction(1)
         for q in items:
-            value *= q.value
+            value = _bounded(Quantity(value * q.value), expr).value  # bounded at each step: no huge products
         if unit != PLAIN:
             raise EvalError(messages.bad_value("prod() takes plain numbers", expr.span, "drop the units"))
         return _bounded(Quantity(value), expr)

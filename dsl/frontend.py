@@ -13,6 +13,7 @@ import attrs
 
 from duplexcadence.dsl import checks, depgraph, loader, messages, resolve
 from duplexcadence.dsl.diagnostics import ClockError, Diagnostic, Severity
+from duplexcadence.dsl.limits import Limits
 from duplexcadence.dsl.program import Program
 from duplexcadence.dsl.source import SourceFile
 
@@ -35,15 +36,23 @@ class CheckResult:
         return not self.errors
 
 
-def check_file(path: str | Path, overrides: Mapping[str, str] | None = None, text: str | None = None) -> CheckResult:
-    """Check `path` (or `text` given for it); never raises for a bad file."""
+def check_file(
+    path: str | Path,
+    overrides: Mapping[str, str] | None = None,
+    text: str | None = None,
+    limits: Limits | Mapping[str, int] | None = None,
+) -> CheckResult:
+    """Check `path` (or `text` given for it) under `limits` (dsl/limits.py: a `Limits`, or a mapping
+    that raises some of the defaults; ValueError for an unknown name); never raises for a bad file.
+    The program carries its limits to its plan."""
     path = str(path)
+    limits = Limits.of(limits)
     sources: dict[str, SourceFile] = {}
     try:
         source = SourceFile(path, text) if text is not None else loader.read_source(path)
         sources[path] = source
         loaded = loader.load(path, source, sources)
-        program, found = resolve.resolve(loaded, overrides)
+        program, found = resolve.resolve(loaded, overrides, limits)
         if not loaded.units[loaded.main].module.statements:
             found.append(messages.empty_file(path))
         program, problems = checks.run(program)
@@ -58,9 +67,11 @@ def check_file(path: str | Path, overrides: Mapping[str, str] | None = None, tex
     return CheckResult(path, None if has_errors else program, diagnostics, sources)
 
 
-def load_program(path: str | Path, overrides: Mapping[str, str] | None = None) -> Program:
+def load_program(
+    path: str | Path, overrides: Mapping[str, str] | None = None, limits: Limits | Mapping[str, int] | None = None
+) -> Program:
     """A checked program, or ClockError with every error (warnings are dropped)."""
-    result = check_file(path, overrides)
+    result = check_file(path, overrides, limits=limits)
     if result.program is None:
         raise ClockError(result.errors)
     return result.program

@@ -62,8 +62,31 @@ PARAM_OVERRIDE = ErrorCode("param-override", "a --param for an unknown param, or
 BUDGET = ErrorCode("over-budget", "a plan over its arena or graph budget")
 BINDING_MISMATCH = ErrorCode("binding-mismatch", "a region that disagrees with the module tensor it binds to")
 CAPTURE_BLOCKED = ErrorCode("capture-blocked", "a stage that cannot be captured in a CUDA graph as written")
-CANNOT_PLAN = ErrorCode(
-    "cannot-plan", "a program the planner cannot lay out: no stage, or more firings per hyperperiod than it traces"
+CANNOT_PLAN = ErrorCode("cannot-plan", "a program the planner cannot lay out: it declares no stage")
+TOO_MANY_REGIONS = ErrorCode("too-many-regions", "more regions (family members counted) than the `regions` limit")
+TOO_MANY_STAGES = ErrorCode("too-many-stages", "more stages than the `stages` limit")
+RETENTION_TOO_LONG = ErrorCode(
+    "retention-too-long", "a `last`, `ring` or pinned `first` retention over the `retention` limit"
+)
+HORIZON_TOO_LONG = ErrorCode("horizon-too-long", "a `retain all horizon H` over the `horizon` limit")
+CONTEXT_TOO_LONG = ErrorCode("context-too-long", "a read span, context or lookahead over the `context` limit")
+WARMUP_TOO_LONG = ErrorCode(
+    "warmup-too-long",
+    "a state that repeats only after more instants than the `warmup` limit (or never, before a horizon)",
+)
+HYPERPERIOD_TOO_LONG = ErrorCode(
+    "hyperperiod-too-long", "clocks whose common period holds more base ticks than the `hyperperiod` limit"
+)
+TOO_MANY_FIRINGS = ErrorCode("too-many-firings", "a plan that traces more firings than the `firings` limit")
+TOO_MANY_VIEWS = ErrorCode("too-many-views", "a plan that traces more region views than the `views` limit")
+TOO_MANY_STATES = ErrorCode(
+    "too-many-states", "a plan that keeps more region lengths (instants x regions) than the `states` limit"
+)
+ARENA_TOO_LARGE = ErrorCode("arena-too-large", "a session arena over the `bytes` limit")
+UNSAFE_PATH = ErrorCode(
+    "unsafe-path",
+    "a module or bind path that could leave the model: a dunder segment (`__x`), or a private one (`_x`) "
+    "without `private`",
 )
 HYPERPERIOD = ErrorCode("long-hyperperiod", "clocks whose common period is very long", Severity.WARNING)
 UNUSED_REGION = ErrorCode("unused-region", "a region no stage reads or writes", Severity.WARNING)
@@ -91,14 +114,17 @@ def suggest(name: str, candidates: Iterable[str]) -> list[str]:
     return difflib.get_close_matches(name, sorted(set(candidates)), n=3, cutoff=0.6)
 
 
-def _did_you_mean(name: str, candidates: Iterable[str]) -> tuple[str, ...]:
-    close = suggest(name, candidates)
+def _did_you_mean(name: str, candidates: Iterable[str] | None) -> tuple[str, ...]:
+    """`did you mean 'x'?`, or nothing; `candidates` None: no suggestion is looked for."""
+    close = suggest(name, candidates) if candidates is not None else []
     if not close:
         return ()
     return ("did you mean " + " or ".join(f"'{c}'" for c in close) + "?",)
 
 
-def _legal(kind: str, candidates: Iterable[str]) -> tuple[str, ...]:
+def _legal(kind: str, candidates: Iterable[str] | None) -> tuple[str, ...]:
+    if candidates is None:
+        return ()
     names = sorted(set(candidates))
     if not names:
         return (f"no {kind} is defined here",)
@@ -204,6 +230,15 @@ def too_deep(limit: int, span: Span) -> Diagnostic:
     )
 
 
+def number_too_long(length: int, limit: int, span: Span) -> Diagnostic:
+    return Diagnostic(
+        BAD_VALUE,
+        f"this number is written with {length} characters, over the {limit} a number may have",
+        span,
+        helps=("values are at most 10^15, with a denominator of at most 10^15: write the number in fewer digits",),
+    )
+
+
 def unreadable(path: str, reason: str) -> Diagnostic:
     return Diagnostic(UNREADABLE, f"cannot read '{path}': {reason}", None)
 
@@ -220,10 +255,12 @@ def unknown_clock(name: str, modules: Iterable[str]) -> Diagnostic:
     )
 
 
-def file_too_large(path: str, size: int, limit: int) -> Diagnostic:
+def file_too_large(path: str, size: int | None, limit: int) -> Diagnostic:
+    """`size` None: the file holds more than `limit` bytes (reading stopped there)."""
+    amount = f"it is {size} bytes, over" if size is not None else "it holds more than"
     return Diagnostic(
         UNREADABLE,
-        f"cannot read '{path}': it is {size} bytes, over the {limit}-byte limit for a .clock file",
+        f"cannot read '{path}': {amount} the {limit}-byte limit for a .clock file",
         None,
         helps=("a .clock file declares clocks, regions and stages; it is never this large",),
     )
@@ -235,6 +272,18 @@ def unreadable_import(module: str, path: str, reason: str, span: Span | None) ->
         f"cannot read module '{module}' ('{path}'): {reason}",
         span,
         helps=("a module is a UTF-8 text file of .clock declarations",),
+    )
+
+
+def import_outside_root(module: str, path: str, root: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        UNREADABLE,
+        f"cannot read module '{module}' ('{path}'): it is a symbolic link out of '{root}', where `use` looks for it",
+        span,
+        helps=(
+            "`use` reads modules beside the importing file, then in the stdlib, and not through links "
+            "that leave them: copy the module beside the file",
+        ),
     )
 
 
@@ -250,15 +299,22 @@ def empty_file(path: str) -> Diagnostic:
 # --- names and imports --------------------------------------------------------------------------
 
 
-def unknown_name(kind: str, name: str, span: Span | None, candidates: Iterable[str]) -> Diagnostic:
-    candidates = list(candidates)
+def unknown_name(kind: str, name: str, span: Span | None, candidates: Iterable[str] | None) -> Diagnostic:
+    """`candidates`: the names of that kind for a did-you-mean (None: no suggestion)."""
+    candidates = list(candidates) if candidates is not None else None
     helps = _did_you_mean(name, candidates) or _legal(kind, candidates)
     return Diagnostic(UNKNOWN_NAME, f"unknown {kind} '{name}'", span, helps=helps)
 
 
 def wrong_kind_of_name(
-    name: str, is_kind: str, want_kind: str, span: Span | None, defined_at: Span | None, candidates: Iterable[str]
+    name: str,
+    is_kind: str,
+    want_kind: str,
+    span: Span | None,
+    defined_at: Span | None,
+    candidates: Iterable[str] | None,
 ) -> Diagnostic:
+    candidates = list(candidates) if candidates is not None else None
     return Diagnostic(
         UNKNOWN_NAME,
         f"'{name}' is a {is_kind}, not a {want_kind}",
@@ -350,12 +406,22 @@ def unknown_import(module: str, span: Span | None, available: Iterable[str]) -> 
     return Diagnostic(UNKNOWN_IMPORT, f"no module '{module}' in the stdlib or beside this file", span, helps=helps)
 
 
-def unknown_imported_name(module: str, name: str, span: Span | None, available: Iterable[str]) -> Diagnostic:
+def unknown_imported_name(module: str, name: str, span: Span | None, available: Iterable[str] | None) -> Diagnostic:
+    available = list(available) if available is not None else None
     return Diagnostic(
         UNKNOWN_IMPORT,
         f"module '{module}' defines no '{name}'",
         span,
         helps=_did_you_mean(name, available) or _legal("name", available),
+    )
+
+
+def import_name_too_long(module: str, problem: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        UNKNOWN_IMPORT,
+        f"no module '{module}' can exist: {problem}",
+        span,
+        helps=("a module is a .clock file beside this file or in the stdlib; check the `use` line",),
     )
 
 
@@ -373,6 +439,16 @@ def import_cycle(cycle: list[str], span: Span | None) -> Diagnostic:
 
 def bad_value(problem: str, span: Span | None, help: str | None = None) -> Diagnostic:
     return Diagnostic(BAD_VALUE, problem, span, helps=(help,) if help else ())
+
+
+def depends_on_itself(kind: str, name: str, cycle: list[str], span: Span | None) -> Diagnostic:
+    """`cycle` starts and ends with `name`; a long one is shown by its ends."""
+    shown = cycle if len(cycle) <= 12 else [*cycle[:6], f"... ({len(cycle) - 10} more)", *cycle[-4:]]
+    return bad_value(
+        f"{kind} '{name}' depends on itself: " + " -> ".join(shown),
+        span,
+        "define it from values that do not depend on it",
+    )
 
 
 def unknown_function(name: str, span: Span | None) -> Diagnostic:
@@ -598,6 +674,49 @@ def bad_bind(region: str, path: str, problem: str, span: Span | None) -> Diagnos
         helps=(
             "a binding is an attribute path from the model root, e.g. "
             '"decoder.model.0._streaming_state.previous"; `{index}` inserts a family index',
+        ),
+    )
+
+
+def unsafe_path(keyword: str, owner: str, path: str, segment: str, dunder: bool, span: Span | None) -> Diagnostic:
+    """`keyword`: `module` (of stage `owner`) or `bind` (of region `owner`)."""
+    what = (
+        f"the module path '{path}' of stage '{owner}'"
+        if keyword == "module"
+        else f"the binding '{path}' of region '{owner}'"
+    )
+    legal = (
+        "a path names public attributes of the model: child modules, parameters, buffers, tensors and the "
+        "lists, dicts and plain objects that hold them"
+    )
+    if dunder:
+        return Diagnostic(
+            UNSAFE_PATH,
+            f"{what} goes through '{segment}', a dunder attribute: a path never leaves the model",
+            span,
+            helps=(legal + "; a segment that starts with `__` is never allowed",),
+        )
+    return Diagnostic(
+        UNSAFE_PATH,
+        f"{what} goes through '{segment}', a private attribute",
+        span,
+        helps=(
+            legal + ". Where the model keeps its state in a private attribute (moshi's `_streaming_state`), "
+            f'opt in: `{keyword} private "{path}"`',
+        ),
+    )
+
+
+def path_leaves_model(keyword: str, owner: str, path: str, part: str, found: str, span: Span | None) -> Diagnostic:
+    """At load: the object `part` of `path` reaches is `found`, outside the model."""
+    what = f"stage '{owner}' calls '{path}'" if keyword == "module" else f"region '{owner}' binds to '{path}'"
+    return Diagnostic(
+        UNSAFE_PATH,
+        f"{what}, whose '{part}' is {found}: a path stays inside the model",
+        span,
+        helps=(
+            "a path walks through modules, tensors, lists, dicts and plain objects holding state, and a stage "
+            "calls a module or a method of the object before it; call anything else from a `hook`",
         ),
     )
 
@@ -948,16 +1067,6 @@ def nothing_to_plan(path: str) -> Diagnostic:
     )
 
 
-def too_many_firings(seconds: str, firings: int, limit: int, span: Span | None) -> Diagnostic:
-    return Diagnostic(
-        CANNOT_PLAN,
-        f"the clocks repeat only every {seconds} s, after {firings} firings: over the "
-        f"{limit} firings per hyperperiod the planner traces",
-        span,
-        helps=("rates with a small common period keep the plan short; check for a typo in a rate",),
-    )
-
-
 def arena_does_not_fit(
     need: int,
     sessions: int,
@@ -1036,4 +1145,227 @@ def capture_blocked(stage: str, reason: str, span: Span | None) -> Diagnostic:
         f"stage '{stage}' cannot be captured: {reason}",
         span,
         helps=("split the stage at this op, or keep its constants on the device; the stage runs eagerly until then",),
+    )
+
+
+# --- limits -------------------------------------------------------------------------------------
+
+
+def count_text(value: int) -> str:
+    """An integer as written, or its order of magnitude when it is huge."""
+    if value.bit_length() > 200:
+        return f"about 10^{int(value.bit_length() * 0.30103)}"
+    return str(value)
+
+
+def bytes_text(value: int) -> str:
+    """`1.5 GiB`, `512 B`."""
+    if value.bit_length() > 200:
+        return f"about 2^{value.bit_length() - 1} bytes"
+    amount = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if amount < 1024 or unit == "PiB":
+            return f"{value} B" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1024
+    raise AssertionError("unreachable")
+
+
+def _raise_limit(name: str, needed: int | None) -> str:
+    value = str(needed) if needed is not None else "N"
+    return f"a model that needs more raises the limit: --limit {name}={value} (limits={{'{name}': {value}}} in Python)"
+
+
+def too_many_regions(region: str, members: int | None, total: int, limit: int, span: Span | None) -> Diagnostic:
+    """`members`: the family's size (None for a plain region); `total`: the regions with it."""
+    if members is not None:
+        message = (
+            f"family '{region}' has {count_text(members)} members, which makes {count_text(total)} regions: "
+            f"over the limit of {count_text(limit)} regions in a program"
+        )
+    else:
+        message = (
+            f"region '{region}' makes {count_text(total)} regions: over the limit of {count_text(limit)} in a program"
+        )
+    return Diagnostic(
+        TOO_MANY_REGIONS,
+        message,
+        span,
+        helps=(
+            "each member of a family is a region of its own: check the family's size",
+            _raise_limit("regions", total),
+        ),
+    )
+
+
+def too_many_stages(stage: str, total: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        TOO_MANY_STAGES,
+        f"stage '{stage}' is stage {limit + 1} of {count_text(total)}: over the limit of {count_text(limit)} "
+        f"stage{'s' if limit != 1 else ''} in a program",
+        span,
+        helps=(
+            "a stage is one call per tick; a model's tail has a handful: check for repeated declarations",
+            _raise_limit("stages", total),
+        ),
+    )
+
+
+def retention_too_long(what: str, region: str, value: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        RETENTION_TOO_LONG,
+        f"{what} of region '{region}' is {count_text(value)} units, over the limit of {count_text(limit)}",
+        span,
+        helps=(
+            "check the count and its unit (a duration counts units of the region's clock: 10 s at 24 kHz is 240 000)",
+            _raise_limit("retention", value),
+        ),
+    )
+
+
+def horizon_too_long(region: str, value: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        HORIZON_TOO_LONG,
+        f"the horizon of region '{region}' is {count_text(value)} units, over the limit of {count_text(limit)}",
+        span,
+        helps=(
+            "the horizon is the longest session, in units of the region's clock: check the count and its unit",
+            _raise_limit("horizon", value),
+        ),
+    )
+
+
+def context_too_long(what: str, region: str, value: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        CONTEXT_TOO_LONG,
+        f"{what} of region '{region}' is {count_text(value)} units, over the limit of {count_text(limit)}",
+        span,
+        helps=(
+            "a read this long needs a retention as long: check the count and its unit",
+            _raise_limit("context", value),
+        ),
+    )
+
+
+def warmup_too_long(
+    region: str, keeps: int, horizon: bool, rate: str, seconds: str, instants: int, limit: int, span: Span | None
+) -> Diagnostic:
+    """`dsl check`'s estimate: the time `region` takes to fill (to its horizon, when `horizon`)."""
+    if horizon:
+        what = (
+            f"region '{region}' keeps everything up to its horizon of {count_text(keeps)} units at {rate} Hz: "
+            f"the planner traces the whole session, {seconds} s"
+        )
+    else:
+        what = f"region '{region}' fills its {count_text(keeps)} units at {rate} Hz: the state repeats only after {seconds} s"
+    return Diagnostic(
+        WARMUP_TOO_LONG,
+        f"{what}, at least {count_text(instants)} instants, over the warm-up limit of {count_text(limit)} instants",
+        span,
+        helps=(
+            "a window starts full with `start zeros`; otherwise it fills as fast as its clock: keep less, or check the count",
+            _raise_limit("warmup", instants + 1),
+        ),
+    )
+
+
+def warmup_not_repeating(
+    region: str, before: int, after: int, instants: int, limit: int, span: Span | None
+) -> Diagnostic:
+    """The planner's count: the state still changes after `instants` instants."""
+    return Diagnostic(
+        WARMUP_TOO_LONG,
+        f"the state does not repeat within the warm-up limit of {count_text(limit)} instants: region '{region}' "
+        f"still grows, from {count_text(before)} to {count_text(after)} units over the last hyperperiod traced",
+        span,
+        helps=(
+            "a window starts full with `start zeros`; otherwise it fills as fast as its clock: keep less, or check the count",
+            _raise_limit("warmup", None),
+        ),
+    )
+
+
+def base_tick_cause(clock: str, rate: str) -> str:
+    return f"clock '{clock}' ({rate} Hz) makes the base tick so short that one cadence holds"
+
+
+def stage_clock_cause(clock: str, rate: str, stage: str, seconds: str) -> str:
+    return (
+        f"clock '{clock}' ({rate} Hz), on which stage '{stage}' fires, makes the clocks repeat only every {seconds} s"
+    )
+
+
+def arrivals_cause(seconds: str) -> str:
+    return f"the units this access takes per firing make the clocks repeat only every {seconds} s"
+
+
+def hyperperiod_too_long(cause: str, ticks: int, base_tick: str, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        HYPERPERIOD_TOO_LONG,
+        f"{cause}: {count_text(ticks)} base ticks of {base_tick} s, over the limit of {count_text(limit)}",
+        span,
+        helps=(
+            "the base tick divides every clock's period: rates with a small common period keep the plan short; "
+            "check the rates for a typo",
+            _raise_limit("hyperperiod", ticks),
+        ),
+    )
+
+
+def too_many_firings(total: int, warmup: int, periods: int, seconds: str, limit: int, span: Span | None) -> Diagnostic:
+    parts = [f"{count_text(warmup)} in the warm-up"] if warmup else []
+    parts += [f"{count_text(periods)} in two hyperperiods of {seconds} s"] if periods else []
+    return Diagnostic(
+        TOO_MANY_FIRINGS,
+        f"the planner would trace {count_text(total)} firings ({', '.join(parts)}), over the limit of "
+        f"{count_text(limit)}",
+        span,
+        helps=(
+            "the trace holds every firing of the warm-up and of two hyperperiods: check the rates and the "
+            "retentions for a typo",
+            _raise_limit("firings", total),
+        ),
+    )
+
+
+def too_many_views(total: int, stage: str, views: int, firings: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        TOO_MANY_VIEWS,
+        f"the planner would trace {count_text(total)} region views, over the limit of {count_text(limit)}; "
+        f"stage '{stage}' alone touches {count_text(views)} regions in each of its {count_text(firings)} firings",
+        span,
+        helps=(
+            "every region a firing touches is one view of the trace: check the family sizes, the reads and the rates",
+            _raise_limit("views", total),
+        ),
+    )
+
+
+def too_many_states(total: int, instants: int, regions: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        TOO_MANY_STATES,
+        f"the planner would keep {count_text(total)} region lengths ({count_text(instants)} traced instants x "
+        f"{count_text(regions)} regions with a time axis), over the limit of {count_text(limit)}",
+        span,
+        helps=(
+            "the plan keeps every region's length at every traced instant: check the rates (how many instants) "
+            "and the family sizes (how many regions)",
+            _raise_limit("states", total),
+        ),
+    )
+
+
+def arena_too_large(
+    need: int, region: str, region_bytes: int, limit: int, at_least: bool, span: Span | None
+) -> Diagnostic:
+    """`at_least`: `dsl check`'s lower bound (the plan's exact arena may be larger)."""
+    amount = "at least " if at_least else ""
+    return Diagnostic(
+        ARENA_TOO_LARGE,
+        f"a session's arena needs {amount}{bytes_text(need)} ({count_text(need)} bytes), over the limit of "
+        f"{bytes_text(limit)}; region '{region}' alone needs {amount}{bytes_text(region_bytes)}",
+        span,
+        helps=(
+            "check the region's shape, dtype and retention for a typo",
+            _raise_limit("bytes", need),
+        ),
     )

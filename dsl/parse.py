@@ -30,6 +30,11 @@ MAX_NESTING = 100
 """The deepest expression accepted; deeper ones are refused with a located syntax error, so no
 later pass (evaluation, printing, equality) can run out of Python stack."""
 
+MAX_NUMBER_LENGTH = 40
+"""The longest number literal, in characters: every value is at most 10^15 with a denominator of at
+most 10^15, so a longer literal is refused where it is written (Python would not even convert one
+of 4 300 digits to text)."""
+
 MAX_SYNTAX_ERRORS = 20
 """Syntax errors reported per file before giving up."""
 
@@ -39,6 +44,7 @@ _TERMINAL_WORDS = {
     "STRING": 'a "string"',
     "UNIT": "a unit (Hz, kHz, s, ms)",
     "PREV": "'prev'",
+    "PRIVATE": "'private'",
     "$END": "the end of the file",
 }
 STATEMENT_KEYWORDS = ("use", "cadence", "param", "clock", "region", "stage")
@@ -83,6 +89,7 @@ def _keyword_of_terminal() -> dict[str, str]:
         if isinstance(terminal.pattern, lark.lexer.PatternStr):
             found[terminal.name] = terminal.pattern.value
     found["PREV"] = "prev"
+    found["PRIVATE"] = "private"
     return found
 
 
@@ -453,7 +460,10 @@ class _ToAst(Transformer):
         return syntax.StockClause(children[0], span=self._span(meta))
 
     def bind_clause(self, meta, children):
-        return syntax.BindClause(str(children[0])[1:-1], span=self._span(meta))
+        *private, path = children
+        return syntax.BindClause(
+            str(path)[1:-1], bool(private), span=self._span(meta), path_span=self._token_span(path)
+        )
 
     def input_clause(self, meta, children):
         return syntax.RoleClause("input", span=self._span(meta))
@@ -498,7 +508,10 @@ class _ToAst(Transformer):
         )
 
     def module_item(self, meta, children):
-        return syntax.ModuleItem(str(children[0])[1:-1], span=self._span(meta), path_span=self._token_span(children[0]))
+        *private, path = children
+        return syntax.ModuleItem(
+            str(path)[1:-1], bool(private), span=self._span(meta), path_span=self._token_span(path)
+        )
 
     def hook_item(self, meta, children):
         return syntax.HookItem(str(children[0]), span=self._span(meta))
@@ -573,6 +586,8 @@ class _ToAst(Transformer):
     def number(self, meta, children):
         literal, *unit = children
         unit = [u for u in unit if u is not None]
+        if len(literal) > MAX_NUMBER_LENGTH:
+            raise ClockError([messages.number_too_long(len(literal), MAX_NUMBER_LENGTH, self._token_span(literal))])
         return syntax.Number(Fraction(str(literal)), str(unit[0]) if unit else None, span=self._span(meta))
 
     def name(self, meta, children):

@@ -90,7 +90,7 @@ def _clause(node: syntax.RegionClause) -> str:
     if isinstance(node, syntax.StockClause):
         return f"stock {expr(node.capacity)}"
     if isinstance(node, syntax.BindClause):
-        return f'bind "{node.path}"'
+        return f'bind private "{node.path}"' if node.private else f'bind "{node.path}"'
     return node.role
 
 
@@ -100,7 +100,7 @@ def _ref(node: syntax.RegionRef) -> str:
 
 def _item(node: syntax.StageItem) -> str:
     if isinstance(node, syntax.ModuleItem):
-        return f'module "{node.path}"'
+        return f'module private "{node.path}"' if node.private else f'module "{node.path}"'
     if isinstance(node, syntax.HookItem):
         return f"hook {node.name}"
     if isinstance(node, syntax.RngItem):

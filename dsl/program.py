@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import networkx as nx
 
+from duplexcadence.dsl.limits import DEFAULT_LIMITS, Limits
 from duplexcadence.dsl.source import Span
 
 
@@ -201,6 +202,7 @@ class Program:
     graph: nx.DiGraph = attrs.field(eq=False, hash=False, repr=False, default=None)
     cadence_span: Span | None = attrs.field(default=None, eq=False, repr=False)
     incomplete: bool = attrs.field(default=False, eq=False, repr=False)  # some declaration failed to resolve
+    limits: Limits = attrs.field(default=DEFAULT_LIMITS, eq=False, repr=False)  # checked under; planned under
 
     def region(self, name: str) -> RegionInfo:
         return self.regions[name]

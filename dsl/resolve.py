@@ -7,8 +7,10 @@ their members (`kv[0]` ... `kv[7]`) with `{index}` placeholders filled in their 
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from fractions import Fraction
 
 import attrs
@@ -26,10 +28,14 @@ from duplexcadence.dsl.evaluate import (
     require_int,
     unit_name,
 )
+from duplexcadence.dsl.limits import DEFAULT_LIMITS, Limits
 from duplexcadence.dsl.loader import Loaded
 from duplexcadence.dsl.parse import parse_value
 from duplexcadence.dsl.program import Access, ClockInfo, Program, RegionInfo, Retention, StageInfo
 from duplexcadence.dsl.source import Span
+
+MAX_SUGGESTION_WORK = 200_000
+"""Name comparisons per check spent on did-you-mean suggestions (about half a second)."""
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _PATH_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[0-9]+\])*$|^[0-9]+$")
@@ -47,6 +53,30 @@ def path_problem(path: str) -> str | None:
     return None
 
 
+def unsafe_segment(path: str, private: bool) -> tuple[int, str, bool] | None:
+    """The first segment of `path` that could lead out of the model, as (offset in `path`, segment,
+    whether it is a dunder), or None. A path names public attributes; a dunder segment (`__x`, the
+    way to a class, its functions and their module's globals) is never allowed; a private one (`_x`)
+    only with `private` (upstream code that keeps its state there, like moshi's `_streaming_state`)."""
+    offset = 0
+    for part in path.split("."):
+        name = part.split("[", 1)[0]
+        if name.startswith("__"):
+            return offset, name, True
+        if name.startswith("_") and not private:
+            return offset, name, False
+        offset += len(part) + 1
+    return None
+
+
+def segment_span(path_span: Span | None, offset: int, segment: str) -> Span | None:
+    """Where a segment of a path is written: inside its string, after the opening quote."""
+    if path_span is None:
+        return None
+    column = path_span.column + 1 + offset
+    return Span(path_span.path, path_span.line, column, path_span.line, column + len(segment))
+
+
 @attrs.frozen
 class Declaration:
     kind: str  # param, clock, region, stage, cadence
@@ -62,6 +92,27 @@ class Declaration:
     def name_span(self) -> Span | None:
         """Where the declared name is written (the whole statement for a cadence)."""
         return getattr(self.node, "name_span", None) or self.span
+
+
+class Suggestions:
+    """The did-you-mean budget of one check: a suggestion compares the unknown name with every
+    candidate, so thousands of unknown names among thousands of declarations would take minutes;
+    once MAX_SUGGESTION_WORK comparisons are spent, diagnostics come without a suggestion."""
+
+    def __init__(self, budget: int = MAX_SUGGESTION_WORK):
+        self.remaining = budget
+
+    def offer(self, candidates: Iterable[str]) -> list[str] | None:
+        """The candidates (read only here: pass a lazy iterable) while the budget covers comparing a
+        name with each of them, else None."""
+        if self.remaining <= 0:
+            return None
+        names = list(candidates)
+        if len(names) > self.remaining:
+            self.remaining = 0
+            return None
+        self.remaining -= max(len(names), 1)
+        return names
 
 
 class _UnitScope:
@@ -90,8 +141,11 @@ class _UnitScope:
                 )
 
 
-def collect_declarations(loaded: Loaded, bag: DiagnosticBag) -> dict[str, dict[str, Declaration]]:
+def collect_declarations(
+    loaded: Loaded, bag: DiagnosticBag, suggestions: Suggestions | None = None
+) -> dict[str, dict[str, Declaration]]:
     """The names visible in each unit: its own declarations and what its `use`s bring in."""
+    suggestions = suggestions or Suggestions()
     visible: dict[str, dict[str, Declaration]] = {}
     for key, unit in loaded.units.items():  # children are inserted before their importers
         scope = _UnitScope(bag)
@@ -106,7 +160,7 @@ def collect_declarations(loaded: Loaded, bag: DiagnosticBag) -> dict[str, dict[s
             spans = use.name_spans if len(use.name_spans) == len(use.names) else (use.span,) * len(use.names)
             for name, at in zip(use.names, spans):
                 if name not in exported:
-                    bag.add(messages.unknown_imported_name(use.dotted, name, at, exported))
+                    bag.add(messages.unknown_imported_name(use.dotted, name, at, suggestions.offer(exported)))
                     continue
                 scope.add(exported[name], at, True)
         for statement in unit.module.statements:
@@ -123,10 +177,13 @@ def collect_declarations(loaded: Loaded, bag: DiagnosticBag) -> dict[str, dict[s
 
 
 class _Resolver:
-    def __init__(self, loaded: Loaded, overrides: Mapping[str, str]):
+    def __init__(self, loaded: Loaded, overrides: Mapping[str, str], limits: Limits = DEFAULT_LIMITS):
         self.loaded = loaded
+        self.limits = limits
+        self.region_count = 0  # regions made so far, family members counted (against limits.regions)
         self.bag = DiagnosticBag()
-        self.scopes = collect_declarations(loaded, self.bag)
+        self.suggestions = Suggestions()
+        self.scopes = collect_declarations(loaded, self.bag, self.suggestions)
         self.units = [loaded.main]  # the unit whose names are in scope: a declaration sees its own file's names
         self.overrides = dict(overrides)
         self.values: dict[tuple[str, str], Quantity] = {}
@@ -138,6 +195,7 @@ class _Resolver:
         self.families: dict[str, tuple[str, ...]] = {}
         self.resolved_clocks: dict[int, ClockInfo | None] = {}
         self.resolved_regions: dict[int, list[RegionInfo] | None] = {}
+        self.kinds: dict[tuple[str, str], dict[str, Declaration]] = {}  # of_kind, per unit in scope
 
     @property
     def decls(self) -> dict[str, Declaration]:
@@ -158,13 +216,18 @@ class _Resolver:
     # --- names ---------------------------------------------------------------------------------
 
     def of_kind(self, kind: str) -> dict[str, Declaration]:
-        return {n: d for n, d in self.decls.items() if d.kind == kind}
+        key = (self.units[-1], kind)
+        if key not in self.kinds:
+            self.kinds[key] = {n: d for n, d in self.decls.items() if d.kind == kind}
+        return self.kinds[key]
 
     def lookup_value(self, node: syntax.Name, local: Mapping[str, int] | None = None) -> Quantity:
         if local and node.id in local:
             return Quantity(Fraction(local[node.id]))
         declaration = self.decls.get(node.id)
-        candidates = [n for n, d in self.decls.items() if d.kind in ("param", "clock")] + list(local or ())
+        if declaration is not None and declaration.kind in ("param", "clock"):
+            return self.value_of(declaration)
+        candidates = self.suggestions.offer(itertools.chain(self.of_kind("param"), self.of_kind("clock"), local or ()))
         if declaration is None:
             raise EvalError(messages.unknown_name("name", node.id, node.span, candidates))
         if declaration.kind not in ("param", "clock"):
@@ -184,13 +247,11 @@ class _Resolver:
             raise _Skip()
         if key in self.evaluating:
             cycle = [n for _, n in self.evaluating[self.evaluating.index(key) :]] + [name]
-            raise EvalError(
-                messages.bad_value(
-                    f"{declaration.kind} '{name}' depends on itself: " + " -> ".join(cycle),
-                    declaration.name_span,
-                    "define it from values that do not depend on it",
-                )
-            )
+            raise EvalError(_depends_on_itself(declaration, cycle))
+        if not self.evaluating:
+            self._evaluate_dependencies_first(declaration)
+            if key in self.broken:
+                raise _Skip()
         self.evaluating.append(key)
         try:
             with self.in_scope_of(declaration):
@@ -202,10 +263,60 @@ class _Resolver:
             self.broken.add(key)
             self.bag.extend(error.diagnostics)
             raise _Skip() from None
+        except _Skip:  # it depends on a broken one: broken too, so that nothing evaluates it again
+            self.broken.add(key)
+            raise
         finally:
             self.evaluating.pop()
         self.values[key] = value
         return value
+
+    def _dependencies(self, declaration: Declaration) -> list[Declaration]:
+        """The params and clocks `declaration`'s value names, in the order its evaluation meets them."""
+        node = declaration.node
+        expr = node.default if declaration.kind == "param" else node.rate
+        scope = self.scopes[declaration.unit]
+        found = []
+        for name in names_in_order(expr):
+            other = scope.get(name)
+            if other is not None and other.kind in ("param", "clock"):
+                found.append(other)
+        return found
+
+    def _evaluate_dependencies_first(self, root: Declaration) -> None:
+        """Evaluate everything `root` depends on, deepest first, with an explicit stack: each value is
+        then computed from values already known, so a chain of thousands of params never recurses
+        (Python's stack would overflow). A cycle is reported here, as `value_of` would, at the first
+        declaration met again, and all of its members become broken."""
+        on_path: dict[tuple[str, str], int] = {}  # key -> position on `path`
+        done: set[tuple[str, str]] = set()
+        path: list[Declaration] = [root]
+        on_path[(root.unit, root.name)] = 0
+        stack = [iter(self._dependencies(root))]
+        while stack:
+            child = next(stack[-1], None)
+            if child is None:
+                stack.pop()
+                finished = path.pop()
+                key = (finished.unit, finished.name)
+                del on_path[key]
+                done.add(key)
+                if finished is not root and key not in self.values and key not in self.broken:
+                    with contextlib.suppress(_Skip):
+                        self.value_of(finished)
+                continue
+            key = (child.unit, child.name)
+            if key in self.values or key in self.broken or key in done:
+                continue
+            if key in on_path:
+                members = path[on_path[key] :]
+                cycle = [member.name for member in members] + [child.name]
+                self.bag.add(_depends_on_itself(child, cycle))
+                self.broken.update((member.unit, member.name) for member in members)
+                continue
+            on_path[key] = len(path)
+            path.append(child)
+            stack.append(iter(self._dependencies(child)))
 
     def _param_value(self, declaration: Declaration) -> Quantity:
         node: syntax.Param = declaration.node
@@ -281,7 +392,11 @@ class _Resolver:
         for declaration in self.of_kind("region").values():
             self.region_members(declaration)
         stages: dict[str, StageInfo] = {}
-        for name, declaration in self.of_kind("stage").items():
+        for position, (name, declaration) in enumerate(self.of_kind("stage").items()):
+            if position == self.limits.stages:  # reported once, at the first stage over; the rest are left out
+                total = len(self.of_kind("stage"))
+                self.bag.add(messages.too_many_stages(name, total, self.limits.stages, declaration.name_span))
+                break
             with self.in_scope_of(declaration):
                 stage = self._stage(declaration.node)
             if stage is not None:
@@ -304,6 +419,7 @@ class _Resolver:
             stages,
             cadence_span=cadence_span,
             incomplete=bool(self.bag.errors),
+            limits=self.limits,
         )
 
     def clock_info(self, declaration: Declaration) -> ClockInfo | None:
@@ -454,6 +570,18 @@ class _Resolver:
             ok = False
         if not ok:
             return None
+        if self.region_count + count > self.limits.regions:  # checked before a member is made
+            if self.region_count <= self.limits.regions:  # reported once: the regions after it are left out
+                span = node.family.count.span if node.family is not None else name_span
+                members_count = count if node.family is not None else None
+                self.bag.add(
+                    messages.too_many_regions(
+                        node.name, members_count, self.region_count + count, self.limits.regions, span
+                    )
+                )
+            self.region_count = self.limits.regions + 1
+            return None
+        self.region_count += count
         time_axis = next((i for i, d in enumerate(node.shape) if isinstance(d, syntax.TimeAxis)), None)
         members = []
         for index in range(count):
@@ -467,7 +595,7 @@ class _Resolver:
     def _unknown(self, name: str, want: str, span: Span | None) -> None:
         """Report a name that is not a `want` (clock or region): unknown, or of another kind."""
         declaration = self.decls.get(name)
-        candidates = self.of_kind(want)
+        candidates = self.suggestions.offer(self.of_kind(want))
         if declaration is None:
             self.bag.add(messages.unknown_name(want, name, span, candidates))
         elif declaration.kind != want:
@@ -618,8 +746,16 @@ class _Resolver:
             return None
         keep = clause.retention
 
-        def count(expr: syntax.Expr, what: str, minimum: int) -> int:
-            return count_of(self.evaluate_in(expr, local), clock.rate, expr, f"{what} of region '{name}'", minimum)
+        def count(expr: syntax.Expr, what: str, minimum: int, limit: int | None = None) -> int:
+            """The count, within `limit` (the retention limit unless given)."""
+            units = count_of(self.evaluate_in(expr, local), clock.rate, expr, f"{what} of region '{name}'", minimum)
+            if limit is None and units > self.limits.retention:
+                self.bag.add(messages.retention_too_long(what, name, units, self.limits.retention, expr.span))
+                raise _Skip()
+            if limit is not None and units > limit:
+                self.bag.add(messages.horizon_too_long(name, units, limit, expr.span))
+                raise _Skip()
+            return units
 
         if isinstance(keep, syntax.KeepLast):
             return Retention("last", last=count(keep.count, "the retention", 1), span=clause.span)
@@ -636,7 +772,8 @@ class _Resolver:
             if keep.horizon is None:
                 self.bag.add(messages.unbounded_retention(name, clause.span))
                 return None
-            return Retention("all", horizon=count(keep.horizon, "the horizon", 1), span=clause.span)
+            horizon = count(keep.horizon, "the horizon", 1, limit=self.limits.horizon)
+            return Retention("all", horizon=horizon, span=clause.span)
         return Retention("scratch", span=clause.span)
 
     def _stock(
@@ -668,6 +805,12 @@ class _Resolver:
             unknown.append(key)
             return match.group(0)
 
+        unsafe = unsafe_segment(clause.path, clause.private)
+        if unsafe is not None:
+            offset, segment, dunder = unsafe
+            where = segment_span(clause.path_span, offset, segment) or clause.span
+            self.bag.add(messages.unsafe_path("bind", node.name, clause.path, segment, dunder, where))
+            return None
         path = _PLACEHOLDER.sub(fill, clause.path)
         if unknown:
             self.bag.add(messages.bad_placeholder(node.name, unknown[0], list(local), clause.span))
@@ -700,6 +843,11 @@ class _Resolver:
             problem = path_problem(item.path) if item.path != "" else None
             if problem is not None:  # reported, but the stage's accesses are still worth checking
                 self.bag.add(messages.bad_module_path(node.name, item.path, problem, item.path_span or item.span))
+            unsafe = unsafe_segment(item.path, item.private)
+            if unsafe is not None:
+                offset, segment, dunder = unsafe
+                where = segment_span(item.path_span, offset, segment) or item.span
+                self.bag.add(messages.unsafe_path("module", node.name, item.path, segment, dunder, where))
         aliases: dict[str, Span | None] = {}
         for item in node.items_of(syntax.ReadItem):
             if item.alias is None:
@@ -758,6 +906,16 @@ class _Resolver:
             self.bag.add(messages.index_on_plain_region(ref.name, ref.index.span))
             raise _Skip()
         result = []
+
+        def reach(expr: syntax.Expr, rate: Fraction, what: str, minimum: int, region: str) -> int:
+            """A read's count of units (`what`: `read span`, `read context`, `lookahead`), within the
+            context limit."""
+            units = count_of(self.evaluate_in(expr), rate, expr, f"a {what}", minimum)
+            if units > self.limits.context:
+                self.bag.add(messages.context_too_long(f"the {what}", region, units, self.limits.context, expr.span))
+                raise _Skip()
+            return units
+
         for member in members:
             region = self.regions[member]
             rate = self.clocks[region.clock].rate if region.clock else Fraction(1)
@@ -765,22 +923,14 @@ class _Resolver:
                 window, count, context = "all", 0, 0
                 if isinstance(item.span_clause, syntax.SpanLast):
                     window = "last"
-                    count = count_of(
-                        self.evaluate_in(item.span_clause.count), rate, item.span_clause.count, "a read span", 1
-                    )
+                    count = reach(item.span_clause.count, rate, "read span", 1, ref.name)
                 elif isinstance(item.span_clause, syntax.SpanNew):
                     window = "new"
                     if item.span_clause.context is not None:
-                        context = count_of(
-                            self.evaluate_in(item.span_clause.context),
-                            rate,
-                            item.span_clause.context,
-                            "a read context",
-                            0,
-                        )
+                        context = reach(item.span_clause.context, rate, "read context", 0, ref.name)
                 lookahead = 0
                 if item.lookahead is not None:
-                    lookahead = count_of(self.evaluate_in(item.lookahead), rate, item.lookahead, "a lookahead", 0)
+                    lookahead = reach(item.lookahead, rate, "lookahead", 0, ref.name)
                 result.append(
                     Access("read", member, window, count, context, lookahead, item.alias, item.prev, span=item.span)
                 )
@@ -807,6 +957,10 @@ class _Resolver:
                     )
                 )
         return result
+
+
+def _depends_on_itself(declaration: Declaration, cycle: list[str]):
+    return messages.depends_on_itself(declaration.kind, declaration.name, cycle, declaration.name_span)
 
 
 class _Skip(Exception):
@@ -849,6 +1003,25 @@ def _element_kind(q: Quantity) -> str:
     return "an integer" if q.unit == PLAIN and q.value.denominator == 1 else unit_name(q.unit)
 
 
+def names_in_order(expr) -> list[str]:
+    """The names an expression mentions, each once, in the order evaluation meets them."""
+    found: dict[str, None] = {}
+
+    def walk(value) -> None:
+        if isinstance(value, syntax.Name):
+            found.setdefault(value.id)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+        elif attrs.has(type(value)):
+            for field in attrs.fields(type(value)):
+                if field.name != "span":
+                    walk(getattr(value, field.name))
+
+    walk(expr)
+    return list(found)
+
+
 def free_names(node) -> tuple[str, ...]:
     """Every name an AST node's expressions mention, sorted (for the dependency graph)."""
     found: set[str] = set()
@@ -876,12 +1049,14 @@ def _python_value(q: Quantity):
     return q.value
 
 
-def resolve(loaded: Loaded, overrides: Mapping[str, str] | None = None) -> tuple[Program, list]:
+def resolve(
+    loaded: Loaded, overrides: Mapping[str, str] | None = None, limits: Limits = DEFAULT_LIMITS
+) -> tuple[Program, list]:
     """Resolve and evaluate: the program made of every declaration that resolved, and the problems.
 
     Declarations that failed (and those that depend on them) are left out, so later checks can run
     on the rest without reporting the same mistake twice.
     """
-    resolver = _Resolver(loaded, overrides or {})
+    resolver = _Resolver(loaded, overrides or {}, limits)
     program = resolver.resolve()
     return program, list(resolver.bag)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 
@@ -35,7 +37,7 @@ class SourceFile:
 
     def line(self, number: int) -> str:
         """The text of 1-based line `number` without its newline ('' past the end)."""
-        lines = self.text.split("\n")  # the parser counts "\n" only, not every Unicode line break
+        lines = _lines(self.text)
         return lines[number - 1].rstrip("\r") if 1 <= number <= len(lines) else ""
 
     @property
@@ -50,3 +52,10 @@ class SourceFile:
             return Span.point(self.path, 1, 1)
         lines = stripped.split("\n")
         return Span.point(self.path, len(lines), len(lines[-1]) + 1)
+
+
+@functools.lru_cache(maxsize=16)
+def _lines(text: str) -> tuple[str, ...]:
+    """The lines of a text, split once: a file with thousands of diagnostics quotes a line for each.
+    The parser counts "\n" only, not every Unicode line break."""
+    return tuple(text.split("\n"))

@@ -263,10 +263,13 @@ class StockClause:
 @attrs.frozen
 class BindClause:
     """The module attribute the region binds to, from the model root; `{index}` names a family index:
-    `bind "decoder.model.0._streaming_state.previous"`."""
+    `bind "decoder.model.0.carry"`; `private` allows private segments (`_x`) in the path:
+    `bind private "decoder.model.0._streaming_state.previous"`."""
 
     path: str
+    private: bool = False
     span: Span | None = _span_field()
+    path_span: Span | None = _span_field()
 
 
 @attrs.frozen
@@ -339,9 +342,10 @@ class SpanNew:
 @attrs.frozen
 class ModuleItem:
     """The callable of a stage, an attribute path from the model root (`""` is the root itself):
-    `module "decoder"`."""
+    `module "decoder"`; `private` allows private segments (`_x`): `module private "_orig_mod"`."""
 
     path: str
+    private: bool = False
     span: Span | None = _span_field()
     path_span: Span | None = _span_field()
 

@@ -8,31 +8,35 @@ import sys
 from duplexcadence.dsl import diagnostic_text as report
 from duplexcadence.dsl.diagnostics import Severity
 from duplexcadence.dsl.frontend import CheckResult, check_file
+from duplexcadence.dsl.limits import Limits
 from duplexcadence.interpreter.cli.common import (
     EXIT_CLEAN,
     EXIT_PROBLEMS,
     ClockInput,
     add_common_options,
     add_format_option,
+    add_limit_option,
     add_stdin_filename_option,
     clock_inputs,
     color_wanted,
     diagnostics_json,
+    limits_or_usage_error,
     params_or_usage_error,
     print_diagnostics,
 )
 
 
-def check_input(item: ClockInput, overrides: dict[str, str]) -> CheckResult:
+def check_input(item: ClockInput, overrides: dict[str, str], limits: Limits | None = None) -> CheckResult:
     if item.problems:
         return CheckResult(item.path, None, item.problems, {})
-    return check_file(item.path, overrides, text=item.text)
+    return check_file(item.path, overrides, text=item.text, limits=limits)
 
 
 def run(args: argparse.Namespace) -> int:
     overrides = params_or_usage_error(args.param)
+    limits = limits_or_usage_error(args.limit)
     inputs = clock_inputs(args.files, walk=True, stdin_filename=args.stdin_filename)
-    results = [check_input(item, overrides) for item in inputs]
+    results = [check_input(item, overrides, limits) for item in inputs]
     every = [d for result in results for d in result.diagnostics]
     if args.format == "json":
         print(diagnostics_json((result.path, result.diagnostics) for result in results))
@@ -61,6 +65,7 @@ def register(commands) -> None:
         "the current folder, then the stdlib) or - for standard input",
     )
     check.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
+    add_limit_option(check)
     add_format_option(
         check,
         choices=("text", "concise", "json"),

@@ -21,6 +21,9 @@ import attrs
 
 from duplexcadence.dsl import diagnostic_text, loader, messages
 from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
+from duplexcadence.dsl.limits import DEFAULT_LIMITS, Limits, parse_limits
+from duplexcadence.dsl.limits import NAMES as LIMIT_NAMES
+from duplexcadence.dsl.parse import MAX_SOURCE_BYTES
 from duplexcadence.dsl.source import SourceFile
 
 EXIT_CLEAN, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
@@ -247,6 +250,29 @@ def params_or_usage_error(pairs: Sequence[str]) -> dict[str, str]:
     return overrides
 
 
+# --- --limit -------------------------------------------------------------------------------------
+
+
+def add_limit_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="raise (or lower) a limit of the program: "
+        + ", ".join(f"{name}={getattr(DEFAULT_LIMITS, name)}" for name in LIMIT_NAMES)
+        + " (docs/language.md, Limits)",
+    )
+
+
+def limits_or_usage_error(pairs: Sequence[str]) -> Limits:
+    """`--limit` values; an unknown name or a value that is not a positive integer is a usage error."""
+    limits, problems = parse_limits(pairs)
+    if problems:
+        raise UsageError(problems[0])
+    return limits
+
+
 # --- .clock inputs -------------------------------------------------------------------------------
 
 _MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -325,7 +351,10 @@ def clock_inputs(arguments: Sequence[str], walk: bool = False, stdin_filename: s
 
 
 def read_stdin(name: str) -> ClockInput:
-    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
+    if hasattr(sys.stdin, "buffer"):
+        data = loader.read_bounded(sys.stdin.buffer)
+    else:
+        data = sys.stdin.read(MAX_SOURCE_BYTES + 1).encode("utf-8")
     try:
         source = loader.source_from_bytes(name, data)
     except ClockError as error:

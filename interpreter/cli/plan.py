@@ -18,10 +18,12 @@ from duplexcadence.interpreter.cli.common import (
     EXIT_PROBLEMS,
     add_common_options,
     add_format_option,
+    add_limit_option,
     add_stdin_filename_option,
     clock_inputs,
     color_wanted,
     diagnostics_json,
+    limits_or_usage_error,
     non_negative,
     params_or_usage_error,
     positive,
@@ -38,11 +40,12 @@ def plan_of_file(
     it are reported: as text on stderr (coloured by `args.color`), or with `diagnostics_format="json"`
     as the diagnostics document on stdout."""
     overrides = params_or_usage_error(args.param)
+    limits = limits_or_usage_error(args.limit)
     [item] = clock_inputs([args.file], stdin_filename=getattr(args, "stdin_filename", None))
     diagnostics: list[Diagnostic] = list(item.problems)
     sources: dict[str, SourceFile] = {}
     if not diagnostics:
-        result = check_file(item.path, overrides, text=item.text)
+        result = check_file(item.path, overrides, text=item.text, limits=limits)
         sources = result.sources
         diagnostics = list(result.errors)
         if not diagnostics and result.program is not None:
@@ -92,6 +95,7 @@ def register(commands) -> None:
         "for standard input",
     )
     plan.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
+    add_limit_option(plan)
     add_format_option(plan, help="text (default) or json: the plan as data (docs/plan-json.md), or the diagnostics")
     plan.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the spelling --format json replaces
     plan.add_argument(

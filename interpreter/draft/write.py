@@ -10,6 +10,7 @@ from fractions import Fraction
 import attrs
 
 from duplexcadence.dsl.parse import reserved_words
+from duplexcadence.dsl.resolve import unsafe_segment
 from duplexcadence.interpreter.draft.propose import Proposals, RegionProposal
 
 INPUT_CLOCK = "frame"
@@ -250,7 +251,9 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
             clauses.append(f"stock {region.stock}")
         region_lines.append(f"{head} : {_shape_text(region.dtype, region.shape)} {' '.join(clauses)}")
         if region.bindable:
-            region_lines.append(f'    bind "{family.template()}"')
+            template = family.template()
+            private = unsafe_segment(template, private=False) is not None  # moshi's `_streaming_state`
+            region_lines.append(f'    bind {"private " if private else ""}"{template}"')
         for member in family.members:
             declared[member.path] = name
 

@@ -9,11 +9,12 @@ trace. Not the stock implementation's constant.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import attrs
 
 from duplexcadence.dsl.program import Program, RegionInfo
-from duplexcadence.interpreter.plans.trace import Trace
+from duplexcadence.interpreter.plans.trace import Trace, View
 
 
 @attrs.frozen
@@ -77,23 +78,21 @@ class AllocationSchedule:
         return sum(r.bytes for r in self.regions.values() if r.stock_bytes is not None)
 
 
-def _capacity(region: RegionInfo, trace: Trace) -> int | None:
+def _capacity(region: RegionInfo, trace: Trace, views: Sequence[View]) -> int | None:
+    """`views`: every view of the region, in the traced firings and the last instants."""
     if region.fixed:
         return None
     retention = region.retention
     if retention.kind == "ring":
         return retention.last
     most = region.start_length
-    for firing in trace.firings + trace.last_instants:
-        for view in firing.views:
-            if view.region != region.name:
-                continue
-            if view.length is not None:
-                most = max(most, view.start + view.length if view.kind in ("feed", "write") else view.length)
-            if view.kind in ("feed", "write"):
-                most = max(most, view.transient)
-            if view.kept is not None:
-                most = max(most, view.kept)
+    for view in views:
+        if view.length is not None:
+            most = max(most, view.start + view.length if view.kind in ("feed", "write") else view.length)
+        if view.kind in ("feed", "write"):
+            most = max(most, view.transient)
+        if view.kept is not None:
+            most = max(most, view.kept)
     if retention.kind == "all" and retention.horizon is not None and not trace.periodic:
         most = max(most, retention.horizon)
     return most
@@ -102,37 +101,35 @@ def _capacity(region: RegionInfo, trace: Trace) -> int | None:
 def schedule_allocations(program: Program, trace: Trace, stage_order: tuple[str, ...]) -> AllocationSchedule:
     """Pass 3: the capacity and bytes of every region, its double buffer, and the liveness of scratch."""
     position = {name: i for i, name in enumerate(stage_order)}
+    # one pass over the trace: each region's views (and the stage positions that use it)
+    traced: dict[str, list[View]] = {name: [] for name in program.regions}
+    users: dict[str, list[int]] = {name: [] for name in program.regions}
+    for firing in trace.firings:
+        for view in firing.views:
+            traced[view.region].append(view)
+            users[view.region].append(position[firing.stage])
+    finishing: dict[str, list[View]] = {name: [] for name in program.regions}
+    for firing in trace.last_instants:
+        for view in firing.views:
+            finishing[view.region].append(view)
     plans = {}
     for name, region in program.regions.items():
-        capacity = _capacity(region, trace)
+        capacity = _capacity(region, trace, traced[name] + finishing[name])
         shape = region.shape if region.fixed else region.shape_at(capacity)
         nbytes = math.prod(shape) * region.itemsize
         persistent = region.retention.kind != "scratch"
-        staged = max(
-            (
-                v.moved if v.kind != "update" else 0
-                for f in trace.firings
-                for v in f.views
-                if v.region == name and v.overlap
-            ),
-            default=0,
-        )
+        overlapping = [v for v in traced[name] if v.overlap]
+        staged = max((v.moved if v.kind != "update" else 0 for v in overlapping), default=0)
         if staged:
             # the staging buffer holds a whole kept or appended version
-            staged = max(
-                v.transient if v.kind in ("feed", "write") else (v.kept or 0)
-                for f in trace.firings
-                for v in f.views
-                if v.region == name and v.overlap
-            )
+            staged = max(v.transient if v.kind in ("feed", "write") else (v.kept or 0) for v in overlapping)
         double_buffer_bytes = staged * region.unit_elements * region.itemsize if staged else 0
-        users = [position[f.stage] for f in trace.firings for v in f.views if v.region == name]
         live = None
         if not persistent:
             # inputs arrive when step() starts the instant; outputs are read when it ends
             # a region no stage touches (an unused input or scratch: a warning) holds nothing
-            first = 0 if region.role == "input" else min(users, default=0)
-            live = (first, len(stage_order)) if region.role == "output" else (first, max(users, default=first))
+            first = 0 if region.role == "input" else min(users[name], default=0)
+            live = (first, len(stage_order)) if region.role == "output" else (first, max(users[name], default=first))
         kept = None if region.fixed else region.retention.keeps
         plans[name] = RegionPlan(
             name,

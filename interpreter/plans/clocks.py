@@ -12,14 +12,9 @@ from fractions import Fraction
 
 import attrs
 
-from duplexcadence.dsl import depgraph, messages
+from duplexcadence.dsl import bounds, depgraph, messages
 from duplexcadence.dsl.diagnostics import ClockError
-from duplexcadence.dsl.printer import number_text
-from duplexcadence.dsl.program import Program, gcd_fractions, lcm_fractions
-
-MAX_FIRINGS_PER_HYPERPERIOD = 100_000
-"""The most firings one hyperperiod may hold: the planner enumerates them and traces two periods
-(`dsl check` warns with `long-hyperperiod` at the same count)."""
+from duplexcadence.dsl.program import Program
 
 
 @attrs.frozen
@@ -66,32 +61,20 @@ class ClockPlan:
 
 
 def plan_clocks(program: Program) -> ClockPlan:
-    """Raises ClockError (`cannot-plan`) for a program without stages or with a hyperperiod too long
-    to enumerate, before enumerating anything."""
+    """Raises ClockError before enumerating anything for a program without stages (`cannot-plan`),
+    whose clocks repeat only after more base ticks than its `hyperperiod` limit, or whose two traced
+    hyperperiods hold more firings than its `firings` limit."""
     if not program.stages:
         raise ClockError([messages.nothing_to_plan(str(program.path))])
+    span, problem = bounds.clock_span(program)
+    if problem is not None:
+        raise ClockError([problem])
+    assert span is not None
+    problem = bounds.period_firings_problem(program, span)
+    if problem is not None:
+        raise ClockError([problem])
     rates = {name: clock.rate for name, clock in program.clocks.items()}
-    periods = [program.cadence] + [1 / rate for rate in rates.values()]
-    base_tick = gcd_fractions(periods)
-    stage_periods = [1 / rates[stage.clock] for stage in program.stages.values()]
-    # a region advancing a fractional number of units per firing (12.5 codes a second) repeats its
-    # arrival pattern only every denominator firings: that stretches the hyperperiod too
-    arrival_periods = [
-        (1 / rates[stage.clock]) * (program.rate_of_region(access.region) / rates[stage.clock]).denominator
-        for stage in program.stages.values()
-        for access in stage.accesses
-        if not program.regions[access.region].fixed
-    ]
-    hyperperiod = lcm_fractions([program.cadence] + stage_periods + arrival_periods)
-    firings = sum(hyperperiod * rates[stage.clock] for stage in program.stages.values())
-    if firings > MAX_FIRINGS_PER_HYPERPERIOD:
-        raise ClockError(
-            [
-                messages.too_many_firings(
-                    number_text(hyperperiod), int(firings), MAX_FIRINGS_PER_HYPERPERIOD, program.cadence_span
-                )
-            ]
-        )
+    base_tick, hyperperiod = span.base_tick, span.hyperperiod
     order = tuple(depgraph.stage_order(program))
     stages = {}
     for name in order:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import attrs
 
-from duplexcadence.dsl import messages
+from duplexcadence.dsl import bounds, messages
 from duplexcadence.dsl.diagnostics import ClockError
 from duplexcadence.dsl.frontend import load_program
+from duplexcadence.dsl.limits import Limits
 from duplexcadence.dsl.program import Program
 from duplexcadence.interpreter.plans.allocation import AllocationSchedule, schedule_allocations
 from duplexcadence.interpreter.plans.arena import ArenaPlan, plan_arena
@@ -39,23 +40,53 @@ class Plan:
 
 
 def make_plan(
-    program: Program, max_graphs: int | None = None, max_arena_bytes: int | None = None, sessions: int = 1
+    program: Program,
+    max_graphs: int | None = None,
+    max_arena_bytes: int | None = None,
+    sessions: int = 1,
+    limits: Limits | Mapping[str, int] | None = None,
 ) -> Plan:
-    """Run every pass; raises ClockError (over-budget) when the arena exceeds `max_arena_bytes`."""
+    """Run every pass under the program's limits (or `limits`, a `Limits` or a mapping that raises
+    some of the defaults); raises ClockError when the plan would pass one (checked before the pass
+    that would cost it), or when the arena exceeds `max_arena_bytes` (over-budget)."""
+    if limits is not None:
+        program = attrs.evolve(program, limits=Limits.of(limits))
+    problems = bounds.check(program)
+    if problems:
+        raise ClockError(problems)
     clock_plan = plan_clocks(program)
     shape_trace = trace_shapes(program, clock_plan)
     allocation = schedule_allocations(program, shape_trace, clock_plan.stage_order)
     arena = plan_arena(allocation)
+    if arena.total_bytes(1) > program.limits.bytes:
+        largest = max(sorted(allocation.regions), key=lambda name: allocation.regions[name].bytes)
+        raise ClockError(
+            [
+                messages.arena_too_large(
+                    arena.total_bytes(1),
+                    largest,
+                    allocation.regions[largest].bytes,
+                    program.limits.bytes,
+                    False,
+                    program.regions[largest].span,
+                )
+            ]
+        )
     if max_arena_bytes is not None and arena.total_bytes(sessions) > max_arena_bytes:
-        largest = max(allocation.regions.values(), key=lambda r: r.bytes)
-        span = program.regions[largest.name].span
+        largest_region = max(allocation.regions.values(), key=lambda r: r.bytes)
+        span = program.regions[largest_region.name].span
         raise ClockError([messages.over_arena_budget(arena.total_bytes(sessions), max_arena_bytes, span)])
     capture = plan_capture(shape_trace, max_graphs)
     return Plan(program, clock_plan, shape_trace, allocation, arena, capture)
 
 
-def plan_file(path: str | Path, params: Mapping[str, str] | None = None, **options) -> Plan:
-    return make_plan(load_program(path, params), **options)
+def plan_file(
+    path: str | Path,
+    params: Mapping[str, str] | None = None,
+    limits: Limits | Mapping[str, int] | None = None,
+    **options,
+) -> Plan:
+    return make_plan(load_program(path, params, limits=limits), **options)
 
 
 # --- JSON ---------------------------------------------------------------------------------------

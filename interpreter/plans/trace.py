@@ -40,10 +40,11 @@ from fractions import Fraction
 
 import attrs
 
+from duplexcadence.dsl import messages
+from duplexcadence.dsl.diagnostics import ClockError
+from duplexcadence.dsl.printer import number_text
 from duplexcadence.dsl.program import Program
 from duplexcadence.interpreter.plans.clocks import ClockPlan
-
-MAX_INSTANTS = 200_000
 
 
 @attrs.frozen
@@ -100,8 +101,7 @@ class Trace:
     KV-window fill). `shape_warmup_instants`: instants before the *shapes* become periodic (a ring
     has constant shapes from the start). `period_instants`: instants in one hyperperiod.
     When `periodic` is False (a region keeps everything until its horizon), `reason` says why and
-    the trace stops when the first such region reaches its horizon (the session's end), or at
-    MAX_INSTANTS.
+    the trace stops when the first such region reaches its horizon (the session's end).
     """
 
     firings: tuple[Firing, ...]
@@ -409,7 +409,10 @@ def _last_instant(simulator: Simulator, index: int) -> list[Firing]:
 
 
 def trace_shapes(program: Program, clocks: ClockPlan) -> Trace:
-    """Pass 2: every firing's exact views from session start through the warm-up and one steady period."""
+    """Pass 2: every firing's exact views from session start through the warm-up and one steady period,
+    held to the program's limits as it grows: ClockError (`warmup-too-long`, `too-many-firings`,
+    `too-many-views`, `too-many-states`) as soon as one is passed, so no program traces for long."""
+    limits = program.limits
     period = clocks.instants_per_hyperperiod
     simulator = Simulator(program, clocks)
     releases = any(
@@ -422,18 +425,31 @@ def trace_shapes(program: Program, clocks: ClockPlan) -> Trace:
     by_instant: list[list[Firing]] = []
     last_by_instant: list[list[Firing]] = []
     warmup = None
-    limit = MAX_INSTANTS
     index = 0
+    limit = limits.warmup + period  # the state must repeat by then; the limit is raised once it does
     horizons = {
         name: region.retention.horizon for name, region in program.regions.items() if region.retention.kind == "all"
     }
     ended_at = None
-    while index < limit:
+    traced_firings = traced_views = traced_states = 0
+    while index < limit or warmup is None:
+        if warmup is None and index >= limit:
+            raise ClockError([_not_repeating(program, snapshots, period, limits.warmup)])
+        traced_states += (len(simulator.length) + len(simulator.fill)) * (2 if releases else 1)
+        if traced_states > limits.states:  # before the copies this instant would keep
+            raise ClockError([_too_many_states(program, index + 1, traced_states)])
         states.append(simulator.state(index % period))
         snapshots.append((dict(simulator.length), dict(simulator.fill)))
         if releases:
             last_by_instant.append(_last_instant(simulator, index))
         by_instant.append(simulator.run_instant(index))
+        for firing in by_instant[-1] + (last_by_instant[-1] if releases else []):
+            traced_firings += 1
+            traced_views += len(firing.views)
+        if traced_firings > limits.firings:
+            raise ClockError([_too_many_firings(program, clocks, by_instant, last_by_instant, traced_firings)])
+        if traced_views > limits.views:
+            raise ClockError([_too_many_views(program, by_instant, last_by_instant, traced_views)])
         full = sorted(name for name, horizon in horizons.items() if simulator.length.get(name, 0) >= horizon)
         if full and warmup is None:
             ended_at = (index + 1, full)
@@ -448,12 +464,8 @@ def trace_shapes(program: Program, clocks: ClockPlan) -> Trace:
     periodic = warmup is not None
     reason = None
     if not periodic:
-        if ended_at is not None:
-            reason = (
-                f"{', '.join(ended_at[1])} reached its horizon at instant {ended_at[0]}: the session cannot go further"
-            )
-        else:
-            reason = f"the state did not repeat within {MAX_INSTANTS} instants"
+        assert ended_at is not None, "a trace ends when its state repeats or a region reaches its horizon"
+        reason = f"{', '.join(ended_at[1])} reached its horizon at instant {ended_at[0]}: the session cannot go further"
         warmup = len(by_instant)
         shape_warmup = warmup
         end = len(by_instant)
@@ -475,3 +487,49 @@ def trace_shapes(program: Program, clocks: ClockPlan) -> Trace:
         last_instants,
         states=tuple(snapshots[:end]),
     )
+
+
+def _not_repeating(program: Program, snapshots: list[tuple], period: int, limit: int):
+    """`warmup-too-long` at the region that still changes: its length (or ring fill) a hyperperiod
+    ago and now differ."""
+    (old_lengths, old_fills), (lengths, fills) = snapshots[-1 - period], snapshots[-1]
+    changing = sorted(
+        [(name, old_lengths[name], lengths[name]) for name in lengths if lengths[name] != old_lengths[name]]
+        + [(name, old_fills[name], fills[name]) for name in fills if fills[name] != old_fills[name]]
+    )
+    name, before, after = changing[0] if changing else (next(iter(sorted(lengths or fills))), 0, 0)
+    region = program.regions[name]
+    return messages.warmup_not_repeating(
+        name, before, after, len(snapshots), limit, region.retention.span or region.span
+    )
+
+
+def _too_many_firings(program, clocks: ClockPlan, by_instant, last_by_instant, traced: int):
+    repeating = 2 * sum(timing.per_hyperperiod for timing in clocks.stages.values())
+    repeating *= 2 if last_by_instant else 1
+    return messages.too_many_firings(
+        traced,
+        max(traced - repeating, 0),
+        min(repeating, traced),
+        number_text(clocks.hyperperiod),
+        program.limits.firings,
+        program.cadence_span,
+    )
+
+
+def _too_many_views(program, by_instant, last_by_instant, traced: int):
+    views: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    for firing in [f for firings in by_instant + last_by_instant for f in firings]:
+        views[firing.stage] = views.get(firing.stage, 0) + len(firing.views)
+        counts[firing.stage] = counts.get(firing.stage, 0) + 1
+    busiest = max(sorted(views), key=lambda name: views[name])
+    per_firing = views[busiest] // counts[busiest]
+    return messages.too_many_views(
+        traced, busiest, per_firing, counts[busiest], program.limits.views, program.stages[busiest].span
+    )
+
+
+def _too_many_states(program, instants: int, traced: int):
+    timed = sum(not region.fixed for region in program.regions.values())
+    return messages.too_many_states(traced, instants, timed, program.limits.states, program.cadence_span)

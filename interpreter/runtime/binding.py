@@ -1,15 +1,19 @@
 """Binding a checked program to a PyTorch model: module paths, hook callables, attribute paths.
 
 Paths are attribute paths from the model root: `decoder.model.0._streaming_state.previous`;
-`layers[3]` indexes a sequence, a plain number part (`model.0`) names a child module. Every
-failure is a located `binding-mismatch` diagnostic naming the region or stage, the `.clock` line,
-the declared and the real value.
+`layers[3]` indexes a sequence, a plain number part (`model.0`) names a child module. A path walks
+only through what the model is made of: modules, tensors, lists, dicts and plain objects holding
+state; one that reaches a Python module, a class, a function (or a dunder attribute) is refused
+with `unsafe-path` before anything is called or set, and a stage calls a module or a method bound to
+the object its path reaches. Every other failure is a located `binding-mismatch` diagnostic naming
+the region or stage, the `.clock` line, the declared and the real value.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,7 +32,34 @@ class PathError(Exception):
     pass
 
 
+class PathLeavesModel(PathError):
+    """A path that reaches something outside the model: a dunder attribute, a Python module, a class,
+    a function that is neither a module nor a method of the object it was reached from."""
+
+    def __init__(self, part: str, found: str):
+        super().__init__(f"'{part}' is {found}")
+        self.part = part
+        self.found = found
+
+
+def _outside(obj: Any) -> str | None:
+    """What `obj` is when a path may not walk through it (None: a module, a tensor, a container or a
+    plain object holding state)."""
+    if isinstance(obj, (torch.nn.Module, torch.Tensor)):
+        return None
+    if isinstance(obj, types.ModuleType):
+        return f"the Python module '{obj.__name__}'"
+    if isinstance(obj, type):
+        return f"the class '{obj.__qualname__}'"
+    if callable(obj):
+        name = getattr(obj, "__qualname__", None) or type(obj).__name__
+        return f"the {type(obj).__name__} '{name}', not a module of the model"
+    return None
+
+
 def _step(obj: Any, name: str) -> Any:
+    if name.startswith("__"):  # `dsl check` refuses these; a Program built by hand meets this
+        raise PathLeavesModel(name, "a dunder attribute")
     if name.isdigit():
         if isinstance(obj, torch.nn.Module) and name in obj._modules:
             return obj._modules[name]
@@ -56,12 +87,32 @@ def _parts(path: str) -> list[str]:
     return parts
 
 
-def resolve(root: Any, path: str) -> Any:
-    """The object at `path` from `root` ('' is the root itself)."""
+def _walk(root: Any, parts: list[str]) -> Any:
+    """The object `parts` lead to from `root`, through modules, tensors, containers and plain objects
+    only (PathLeavesModel at the first part that reaches anything else)."""
     obj = root
-    for part in _parts(path) if path else []:
+    for part in parts:
         obj = _step(obj, part)
+        found = _outside(obj)
+        if found is not None:
+            raise PathLeavesModel(part, found)
     return obj
+
+
+def resolve(root: Any, path: str) -> Any:
+    """The callable at `path` from `root` ('' is the root itself): a module, or a method bound to the
+    object the path reaches just before it (`decoder.decode`)."""
+    parts = _parts(path) if path else []
+    if not parts:
+        return root
+    owner = _walk(root, parts[:-1])
+    target = _step(owner, parts[-1])
+    if isinstance(target, types.MethodType) and target.__self__ is owner:
+        return target
+    found = _outside(target)
+    if found is not None:
+        raise PathLeavesModel(parts[-1], found)
+    return target
 
 
 @attrs.define
@@ -91,9 +142,7 @@ class Attribute:
 
 def attribute(root: Any, path: str) -> Attribute:
     parts = _parts(path)
-    owner = root
-    for part in parts[:-1]:
-        owner = _step(owner, part)
+    owner = _walk(root, parts[:-1])
     slot = Attribute(owner, parts[-1])
     slot.get()  # raises PathError if missing
     return slot
@@ -130,6 +179,11 @@ def bind_program(
             continue
         try:
             slot = attribute(model, region.bind)
+        except PathLeavesModel as error:
+            problems.append(
+                messages.path_leaves_model("bind", region.name, region.bind, error.part, error.found, region.bind_span)
+            )
+            continue
         except PathError as error:
             problems.append(messages.binding_missing(region.name, region.bind, str(error), region.bind_span))
             continue
@@ -156,6 +210,11 @@ def _bind_stage(stage: StageInfo, model: Any, hooks: Mapping[str, Callable], pro
         return StageCallable(fn, True, wants)
     try:
         fn = resolve(model, stage.target)
+    except PathLeavesModel as error:
+        problems.append(
+            messages.path_leaves_model("module", stage.name, stage.target, error.part, error.found, stage.callable_span)
+        )
+        return None
     except PathError as error:
         problems.append(messages.module_missing(stage.name, stage.target or "(root)", str(error), stage.callable_span))
         return None

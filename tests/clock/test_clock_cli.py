@@ -138,6 +138,26 @@ def test_usage_errors_exit_2(capsys, in_tests_dir) -> None:
         assert dsl(capsys, "check", "--param", malformed, GOOD_FILES[0])[0] == 2
 
 
+def test_limit_flags_raise_a_limit_or_are_usage_errors(capsys, in_tests_dir, tmp_path) -> None:
+    """`--limit NAME=VALUE` on check, plan and render; a wrong one exits 2 before any work."""
+    code, out, err = dsl(capsys, "check", "--limit", "regoins=5", GOOD_FILES[0])
+    assert (code, out) == (2, "")
+    assert err.startswith("dsl check: error: --limit regoins: no such limit (the limits: regions, stages, ")
+    assert dsl(capsys, "plan", "--limit", "views=0", GOOD_FILES[0])[0] == 2
+    assert dsl(capsys, "render", "--limit", "views", GOOD_FILES[0])[0] == 2
+    window = tmp_path / "window.clock"
+    window.write_text(
+        "cadence 1 s\nclock c = 10 Hz\nregion h : f32[1, time] on c retain last 20000000 start zeros\n"
+        'stage s on c {\n    module "s"\n    update h +1\n}\n'
+    )
+    assert dsl(capsys, "check", str(window))[0] == 1
+    code, out, _ = dsl(capsys, "check", "--limit", "retention=20000000", str(window))
+    assert (code, out.splitlines()[-1]) == (0, "All clean: 1 file checked.")
+    code, out, err = dsl(capsys, "plan", "--limit", "warmup=2", "../../examples/toy/toy.clock")
+    assert (code, out) == (1, "") and "error[warmup-too-long]" in err
+    assert dsl(capsys, "render", "--ticks", "10001", "../../examples/toy/toy.clock")[0] == 2
+
+
 def test_an_internal_error_exits_2_with_one_line_and_no_traceback(capsys, monkeypatch, in_tests_dir) -> None:
     def broken(*args, **kwargs):
         raise RuntimeError("boom")

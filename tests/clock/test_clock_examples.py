@@ -7,8 +7,8 @@ Expectation syntax, in a comment on the offending line:
     read kv last 300  # E: retention-too-short          an error on this line, any column
     read kv last 300  # E: retention-too-short @5       an error at line:5 exactly
     region r : ...    # W: unused-region                a warning
-    # flags: --param B=2.5  # E: param-override @file   command-line flags; `@file` expects a
-                                                        diagnostic without a position
+    # flags: --param B=2.5  # E: param-override @file   command-line flags (--param, --limit);
+                                                        `@file` expects a diagnostic without a position
 
 A line may carry several expectations. Expectations may also sit in the helper files a bad file
 imports (files under bad/lib/ and bad/_*.clock are helpers, not tests of their own): a diagnostic is
@@ -26,6 +26,7 @@ import pytest
 
 from duplexcadence.dsl import messages
 from duplexcadence.dsl.frontend import check_file
+from duplexcadence.dsl.limits import DEFAULT_LIMITS, Limits, parse_limits
 from duplexcadence.interpreter.cli.main import parse_params
 
 HERE = Path(__file__).parent
@@ -85,15 +86,17 @@ def expectations(path: str, text: str) -> list[Expected]:
     return found
 
 
-def flags(text: str) -> dict[str, str]:
+def flags(text: str) -> tuple[dict[str, str], Limits]:
+    """The `--param` overrides and `--limit` values of a `# flags:` comment."""
     match = FLAGS.search(text)
     if match is None:
-        return {}
+        return {}, DEFAULT_LIMITS
     words = shlex.split(match.group(1))
-    pairs = [words[i + 1] for i, word in enumerate(words) if word == "--param"]
-    overrides, problems = parse_params(pairs)
+    overrides, problems = parse_params([words[i + 1] for i, word in enumerate(words) if word == "--param"])
     assert not problems, problems
-    return overrides
+    limits, wrong = parse_limits([words[i + 1] for i, word in enumerate(words) if word == "--limit"])
+    assert not wrong, wrong
+    return overrides, limits
 
 
 def doc_blocks() -> list[tuple[int, str]]:
@@ -105,9 +108,11 @@ def doc_blocks() -> list[tuple[int, str]]:
 def run(path: Path, text: str | None = None) -> tuple[list[Expected], list[Found]]:
     if text is None:
         text = path.read_bytes().decode("utf-8", errors="replace")
-        result = check_file(str(path), flags(text))
+        overrides, limits = flags(text)
+        result = check_file(str(path), overrides, limits=limits)
     else:
-        result = check_file(str(path), flags(text), text=text)
+        overrides, limits = flags(text)
+        result = check_file(str(path), overrides, text=text, limits=limits)
     expected = expectations(str(path), text)
     for key, source in result.sources.items():
         if Path(key) != path:

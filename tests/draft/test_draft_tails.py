@@ -98,7 +98,7 @@ def test_moshi_mimi_decoder_draft_matches_the_shipped_clock_and_its_bindings():
     assert ours == theirs
     assert (
         "region cache[layer < 8] : f32[2, 1, 8, time, 64] on frame_x2 retain ring 250 start zeros\n"
-        '    bind "decoder_transformer.transformer.layers.{layer}.self_attn._streaming_state.kv_cache.cache"'
+        '    bind private "decoder_transformer.transformer.layers.{layer}.self_attn._streaming_state.kv_cache.cache"'
     ) in result.text
     assert "offset_cpu (8 of them): a host int, 0 -> 8 over 4 calls (steps 2)" in result.text
 

@@ -21,7 +21,6 @@ import graphviz
 import pytest
 
 from duplexcadence.interpreter.cli.main import main
-from duplexcadence.interpreter.plans import trace as trace_module
 from duplexcadence.interpreter.plans.plan import plan_file
 from duplexcadence.interpreter.views.output import DotMissing
 from duplexcadence.interpreter.views.registry import VIEWS
@@ -195,9 +194,8 @@ def test_ticks_extend_and_cut_the_timeline(plans):
         render_plan(plans["mimi_decoder"], "timeline", ticks=0)
 
 
-def test_timeline_without_a_steady_state(tmp_path, monkeypatch):
-    """A region that keeps everything never repeats; the trace is cut short here to keep the test fast."""
-    monkeypatch.setattr(trace_module, "MAX_INSTANTS", 120)
+def test_timeline_without_a_steady_state(tmp_path):
+    """A region that keeps everything never repeats: the trace ends at its horizon (100 frames)."""
     path = tmp_path / "growing.clock"
     path.write_text(
         "cadence 1 s\nclock frame = 12.5 Hz\nclock sample = frame * 1920\n"

@@ -134,6 +134,99 @@ def test_every_problem_is_reported_at_once(tmp_path):
     assert sorted(d.message.split(" ")[1] for d in diagnostics) == ["'attend'", "'carry'", "'partial'"]
 
 
+# --- a path stays inside the model -----------------------------------------------------------------
+
+
+def unsafe_error(clock: Path, model, **options) -> list:
+    with pytest.raises(ClockError) as caught:
+        Runtime.load(clock, model, device="cpu", **options)
+    diagnostics = caught.value.diagnostics
+    assert all(d.code is messages.UNSAFE_PATH for d in diagnostics), diagnostics
+    return diagnostics
+
+
+def test_a_module_path_to_a_python_module_is_refused_before_anything_runs(tmp_path):
+    """`dsl check` cannot see that `encoder.helpers` holds the os module; the load refuses it unwalked."""
+    import os
+
+    model = build_toy()
+    model.encoder.helpers = os
+    clock = variant(tmp_path, '    module "encoder"\n', '    module "encoder.helpers.abort"\n')
+    [diagnostic] = unsafe_error(clock, model)
+    assert diagnostic.message == (
+        "stage 'encode' calls 'encoder.helpers.abort', whose 'helpers' is the Python module 'os': "
+        "a path stays inside the model"
+    )
+    assert line_of(diagnostic, clock) == 'module "encoder.helpers.abort"'
+
+
+def test_a_module_path_to_a_plain_function_is_refused(tmp_path):
+    model = build_toy()
+    model.encoder.activation = torch.nn.functional.gelu
+    clock = variant(tmp_path, '    module "encoder"\n', '    module "encoder.activation"\n')
+    [diagnostic] = unsafe_error(clock, model)
+    assert (
+        "whose 'activation' is the builtin_function_or_method 'gelu', not a module of the model" in diagnostic.message
+    )
+
+
+def test_a_method_is_called_only_when_bound_to_the_object_its_path_reaches(tmp_path):
+    model = build_toy()
+    model.encoder.borrowed = model.attention.forward  # a method of another module, kept as an attribute
+    clock = variant(tmp_path, '    module "encoder"\n', '    module "encoder.borrowed"\n')
+    [diagnostic] = unsafe_error(clock, model)
+    assert "whose 'borrowed' is the method 'WindowAttention.forward', not a module of the model" in diagnostic.message
+    own = variant(tmp_path, '    module "encoder"\n', '    module "encoder.forward"\n')
+    Runtime.load(own, build_toy(), device="cpu")  # its own method: allowed
+
+
+def test_a_binding_through_a_class_is_refused_before_anything_is_set(tmp_path):
+    model = build_toy()
+    model.upsample.kind = type(model.upsample)
+    clock = variant(tmp_path, 'bind "upsample.partial"', 'bind "upsample.kind.partial"')
+    [diagnostic] = unsafe_error(clock, model)
+    assert diagnostic.message == (
+        "region 'partial' binds to 'upsample.kind.partial', whose 'kind' is the class 'OverlapUpsample': "
+        "a path stays inside the model"
+    )
+
+
+def test_a_dunder_path_that_bypassed_the_check_is_refused_at_load(tmp_path):
+    """A Program edited by hand never reaches a module's globals: nothing is called or overwritten."""
+    import attrs
+
+    from duplexcadence.dsl.frontend import load_program
+
+    program = load_program(CLOCK)
+    stages = dict(program.stages)
+    stages["encode"] = attrs.evolve(stages["encode"], target="__class__.__init__.__globals__.torch.os.getpid")
+    regions = dict(program.regions)
+    regions["carry"] = attrs.evolve(regions["carry"], bind="__class__.__init__.__globals__.CAUSAL")
+    program = attrs.evolve(program, stages=stages, regions=regions)
+    diagnostics = unsafe_error(program, build_toy())
+    assert sorted(d.message for d in diagnostics) == [
+        "region 'carry' binds to '__class__.__init__.__globals__.CAUSAL', whose '__class__' is a dunder attribute: "
+        "a path stays inside the model",
+        "stage 'encode' calls '__class__.__init__.__globals__.torch.os.getpid', whose '__class__' is a dunder "
+        "attribute: a path stays inside the model",
+    ]
+
+
+def test_the_shipped_paths_through_plain_state_objects_still_bind():
+    """Plain objects holding state (moshi's `_streaming_state`, PersonaPlex's carries) may be walked through."""
+    from duplexcadence.interpreter.runtime.binding import attribute
+
+    class State:
+        def __init__(self):
+            self.cache = torch.zeros(2)
+
+    model = build_toy()
+    model.encoder._streaming_state = State()
+    model.encoder.carries = {0: State()}
+    assert attribute(model, "encoder._streaming_state.cache").get() is model.encoder._streaming_state.cache
+    assert attribute(model, "encoder.carries.0.cache").get() is model.encoder.carries[0].cache
+
+
 # --- the call does not fit the callable ------------------------------------------------------------
 
 

@@ -283,7 +283,7 @@ def check_unused(program: Program) -> Iterator[Diagnostic]:
     reported: set[str] = set()
     for name, region in program.regions.items():
         key = region.family or name
-        if region.role == "output":
+        if region.role in ("output", "counter"):  # a counter may reach only hooks (`firing.counters`)
             continue
         if name not in used and key not in reported and not any(m in used for m in program.families.get(key, ())):
             reported.add(key)
@@ -311,15 +311,59 @@ def check_hyperperiod(program: Program) -> Iterator[Diagnostic]:
 
 def check_bindings(program: Program) -> Iterator[Diagnostic]:
     """Two regions bound to one attribute would alias one tensor."""
-    bound: dict[str, str] = {}
+    bound: dict[tuple[str | None, str], str] = {}
     for name, region in program.regions.items():
         if region.bind is None:
             continue
-        if region.bind in bound:
-            first = program.regions[bound[region.bind]]
-            yield messages.shared_binding(name, region.bind, bound[region.bind], region.bind_span, first.bind_span)
+        key = (region.bind_object, region.bind)
+        if key in bound:
+            first = program.regions[bound[key]]
+            yield messages.shared_binding(name, region.bind, bound[key], region.bind_span, first.bind_span)
         else:
-            bound[region.bind] = name
+            bound[key] = name
+
+
+# --- data-dependent starts, counters and caller-owned objects -------------------------------------
+
+
+def check_data_starts(program: Program) -> Iterator[Diagnostic]:
+    """`start first` needs units that arrive (an input, or a `write`); `start first-firing` a stage that
+    updates the region (its first firing makes the start)."""
+    written = {a.region for s in program.stages.values() for a in s.accesses if a.kind == "write"}
+    updater = {a.region: s.name for s in program.stages.values() for a in s.accesses if a.kind == "update"}
+    reported: set[str] = set()
+    for name, region in program.regions.items():
+        key = region.family or name
+        if key in reported:
+            continue
+        span = region.start_span or region.span
+        if region.start == "first" and region.role != "input" and name not in written:
+            reported.add(key)
+            yield messages.start_first_unfed(key, updater.get(name), span)
+        elif region.start == "first-firing" and name not in updater:
+            reported.add(key)
+            yield messages.start_first_firing_unused(key, span)
+
+
+def check_counters(program: Program) -> Iterator[Diagnostic]:
+    """A counter advances with the ticks of its clock, which a stage on that clock marks."""
+    clocks = {stage.clock for stage in program.stages.values()}
+    for counter in program.counters.values():
+        if program.stages and counter.clock not in clocks:
+            yield messages.counter_without_stage(counter.name, counter.clock, counter.span)
+
+
+def check_objects(program: Program) -> Iterator[Diagnostic]:
+    """A region bound into an object reaches a stage only through a stage that passes the object."""
+    passed = {p.object for s in program.stages.values() for p in s.passes}
+    reported: set[str] = set()
+    for name, region in program.regions.items():
+        key = region.family or name
+        if region.bind_object is None or region.bind_object in passed or key in reported:
+            continue
+        reported.add(key)
+        declared = program.objects[region.bind_object].span if region.bind_object in program.objects else None
+        yield messages.object_unpassed(key, region.bind_object, region.bind_span, declared)
 
 
 RULES = (
@@ -330,11 +374,14 @@ RULES = (
     check_roles,
     check_cycles,
     check_bindings,
+    check_data_starts,
+    check_counters,
+    check_objects,
     check_unused,
     check_hyperperiod,
 )
 # rules about what is missing would only echo an earlier error when a declaration failed to resolve
-WHOLE_PROGRAM_RULES = (check_roles, check_unused)
+WHOLE_PROGRAM_RULES = (check_roles, check_unused, check_data_starts, check_counters, check_objects)
 
 # a member's name, quoted ('kv[3]') or inside a quoted snippet (`update kv[3] +1`)
 _MEMBER = re.compile(r"(?<=['`\s])([A-Za-z_][\w.]*)\[\d+\](?=['`\s])")

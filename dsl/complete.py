@@ -70,7 +70,7 @@ def size_io_regions(program: Program) -> tuple[Program, list[Diagnostic]]:
             else Retention("scratch", span=region.retention.span)
         )
         start_length = region.start_length
-        if region.start == "zeros":
+        if region.start in ("zeros", "first"):
             start_length = retention.keeps or 0
         elif region.start == "given" and start_length > (retention.keeps or 0):
             keeps = retention.keeps or 0

@@ -88,6 +88,21 @@ UNSAFE_PATH = ErrorCode(
     "a module or bind path that could leave the model: a dunder segment (`__x`), or a private one (`_x`) "
     "without `private`",
 )
+# data-dependent starts, counters and caller-owned objects
+BAD_START = ErrorCode(
+    "bad-start",
+    "a data-dependent start (`start first`, `start first-firing`) that nothing in the program can make",
+)
+BAD_COUNTER = ErrorCode(
+    "bad-counter",
+    "a counter whose step or modulus is not a positive integer, on a clock no stage fires on, or that a "
+    "stage writes or reads in a window",
+)
+BAD_OBJECT = ErrorCode(
+    "bad-object",
+    "a caller-owned object written, advanced or read in a window by a stage, or bound into without a stage "
+    "that passes it",
+)
 HYPERPERIOD = ErrorCode("long-hyperperiod", "clocks whose common period is very long", Severity.WARNING)
 UNUSED_REGION = ErrorCode("unused-region", "a region no stage reads or writes", Severity.WARNING)
 EMPTY_FILE = ErrorCode("empty-file", "a file that declares nothing", Severity.WARNING)
@@ -1367,5 +1382,114 @@ def arena_too_large(
         helps=(
             "check the region's shape, dtype and retention for a typo",
             _raise_limit("bytes", need),
+        ),
+    )
+
+
+# --- data-dependent starts, counters and caller-owned objects -------------------------------------
+
+
+def start_kind(region: str, policy: str, problem: str, help: str, span: Span | None) -> Diagnostic:
+    """`start first` or `start first-firing` on a region that cannot have it (`problem`)."""
+    return Diagnostic(BAD_START, f"region '{region}' starts `{policy}`, but it {problem}", span, helps=(help,))
+
+
+def start_first_unfed(region: str, updater: str | None, span: Span | None) -> Diagnostic:
+    helps = ["`start first` copies the first unit that arrives (fed by `step()`, or appended by a `write`)"]
+    if updater is not None:
+        helps.append(
+            f"stage '{updater}' updates it: the stage makes its own start from its first call, `start first-firing`"
+        )
+    return Diagnostic(
+        BAD_START,
+        f"region '{region}' starts `first`, but no unit ever arrives in it: it is neither an input nor "
+        "appended to by a `write`",
+        span,
+        helps=tuple(helps),
+    )
+
+
+def start_first_firing_unused(region: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_START,
+        f"region '{region}' starts `first-firing`, but no stage updates it, so no firing makes its start",
+        span,
+        helps=(
+            "`start first-firing` hands the stage that updates the region no value (None) at its first firing "
+            "and keeps what the stage returns; add `update` to that stage, or start `first` (a copy of the "
+            "first unit that arrives) or `zeros`",
+        ),
+    )
+
+
+def counter_not_whole(counter: str, what: str, value: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_COUNTER,
+        f"the {what} of counter '{counter}' is {value}, not a positive integer",
+        span,
+        helps=("a counter counts in whole steps: `counter step +2 on frame`, `counter pos +1 mod 4096 on frame`",),
+    )
+
+
+def counter_without_stage(counter: str, clock: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_COUNTER,
+        f"counter '{counter}' advances on clock '{clock}', but no stage fires on '{clock}'",
+        span,
+        helps=("put the counter on the clock of the stage whose calls it counts",),
+    )
+
+
+def counter_written(stage: str, counter: str, verb: str, span: Span | None, declared: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_COUNTER,
+        f"stage '{stage}' {verb} counter '{counter}': the runtime advances a counter, a stage only reads it",
+        span,
+        notes=(Note(f"'{counter}' is declared here", declared),),
+        helps=(f"`read {counter}` hands the stage its device scalar; hooks get its value as firing.counters",),
+    )
+
+
+def counter_window(stage: str, counter: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_COUNTER,
+        f"stage '{stage}' reads counter '{counter}' with a window: a counter is one value, read whole",
+        span,
+        helps=(f"`read {counter}` (or `read {counter} as ARG`)",),
+    )
+
+
+def object_misuse(stage: str, obj: str, problem: str, span: Span | None, declared: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_OBJECT,
+        f"stage '{stage}' {problem} object '{obj}': an object is passed whole",
+        span,
+        notes=(Note(f"'{obj}' is declared here", declared),),
+        helps=(
+            f"`read {obj}` passes it; `update {obj}` passes it and takes what the call returns in its place "
+            "as the object",
+        ),
+    )
+
+
+def object_unpassed(region: str, obj: str, span: Span | None, declared: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_OBJECT,
+        f"region '{region}' binds into object '{obj}', which no stage passes",
+        span,
+        notes=(Note(f"'{obj}' is declared here", declared),),
+        helps=(f"add `update {obj}` (or `read {obj}`) to the stage whose call takes the object",),
+    )
+
+
+def object_unavailable(obj: str, problem: str, span: Span | None) -> Diagnostic:
+    """At load: no object to bind into (no factory and none given, a factory not registered or failing)."""
+    return Diagnostic(
+        BINDING_MISMATCH,
+        f"object '{obj}' {problem}",
+        span,
+        helps=(
+            f"declare a factory, `object {obj} from make_{obj}`, registered as Runtime.load(..., "
+            f"hooks={{'make_{obj}': function}}), or give it: Runtime.load(..., objects={{'{obj}': value}})",
         ),
     )

@@ -47,9 +47,9 @@ _TERMINAL_WORDS = {
     "PRIVATE": "'private'",
     "$END": "the end of the file",
 }
-STATEMENT_KEYWORDS = ("use", "cadence", "param", "clock", "region", "stage")
+STATEMENT_KEYWORDS = ("use", "cadence", "param", "clock", "region", "stage", "counter", "object")
 UNITS = ("Hz", "kHz", "s", "ms")
-_STATEMENT_START = re.compile(r"(?:use|cadence|param|clock|region|stage)(?![A-Za-z0-9_])")
+_STATEMENT_START = re.compile(r"(?:use|cadence|param|clock|region|stage|counter|object)(?![A-Za-z0-9_])")
 _RESERVED_PATTERN = re.compile(r"\(\?!\(\?:([^)]*)\)")
 
 
@@ -275,7 +275,7 @@ def _close_keywords(word: str, expected: set[str]) -> list[str]:
 
 
 _GROUPS = (
-    (frozenset(STATEMENT_KEYWORDS), "the next statement (use, cadence, param, clock, region, stage)"),
+    (frozenset(STATEMENT_KEYWORDS), "the next statement (use, cadence, param, clock, region, stage, counter, object)"),
     (
         frozenset({"module", "hook", "read", "update", "write", "rng"}),
         "a stage item (module, hook, read, update, write, rng)",
@@ -460,9 +460,11 @@ class _ToAst(Transformer):
         return syntax.StockClause(children[0], span=self._span(meta))
 
     def bind_clause(self, meta, children):
-        *private, path = children
+        path = children[-1]
+        private = any(isinstance(c, Token) and c.type == "PRIVATE" for c in children[:-1])
+        owner = next((str(c) for c in children[:-1] if isinstance(c, Token) and c.type == "NAME"), None)
         return syntax.BindClause(
-            str(path)[1:-1], bool(private), span=self._span(meta), path_span=self._token_span(path)
+            str(path)[1:-1], private, owner, span=self._span(meta), path_span=self._token_span(path)
         )
 
     def input_clause(self, meta, children):
@@ -495,6 +497,49 @@ class _ToAst(Transformer):
 
     def start_given(self, meta, children):
         return syntax.StartGiven(children[0] if children else None, span=self._span(meta))
+
+    def start_first(self, meta, children):
+        return syntax.StartFirst(span=self._span(meta))
+
+    def start_first_firing(self, meta, children):
+        return syntax.StartFirstFiring(span=self._span(meta))
+
+    # counters and objects
+    def counter_stmt(self, meta, children):
+        name, step, *rest = children
+        modulo = next((c[1] for c in rest if isinstance(c, tuple) and c[0] == "mod"), None)
+        clock = next(c for c in rest if isinstance(c, Token) and c.type == "NAME")
+        bind = next((c for c in rest if isinstance(c, syntax.BindClause)), None)
+        return syntax.Counter(
+            str(name),
+            step,
+            modulo,
+            str(clock),
+            bind,
+            span=self._span(meta),
+            name_span=self._token_span(name),
+            clock_span=self._token_span(clock),
+        )
+
+    def counter_mod(self, meta, children):
+        return ("mod", children[0])
+
+    def counter_bind(self, meta, children):
+        return self.bind_clause(meta, children)
+
+    def object_stmt(self, meta, children):
+        name, *factory = children
+        factory = [f for f in factory if f is not None]
+        return syntax.Object(
+            str(name),
+            str(factory[0]) if factory else None,
+            span=self._span(meta),
+            name_span=self._token_span(name),
+            factory_span=self._token_span(factory[0]) if factory else None,
+        )
+
+    def object_factory(self, meta, children):
+        return children[0]
 
     def stage_stmt(self, meta, children):
         name, clock, *items = children

@@ -86,12 +86,22 @@ def _clause(node: syntax.RegionClause) -> str:
         policy = node.policy
         if isinstance(policy, syntax.StartGiven):
             return "start given" if policy.count is None else f"start given {expr(policy.count)}"
+        if isinstance(policy, syntax.StartFirst):
+            return "start first"
+        if isinstance(policy, syntax.StartFirstFiring):
+            return "start first-firing"
         return "start zeros" if isinstance(policy, syntax.StartZeros) else "start empty"
     if isinstance(node, syntax.StockClause):
         return f"stock {expr(node.capacity)}"
     if isinstance(node, syntax.BindClause):
-        return f'bind private "{node.path}"' if node.private else f'bind "{node.path}"'
+        return _bind(node)
     return node.role
+
+
+def _bind(node: syntax.BindClause) -> str:
+    """`bind [private] [OBJECT] "path"`."""
+    parts = ["bind"] + (["private"] if node.private else []) + ([node.owner] if node.owner else [])
+    return " ".join(parts) + f' "{node.path}"'
 
 
 def _ref(node: syntax.RegionRef) -> str:
@@ -171,6 +181,12 @@ def statement(node: syntax.Statement) -> str:
     if isinstance(node, syntax.Stage):
         items = "".join(f"    {_item(i)}\n" for i in node.items)
         return f"stage {node.name} on {node.clock} {{\n{items}}}"
+    if isinstance(node, syntax.Counter):
+        modulo = f" mod {expr(node.modulo)}" if node.modulo is not None else ""
+        bind = f" {_bind(node.bind)}" if node.bind is not None else ""
+        return f"counter {node.name} +{expr(node.step, 3)}{modulo} on {node.clock}{bind}"
+    if isinstance(node, syntax.Object):
+        return f"object {node.name}" + (f" from {node.factory}" if node.factory else "")
     raise AssertionError(f"unknown statement {node!r}")
 
 

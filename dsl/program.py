@@ -116,6 +116,9 @@ class RegionInfo:
     uses: tuple[str, ...] = ()
     span: Span | None = _span_field()
     bind_span: Span | None = _span_field()
+    bind_object: str | None = attrs.field(default=None, kw_only=True)
+    """The caller-owned object `bind` starts at (`bind caches "layers[0].k"`); None: the model root."""
+    start_span: Span | None = _span_field()
 
     @property
     def unit_elements(self) -> int:
@@ -180,6 +183,9 @@ class StageInfo:
     rng: bool
     span: Span | None = _span_field()
     callable_span: Span | None = _span_field()
+    passes: tuple[ObjectPass, ...] = attrs.field(default=(), kw_only=True)
+    """The caller-owned objects the stage passes (`read caches`, `update caches`), placed among its
+    accesses by `ObjectPass.before`."""
 
     def reads(self) -> list[Access]:
         return [a for a in self.accesses if a.kind in ("read", "update")]
@@ -203,6 +209,8 @@ class Program:
     cadence_span: Span | None = attrs.field(default=None, eq=False, repr=False)
     incomplete: bool = attrs.field(default=False, eq=False, repr=False)  # some declaration failed to resolve
     limits: Limits = attrs.field(default=DEFAULT_LIMITS, eq=False, repr=False)  # checked under; planned under
+    counters: dict[str, CounterInfo] = attrs.field(factory=dict, hash=False, kw_only=True)
+    objects: dict[str, ObjectInfo] = attrs.field(factory=dict, hash=False, kw_only=True)
 
     def region(self, name: str) -> RegionInfo:
         return self.regions[name]
@@ -215,6 +223,51 @@ class Program:
     def units_per_firing(self, stage: str, region: str) -> Fraction:
         """How many units of `region`'s clock pass per firing of `stage` (may be a fraction)."""
         return self.rate_of_region(region) / self.clocks[self.stages[stage].clock].rate
+
+
+# --- counters and caller-owned objects -----------------------------------------------------------
+
+
+@attrs.frozen
+class CounterInfo:
+    """A step count the runtime keeps (`counter step +2 mod N on frame`): at an instant it holds
+    `step x ticks` (mod `modulo`), `ticks` the ticks of `clock` before the instant. Its device form is
+    the fixed region of the same name (role `counter`, a 0-d i64 scalar), advanced by the runtime after
+    the last firing of every instant at which `clock` ticks."""
+
+    name: str
+    clock: str
+    step: int
+    modulo: int | None
+    span: Span | None = _span_field()
+
+    def value(self, ticks: int) -> int:
+        """The host value after `ticks` ticks of its clock."""
+        total = self.step * ticks
+        return total % self.modulo if self.modulo is not None else total
+
+
+@attrs.frozen
+class ObjectInfo:
+    """A caller-owned object (`object caches from new_caches`): made per session by the hook `factory`,
+    or given at load when None."""
+
+    name: str
+    factory: str | None
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class ObjectPass:
+    """A stage's use of an object: `read caches [as ARG]` (passed) or `update caches` (passed, and what
+    the call returns in its place becomes the object). `before`: how many of the stage's accesses are
+    declared before it (it takes its place among them as an argument, and as a returned value)."""
+
+    object: str
+    kind: str
+    before: int
+    alias: str | None = None
+    span: Span | None = _span_field()
 
 
 def lcm_fractions(values) -> Fraction:

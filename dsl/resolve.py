@@ -31,7 +31,17 @@ from duplexcadence.dsl.evaluate import (
 from duplexcadence.dsl.limits import DEFAULT_LIMITS, Limits
 from duplexcadence.dsl.loader import Loaded
 from duplexcadence.dsl.parse import parse_value
-from duplexcadence.dsl.program import Access, ClockInfo, Program, RegionInfo, Retention, StageInfo
+from duplexcadence.dsl.program import (
+    Access,
+    ClockInfo,
+    CounterInfo,
+    ObjectInfo,
+    ObjectPass,
+    Program,
+    RegionInfo,
+    Retention,
+    StageInfo,
+)
 from duplexcadence.dsl.source import Span
 
 MAX_SUGGESTION_WORK = 200_000
@@ -196,6 +206,9 @@ class _Resolver:
         self.resolved_clocks: dict[int, ClockInfo | None] = {}
         self.resolved_regions: dict[int, list[RegionInfo] | None] = {}
         self.kinds: dict[tuple[str, str], dict[str, Declaration]] = {}  # of_kind, per unit in scope
+        self.counters: dict[str, CounterInfo] = {}
+        self.objects: dict[str, ObjectInfo] = {}
+        self.resolved_counters: dict[int, list[RegionInfo] | None] = {}
 
     @property
     def decls(self) -> dict[str, Declaration]:
@@ -391,6 +404,10 @@ class _Resolver:
         cadence, cadence_span = self._cadence()
         for declaration in self.of_kind("region").values():
             self.region_members(declaration)
+        for declaration in self.of_kind("counter").values():
+            self.counter_region(declaration)
+        for declaration in self.of_kind("object").values():
+            self.object_info(declaration)
         stages: dict[str, StageInfo] = {}
         for position, (name, declaration) in enumerate(self.of_kind("stage").items()):
             if position == self.limits.stages:  # reported once, at the first stage over; the rest are left out
@@ -420,6 +437,8 @@ class _Resolver:
             cadence_span=cadence_span,
             incomplete=bool(self.bag.errors),
             limits=self.limits,
+            counters=dict(self.counters),
+            objects=dict(self.objects),
         )
 
     def clock_info(self, declaration: Declaration) -> ClockInfo | None:
@@ -633,12 +652,13 @@ class _Resolver:
                 retention = self._retention(node, name, clock, role, local)
             if retention is None:
                 return None
-            start, start_length = self._start(node, name, retention, clock, local)
+            start, start_length = self._start(node, name, retention, clock, local, role)
             stock_shape = self._stock(node, name, shape, local)
             bind_clause = node.clause(syntax.BindClause)
-            bind = self._bind(node, bind_clause, name, local) if bind_clause else None
+            bind = self._bind(node.name, bind_clause, local) if bind_clause else None
             if bind_clause is not None and bind is None:
                 return None
+            bind_object = self._bind_owner(bind_clause) if bind_clause else None
         except EvalError as error:
             self.bag.extend(error.diagnostics)
             return None
@@ -662,10 +682,18 @@ class _Resolver:
             self.canonical_uses(declaration, node, local),
             span=node.span,
             bind_span=bind_clause.span if bind_clause else None,
+            bind_object=bind_object,
+            start_span=start_clause.span if (start_clause := node.clause(syntax.StartClause)) else None,
         )
 
     def _start(
-        self, node: syntax.Region, name: str, retention: Retention, clock: ClockInfo | None, local: dict[str, int]
+        self,
+        node: syntax.Region,
+        name: str,
+        retention: Retention,
+        clock: ClockInfo | None,
+        local: dict[str, int],
+        role: str = "state",
     ) -> tuple[str, int]:
         """The start policy and the units held at session start (see RegionInfo.start_length).
 
@@ -679,6 +707,8 @@ class _Resolver:
         if clause is None:
             return ("zeros", 0) if fixed else ("empty", 0)
         policy = clause.policy
+        if isinstance(policy, (syntax.StartFirst, syntax.StartFirstFiring)):
+            return self._data_start(name, policy, retention, fixed, role, clause.span)
         if fixed:
             if isinstance(policy, syntax.StartEmpty):
                 self.bag.add(messages.bad_start(name, "has no time axis, so it cannot start empty", clause.span))
@@ -735,6 +765,163 @@ class _Resolver:
             raise _Skip()
         return "given", length
 
+    def _data_start(
+        self,
+        name: str,
+        policy: syntax.StartFirst | syntax.StartFirstFiring,
+        retention: Retention,
+        fixed: bool,
+        role: str,
+        span: Span | None,
+    ) -> tuple[str, int]:
+        """`start first` (a full window, each unit a copy of the first unit that arrives) and `start
+        first-firing` (a full window, or a whole fixed region, that the stage's first firing makes): the
+        units held at session start are those of `start zeros`. Where a region has no such start, `bad-start`
+        (whether anything feeds, writes or updates it is a rule of the checks: `check_data_starts`)."""
+        first = isinstance(policy, syntax.StartFirst)
+        keyword = "first" if first else "first-firing"
+        problem = help = None
+        if fixed and first:
+            problem = "has no time axis, so it has no first unit to copy"
+            help = "a fixed region that the stage makes on its first call starts `first-firing`"
+        elif not first and role in ("input", "output"):
+            problem = f"is an {role}: `step()` {'feeds' if role == 'input' else 'returns'} it, no stage makes its start"
+            help = (
+                "an input that starts as copies of its first unit starts `first`"
+                if role == "input"
+                else ("an output keeps nothing between instants: drop the `start`")
+            )
+        elif retention.kind == "scratch":
+            problem = "is scratch: it holds nothing between instants"
+            help = "drop the `start`, or keep a window: `retain last N`"
+        elif retention.kind == "all":
+            problem = "keeps everything up to its horizon, so its start has no length"
+            help = "keep a window, `retain last N` or `first A + last B`, that the start fills"
+        elif retention.kind == "ring" and first:
+            problem = "is a ring its module manages in place: no unit is appended to it"
+            help = "a ring the stage makes on its first call starts `first-firing`"
+        if problem is not None:
+            self.bag.add(messages.start_kind(name, keyword, problem, help, span))
+            raise _Skip()
+        if fixed or retention.kind in ("ring", "io"):
+            return keyword, 0  # a ring's fill starts at 0; an io window is sized by `complete`
+        return keyword, retention.keeps or 0
+
+    # --- counters and objects ------------------------------------------------------------------
+
+    def counter_region(self, declaration: Declaration) -> list[RegionInfo] | None:
+        """The counter (added to `counters`) and its device scalar, a fixed 0-d i64 region of the same
+        name with role `counter` (added to the regions); None if it failed."""
+        key = id(declaration.node)
+        if key in self.resolved_counters:
+            return self.resolved_counters[key]
+        self.resolved_counters[key] = None
+        node: syntax.Counter = declaration.node
+        name = self.canonical(declaration)
+        with self.in_scope_of(declaration):
+            clock_declaration = self.decls.get(node.clock)
+            if clock_declaration is None or clock_declaration.kind != "clock":
+                self._unknown(node.clock, "clock", node.clock_span or node.span)
+                return None
+            clock = self.clock_info(clock_declaration)
+            if clock is None:
+                return None
+            try:
+                step = self._whole(node.step, name, "step")
+                modulo = self._whole(node.modulo, name, "modulus") if node.modulo is not None else None
+                bind = self._bind(node.name, node.bind, {}) if node.bind is not None else None
+                if node.bind is not None and bind is None:
+                    return None
+                bind_object = self._bind_owner(node.bind) if node.bind is not None else None
+            except EvalError as error:
+                self.bag.extend(error.diagnostics)
+                return None
+            except _Skip:
+                return None
+        self.region_count += 1
+        self.counters[name] = CounterInfo(name, clock.name, step, modulo, span=node.span)
+        region = RegionInfo(
+            name,
+            None,
+            None,
+            "i64",
+            messages.DTYPES["i64"],
+            (),
+            None,
+            None,
+            Retention("fixed"),
+            "zeros",
+            0,
+            None,
+            bind,
+            "counter",
+            self.canonical_uses(declaration, node),
+            span=node.span,
+            bind_span=node.bind.span if node.bind else None,
+            bind_object=bind_object,
+        )
+        self.regions[name] = region
+        self.resolved_counters[key] = [region]
+        return [region]
+
+    def _whole(self, expr: syntax.Expr, counter: str, what: str) -> int:
+        value = self.evaluate_in(expr)
+        if value.is_list or value.unit != PLAIN or value.value.denominator != 1 or value.value < 1:
+            self.bag.add(messages.counter_not_whole(counter, what, value.describe(), expr.span))
+            raise _Skip()
+        return value.value.numerator
+
+    def object_info(self, declaration: Declaration) -> ObjectInfo:
+        node: syntax.Object = declaration.node
+        name = self.canonical(declaration)
+        if name not in self.objects:
+            self.objects[name] = ObjectInfo(name, node.factory, span=node.span)
+        return self.objects[name]
+
+    def _bind_owner(self, clause: syntax.BindClause) -> str | None:
+        """The object a binding starts at (its canonical name), None for the model root."""
+        if clause.owner is None:
+            return None
+        declaration = self.decls.get(clause.owner)
+        if declaration is None or declaration.kind != "object":
+            self._unknown(clause.owner, "object", clause.span)
+            raise _Skip()
+        return self.object_info(declaration).name
+
+    def _object_pass(self, stage: syntax.Stage, item, declaration: Declaration, before: int) -> ObjectPass | None:
+        """A stage's `read OBJ` or `update OBJ`; `bad-object` for what an object cannot be given."""
+        info = self.object_info(declaration)
+        problem = None
+        if isinstance(item, syntax.WriteItem):
+            problem = "writes"
+        elif isinstance(item, syntax.UpdateItem) and item.advance is not None:
+            problem = "advances"
+        elif isinstance(item, syntax.ReadItem) and (item.span_clause is not None or item.lookahead is not None):
+            problem = "reads a window of"
+        elif isinstance(item, syntax.ReadItem) and item.prev:
+            problem = "reads the previous version of"
+        if item.region.index is not None:
+            self.bag.add(messages.index_on_plain_region(item.region.name, item.region.index.span))
+            return None
+        if problem is not None:
+            self.bag.add(messages.object_misuse(stage.name, info.name, problem, item.span, declaration.span))
+            return None
+        kind = "update" if isinstance(item, syntax.UpdateItem) else "read"
+        alias = item.alias if isinstance(item, syntax.ReadItem) else None
+        return ObjectPass(info.name, kind, before, alias, span=item.span)
+
+    def _counter_use_problem(self, stage: syntax.Stage, item, declaration: Declaration) -> bool:
+        """Report a write, an update or a window on a counter (`bad-counter`); True if one was."""
+        name = self.canonical(declaration)
+        if isinstance(item, (syntax.WriteItem, syntax.UpdateItem)):
+            verb = "writes" if isinstance(item, syntax.WriteItem) else "updates"
+            self.bag.add(messages.counter_written(stage.name, name, verb, item.span, declaration.span))
+            return True
+        if item.span_clause is not None or item.lookahead is not None:
+            self.bag.add(messages.counter_window(stage.name, name, item.span))
+            return True
+        return False
+
     def _retention(
         self, node: syntax.Region, name: str, clock: ClockInfo, role: str, local: dict[str, int]
     ) -> Retention | None:
@@ -758,7 +945,7 @@ class _Resolver:
             return units
 
         if isinstance(keep, syntax.KeepLast):
-            return Retention("last", last=count(keep.count, "the retention", 1), span=clause.span)
+            return Retention("last", last=count(keep.count, "the retention", 0), span=clause.span)
         if isinstance(keep, syntax.KeepRing):
             return Retention("ring", last=count(keep.count, "the ring size", 1), span=clause.span)
         if isinstance(keep, syntax.KeepFirstLast):
@@ -795,7 +982,8 @@ class _Resolver:
         capacity = require_int(value, clause.capacity, f"the stock capacity of region '{name}'", 0)
         return tuple(capacity if d is None else d for d in shape)
 
-    def _bind(self, node: syntax.Region, clause: syntax.BindClause, name: str, local: dict[str, int]) -> str | None:
+    def _bind(self, owner: str, clause: syntax.BindClause, local: dict[str, int]) -> str | None:
+        """The binding's path with family indices filled in; None (reported) if it is unsafe or malformed."""
         unknown: list[str] = []
 
         def fill(match: re.Match) -> str:
@@ -809,15 +997,15 @@ class _Resolver:
         if unsafe is not None:
             offset, segment, dunder = unsafe
             where = segment_span(clause.path_span, offset, segment) or clause.span
-            self.bag.add(messages.unsafe_path("bind", node.name, clause.path, segment, dunder, where))
+            self.bag.add(messages.unsafe_path("bind", owner, clause.path, segment, dunder, where))
             return None
         path = _PLACEHOLDER.sub(fill, clause.path)
         if unknown:
-            self.bag.add(messages.bad_placeholder(node.name, unknown[0], list(local), clause.span))
+            self.bag.add(messages.bad_placeholder(owner, unknown[0], list(local), clause.span))
             return None
         problem = path_problem(path)
         if problem is not None:
-            self.bag.add(messages.bad_bind(node.name, path, problem, clause.span))
+            self.bag.add(messages.bad_bind(owner, path, problem, clause.span))
             return None
         return path
 
@@ -861,8 +1049,20 @@ class _Resolver:
             else:
                 aliases[item.alias] = item.alias_span or item.span
         accesses: list[Access] = []
+        passes: list[ObjectPass] = []
         for item in node.items:
             if isinstance(item, (syntax.ReadItem, syntax.UpdateItem, syntax.WriteItem)):
+                used = self.decls.get(item.region.name)
+                if used is not None and used.kind == "object":
+                    found = self._object_pass(node, item, used, len(accesses))
+                    if found is None:
+                        ok = False
+                    else:
+                        passes.append(found)
+                    continue
+                if used is not None and used.kind == "counter" and self._counter_use_problem(node, item, used):
+                    ok = False
+                    continue
                 try:
                     accesses.extend(self._accesses(item))
                 except EvalError as error:
@@ -883,19 +1083,23 @@ class _Resolver:
             bool(node.items_of(syntax.RngItem)),
             span=node.span,
             callable_span=target.span,
+            passes=tuple(passes),
         )
 
     def _accesses(self, item) -> list[Access]:
         ref: syntax.RegionRef = item.region
         declaration = self.decls.get(ref.name)
-        if declaration is None or declaration.kind != "region":
+        if declaration is not None and declaration.kind == "counter":
+            resolved = self.counter_region(declaration)
+        elif declaration is None or declaration.kind != "region":
             self._unknown(ref.name, "region", ref.name_span or ref.span)
             raise _Skip()
-        resolved = self.region_members(declaration)
+        else:
+            resolved = self.region_members(declaration)
         if resolved is None:
             raise _Skip()  # a region whose own declaration failed is reported there
         members = [m.name for m in resolved]
-        if declaration.node.family is not None:
+        if getattr(declaration.node, "family", None) is not None:
             if ref.index is not None:
                 position = require_int(self.evaluate_in(ref.index), ref.index, "a family index")
                 if not 0 <= position < len(members):

@@ -223,7 +223,23 @@ class StartGiven:
     span: Span | None = _span_field()
 
 
-StartPolicy = StartZeros | StartEmpty | StartGiven
+@attrs.frozen
+class StartFirst:
+    """The region starts full, each unit a copy of the first unit that arrives in it (fed by `step()` or
+    appended by a `write`): replicate padding, `start first`."""
+
+    span: Span | None = _span_field()
+
+
+@attrs.frozen
+class StartFirstFiring:
+    """The region starts as its stage's first firing makes it from the data: at that firing the stage is
+    handed no value (`None`), as the stock code is before its first call: `start first-firing`."""
+
+    span: Span | None = _span_field()
+
+
+StartPolicy = StartZeros | StartEmpty | StartGiven | StartFirst | StartFirstFiring
 
 
 @attrs.frozen
@@ -264,10 +280,12 @@ class StockClause:
 class BindClause:
     """The module attribute the region binds to, from the model root; `{index}` names a family index:
     `bind "decoder.model.0.carry"`; `private` allows private segments (`_x`) in the path:
-    `bind private "decoder.model.0._streaming_state.previous"`."""
+    `bind private "decoder.model.0._streaming_state.previous"`. With an object's name before the path,
+    the path starts at that caller-owned object instead of the model: `bind caches "layers[0].k"`."""
 
     path: str
     private: bool = False
+    owner: str | None = None
     span: Span | None = _span_field()
     path_span: Span | None = _span_field()
 
@@ -429,7 +447,36 @@ class Stage:
         return [i for i in self.items if isinstance(i, kind)]
 
 
-Statement = Use | Cadence | Param | Clock | Region | Stage
+@attrs.frozen
+class Counter:
+    """A step count the runtime keeps: `counter step +2 on frame`, `counter pos +1 mod 4096 on frame
+    bind "encoder.offset"`. It holds `step x (ticks of CLOCK before the instant)`, reduced modulo `mod`;
+    hooks get it as a Python int (`firing.counters`), stages as a 0-d i64 device scalar (`read step`,
+    or its `bind`)."""
+
+    name: str
+    step: Expr
+    modulo: Expr | None
+    clock: str
+    bind: BindClause | None = None
+    span: Span | None = _span_field()
+    name_span: Span | None = _span_field()
+    clock_span: Span | None = _span_field()
+
+
+@attrs.frozen
+class Object:
+    """An object the stock call takes and returns (a cache container), made per session by the factory
+    hook `factory` or given at load: `object caches from new_caches`, `object caches`."""
+
+    name: str
+    factory: str | None = None
+    span: Span | None = _span_field()
+    name_span: Span | None = _span_field()
+    factory_span: Span | None = _span_field()
+
+
+Statement = Use | Cadence | Param | Clock | Region | Stage | Counter | Object
 
 
 @attrs.frozen

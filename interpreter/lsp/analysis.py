@@ -28,7 +28,7 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 @attrs.frozen
 class Definition:
     name: str
-    kind: str  # "param", "clock", "region", "stage"
+    kind: str  # "param", "clock", "region", "stage", "counter", "object"
     span: Span
 
 
@@ -53,9 +53,14 @@ class Analysis:
 def _declarations(module: syntax.Module, path: str) -> dict[str, Definition]:
     found: dict[str, Definition] = {}
     for statement in module.statements:
-        kind = {syntax.Param: "param", syntax.Clock: "clock", syntax.Region: "region", syntax.Stage: "stage"}.get(
-            type(statement)
-        )
+        kind = {
+            syntax.Param: "param",
+            syntax.Clock: "clock",
+            syntax.Region: "region",
+            syntax.Stage: "stage",
+            syntax.Counter: "counter",
+            syntax.Object: "object",
+        }.get(type(statement))
         if kind is None:
             continue
         span = getattr(statement, "name_span", None) or statement.span
@@ -205,12 +210,43 @@ def _param_hover(analysis: Analysis, name: str) -> str | None:
     return f"**param {name}** = {text}"
 
 
+def _counter_hover(analysis: Analysis, name: str) -> str | None:
+    program = analysis.program
+    counter = program.counters.get(name)
+    if counter is None:
+        return None
+    modulo = f" mod {counter.modulo}" if counter.modulo is not None else ""
+    lines = [f"**counter {name}**: +{counter.step}{modulo} per tick of `{counter.clock}`"]
+    lines.append("- hooks: `firing.counters['" + name + "']` (a Python int); stages: a 0-d i64 device scalar")
+    region = program.regions[name]
+    if region.bind:
+        owner = f"object `{region.bind_object}`, " if region.bind_object else ""
+        lines.append(f"- bind {owner}`{region.bind}`")
+    return "\n".join(lines)
+
+
+def _object_hover(analysis: Analysis, name: str) -> str | None:
+    program = analysis.program
+    info = program.objects.get(name)
+    if info is None:
+        return None
+    made = f"made by hook `{info.factory}` per session" if info.factory else "given at load (`objects=`)"
+    bound = sorted(r.name for r in program.regions.values() if r.bind_object == name)
+    stages = sorted(s.name for s in program.stages.values() if any(p.object == name for p in s.passes))
+    lines = [f"**object {name}**: caller-owned, {made}"]
+    if bound:
+        lines.append(f"- regions bound into it: {', '.join(bound)}")
+    if stages:
+        lines.append(f"- passed by: {', '.join(stages)}")
+    return "\n".join(lines)
+
+
 def hover_text(analysis: Analysis, name: str) -> str | None:
     """Markdown for the name: a region's plan numbers, a clock's rate, a stage's firings and graphs, a
     param's value. None when the program does not check (the diagnostics say why) or the name is unknown."""
     if analysis.program is None:
         return None
-    for describe in (_region_hover, _stage_hover, _clock_hover, _param_hover):
+    for describe in (_counter_hover, _object_hover, _region_hover, _stage_hover, _clock_hover, _param_hover):
         text = describe(analysis, name)
         if text is not None:
             return text

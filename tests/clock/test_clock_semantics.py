@@ -50,14 +50,14 @@ def test_start_policies_give_the_units_held_at_session_start() -> None:
         region pinned : f32[time] on c retain first 3 + last 4 start zeros
         region prompt : f32[time] on c retain last 6 start given 2
         region fresh : f32[time] on c retain last 6
-        region counter : i64[1]
+        region position : i64[1]
         region speaker : f32[192] start given
         region io : f32[time] on c input start zeros
         stage s on c {
             hook s
             read io last 5
             update zero +1; update kv +1; update pinned +1; update prompt +1; update fresh +1
-            update counter; read speaker
+            update position; read speaker
         }
     """)
     starts = {name: (r.start, r.start_length) for name, r in p.regions.items()}
@@ -67,7 +67,7 @@ def test_start_policies_give_the_units_held_at_session_start() -> None:
         "pinned": ("zeros", 7),
         "prompt": ("given", 2),
         "fresh": ("empty", 0),
-        "counter": ("zeros", 0),
+        "position": ("zeros", 0),
         "speaker": ("given", 0),
         "io": ("zeros", 4),
     }

@@ -73,7 +73,11 @@ class ClockError(Exception):
 
     def __init__(self, diagnostics: Iterable[Diagnostic]):
         self.diagnostics = sorted(diagnostics, key=Diagnostic.sort_key)
-        super().__init__("\n".join(f"{d.span}: {d.message} [{d.code.name}]" for d in self.diagnostics))
+        super().__init__(
+            "\n".join(
+                (f"{d.span}: " if d.span is not None else "") + f"{d.message} [{d.code.name}]" for d in self.diagnostics
+            )
+        )
 
 
 class InternalError(Exception):

@@ -1094,11 +1094,15 @@ def arena_does_not_fit(
 ) -> Diagnostic:
     plural = "session" if sessions == 1 else "sessions"
     scratch = f"{scratch_bytes} shared scratch" if lanes == 1 else f"{lanes} lanes x {scratch_bytes} scratch"
+    available = (
+        f"the host has {free} bytes available (MemAvailable)"
+        if device == "cpu"
+        else f"{device} has {free + cached} bytes available ({free} free + {cached} cached by PyTorch)"
+    )
     return Diagnostic(
         BUDGET,
         f"the arena for {sessions} {plural} needs {need} bytes ({sessions} x {session_bytes} "
-        f"per session + {scratch}) but {device} has {free + cached} bytes "
-        f"available ({free} free + {cached} cached by PyTorch); nothing was allocated",
+        f"per session + {scratch}) but {available}; nothing was allocated",
         None,
         helps=("load fewer sessions or lanes, lower the params that size the largest regions, or free memory",),
     )

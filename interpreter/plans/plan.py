@@ -20,7 +20,7 @@ from duplexcadence.interpreter.plans.allocation import AllocationSchedule, sched
 from duplexcadence.interpreter.plans.arena import ArenaPlan, plan_arena
 from duplexcadence.interpreter.plans.capture import CapturePlan, plan_capture
 from duplexcadence.interpreter.plans.clocks import ClockPlan, plan_clocks
-from duplexcadence.interpreter.plans.trace import Trace, trace_shapes
+from duplexcadence.interpreter.plans.trace import Trace, repeating_counters, trace_shapes
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -37,6 +37,11 @@ class Plan:
     @property
     def path(self) -> str:
         return self.program.path
+
+    @property
+    def repeating_counters(self) -> frozenset[str]:
+        """The counters whose host value is the same at every replay of a graph (trace.repeating_counters)."""
+        return repeating_counters(self.program, self.clocks)
 
 
 def make_plan(
@@ -153,12 +158,24 @@ def to_json(plan: Plan) -> dict:
                             "kept": v.kept,
                             "moved": v.moved,
                             "double_buffer": v.overlap,
+                            "initial": v.initial,
                         }
                         for v in f.views
                     ],
+                    "advances": list(f.advances),
                 }
                 for f in plan.trace.firings
             ],
+        },
+        "counters": {
+            name: {
+                "clock": c.clock,
+                "step": c.step,
+                "modulo": c.modulo,
+                "bind": program.regions[name].bind,
+                "bind_object": program.regions[name].bind_object,
+            }
+            for name, c in sorted(program.counters.items())
         },
         "regions": {
             name: {

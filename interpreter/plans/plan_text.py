@@ -142,6 +142,47 @@ def _views_parts(plan: Plan, signature: tuple) -> list[str]:
     return parts
 
 
+def _counters(plan: Plan, heading) -> list[str]:
+    """The counters' section: each counter's clock, step and modulus, how its device scalar reaches the
+    stages, and whether its host value is the same at every replay of a steady graph."""
+    program = plan.program
+    if not program.counters:
+        return []
+    repeating = plan.repeating_counters
+    rows = []
+    for counter in program.counters.values():
+        region = program.regions[counter.name]
+        readers = [s.name for s in program.stages.values() if any(a.region == counter.name for a in s.accesses)]
+        device = []
+        if region.bind is not None:
+            device.append(f'bind {region.bind_object + " " if region.bind_object else ""}"{region.bind}"')
+        if readers:
+            device.append("read by " + ", ".join(readers))
+        repeats = counter.name in repeating
+        rows.append(
+            [
+                counter.name,
+                counter.clock,
+                f"+{counter.step}",
+                "-" if counter.modulo is None else counter.modulo,
+                "; ".join(device) or "-",
+                "repeats" if repeats else "changes",
+            ]
+        )
+    lines = [heading("Counters (advanced after the last firing of each instant their clock ticks at)")]
+    lines += table(
+        ["counter", "clock", "step", "mod", "bound or read", "host value per steady replay"], rows, right=(2, 3)
+    )
+    lines += _wrap(
+        "hooks get the host value as firing.counters[NAME], a bound attribute that holds a Python int gets it too; "
+        "`read` and a bound tensor get the device scalar (0-d i64); a captured graph replays at instants a "
+        "hyperperiod apart, so where the host value changes, captured code reads the device scalar",
+        "  ",
+        "  ",
+    )
+    return lines + [""]
+
+
 def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
     """The plan as `dsl plan` prints it: condensed, or with `verbose` every family member and the
     views of every graph; `color` makes the section headings bold."""
@@ -181,6 +222,8 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
     )
     out.append("")
 
+    out += _counters(plan, heading)
+
     out.append(heading("Warm-up and steady state"))
     if trace_.periodic:
         warm_time = clocks.instant_time(trace_.warmup_instants) if trace_.warmup_instants else Fraction(0)
@@ -212,7 +255,7 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
         )
         cells = [
             region.dtype,
-            "x".join(map(str, region.shape)),
+            "x".join(map(str, region.shape)) if region.shape else "scalar",
             kind,
             "-" if region.capacity is None else region.capacity,
             human_bytes(region.bytes),

@@ -56,7 +56,8 @@ class View:
     the new units land and `transient` the region's length right after them. When this access is
     the last one to touch the region in its instant, `kept` is the length after the trim (else
     None), `moved` the units the trim relocates and `overlap` whether the relocation's source and
-    destination overlap (it then goes through a double buffer).
+    destination overlap (it then goes through a double buffer); a read that trims (the last reader of
+    units written earlier in the instant) carries the region's length before the trim in `transient`.
     """
 
     region: str
@@ -69,9 +70,14 @@ class View:
     kept: int | None = None
     moved: int = 0
     overlap: bool = False
+    initial: bool = False
+    """The access that makes a data-dependent start: a feed or write of the first units of a `start first`
+    region (the units held before them become copies of its first unit), or the update of a `start
+    first-firing` region at its stage's first firing (the stage is handed no value)."""
 
     def key(self) -> tuple:
-        return (self.region, self.kind, self.start, self.length, self.offset, self.transient, self.kept)
+        key = (self.region, self.kind, self.start, self.length, self.offset, self.transient, self.kept)
+        return key + ("initial",) if self.initial else key
 
 
 @attrs.frozen
@@ -86,11 +92,17 @@ class Firing:
     views: tuple[View, ...]
     last: bool = False
     """The last instant of a stream (`Session.finish`): lookahead consumed, latency released."""
+    advances: tuple[str, ...] = ()
+    """The counters this firing advances after its call: the last firing of an instant at which each
+    counter's clock ticks."""
+    counters: dict[str, int] = attrs.field(factory=dict, eq=False, repr=False)
+    """Each counter's value at this firing's instant (before the instant's advance), as a Python int."""
 
     @property
     def signature(self) -> tuple:
         """Everything that fixes the firing's shapes and arena offsets: one graph per distinct value."""
-        return (self.stage,) + tuple(view.key() for view in self.views)
+        views = tuple(view.key() for view in self.views)
+        return (self.stage,) + views + ((("advances",) + self.advances,) if self.advances else ())
 
 
 @attrs.frozen
@@ -114,6 +126,12 @@ class Trace:
     """A last instant (`Session.finish`) traced from the state before every instant of `firings`, for
     the capacities only (never captured); empty when the program declares no lookahead or latency."""
     states: tuple[tuple, ...] = attrs.field(default=(), eq=False, repr=False)  # (lengths, fills) per instant
+    pending_states: tuple[frozenset[str], ...] = attrs.field(default=(), eq=False, repr=False)
+    """Per instant, the regions whose data-dependent start (`start first`, `first-firing`) is still to come."""
+
+    def pending_at(self, index: int) -> frozenset[str]:
+        """The regions whose data-dependent start is still to come at planned instant `index`."""
+        return self.pending_states[index] if index < len(self.pending_states) else frozenset()
 
     @property
     def end_instant(self) -> int:
@@ -171,6 +189,8 @@ class Simulator:
         self.override: dict[str, int] = {}
         self.last = False
         self.scale = Fraction(1)
+        self.pending = {name for name, region in program.regions.items() if region.start in ("first", "first-firing")}
+        self.tickers = counter_tickers(program)
         for name, region in program.regions.items():
             if region.fixed:
                 continue
@@ -180,19 +200,22 @@ class Simulator:
                 self.length[name] = region.start_length
 
     def state(self, phase: int) -> tuple:
-        return (phase, tuple(sorted(self.length.items())), tuple(sorted(self.fill.items())))
+        state = (phase, tuple(sorted(self.length.items())), tuple(sorted(self.fill.items())))
+        return state + (tuple(sorted(self.pending)),) if self.pending else state
 
     def per_firing(self, stage: str, region: str) -> Fraction:
         return self.program.rate_of_region(region) / self.clocks.rates[self.program.stages[stage].clock]
 
-    def restore(self, lengths: dict, fills: dict, counts: dict) -> None:
+    def restore(self, lengths: dict, fills: dict, counts: dict, pending: frozenset[str] = frozenset()) -> None:
         self.length, self.fill, self.counts = dict(lengths), dict(fills), dict(counts)
+        self.pending = set(pending)
 
     def copy(self) -> Simulator:
         other = Simulator.__new__(Simulator)
         other.program, other.clocks = self.program, self.clocks
         other.length, other.fill, other.counts = dict(self.length), dict(self.fill), dict(self.counts)
         other.override, other.last, other.scale = {}, False, Fraction(1)
+        other.pending, other.tickers = set(self.pending), self.tickers
         return other
 
     def stages_at(self, index: int) -> tuple[str, ...]:
@@ -211,6 +234,13 @@ class Simulator:
         time = self.clocks.instant_time(index)
         self.scale = self.instant_scale(instant.stages)
         firings = [self.fire(name, index, time) for name in instant.stages]
+        ticking = tuple(
+            name
+            for name, ticker in self.tickers.items()
+            if any(self.program.stages[stage].clock == self.program.counters[name].clock for stage in instant.stages)
+        )
+        if ticking and firings:
+            firings[-1] = attrs.evolve(firings[-1], advances=ticking)
         for name in instant.stages:
             self.counts[name] += 1
         return self.trim(firings)
@@ -261,23 +291,46 @@ class Simulator:
                 units = self.override.get(access.region)
                 if units is None:
                     units = arrivals(k, self.per_firing(stage_name, access.region))
-                views.append(self._append(access.region, units, "feed"))
+                views.append(self._starting(self._append(access.region, units, "feed")))
         for access in stage.accesses:
             if access.kind == "read":
                 views.append(self.read(stage_name, k, access))
         for access in stage.accesses:
             if access.kind == "update":
-                views.append(self.update(stage_name, access))
+                views.append(self._starting(self.update(stage_name, access)))
             elif access.kind == "write":
-                views.append(self.write(stage_name, access, k))
-        return Firing(stage_name, k, instant, time, tuple(views), self.last)
+                views.append(self._starting(self.write(stage_name, access, k)))
+        counters = {
+            name: self.program.counters[name].value(self.counts[ticker]) for name, ticker in self.tickers.items()
+        }
+        return Firing(stage_name, k, instant, time, tuple(views), self.last, counters=counters)
+
+    def _starting(self, view: View) -> View:
+        """`view`, marked `initial` when it makes its region's data-dependent start: the first units fed or
+        written into a `start first` region, the first update of a `start first-firing` one."""
+        if view.region not in self.pending:
+            return view
+        start = self.program.regions[view.region].start
+        if start == "first" and view.kind in ("feed", "write") and view.length:
+            self.pending.discard(view.region)
+            return attrs.evolve(view, initial=True)
+        if start == "first-firing" and view.kind == "update":
+            self.pending.discard(view.region)
+            return attrs.evolve(view, initial=True)
+        return view
 
     def trim(self, firings: list[Firing]) -> list[Firing]:
-        """End of the instant: each touched region is trimmed by the last access that touched it."""
+        """End of the instant: each region that grew is trimmed by the last access that touched it: its last
+        feed or write, or a read by a later firing of the instant (which must see the units it relies on)."""
         last_touch: dict[str, tuple[int, int]] = {}
         for f_index, firing in enumerate(firings):
             for v_index, view in enumerate(firing.views):
-                if view.kind in ("feed", "write") and view.region in self.length:
+                if (view.kind in ("feed", "write") and view.region in self.length) or (
+                    view.kind == "read"
+                    and view.region in last_touch
+                    and last_touch[view.region][0] < f_index
+                    and self.program.regions[view.region].retention.kind != "scratch"  # trimmed to nothing: no move
+                ):
                     last_touch[view.region] = (f_index, v_index)
         for name, (f_index, v_index) in last_touch.items():
             region = self.program.regions[name]
@@ -292,7 +345,11 @@ class Simulator:
             views = list(firing.views)
             view = views[v_index]
             views[v_index] = attrs.evolve(
-                view, kept=kept, moved=max(view.moved, moved), overlap=view.overlap or overlap
+                view,
+                kept=kept,
+                moved=max(view.moved, moved),
+                overlap=view.overlap or overlap,
+                transient=transient if view.kind == "read" else view.transient,
             )
             firings[f_index] = attrs.evolve(firing, views=tuple(views))
         return firings
@@ -369,6 +426,34 @@ class Simulator:
         return self._append(name, units, "write")
 
 
+def counter_tickers(program: Program) -> dict[str, str]:
+    """For each counter, a stage on its clock (the first declared): its firings count the clock's ticks."""
+    tickers = {}
+    for name, counter in program.counters.items():
+        ticker = next((stage.name for stage in program.stages.values() if stage.clock == counter.clock), None)
+        if ticker is not None:
+            tickers[name] = ticker
+    return tickers
+
+
+def repeating_counters(program: Program, clocks: ClockPlan) -> frozenset[str]:
+    """The counters whose value is the same a hyperperiod later (a modulus that the hyperperiod's advance is
+    a multiple of): the host value a graph was captured with is then right at every replay of it."""
+    found = set()
+    for name, ticker in counter_tickers(program).items():
+        counter = program.counters[name]
+        advance = counter.step * clocks.stages[ticker].per_hyperperiod
+        if counter.modulo is not None and advance % counter.modulo == 0:
+            found.add(name)
+    return frozenset(found)
+
+
+def counter_values(program: Program, counts: dict[str, int]) -> dict[str, int]:
+    """Each counter's value when its ticker stage has fired `counts[ticker]` times (`counts`: firings before
+    an instant, by stage)."""
+    return {name: program.counters[name].value(counts[ticker]) for name, ticker in counter_tickers(program).items()}
+
+
 def _time_outermost(region) -> bool:
     """Whether a contiguous view's time positions are contiguous runs (all dims before time are 1)."""
     return all(dim == 1 for dim in region.shape[: region.time_axis])
@@ -422,6 +507,7 @@ def trace_shapes(program: Program, clocks: ClockPlan) -> Trace:
     )
     states: list[tuple] = []
     snapshots: list[tuple] = []
+    pending: list[frozenset[str]] = []
     by_instant: list[list[Firing]] = []
     last_by_instant: list[list[Firing]] = []
     warmup = None
@@ -440,6 +526,7 @@ def trace_shapes(program: Program, clocks: ClockPlan) -> Trace:
             raise ClockError([_too_many_states(program, index + 1, traced_states)])
         states.append(simulator.state(index % period))
         snapshots.append((dict(simulator.length), dict(simulator.fill)))
+        pending.append(frozenset(simulator.pending))
         if releases:
             last_by_instant.append(_last_instant(simulator, index))
         by_instant.append(simulator.run_instant(index))
@@ -486,6 +573,7 @@ def trace_shapes(program: Program, clocks: ClockPlan) -> Trace:
         reason,
         last_instants,
         states=tuple(snapshots[:end]),
+        pending_states=tuple(pending[:end]),
     )
 
 

@@ -22,7 +22,7 @@ import torch
 
 from duplexcadence.dsl import messages
 from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
-from duplexcadence.dsl.program import Program, RegionInfo, StageInfo
+from duplexcadence.dsl.program import Access, ObjectPass, Program, RegionInfo, StageInfo
 from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES
 
 _PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*|[0-9]+)((?:\[[0-9]+\])*)$")
@@ -175,7 +175,7 @@ def bind_program(
             callables[stage.name] = found
     attributes: dict[str, Attribute] = {}
     for region in program.regions.values():
-        if region.bind is None:
+        if region.bind is None or region.bind_object is not None:  # into an object: `bind_objects`
             continue
         try:
             slot = attribute(model, region.bind)
@@ -187,7 +187,7 @@ def bind_program(
         except PathError as error:
             problems.append(messages.binding_missing(region.name, region.bind, str(error), region.bind_span))
             continue
-        problem = check_tensor(region, slot.get(), device)
+        problem = None if host_int(region, slot.get()) else check_tensor(region, slot.get(), device)
         if problem is not None:
             problems.append(problem)
             continue
@@ -228,19 +228,38 @@ def _bind_stage(stage: StageInfo, model: Any, hooks: Mapping[str, Callable], pro
     return StageCallable(fn, False, False)
 
 
+def in_declared_order(stage: StageInfo) -> list[Access | ObjectPass]:
+    """The stage's accesses and object passes in the order the `.clock` declares them."""
+    ordered: list[Access | ObjectPass] = []
+    passes = sorted(stage.passes, key=lambda p: p.before)
+    position = 0
+    for index, access in enumerate(stage.accesses):
+        while position < len(passes) and passes[position].before <= index:
+            ordered.append(passes[position])
+            position += 1
+        ordered.append(access)
+    ordered.extend(passes[position:])
+    return ordered
+
+
 def call_arguments(program: Program, stage: StageInfo, found: StageCallable) -> tuple[list[str], dict[str, str]]:
-    """What the runtime passes when the stage fires, by region name: every unbound `read` and `update`
-    positionally in declared order (`read x as name` by keyword), a hook's model first and its
-    `firing=` last. Bound regions reach the module through their attribute instead."""
+    """What the runtime passes when the stage fires, by region (or object) name: every unbound `read` and
+    `update`, and every object the stage passes, positionally in declared order (`read x as name` by
+    keyword), a hook's model first and its `firing=` last. Bound regions reach the module through their
+    attribute instead."""
     args: list[str] = ["model"] if found.is_hook else []
     kwargs: dict[str, str] = {}
-    for access in stage.accesses:
-        if access.kind == "write" or program.regions[access.region].bind is not None:
+    for used in in_declared_order(stage):
+        if isinstance(used, ObjectPass):
+            name, alias = used.object, used.alias
+        elif used.kind == "write" or program.regions[used.region].bind is not None:
             continue
-        if access.alias:
-            kwargs[access.alias] = access.region
         else:
-            args.append(access.region)
+            name, alias = used.region, used.alias
+        if alias:
+            kwargs[alias] = name
+        else:
+            args.append(name)
     if found.wants_firing:
         kwargs["firing"] = "firing"
     return args, kwargs
@@ -309,3 +328,169 @@ def check_tensor(region: RegionInfo, tensor: Any, device: torch.device) -> Diagn
     if wrong:
         return messages.binding_shape(region.name, region.bind, declared(region), describe(tensor), region.bind_span)
     return None
+
+
+# --- caller-owned objects --------------------------------------------------------------------------
+
+
+@attrs.define
+class ObjectSlot:
+    """A settable slot inside a caller-owned object of one session: the path is walked from the object each
+    time (a stage that takes and returns the object may return a new one, with new containers inside)."""
+
+    objects: dict[str, Any]
+    root: str
+    parts: list[str]
+
+    def _slot(self) -> Attribute:
+        return Attribute(_walk(self.objects[self.root], self.parts[:-1]), self.parts[-1])
+
+    def get(self) -> Any:
+        return self._slot().get()
+
+    def set(self, value: Any) -> None:
+        self._slot().set(value)
+
+
+@attrs.frozen
+class ObjectSource:
+    """Where a session's object comes from: `factory(model)` (a hook the `.clock` names with `from`), or
+    `given` (the object passed at load, shared by the sessions as the model is)."""
+
+    factory: Callable | None
+    given: Any = None
+
+    def make(self, model: Any) -> Any:
+        return self.factory(model) if self.factory is not None else self.given
+
+
+def bind_objects(
+    program: Program,
+    model: Any,
+    hooks: Mapping[str, Callable] | None,
+    objects: Mapping[str, Any] | None,
+    device: torch.device,
+) -> dict[str, ObjectSource]:
+    """Each object's source, with the regions bound into it checked on one object made at load (the same
+    shape and dtype checks, path rules and messages as a module attribute); ClockError lists every problem."""
+    hooks = dict(hooks or {})
+    given = dict(objects or {})
+    problems: list[Diagnostic] = []
+    sources: dict[str, ObjectSource] = {}
+    for name in sorted(set(given) - set(program.objects)):
+        problems.append(
+            messages.object_unavailable(
+                name, "is given in objects= but the .clock declares no such object (`object NAME`)", None
+            )
+        )
+    for info in program.objects.values():
+        if info.factory is not None:
+            factory = hooks.get(info.factory)
+            if factory is None:
+                problems.append(
+                    messages.object_unavailable(
+                        info.name, f"is made by '{info.factory}', which was not registered in hooks=", info.span
+                    )
+                )
+                continue
+            source = ObjectSource(factory)
+        elif info.name in given:
+            source = ObjectSource(None, given[info.name])
+        else:
+            problems.append(messages.object_unavailable(info.name, "has no factory and none was given", info.span))
+            continue
+        try:
+            probe = source.make(model)
+        except Exception as error:  # a factory is user code
+            problems.append(
+                messages.object_unavailable(info.name, f"could not be made: its factory raised {error!r}", info.span)
+            )
+            continue
+        found = _outside(probe)
+        if found is not None or probe is None:
+            problems.append(
+                messages.object_unavailable(
+                    info.name, f"is {found or 'None'}: an object holds state (a container, a dataclass)", info.span
+                )
+            )
+            continue
+        sources[info.name] = source
+        for region in program.regions.values():
+            if region.bind_object != info.name or region.bind is None:
+                continue
+            where = f"{info.name}: {region.bind}"
+            try:
+                slot = attribute(probe, region.bind)
+            except PathLeavesModel as error:
+                problems.append(
+                    messages.path_leaves_model("bind", region.name, where, error.part, error.found, region.bind_span)
+                )
+                continue
+            except PathError as error:
+                problems.append(messages.binding_missing(region.name, where, str(error), region.bind_span))
+                continue
+            problem = None if host_int(region, slot.get()) else check_tensor(region, slot.get(), device)
+            if problem is not None:
+                problems.append(problem)
+    if problems:
+        raise ClockError(problems)
+    return sources
+
+
+def host_int(region: RegionInfo, value: Any) -> bool:
+    """Whether a counter's bound attribute holds a Python int: the runtime then sets it to the counter's host
+    value before each firing (as the stock code keeps it); one that holds a tensor gets the device scalar."""
+    return region.role == "counter" and isinstance(value, int) and not isinstance(value, bool)
+
+
+def host_counters(
+    program: Program, attributes: Mapping[str, Attribute], sources: Mapping[str, ObjectSource], model: Any
+) -> frozenset[str]:
+    """The counters bound to attributes that hold a Python int (in the model, or in an object made at load)."""
+    probes = {name: source.make(model) for name, source in sources.items()} if program.counters else {}
+    found = set()
+    for name in program.counters:
+        region = program.regions[name]
+        if region.bind is None:
+            continue
+        if region.bind_object is None:
+            value = attributes[name].get() if name in attributes else None
+        else:
+            value = attribute(probes[region.bind_object], region.bind).get()
+        if host_int(region, value):
+            found.add(name)
+    return frozenset(found)
+
+
+def object_slots(program: Program, objects: dict[str, Any]) -> dict[str, ObjectSlot]:
+    """The slots of the regions bound into a session's `objects` (a dict the session keeps up to date)."""
+    return {
+        name: ObjectSlot(objects, region.bind_object, _parts(region.bind))
+        for name, region in program.regions.items()
+        if region.bind_object is not None and region.bind is not None
+    }
+
+
+def tensors_in(obj: Any, prefix: str, depth: int = 6, seen: set[int] | None = None) -> list[tuple[str, torch.Tensor]]:
+    """The tensors a caller-owned object holds, with their paths (containers, dataclasses, plain objects;
+    not through modules, classes or functions), for the capture probe's aliasing report."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth < 0:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [(prefix, obj)]
+    if isinstance(obj, torch.nn.Module) or _outside(obj) is not None or isinstance(obj, (str, bytes, int, float)):
+        return []
+    if isinstance(obj, Mapping):
+        items = [(f"{prefix}[{key!r}]", value) for key, value in obj.items()]
+    elif isinstance(obj, (list, tuple)):
+        items = [(f"{prefix}[{index}]", value) for index, value in enumerate(obj)]
+    elif hasattr(obj, "__dict__"):
+        items = [(f"{prefix}.{key}", value) for key, value in vars(obj).items() if not key.startswith("__")]
+    else:
+        return []
+    found: list[tuple[str, torch.Tensor]] = []
+    for path, value in items:
+        found.extend(tensors_in(value, path, depth - 1, seen))
+    return found

@@ -14,9 +14,16 @@ from typing import Any
 
 import torch
 
-from duplexcadence.dsl.program import Program
+from duplexcadence.dsl.program import ObjectPass, Program
 from duplexcadence.interpreter.plans.trace import Firing, View
-from duplexcadence.interpreter.runtime.binding import Attribute, StageCallable, describe
+from duplexcadence.interpreter.runtime.binding import (
+    Attribute,
+    ObjectSlot,
+    StageCallable,
+    describe,
+    in_declared_order,
+    object_slots,
+)
 from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES, RegionStorage
 
 
@@ -26,7 +33,11 @@ class Body:
 
     `bound_lengths`: each region's length at the start of the instant being run, with the updates of the
     instant's firings so far applied (what a bound attribute's view shows); set by the step path before
-    an instant's first body, and by `bind_current`."""
+    an instant's first body, and by `bind_current`.
+
+    `objects`: the session's caller-owned objects by name (the session keeps the dict; a stage that
+    `update`s an object replaces its entry with what the call returns); regions bound into them are
+    reached through `ObjectSlot`s, with the model's attributes, in `attributes`."""
 
     def __init__(
         self,
@@ -35,12 +46,18 @@ class Body:
         callables: dict[str, StageCallable],
         attributes: dict[str, Attribute],
         storage: dict[str, RegionStorage],
+        objects: dict[str, Any] | None = None,
+        host_counters: frozenset[str] = frozenset(),
     ):
         self.program = program
         self.model = model
         self.callables = callables
-        self.attributes = attributes
+        self.objects = objects if objects is not None else {}
+        self.attributes: Mapping[str, Attribute | ObjectSlot] = (
+            {**attributes, **object_slots(program, self.objects)} if program.objects else attributes
+        )
         self.storage = storage
+        self.host_counters = host_counters
         self.bound_lengths: dict[str, int] = {}
 
     def run(self, firing: Firing) -> dict[str, torch.Tensor]:
@@ -66,21 +83,41 @@ class Body:
         call = self.callables[stage.name]
         reads = [v for v in firing.views if v.kind == "read"]
         updates = [v for v in firing.views if v.kind == "update"]
+        for view in firing.views:
+            if view.initial and view.kind == "feed":
+                self._copy_first_unit(view)
+        for name in self.host_counters:  # a counter the stock code keeps as a Python int
+            self.attributes[name].set(firing.counters[name])
         args: list = []
         kwargs: dict = {}
-        handed: dict[str, torch.Tensor] = {}
+        handed: dict[str, Any] = {}
+        returned: list[Any] = []  # what the call returns, in order: unbound updates, writes, updated objects
         read_iter, update_iter = iter(reads), iter(updates)
-        for access in stage.accesses:
-            if access.kind == "write":
+        for used in in_declared_order(stage):
+            if isinstance(used, ObjectPass):
+                value = self.objects[used.object]
+                if used.kind == "update":
+                    returned.append(used)
+                if used.alias:
+                    kwargs[used.alias] = value
+                else:
+                    args.append(value)
                 continue
-            view = next(read_iter) if access.kind == "read" else next(update_iter)
-            tensor = self._view_tensor(view)
-            if access.region in self.attributes:
-                self.attributes[access.region].set(tensor)
-                handed[access.region] = tensor
+            if used.kind == "write":
+                if used.region not in self.attributes:
+                    returned.append(used)
                 continue
-            if access.alias:
-                kwargs[access.alias] = tensor
+            view = next(read_iter) if used.kind == "read" else next(update_iter)
+            tensor = None if view.initial and view.kind == "update" else self._view_tensor(view)
+            if used.region in self.attributes:
+                self.attributes[used.region].set(tensor)
+                handed[used.region] = tensor
+                continue
+            if used.kind == "update":
+                returned.append(used)
+                handed[used.region] = tensor
+            if used.alias:
+                kwargs[used.alias] = tensor
             else:
                 args.append(tensor)
         if call.is_hook:
@@ -89,22 +126,31 @@ class Body:
             result = call.fn(self.model, *args, **kwargs)
         else:
             result = call.fn(*args, **kwargs)
-        returned = [a for a in stage.accesses if a.kind in ("update", "write") and a.region not in self.attributes]
         values = _as_tuple(result, len(returned), stage.name)
         module_outputs: dict[str, torch.Tensor] = {}
-        by_region = {a.region: v for a, v in zip(returned, values)}
+        by_region: dict[str, Any] = {}
+        for used, value in zip(returned, values):
+            if isinstance(used, ObjectPass):
+                self.objects[used.object] = value  # what the call returns in its place is the object now
+            else:
+                by_region[used.region] = value
         write_views = {v.region: v for v in firing.views if v.kind == "write"}
         for view in updates:
             region = program.regions[view.region]
             if view.region in self.attributes:
                 new = self.attributes[view.region].get()
-                if new is handed[view.region] or region.fixed or region.retention.kind == "ring":
-                    if new is not handed[view.region]:
-                        self.storage[view.region].view(None if region.fixed else view.length).copy_(new)
+                if new is handed[view.region] and new is not None:
+                    self._check_in_place(stage.name, view)
+                    continue
+                if region.fixed or region.retention.kind == "ring":
+                    self._store_whole(stage.name, view, new)
                     continue
                 self._store(stage.name, view, new)
             else:
-                self._store(stage.name, view, by_region[view.region])
+                if region.fixed or region.retention.kind == "ring":
+                    self._store_whole(stage.name, view, by_region[view.region])
+                    continue
+                self._store(stage.name, view, by_region[view.region], handed.get(view.region))
         for name, view in write_views.items():
             value = by_region.get(name)
             if view.length is None:
@@ -117,12 +163,32 @@ class Body:
                     f"{region.dtype}[{_dims(region)}] with {view.length} units at this firing"
                 )
             self.storage[name].append(view.offset, 0, value)
+            if view.initial:
+                self._copy_first_unit(view)
         for view in firing.views:
-            if view.kind in ("feed", "write") and view.kept is not None and view.length is not None:
+            if view.kind in ("feed", "write", "read") and view.kept is not None and view.length is not None:
                 region = program.regions[view.region]
                 self.storage[view.region].trim(view.transient, region.retention)
+        for name in firing.advances:
+            counter = program.counters[name]
+            scalar = self.storage[name].view()
+            scalar.add_(counter.step)
+            if counter.modulo is not None:
+                scalar.remainder_(counter.modulo)
         self.bind_current(after=firing)
         return module_outputs
+
+    def _copy_first_unit(self, view: View) -> None:
+        """`start first`: the units the region held before its first units arrived become copies of the
+        first of them (replicate padding)."""
+        held = view.offset
+        axis = self.program.regions[view.region].time_axis
+        if not held or axis is None:
+            return
+        whole = self.storage[view.region].view(view.transient)
+        first = whole.narrow(axis, held, 1)
+        target = whole.narrow(axis, 0, held)
+        target.copy_(first.expand_as(target))
 
     def bind_current(self, lengths: Mapping[str, int] | None = None, after: Firing | None = None) -> None:
         """Point every bound attribute at its region's current view: at `lengths` (the lengths at the start of
@@ -137,6 +203,8 @@ class Body:
         for name, slot in self.attributes.items():
             region = self.program.regions[name]
             storage = self.storage[name]
+            if name in self.host_counters:
+                continue  # set to the firing's value before each call
             if region.fixed:
                 slot.set(storage.view())
             elif region.retention.kind == "ring":
@@ -165,24 +233,52 @@ class Body:
         callee = f"hook '{stage.target}'" if call.is_hook else f"module '{stage.target or '(root)'}'"
         return f"{callee} called as ({', '.join(parts)})"
 
-    def _store(self, stage: str, view: View, version: Any) -> None:
-        """Keep the retained part of a stage's new version; it must agree with the plan's lengths."""
+    def _store_whole(self, stage: str, view: View, version: Any) -> None:
+        """A fixed region's or a ring's new version (a new tensor): copied whole."""
+        region = self.program.regions[view.region]
+        if not _fits(region, version):
+            raise TypeError(
+                f"stage '{stage}' gave {describe(version)} as the new version of region "
+                f"'{view.region}', declared {region.dtype}[{_dims(region)}]"
+            )
+        target = self.storage[view.region].view(None if region.fixed else view.length)
+        if tuple(version.shape) != tuple(target.shape):  # copy_ would broadcast it
+            raise ValueError(
+                f"stage '{stage}' returned {describe(version)} as region '{view.region}', which is always "
+                f"{describe(target)} ({'fixed' if region.fixed else region.retention.describe()})"
+            )
+        target.copy_(version)
+
+    def _store(self, stage: str, view: View, version: Any, handed: torch.Tensor | None = None) -> None:
+        """Keep the retained part of a stage's new version of a window region. Its length must be exactly
+        what the `.clock` declares: the units held plus the advance, or (a module that trims its state
+        itself) what the retention keeps of them. `handed`: the view the stage was given, when the region
+        is unbound: a version that is that memory again, as long as it was, was not advanced."""
         region = self.program.regions[view.region]
         if not _fits(region, version):  # a copy into the region would broadcast it or cast it silently
             raise TypeError(
                 f"stage '{stage}' gave {describe(version)} as the new version of region "
                 f"'{view.region}', declared {region.dtype}[{_dims(region)}]"
             )
-        kept = self.storage[view.region].store_version(version, region.retention)
-        if region.fixed:
+        units = version.shape[region.time_axis]
+        advance = view.transient - view.length
+        storage = self.storage[view.region]
+        unadvanced = handed is not None and advance > 0 and units == view.length and storage.holds(version)
+        if units not in (view.transient, view.kept) or unadvanced:
+            raise ValueError(_length_message(stage, view, region, units, advance, unadvanced))
+        storage.store_version(version, region.retention)
+
+    def _check_in_place(self, stage: str, view: View) -> None:
+        """A bound attribute that still holds the view it was handed: the module updated it in place, which
+        leaves the length handed, so that length must be what the region keeps after the update."""
+        region = self.program.regions[view.region]
+        if region.fixed or region.retention.kind == "ring" or view.length == view.kept:
             return
-        if kept != view.kept:
-            units = version.shape[region.time_axis]
-            raise ValueError(
-                f"stage '{stage}' returned {units} units of region '{view.region}'; the .clock says it held "
-                f"{view.length} and advances {view.transient - view.length} per firing, so it keeps {view.kept}, "
-                f"not {kept} ({region.retention.describe()}); check its `start` and `update` declarations"
-            )
+        raise ValueError(
+            f"stage '{stage}' left region '{view.region}' as the {view.length} units it was handed (updated in "
+            f"place, or not at all); the .clock says it advances {view.transient - view.length} per firing and "
+            f"keeps {view.kept} ({region.retention.describe()}): assign the new version to the attribute"
+        )
 
     def _view_tensor(self, view: View) -> torch.Tensor:
         region = self.program.regions[view.region]
@@ -195,6 +291,20 @@ class Body:
         if view.start == 0:
             return whole
         return whole.narrow(region.time_axis, view.start, view.length)
+
+
+def _length_message(stage: str, view: View, region, units: int, advance: int, returned_handed: bool) -> str:
+    expected = (
+        f"{view.transient} units"
+        if view.transient == view.kept
+        else f"{view.transient} units (held + advance), or {view.kept} (what the retention keeps of them)"
+    )
+    what = f"the {units} units it was handed" if returned_handed else f"{units} units"
+    return (
+        f"stage '{stage}' returned {what} as the new version of region '{view.region}'; the .clock says it held "
+        f"{view.length} and advances {advance} per firing ({region.retention.describe()}), so the version has "
+        f"{expected}; check its `start` and `update` declarations"
+    )
 
 
 def _fits(region, value: Any) -> bool:

@@ -3,7 +3,7 @@
 Everything here runs before a step changes anything: a bad input is a `StepError` and the session is
 exactly as before the call.
 
-Public: `template_index`, `plan_instant`, `input_regions`, `check_initial`.
+Public: `template_index`, `plan_instant`, `input_regions`, `check_initial`, `refuse_non_finite`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def template_index(
     for name, tensor in named.items():
         if (
             not isinstance(tensor, torch.Tensor)
+            or tensor.is_nested
+            or tensor.layout != torch.strided
             or tuple(tensor.shape) != template.inputs[name]
             or tensor.dtype != TORCH_DTYPES[plan.program.regions[name].dtype]
             or tensor.device != device
@@ -103,6 +105,11 @@ def plan_instant(
                 f"step() input '{name}': {problem}; expected {_expected(region, planned[name].length)} on {device}"
             )
         units = tensor.shape[region.time_axis]
+        if units == 0 and planned[name].length > 0 and not (last and _lookahead(program, simulator, instant, name)):
+            raise StepError(
+                f"step() input '{name}' has no units; this instant takes {_expected(region, planned[name].length)} "
+                f"on {device} (an instant with fewer units, down to 1, is a shorter one)"
+            )
         if units != planned[name].length:
             override[name] = units
     try:
@@ -137,8 +144,9 @@ def plan_instant(
     return firings, probe, off_plan
 
 
-def check_initial(program: Program, initial: Mapping[str, torch.Tensor]) -> None:
-    """StepError unless `initial` gives exactly the `start given` regions, each at its declared start."""
+def check_initial(program: Program, initial: Mapping[str, torch.Tensor], device: torch.device | None = None) -> None:
+    """StepError unless `initial` gives exactly the `start given` regions, each at its declared start, as a
+    dense tensor with data (not on the meta device), on the CPU or on `device`."""
     given = {n: r for n, r in program.regions.items() if r.start == "given"}
     for name in initial:
         if name not in given:
@@ -153,15 +161,58 @@ def check_initial(program: Program, initial: Mapping[str, torch.Tensor]) -> None
         region = given[name]
         length = None if region.fixed else region.start_length
         want = region.shape if region.fixed else region.shape_at(length)
+        expected = f"{region.dtype}[{', '.join(map(str, want))}]"
+        if isinstance(tensor, torch.Tensor):
+            problem = _layout_problem(tensor)
+            if problem is None and tensor.device.type == "meta":
+                problem = "on the meta device, which holds no values"
+            elif problem is None and device is not None and tensor.device.type not in ("cpu", device.type):
+                problem = f"on {tensor.device}, neither the CPU nor the runtime's {device}"
+            if problem is not None:
+                raise StepError(f"initial value for '{name}' is {problem}; expected a dense {expected}")
         if (
             not isinstance(tensor, torch.Tensor)
             or tuple(tensor.shape) != tuple(want)
             or tensor.dtype != TORCH_DTYPES[region.dtype]
         ):
+            raise StepError(f"initial value for '{name}' is {describe(tensor)}; expected {expected}")
+
+
+def refuse_non_finite(inputs: Mapping[str, torch.Tensor]) -> None:
+    """StepError naming the first input with a NaN or an infinite value (floating-point inputs; one host
+    read each): what `check_finite=True` adds to a step."""
+    for name, tensor in sorted(inputs.items()):
+        if not tensor.is_floating_point():
+            continue
+        bad = int((~torch.isfinite(tensor)).sum())
+        if bad:
+            nans = int(torch.isnan(tensor).sum())
             raise StepError(
-                f"initial value for '{name}' is {describe(tensor)}; expected {region.dtype}"
-                f"[{', '.join(map(str, want))}]"
+                f"step() input '{name}' has {bad} non-finite value(s) ({nans} NaN, {bad - nans} infinite); "
+                "check_finite refuses them (load without it to let them propagate, as the stock model does)"
             )
+
+
+def _layout_problem(tensor: torch.Tensor) -> str | None:
+    """Why a tensor cannot be copied into a region's dense memory, or None."""
+    if tensor.is_nested:
+        return "a nested tensor"
+    if tensor.layout != torch.strided:
+        return f"a tensor of layout {tensor.layout} (sparse)"
+    return None
+
+
+def _lookahead(program: Program, simulator: Simulator, instant: int, name: str) -> int:
+    """The most units a read of input `name` at `instant` holds back as lookahead (what `finish()` releases)."""
+    return max(
+        (
+            access.lookahead
+            for stage in simulator.stages_at(instant)
+            for access in program.stages[stage].accesses
+            if access.region == name and access.kind == "read"
+        ),
+        default=0,
+    )
 
 
 def _names(regions) -> str:
@@ -175,6 +226,11 @@ def _expected(region, length: int) -> str:
 def _input_problem(region, tensor: Any, device: torch.device) -> str | None:
     if not isinstance(tensor, torch.Tensor):
         return f"got {type(tensor).__name__}, not a tensor"
+    layout = _layout_problem(tensor)
+    if layout is not None:
+        return f"got {layout}; give a dense (strided) tensor" + (
+            ", e.g. tensor.to_dense()" if not tensor.is_nested else ""
+        )
     if tensor.dtype != TORCH_DTYPES[region.dtype]:
         return f"dtype {describe(tensor)}"
     if tensor.device != device and not (tensor.device.type == device.type == "cuda" and device.index is None):
@@ -184,7 +240,4 @@ def _input_problem(region, tensor: Any, device: torch.device) -> str | None:
     for axis, dim in enumerate(region.shape):
         if dim is not None and tensor.shape[axis] != dim:
             return f"got {describe(tensor)}"
-    units = tensor.shape[region.time_axis]
-    if units < 0:
-        return "no units"
     return None

@@ -38,7 +38,14 @@ from duplexcadence.dsl.program import Program
 from duplexcadence.interpreter.plans.plan import Plan, make_plan
 from duplexcadence.interpreter.plans.trace import Firing
 from duplexcadence.interpreter.runtime import capture as capture_strategies
-from duplexcadence.interpreter.runtime.binding import Attribute, StageCallable, bind_program
+from duplexcadence.interpreter.runtime.binding import (
+    Attribute,
+    ObjectSource,
+    StageCallable,
+    bind_objects,
+    bind_program,
+    host_counters,
+)
 from duplexcadence.interpreter.runtime.capture import CaptureStrategy, templates_of
 from duplexcadence.interpreter.runtime.capture.graphs import capture_slot
 from duplexcadence.interpreter.runtime.errors import CaptureWarning, SessionFailed, SessionsFailed, StepError
@@ -74,10 +81,30 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
+def host_available_bytes() -> int | None:
+    """The host memory available to a new allocation (MemAvailable of /proc/meminfo, or psutil's), None
+    where neither tells."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available)
+
+
 def available_bytes(device: torch.device) -> tuple[int, int] | None:
-    """(free on the device, cached by PyTorch's allocator but unused) for a CUDA device; None elsewhere.
-    The allocator returns its cached blocks to the driver before it gives up on an allocation, so
-    both count as available."""
+    """(free on the device, cached by PyTorch's allocator but unused) for a CUDA device; for the CPU, (the
+    host's available memory, 0); None elsewhere, or where the host does not tell. The allocator returns
+    its cached blocks to the driver before it gives up on an allocation, so both count as available."""
+    if device.type == "cpu":
+        free = host_available_bytes()
+        return None if free is None else (free, 0)
     if device.type != "cuda":
         return None
     free, _total = torch.cuda.mem_get_info(device)
@@ -110,6 +137,23 @@ def check_arena_fits(plan: Plan, sessions: int, device: torch.device, lanes: int
         )
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_counts(sessions: Any, lanes: Any, max_graphs: Any) -> None:
+    """ValueError for a `sessions`, `lanes` or `max_graphs` of the wrong type or out of range."""
+    if not _whole(sessions) or sessions < 1:
+        raise ValueError(f"sessions must be a whole number of at least 1 (an int), not {sessions!r}")
+    if not _whole(lanes) or not 1 <= lanes <= sessions:
+        raise ValueError(
+            f"lanes must be a whole number from 1 to sessions ({sessions}), not {lanes!r}: a lane "
+            "without a session slot would hold a scratch block nothing uses"
+        )
+    if max_graphs is not None and (not _whole(max_graphs) or max_graphs < 0):
+        raise ValueError(f"max_graphs must be None (no budget) or a whole number of at least 0, not {max_graphs!r}")
+
+
 class Runtime:
     """A plan bound to a model on one device, with an arena for `sessions` session slots in `lanes`
     lanes: slot i belongs to lane i % lanes; each lane has its own scratch block, graph memory pool
@@ -139,6 +183,8 @@ class Runtime:
         on_reset: Callable[[Any], None] | None,
         lanes: int = 1,
         capture: CaptureStrategy | None = None,
+        object_sources: dict[str, ObjectSource] | None = None,
+        check_finite: bool = False,
     ):
         self.plan = plan
         self.program: Program = plan.program
@@ -150,6 +196,10 @@ class Runtime:
         self.capture = capture or capture_strategies.get(capture_strategies.DEFAULT)
         self.on_reset = on_reset
         self.lanes = lanes
+        self.object_sources = dict(object_sources or {})
+        self.check_finite = check_finite
+        self.host_counters = host_counters(self.program, attributes, self.object_sources, model)
+        """The counters bound to an attribute that holds a Python int: set to the host value before each firing."""
         try:
             self.arena = DeviceArena(plan.arena, sessions, device, lanes)
         except torch.cuda.OutOfMemoryError:  # the free memory was there, but in pieces
@@ -227,6 +277,8 @@ class Runtime:
         on_reset: Callable[[Any], None] | None = None,
         lanes: int = 1,
         capture: str | None = None,
+        objects: Mapping[str, Any] | None = None,
+        check_finite: bool = False,
     ) -> Runtime:
         """Check the `.clock` file, plan it, bind it to `model`, and allocate the arena.
 
@@ -237,8 +289,12 @@ class Runtime:
         `graphs`: False (or "off", "never") is `capture="eager"`; "auto" follows `capture`.
         `lanes`: how many sessions `step_many` can run at once (1 to `sessions`); each lane adds one
         copy of the scratch block to the arena and has its own graph pool and CUDA stream.
-        Raises `ClockError` with located diagnostics when the file, the binding or the budget fails.
+        `objects`: the caller-owned objects the `.clock` declares without a factory (`object NAME`), by name.
+        `check_finite`: refuse step inputs with NaN or infinite values (StepError); by default they propagate.
+        Raises `ClockError` with located diagnostics when the file, the binding or the budget fails, and
+        ValueError for arguments of the wrong type or out of range.
         """
+        _check_counts(sessions, lanes, max_graphs)
         if graphs in (False, "off", "never"):
             if capture not in (None, "eager"):
                 raise ValueError(
@@ -248,24 +304,34 @@ class Runtime:
             capture = "eager"
         strategy = capture_strategies.get(capture or capture_strategies.DEFAULT)
         device = resolve_device(device)
-        if sessions < 1:
-            raise ValueError(f"sessions must be at least 1, not {sessions}")
-        if not isinstance(lanes, int) or not 1 <= lanes <= sessions:
-            raise ValueError(
-                f"lanes must be a whole number from 1 to sessions ({sessions}), not {lanes!r}: a lane "
-                "without a session slot would hold a scratch block nothing uses"
-            )
         program = (
             clock if isinstance(clock, Program) else load_program(clock, {k: str(v) for k, v in (params or {}).items()})
         )
         plan = make_plan(program, max_graphs=max_graphs)
         callables, attributes = bind_program(program, model, hooks, device)
+        sources = bind_objects(program, model, hooks, objects, device)
         check_arena_fits(plan, sessions, device, lanes)
         use_graphs = device.type == "cuda" and strategy.graphs
-        return cls(plan, model, device, callables, attributes, sessions, use_graphs, on_reset, lanes, strategy)
+        return cls(
+            plan,
+            model,
+            device,
+            callables,
+            attributes,
+            sessions,
+            use_graphs,
+            on_reset,
+            lanes,
+            strategy,
+            sources,
+            bool(check_finite),
+        )
 
-    def session(self, initial: Mapping[str, torch.Tensor] | None = None, seed: int = 0) -> Session:
-        """A new session in a free slot: its regions at their start, its own RNG state from `seed`."""
+    def session(
+        self, initial: Mapping[str, torch.Tensor] | None = None, seed: int = 0, check_finite: bool | None = None
+    ) -> Session:
+        """A new session in a free slot: its regions at their start, its own RNG state from `seed`;
+        `check_finite` (default: the runtime's) refuses step inputs with NaN or infinite values."""
         with self.lock:
             if not self.free_slots:
                 raise RuntimeError(
@@ -273,7 +339,9 @@ class Runtime:
                     f"the runtime with sessions={self.arena.sessions + 1}"
                 )
             slot = self.free_slots[0]
-            session = Session(self, slot, initial, seed)  # raises before taking the slot on bad initial values
+            session = Session(
+                self, slot, initial, seed, check_finite
+            )  # raises before taking the slot on bad initial values
             if self.graphs_enabled:
                 if slot not in self.slot_graphs:
                     capture_slot(session, self.capture)  # an error here leaves the slot free

@@ -25,11 +25,11 @@ from typing import Any, TypeVar
 import attrs
 import torch
 
-from duplexcadence.interpreter.plans.trace import Firing, Simulator
+from duplexcadence.interpreter.plans.trace import Firing, Simulator, counter_values
 from duplexcadence.interpreter.runtime.body import Body
 from duplexcadence.interpreter.runtime.capture.strategy import Run
 from duplexcadence.interpreter.runtime.errors import SessionFailed, StepError
-from duplexcadence.interpreter.runtime.inputs import check_initial, plan_instant, template_index
+from duplexcadence.interpreter.runtime.inputs import check_initial, plan_instant, refuse_non_finite, template_index
 from duplexcadence.interpreter.runtime.replay import GraphReplay, StageGraph, matching_runs
 from duplexcadence.interpreter.runtime.reports import Counters
 from duplexcadence.interpreter.runtime.rng import call_with_rng, seeded_rng_state
@@ -68,11 +68,23 @@ class Session:
     last_outputs: Any = None
     failed: BaseException | None = None
 
-    def __init__(self, runtime: Any, slot: int, initial: Mapping[str, torch.Tensor] | None, seed: int):
+    def __init__(
+        self,
+        runtime: Any,
+        slot: int,
+        initial: Mapping[str, torch.Tensor] | None,
+        seed: int,
+        check_finite: bool | None = None,
+    ):
         self.runtime = runtime
         self.slot = slot
         self._lane = runtime.lane_of(slot)
         self.seed = seed
+        self.check_finite = runtime.check_finite if check_finite is None else bool(check_finite)
+        """Refuse inputs with NaN or infinite values (StepError), at the cost of one host read per input;
+        by default they propagate, as in the stock model."""
+        self.objects: dict[str, Any] = {}
+        """The session's caller-owned objects by name (`object` in the .clock), made again at each reset."""
         program = runtime.program
         self.storage: dict[str, RegionStorage] = {}
         for name, region in program.regions.items():
@@ -82,7 +94,15 @@ class Session:
             if runtime.plan.schedule.regions[name].double_buffer_bytes:
                 double = runtime.arena.block(f"{name}~double", None, self.lane)
             self.storage[name] = RegionStorage(region, flat, double)
-        self.body = Body(program, runtime.model, runtime.callables, runtime.attributes, self.storage)
+        self.body = Body(
+            program,
+            runtime.model,
+            runtime.callables,
+            runtime.attributes,
+            self.storage,
+            self.objects,
+            runtime.host_counters,
+        )
         self.graphs: dict[tuple, StageGraph] = {}
         self.runs: dict[int, tuple[Run, ...]] = {}
         self.replays: dict[int, tuple[GraphReplay, ...] | None] = {}  # by template index, resolved after capture
@@ -92,7 +112,7 @@ class Session:
         self._unfinished = SessionFailed("a step was interrupted before it committed its instant")
         self.closed = False
         self.initial = dict(initial or {})
-        check_initial(program, self.initial)
+        check_initial(program, self.initial, runtime.device)
         self.reset()
 
     # --- public API ------------------------------------------------------------------------------
@@ -114,7 +134,7 @@ class Session:
             if self.closed:  # its slot may be another session's now: resetting would overwrite that one
                 raise RuntimeError("this session is closed")
             if initial is not None:
-                check_initial(runtime.program, initial)
+                check_initial(runtime.program, initial, runtime.device)
                 self.initial = dict(initial)
             self.failed = SessionFailed("reset() did not complete")
             for name, storage in self.storage.items():
@@ -131,6 +151,8 @@ class Session:
             self.finished = False
             self.last_outputs = None
             self.rng_state = seeded_rng_state(self.seed, runtime.device)
+            for name, source in runtime.object_sources.items():  # in place: the body holds this dict
+                self.objects[name] = source.make(runtime.model)
             self.body.bind_current(self.simulator.length)
             if runtime.on_reset is not None:
                 runtime.on_reset(runtime.model)
@@ -227,6 +249,8 @@ class Session:
         with self.runtime.lock:
             self._check_steppable()
             index = self._planned_index(args, inputs, last)
+            if index is not None and self.check_finite:
+                refuse_non_finite(inputs)
             replays = None if index is None else self.replays.get(index)
             if replays is not None:
                 return self._replay(replays, inputs)
@@ -262,6 +286,8 @@ class Session:
     def _begin(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool, index: int | None) -> PendingStep:
         runtime = self.runtime
         if index is not None:
+            if self.check_finite:
+                refuse_non_finite(inputs)
             runs = self.runs.get(index) or matching_runs(self.graphs, runtime.templates[index].firings)
             return PendingStep(runs, inputs, None, False, last, dict(runtime.plan.trace.states[index][0]))
         self._sync_simulator()
@@ -269,6 +295,8 @@ class Session:
         firings, simulator, off_plan = plan_instant(
             runtime.plan, runtime.device, self.simulator, self._instant, args, inputs, last
         )
+        if self.check_finite:
+            refuse_non_finite(inputs)
         return PendingStep(matching_runs(self.graphs, firings), inputs, simulator, off_plan, last, lengths)
 
     def _replay(self, replays: tuple[GraphReplay, ...], inputs: Mapping[str, torch.Tensor]):
@@ -317,9 +345,13 @@ class Session:
         else:
             firing = run.firings[0]
             if firing.instant != self._instant:  # a template: hooks see the real instant and count
-                count = runtime.counts_before(self._instant)[firing.stage]
+                counts = runtime.counts_before(self._instant)
                 firing = attrs.evolve(
-                    firing, instant=self._instant, count=count, time=runtime.plan.clocks.instant_time(self._instant)
+                    firing,
+                    instant=self._instant,
+                    count=counts[firing.stage],
+                    time=runtime.plan.clocks.instant_time(self._instant),
+                    counters=counter_values(runtime.program, counts),
                 )
             module_outputs = call_in_session(self, uses_rng, self.body.run, firing)
             if not off_plan and firing.signature in runtime.first_firing:
@@ -383,7 +415,8 @@ class Session:
         runtime = self.runtime
         index = runtime.plan.trace.planned_index(self._instant)
         lengths, fills = runtime.plan.trace.states[index]
-        self.simulator.restore(lengths, fills, runtime.counts_before(self._instant))
+        pending = runtime.plan.trace.pending_at(index)
+        self.simulator.restore(lengths, fills, runtime.counts_before(self._instant), pending)
         self.simulator_stale = False
 
 

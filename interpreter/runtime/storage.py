@@ -160,6 +160,10 @@ class RegionStorage:
     def fill_zero(self) -> None:
         self.flat.zero_()
 
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor` is (a view of) this region's own memory."""
+        return self._aliases(tensor)
+
     def _aliases(self, tensor: torch.Tensor) -> bool:
         """Whether the bytes `tensor` can reach overlap this region's memory (its own extent, not its
         storage's: a view of another region of the same arena does not alias this one)."""

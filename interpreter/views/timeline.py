@@ -230,7 +230,7 @@ def _region_cells(plan: Plan, traced: int) -> dict[str, list[RegionCell]]:
             else:
                 before = length[name]
                 peak = max([before] + [v.transient for v in grows])
-                kept = [v.kept for v in grows if v.kept is not None]
+                kept = [v.kept for _, v in touching if v.kept is not None]
                 after = kept[-1] if kept else peak
                 length[name] = after
                 cells[name].append(

@@ -327,7 +327,7 @@ def test_an_arena_over_the_free_device_memory_says_needed_and_available(monkeypa
     )
     fake_cuda_memory(monkeypatch, free=needed - 1000, reserved=1200, allocated=200)
     check_arena_fits(plan, 3, torch.device("cuda", 0))  # the allocator's cache makes up the difference
-    check_arena_fits(plan, 3, torch.device("cpu"))  # host memory is not checked
+    check_arena_fits(plan, 3, torch.device("cpu"))  # the host has room for three toy sessions
 
 
 def test_runtime_load_refuses_before_allocating_anything(monkeypatch):

@@ -9,6 +9,7 @@ or leave stale units in an output: both are refused, naming the stage, the regio
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import torch
@@ -156,6 +157,13 @@ def assert_same(before: dict, after: dict) -> None:
     assert torch.equal(before["rng"], after["rng"])
 
 
+def prototype(make):
+    """`make()` with PyTorch's warning that the layout is a prototype (nested) or in beta (sparse CSR) silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return make()
+
+
 BAD_CALLS = [
     (
         (),
@@ -171,6 +179,22 @@ BAD_CALLS = [
         "region 'codes' would hold 100 units, over its capacity "
         "of 1 (scratch); input 'codes' has 100 units where the "
         "plan feeds 1: feed at most the planned units an instant",
+    ),
+    (
+        (),
+        {"codes": torch.zeros(1, 0, dtype=torch.int64)},
+        "step() input 'codes' has no units; this instant takes i64[1, 1] on cpu",
+    ),
+    (
+        (),
+        {"codes": torch.zeros(1, 1, dtype=torch.int64).to_sparse()},
+        "step() input 'codes': got a tensor of layout torch.sparse_coo (sparse); give a dense (strided) tensor",
+    ),
+    ((), {"codes": prototype(lambda: torch.zeros(1, 1, dtype=torch.int64).to_sparse_csr())}, "torch.sparse_csr"),
+    (
+        (),
+        {"codes": prototype(lambda: torch.nested.nested_tensor([torch.zeros(1, 1, dtype=torch.int64)]))},
+        "step() input 'codes': got a nested tensor; give a dense (strided) tensor",
     ),
     ((), {"tokens": torch.zeros(1, 1, dtype=torch.int64)}, "missing codes; unexpected tokens"),
     ((), {}, "missing codes"),

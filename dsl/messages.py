@@ -1167,6 +1167,18 @@ def capture_blocked(stage: str, reason: str, span: Span | None) -> Diagnostic:
     )
 
 
+def capture_obstacle(stage: str, operation: str, count: int, advice: str, span: Span | None) -> Diagnostic:
+    """One host-side obstacle to capturing `stage`, found while it warmed up: `count` per firing (0: not a
+    count, e.g. a counter's host value used)."""
+    times = "" if count == 0 else ", once per firing" if count == 1 else f", {count} times per firing"
+    return Diagnostic(
+        CAPTURE_BLOCKED,
+        f"stage '{stage}' cannot be captured: {operation}{times}",
+        span,
+        helps=(advice, "the stage runs eagerly, outputs unchanged"),
+    )
+
+
 # --- limits -------------------------------------------------------------------------------------
 
 

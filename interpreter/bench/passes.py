@@ -130,6 +130,9 @@ def run_variant(
             peak_reserved = torch.cuda.max_memory_reserved(device)
         timing = second_statistics(subject, tick_ms)
         info = variant.info(runner)
+        blocked = capture_findings(runner)
+        if blocked:
+            info = {**info, "capture_blocked": blocked}
         if largest_difference is not None:
             info = {**info, "max_abs_diff_vs_reference": largest_difference}
         memory = memory_breakdown(subject, runner, info, peak_allocated, state_bytes)
@@ -177,6 +180,21 @@ def run_guarded(
     except Exception as error:
         recover(subject.device)
         return failed_result(variant, error), []
+
+
+def capture_findings(runner: Any) -> list[str]:
+    """What kept a DuplexCadence variant's stages out of CUDA graphs (its runtime's `capture-blocked`
+    diagnostics, located in the `.clock`), for a runner that is a session of a runtime; else nothing."""
+    runtime = getattr(runner, "runtime", None)
+    report = getattr(runtime, "report", None)
+    if report is None:
+        return []
+    found = []
+    for diagnostic in report().blocked:
+        where = diagnostic.span
+        located = f"{where.path}:{where.line}:{where.column}: " if where is not None else ""
+        found.append(f"{located}{diagnostic.message}")
+    return found
 
 
 def interleaved_info(timed: SecondStatistics) -> dict:

@@ -118,4 +118,6 @@ def format_table(subject: Subject, results: list[VariantResult]) -> str:
             )
         if r.info.get("trace"):
             lines.append(trace_line(r.name, r.info["trace"]))
+        for finding in r.info.get("capture_blocked", ()):
+            lines.append(f"  {r.name}: {finding}")
     return "\n".join(lines)

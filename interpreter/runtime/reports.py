@@ -104,5 +104,7 @@ class RuntimeReport:
             f"outside the plan; {self.short_path_steps} steps on the short replay path"
         )
         for diagnostic in self.blocked:
-            lines.append(f"  blocked: {diagnostic.message}")
+            where = diagnostic.span
+            located = f" ({where.path}:{where.line}:{where.column})" if where is not None else ""
+            lines.append(f"  blocked: {diagnostic.message}{located}")
         return "\n".join(lines)

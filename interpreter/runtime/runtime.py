@@ -221,6 +221,8 @@ class Runtime:
         self.lock = threading.RLock()
         self.free_slots = list(range(sessions))
         self.blocked: dict[str, Diagnostic] = {}
+        self.obstacles: dict[str, tuple[Diagnostic, ...]] = {}
+        """Per blocked stage, every obstacle to its capture the warm-up found (capture/obstacles.py)."""
         # graphs share a private memory pool only within a lane: the pool's allocator assumes its graphs
         # replay one after another, which holds within a lane (one stream) but not across lanes
         self.pools = [torch.cuda.graph_pool_handle() for _ in range(lanes)] if graphs else [None] * lanes
@@ -396,7 +398,7 @@ class Runtime:
                 self.graphs_captured,
                 len(covered),
                 self.capture_seconds,
-                tuple(self.blocked.values()),
+                tuple(d for name, first in self.blocked.items() for d in self.obstacles.get(name, (first,))),
                 totals.replays,
                 totals.eager_planned,
                 totals.eager_off_plan,

@@ -1,11 +1,13 @@
 """Capturing a session slot's CUDA graphs, ahead of time, as its capture strategy plans the runs.
 
 A slot's addresses are known before any tick, so the graph for a warm-up instant is captured before
-the instant happens. First every planned (stage, signature) is warmed up and probed for host syncs (a
-stage that syncs is blocked: it runs eagerly); then each planned instant's graph runs are captured,
-each as one CUDA graph, in the lane's graph pool and on the lane's stream.
+the instant happens. First every planned (stage, signature) is warmed up and probed for what a graph
+cannot hold (capture/obstacles.py: host reads of device values, host-device copies, caller-owned tensors
+outside the arena, every other host synchronisation; a stage with any is blocked, with one located
+diagnostic per obstacle, and runs eagerly); then each planned instant's graph runs are captured, each as
+one CUDA graph, in the lane's graph pool and on the lane's stream.
 
-Public: `capture_slot`, `collector_paused`, `sync_debug`.
+Public: `capture_slot`, `probe_stage`, `host_counters_seen`, `collector_paused`, `sync_debug`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,19 @@ import time
 import warnings
 from collections.abc import Callable, Generator
 
+import attrs
 import torch
 
 from duplexcadence.dsl import messages
 from duplexcadence.interpreter.plans.trace import Firing
+from duplexcadence.interpreter.runtime.binding import tensors_in
+from duplexcadence.interpreter.runtime.capture.obstacles import (
+    RecordedCounters,
+    counter_obstacles,
+    diagnostics_of,
+    find_obstacles,
+    owned_pointers,
+)
 from duplexcadence.interpreter.runtime.capture.strategy import CaptureStrategy, Run, StepTemplate, checked_runs
 from duplexcadence.interpreter.runtime.errors import CaptureWarning
 from duplexcadence.interpreter.runtime.lanes import lane_stream
@@ -48,9 +59,12 @@ def capture_slot(session: Session, strategy: CaptureStrategy) -> None:
         for storage in session.storage.values():
             storage.fill_zero()
         try:
-            call_in_session(session, stage.rng, _warm_up_and_probe, session, firing)
-        except Exception as error:  # a sync or host copy: plan this stage eager, say where
+            obstacles = call_in_session(session, stage.rng, probe_stage, session, firing)
+        except Exception as error:  # the stage raised: plan it eager, say where
             _block(session, stage, error, stacklevel=4)
+        else:
+            if obstacles:
+                _block_obstacles(session, stage, diagnostics_of(stage.name, obstacles, stage.span), stacklevel=4)
         torch.cuda.synchronize(runtime.device)
     for index, template in enumerate(runtime.templates):
         session.runs[index] = _capture_template(
@@ -59,13 +73,52 @@ def capture_slot(session: Session, strategy: CaptureStrategy) -> None:
     session.reset()
 
 
-def _warm_up_and_probe(session: Session, firing: Firing) -> None:
-    lengths = session.runtime.plan.trace.states[firing.instant][0]
+def probe_stage(session: Session, firing: Firing) -> list:
+    """Run the firing's body twice: a warm-up, then the probe that counts what a graph cannot hold
+    (obstacles.find_obstacles), which it returns."""
+    runtime = session.runtime
+    lengths = runtime.plan.trace.states[firing.instant][0]
     session.body.bound_lengths = dict(lengths)
     session.body.run(firing)  # warm-up: lazy buffers, cuBLAS handles, torch.compile'd kernels
     session.body.bound_lengths = dict(lengths)
-    with sync_debug("error"):
-        session.body.run(firing)  # the probe: a host sync inside the stage raises here
+    arena = runtime.arena.buffer
+    start = arena.data_ptr()
+    end = start + arena.numel()
+    owned = owned_pointers(
+        (item for name, value in session.objects.items() for item in tensors_in(value, name)),
+        runtime.device.type,
+        lambda pointer: start <= pointer < end,
+    )
+    recorded = RecordedCounters(firing.counters)
+    probe = attrs.evolve(firing, counters=recorded)
+    try:
+        cuda = runtime.device.type == "cuda"
+        found = find_obstacles(lambda: session.body.run(probe), runtime.device.type, owned, sync_warnings=cuda)
+    except Exception:  # code the counting mode cannot run (a compiled kernel): the first host sync raises
+        session.body.bound_lengths = dict(lengths)
+        with sync_debug("error"):
+            session.body.run(probe)
+        found = []
+    changing = set(runtime.program.counters) - runtime.plan.repeating_counters
+    read = (recorded.read - runtime.host_counters) & changing  # the body itself reads the bound ones
+    return found + counter_obstacles(read, host_counters_seen(runtime, firing.stage, changing))
+
+
+def host_counters_seen(runtime, stage_name: str, counters: set[str]) -> list[tuple[str, str]]:
+    """The counters among `counters` bound as Python ints where stage `stage_name` can see them: into an
+    object the stage passes, or into the model at a path under the stage's module (or anywhere, for a hook)."""
+    program = runtime.program
+    stage = program.stages[stage_name]
+    passed = {p.object for p in stage.passes}
+    seen = []
+    for name in sorted(counters & runtime.host_counters):
+        region = program.regions[name]
+        if region.bind_object is not None:
+            if region.bind_object in passed:
+                seen.append((name, f'bind {region.bind_object} "{region.bind}"'))
+        elif stage.callable_kind == "hook" or not stage.target or region.bind.startswith(stage.target + "."):
+            seen.append((name, f'bind "{region.bind}"'))
+    return seen
 
 
 def _capture_template(
@@ -131,6 +184,18 @@ def _capture_run(session: Session, key: tuple, firings: tuple[Firing, ...], stre
     runtime.capture_seconds += session.graphs[key].capture_seconds
     runtime.graphs_captured = max(runtime.graphs_captured, len(session.graphs))
     return None
+
+
+def _block_obstacles(session: Session, stage, diagnostics: list, stacklevel: int) -> None:
+    """Plan `stage` eager from now on: every obstacle its probe found, one `capture-blocked` diagnostic
+    each, in the runtime's report, and one `CaptureWarning` listing them."""
+    runtime = session.runtime
+    runtime.blocked[stage.name] = diagnostics[0]
+    runtime.obstacles[stage.name] = tuple(diagnostics)
+    listed = "; ".join(d.message.split(": ", 1)[1] for d in diagnostics)
+    warnings.warn(
+        f"stage '{stage.name}' cannot be captured: {listed}; it runs eagerly", CaptureWarning, stacklevel=stacklevel
+    )
 
 
 def _block(session: Session, stage, error: BaseException, stacklevel: int) -> None:

@@ -44,7 +44,8 @@ class Draft:
             f"drafted {len(proposals.inputs)} input(s), {len(proposals.outputs)} output(s) and "
             f"{len(proposals.regions)} state tensor(s) as {families} region declaration(s) from "
             f"{proposals.calls} calls ({rate_text(proposals.call_rate).removesuffix(' Hz')} calls per second); "
-            f"{len(proposals.skipped)} tensor(s) seen but left out, {len(proposals.counters)} host counter(s); "
+            f"{len(proposals.skipped)} tensor(s) seen but left out, {len(proposals.counter_proposals)} counter(s), "
+            f"{len(proposals.counters)} other host int(s); "
             f"the draft {verdict}"
         )
 

@@ -42,6 +42,7 @@ class InputProposal:
     given: int  # units present before the first call's new ones
     new_units: tuple[int, ...]  # new units per call
     notes: tuple[str, ...] = ()
+    first: bool = False  # the history it keeps starts as copies of its first unit (`start first`)
 
 
 @attrs.frozen
@@ -85,6 +86,19 @@ class RegionProposal:
 
 
 @attrs.frozen
+class CounterProposal:
+    """Host ints that start at 0 and advance by `step` every call: one `counter` (`paths`: where they live,
+    several when they count alike at paths that differ by an index)."""
+
+    paths: tuple[str, ...]
+    step: int
+
+    @property
+    def path(self) -> str:
+        return self.paths[0]
+
+
+@attrs.frozen
 class Proposals:
     calls: int
     call_rate: Fraction
@@ -95,6 +109,9 @@ class Proposals:
     skipped: tuple[str, ...]  # notes on tensors seen but not proposed
     draws_random: bool
     module_order: tuple[str, ...]
+    counter_proposals: tuple[CounterProposal, ...] = ()
+    state_roots: dict[str, str] = attrs.field(factory=dict)  # caller-owned objects: path prefix -> name
+    handback: bool = False
 
 
 class DraftError(Exception):
@@ -290,7 +307,14 @@ def _owner_advance(recording: Recording, path: str, shape: tuple[int, ...]) -> t
     return None
 
 
-def _start(initial: Seen | None, first: Seen | None, axis: int | None, advance: int | None, match_zero: bool):
+def _start(
+    initial: Seen | None,
+    first: Seen | None,
+    axis: int | None,
+    advance: int | None,
+    match_zero: bool,
+    match_first: bool = False,
+):
     if initial is not None and initial.numel > 0:
         if initial.is_zero():
             return "zeros", (initial.shape[axis] if axis is not None else 0), None
@@ -303,6 +327,13 @@ def _start(initial: Seen | None, first: Seen | None, axis: int | None, advance: 
             return "zeros", 0, "the first call left zeros ahead of its units: the stock pads zeros"
     if match_zero:
         return "zeros", 0, "the first call's module input began with zeros where the carry goes: the stock pads zeros"
+    if match_first:
+        return (
+            "first-firing",
+            0,
+            "the first call's module input began with copies of its first new unit where the carry goes: the "
+            "stock pads by replicating it, from the data (its first call makes the start)",
+        )
     return "empty", 0, None
 
 
@@ -314,7 +345,7 @@ def propose_region(recording: Recording, path: str, call_rate: Fraction) -> Regi
     if not present:
         return None
     if all(s.numel == 0 for s in present):
-        return f"{path}: zero-length every call (a kernel-1 carry?): nothing to keep"
+        return _zero_length(recording, path, present[-1])
     if not _changes(series):
         return None
     last = present[-1]
@@ -332,7 +363,7 @@ def propose_region(recording: Recording, path: str, call_rate: Fraction) -> Regi
     axis: int | None = None
     advance: int | None = None
     retention: Retention
-    match_zero = False
+    match_zero = match_first = False
     matches = [m for k, found in enumerate(recording.matches) if k > 0 for m in found.get(path, ())]
     first_matches = recording.matches[0].get(path, ()) if recording.matches else ()
     if len(varying) > 1:
@@ -392,6 +423,7 @@ def propose_region(recording: Recording, path: str, call_rate: Fraction) -> Regi
                 notes.append(note)
         if axis is not None:
             match_zero = any(m.head_zero and m.axis == axis for m in first_matches)
+            match_first = any(m.head_first and m.axis == axis for m in first_matches)
             length = last.shape[axis]
             pointers = {s.data_ptr for s in present} | ({initial.data_ptr} if initial is not None else set())
             if len(pointers) == 1:
@@ -404,7 +436,7 @@ def propose_region(recording: Recording, path: str, call_rate: Fraction) -> Regi
                 notes.append("too large to follow slice by slice: declared whole")
     if axis is not None and advance is None:
         return f"{path}: its time axis is {axis} but no advance per call could be told"
-    start, start_length, start_note = _start(initial, series[0], axis, advance, match_zero)
+    start, start_length, start_note = _start(initial, series[0], axis, advance, match_zero, match_first)
     if start_note:
         notes.append(start_note)
     if retention.kind == "all" and start == "zeros":
@@ -437,6 +469,49 @@ def propose_region(recording: Recording, path: str, call_rate: Fraction) -> Regi
     )
 
 
+def _zero_length(recording: Recording, path: str, last: Seen) -> RegionProposal | str:
+    """A tensor that holds no units every call (the cache of a kernel-1 or kernel = stride conv): a region that
+    keeps 0 units (`retain last 0`), its time axis the one of length 0, its advance the units the module inputs
+    of its other dimensions take per call (the most common)."""
+    zeros = [a for a, d in enumerate(last.shape) if d == 0]
+    skipped = f"{path}: zero-length every call, along no single axis: nothing to keep"
+    location = recording.locations[path]
+    if location.bindable and not any(m and (path == m or path.startswith(m + ".")) for m in recording.module_order):
+        return f"{path}: zero-length every call, in a module the call never ran: nothing to keep"
+    dtype = DTYPE_NAMES.get(last.dtype)
+    if len(zeros) != 1 or dtype is None:
+        return skipped
+    axis = zeros[0]
+    others = _shape(last.shape, axis)
+    extents = Counter(
+        shape[axis]
+        for inputs, _ in recording.module_shapes.values()
+        for shape in inputs
+        if len(shape) == len(last.shape) and _shape(shape, axis) == others and shape[axis] > 0
+    )
+    if not extents:
+        return skipped
+    advance = extents.most_common(1)[0][0]
+    note = (
+        f"zero-length every call (the cache of a kernel-1 conv, or kernel = stride); {advance} units a call, the "
+        "most common length of the module inputs of its shape: check it"
+    )
+    return RegionProposal(
+        path=path,
+        bindable=location.bindable,
+        dtype=dtype,
+        shape=others,
+        time_axis=axis,
+        advance=advance,
+        retention=Retention("last", 0, 0),
+        start="empty",
+        start_length=0,
+        stock=None,
+        notes=(note,),
+        aliases=recording.aliases.get(path, ()),
+    )
+
+
 def _pinned(series: list[Seen | None], axis: int, most: int, from_head: bool) -> int:
     """Units at the head (or the tail) that stayed equal between consecutive full calls (the least over them)."""
     full = [s for s in series if s is not None and s.shape[axis] == most and s.slices is not None]
@@ -465,12 +540,15 @@ def propose(recording: Recording, rate: Fraction) -> Proposals:
     regions: list[RegionProposal] = []
     skipped: list[str] = []
     consumed: dict[str, int] = {}
+    replicated: set[str] = set()
     paths = list(dict.fromkeys(p for snapshot in recording.after for p in snapshot))
     for path in paths:
         history = _input_history(recording, path, inputs) if _changes(_present(recording, path)) else None
         if history is not None:
             name, longest = history
             consumed[name] = max(consumed.get(name, 0), longest)
+            if any(m.head_first for m in (recording.matches[0].get(path, ()) if recording.matches else ())):
+                replicated.add(name)
             skipped.append(f"{path}: the newest {longest} units of input '{name}' (its history)")
             continue
         proposal = propose_region(recording, path, call_rate)
@@ -479,15 +557,27 @@ def propose(recording: Recording, rate: Fraction) -> Proposals:
         elif isinstance(proposal, str):
             skipped.append(proposal)
     final_inputs = []
-    for name, proposal in inputs.items():
+    for name, found in inputs.items():
         kept = consumed.get(name, 0)
-        if kept > proposal.context:
+        if kept > found.context:
             note = f"the stock loop keeps the newest {kept} units of '{name}' between calls"
-            proposal = attrs.evolve(proposal, context=kept, notes=(*proposal.notes, note))
-        final_inputs.append(proposal)
+            found = attrs.evolve(found, context=kept, notes=(*found.notes, note))
+        if name in replicated and not found.given:
+            note = (
+                f"before the first call that history was copies of the first unit of '{name}' (replicate padding): "
+                "`start first`"
+            )
+            found = attrs.evolve(found, first=True, notes=(*found.notes, note))
+        final_inputs.append(found)
     counters: dict[tuple, list[str]] = {}
+    counting: dict[tuple[str, int], list[str]] = {}
     for path, values in recording.counters.items():
         known = [v for v in values if v is not None]
+        steps_seen = {b - a for a, b in itertools.pairwise(known)}
+        if len(known) == len(values) and known and known[0] == 0 and len(steps_seen) == 1 and min(steps_seen) > 0:
+            template = re.sub(r"(^|\.)\d+(?=\.|$)", r"\1{i}", path)
+            counting.setdefault((template, steps_seen.pop()), []).append(path)
+            continue
         if len(set(known)) > 1:
             steps = tuple(sorted({b - a for a, b in itertools.pairwise(known)}))
             template = re.sub(r"(^|\.)\d+(?=\.|$)", r"\1{i}", path)
@@ -509,4 +599,7 @@ def propose(recording: Recording, rate: Fraction) -> Proposals:
         skipped=tuple(skipped),
         draws_random=recording.draws_random,
         module_order=recording.module_order,
+        counter_proposals=tuple(CounterProposal(tuple(paths), step) for (_, step), paths in counting.items()),
+        state_roots=dict(recording.state_roots),
+        handback=recording.handback,
     )

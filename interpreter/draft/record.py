@@ -32,6 +32,7 @@ class TailMatch:
     length: int
     head_zero: bool  # the module's first `length` units along `axis` were all zero
     carried: bool  # those first units were the tensor's value before the call: the module saw carry + new
+    head_first: bool = False  # the first `length` units were copies of the unit after them (replicate padding)
 
     @property
     def arrived(self) -> int:
@@ -67,6 +68,10 @@ class Recording:
     outputs: dict[str, Stream]
     counters: dict[str, tuple[int, ...]]
     draws_random: bool
+    state_roots: dict[str, str] = attrs.field(factory=dict)
+    """The caller-owned objects: path prefix (`state`, or `state.NAME` for a dict of named objects) -> name."""
+    handback: bool = False
+    """Whether the step took its state and returned it (`StockLoop.handback`)."""
 
 
 class StepError(Exception):
@@ -119,8 +124,9 @@ def _tail_matches(
             if key not in cache:
                 tail = slice_prints(item.tensor.narrow(axis, extent - length, length), axis)
                 head = slice_prints(item.tensor.narrow(axis, 0, length), axis)
-                cache[key] = (tail, head)
-            tail, head = cache[key]
+                after_head = slice_prints(item.tensor.narrow(axis, length, 1), axis)[0] if extent > length else None
+                cache[key] = (tail, head, after_head)
+            tail, head, after_head = cache[key]
             if tail == state.slices[axis]:
                 head_zero = all(p == (0.0, 0.0, 0.0) for p in head)
                 before = previous.get(path) if previous is not None else None
@@ -128,7 +134,8 @@ def _tail_matches(
                     carried = head == before.slices[axis]
                 else:
                     carried = head_zero
-                match = TailMatch(item.module, item.role, axis, extent, length, head_zero, carried)
+                head_first = after_head is not None and not head_zero and all(p == after_head for p in head)
+                match = TailMatch(item.module, item.role, axis, extent, length, head_zero, carried, head_first)
                 found.setdefault(path, []).append(match)
     return {path: tuple(matches) for path, matches in found.items()}
 
@@ -211,7 +218,18 @@ def record(loop: StockLoop, calls: int, max_calls: int) -> Recording:
         outputs={n: Stream(n, s["axis"], s["dtype"], tuple(s["shapes"]), ()) for n, s in outputs.items()},
         counters={path: tuple(values) for path, values in counters.items()},
         draws_random=draws_random,
+        state_roots=state_roots(loop.state),
+        handback=loop.handback,
     )
+
+
+def state_roots(state: Any) -> dict[str, str]:
+    """The path prefix of each caller-owned object the walker visits (`find_tensors`), with its name."""
+    if state is None:
+        return {}
+    if isinstance(state, Mapping) and all(isinstance(k, str) and k.isidentifier() for k in state):
+        return {f"state.{name}": name for name in state}
+    return {"state": "state"}
 
 
 def _still_growing(after: list[dict[str, Seen]]) -> bool:

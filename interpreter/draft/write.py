@@ -10,7 +10,7 @@ from fractions import Fraction
 import attrs
 
 from duplexcadence.dsl.parse import reserved_words
-from duplexcadence.dsl.resolve import unsafe_segment
+from duplexcadence.dsl.resolve import path_problem, unsafe_segment
 from duplexcadence.interpreter.draft.propose import Proposals, RegionProposal
 
 INPUT_CLOCK = "frame"
@@ -175,6 +175,48 @@ def _start_text(region: RegionProposal) -> str:
     return f"start {region.start}"
 
 
+def object_path(proposals: Proposals, path: str) -> tuple[str, str] | None:
+    """(object name, path inside it) for a tensor or int found in a caller-owned object the step takes and
+    returns (`handback`), when a binding can name it (attribute names and list indices); else None."""
+    if not proposals.handback:
+        return None
+    for prefix, name in sorted(proposals.state_roots.items(), key=lambda item: -len(item[0])):
+        if path.startswith(prefix + "."):
+            inside = path[len(prefix) + 1 :]
+            return (name, inside) if path_problem(inside) is None else None
+    return None
+
+
+def _bind_text(owner: str | None, path: str) -> str:
+    private = unsafe_segment(path, private=False) is not None  # moshi's `_streaming_state`
+    return "bind " + ("private " if private else "") + (f"{owner} " if owner else "") + f'"{path}"'
+
+
+def _counter_names(proposals: Proposals, taken: set[str]) -> list[str]:
+    """Each counter's name: the shortest tail of its path's parts that is legal and unique."""
+    parts = []
+    for counter in proposals.counter_proposals:
+        path = counter.path if len(counter.paths) == 1 else re.sub(r"(^|\.)\d+(?=\.|$)", "", counter.path)
+        pieces = [_identifier(p) for p in path.split(".") if p and p != "state" and p not in _GENERIC_PARTS]
+        parts.append([p for p in pieces if p] or ["count"])
+    names: list[str] = []
+    for pieces in parts:
+        depth = 1
+        while True:
+            name = "_".join(pieces[-depth:])
+            if _legal(name) and name not in taken and name not in names:
+                break
+            if depth >= len(pieces):
+                base = name if _legal(name) else "count_" + name
+                name, suffix = f"{base}_count", 2
+                while name in taken or name in names:
+                    name, suffix = f"{base}_count_{suffix}", suffix + 1
+                break
+            depth += 1
+        names.append(name)
+    return names
+
+
 def _comment_lines(notes, indent: str = "") -> list[str]:
     return [f"{indent}# {note}" for note in notes]
 
@@ -195,8 +237,12 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
 
     families = group_families(proposals.regions)
     stream_names = {p.name for p in proposals.inputs} | {p.name for p in proposals.outputs}
-    reserved = {INPUT_CLOCK, CALL_CLOCK, STAGE} | stream_names
+    paths = [f.template() for f in families if not f.first.bindable] + [c.path for c in proposals.counter_proposals]
+    objects = {found[0] for path in paths if (found := object_path(proposals, path)) is not None}
+    reserved = {INPUT_CLOCK, CALL_CLOCK, STAGE} | stream_names | objects
     names = assign_names(families, reserved)
+    counter_names = _counter_names(proposals, reserved | set(names))
+    used_objects: set[str] = set()
 
     lines = [
         f"# Drafted by `dsl draft {source}` from {proposals.calls} calls of the stock streaming step.",
@@ -221,6 +267,8 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
         if proposal.given:
             clauses.append(f"start given {proposal.given}")
         region_lines += _comment_lines(proposal.notes)
+        if proposal.first:
+            clauses.append("start first")
         region_lines.append(
             f"region {proposal.name} : {_shape_text(proposal.dtype, proposal.shape)} {' '.join(clauses)}"
         )
@@ -233,7 +281,8 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
         region = family.first
         region_lines.append("")
         region_lines += _comment_lines(region.notes)
-        if not region.bindable:
+        inside = object_path(proposals, family.template()) if not region.bindable else None
+        if not region.bindable and inside is None:
             region_lines.append(
                 f"# caller-owned: found at {family.template()}, which is not reachable from the model: "
                 "the runtime hands the region to the stage"
@@ -251,11 +300,39 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
             clauses.append(f"stock {region.stock}")
         region_lines.append(f"{head} : {_shape_text(region.dtype, region.shape)} {' '.join(clauses)}")
         if region.bindable:
-            template = family.template()
-            private = unsafe_segment(template, private=False) is not None  # moshi's `_streaming_state`
-            region_lines.append(f'    bind {"private " if private else ""}"{template}"')
+            region_lines.append(f"    {_bind_text(None, family.template())}")
+        elif inside is not None:
+            used_objects.add(inside[0])
+            region_lines.append(f"    {_bind_text(*inside)}")
         for member in family.members:
             declared[member.path] = name
+
+    counter_lines: list[str] = []
+    for counter, name in zip(proposals.counter_proposals, counter_names):
+        inside = object_path(proposals, counter.path) if len(counter.paths) == 1 else None
+        bind = ""
+        if inside is not None:
+            used_objects.add(inside[0])
+            bind = " " + _bind_text(*inside)
+        elif len(counter.paths) == 1 and path_problem(counter.path) is None and not counter.path.startswith("state"):
+            bind = " " + _bind_text(None, counter.path)
+        where = counter.path if len(counter.paths) == 1 else f"{len(counter.paths)} paths, {counter.path} ..."
+        counter_lines.append(
+            f"# a host int at {where}: 0, {counter.step}, {2 * counter.step}, ... (+{counter.step} a call)"
+        )
+        if not bind:
+            counter_lines.append(
+                f"# not bound: a hook reads it as firing.counters['{name}'] and sets it where the stock keeps it"
+            )
+        counter_lines.append(f"counter {name} +{counter.step} on {clocks[call_rate]}{bind}")
+
+    object_lines: list[str] = []
+    for name in sorted(used_objects):
+        object_lines.append(
+            f"# caller-owned: the step {'takes and returns' if proposals.handback else 'uses'} it; register "
+            f"hooks={{'new_{name}': <a function of the model that makes a fresh one>}}"
+        )
+        object_lines.append(f"object {name} from new_{name}")
 
     clock_lines = [f"clock {INPUT_CLOCK} = {rate_text(input_rate)}  # the inputs' time axis"]
     for rate, name in sorted(clocks.items(), key=lambda item: item[0]):
@@ -277,6 +354,8 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
         if proposal.context:
             read += f" + {proposal.context}"
         stage.append(read)
+    for name in sorted(used_objects):
+        stage.append(f"    {'update' if proposals.handback else 'read'} {name}")
     for family, name in zip(families, names):
         region = family.first
         stage.append(f"    update {name}" + (f" +{region.advance}" if region.time_axis is not None else ""))
@@ -290,7 +369,9 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
     if proposals.draws_random:
         stage.append("    rng  # the call drew from the default generator")
     stage.append("}")
-    text = "\n".join(lines + clock_lines + [""] + region_lines + ["", *stage]) + "\n"
+    extra = [""] + object_lines if object_lines else []
+    extra += [""] + counter_lines if counter_lines else []
+    text = "\n".join(lines + clock_lines + extra + [""] + region_lines + ["", *stage]) + "\n"
     return text, {"regions": declared, "clocks": {name: rate for rate, name in clocks.items()}, "families": families}
 
 

@@ -1509,3 +1509,16 @@ def object_unavailable(obj: str, problem: str, span: Span | None) -> Diagnostic:
             f"hooks={{'make_{obj}': function}}), or give it: Runtime.load(..., objects={{'{obj}': value}})",
         ),
     )
+
+
+def family_alias(stage: str, family: str, alias: str, count: int, span: Span | None) -> Diagnostic:
+    """`read kv as cache` where `kv` has several members: one keyword cannot pass them all."""
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' reads family '{family}' ({count} members) as one keyword argument '{alias}'",
+        span,
+        helps=(
+            f"without `as`, the members are passed positionally, {family}[0] to {family}[{count - 1}] in order; "
+            f"or read one member by keyword: `read {family}[0] as {alias}`",
+        ),
+    )

@@ -1010,6 +1010,7 @@ class _Resolver:
         return path
 
     def _stage(self, node: syntax.Stage) -> StageInfo | None:
+        self._stage_name = node.name
         ok = True
         clock = None
         clock_declaration = self.decls.get(node.clock)
@@ -1108,6 +1109,9 @@ class _Resolver:
                 members = [members[position]]
         elif ref.index is not None:
             self.bag.add(messages.index_on_plain_region(ref.name, ref.index.span))
+            raise _Skip()
+        if isinstance(item, syntax.ReadItem) and item.alias is not None and len(members) > 1:
+            self.bag.add(messages.family_alias(self._stage_name, ref.name, item.alias, len(members), item.span))
             raise _Skip()
         result = []
 

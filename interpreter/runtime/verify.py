@@ -138,6 +138,11 @@ def verify(
                     if isinstance(actual, Mapping) or len(expected) != 1
                     else {next(iter(expected)): actual}
                 )
+                if list(expected) == ["output"] and "output" not in actual:
+                    raise ValueError(
+                        f"the stock step returned one tensor, the session {', '.join(sorted(actual))}: with several "
+                        "outputs the stock step returns a dict keyed by output name"
+                    )
                 for name, value in expected.items():
                     outputs += 1
                     found = compare(tick, name, value, actual.get(name))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNNABLE = ["README.md", "docs/runtime.md"]  # README.md: the quickstart, on the toy tail
+RUNNABLE = ["README.md", "docs/runtime.md", "docs/bench.md"]  # README.md: the quickstart, on the toy tail
 
 
 def python_blocks(path: Path) -> list[str]:

@@ -48,7 +48,7 @@ TUTORIAL = ROOT / "docs" / "tutorial.md"
 TIMELINE_GOLDEN = Path(__file__).with_name("golden") / "tinyvoc-timeline.dot"
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)
 RUN_LANGUAGES = {"python", "clock", "console", "diff", "bash"}
-MODULES = ("tinyvoc", "tinyvoc_cadence", "tinyvoc_bench")
+MODULES = ("tinyvoc", "tinyvoc_draft", "tinyvoc_cadence", "tinyvoc_bench")
 
 
 @attrs.frozen
@@ -264,12 +264,14 @@ def test_the_tutorial_runs_and_prints_what_it_shows(tutorial_folder):
 
 
 def test_the_capture_warning_shown_is_the_runtimes_wording():
-    """The capture-blocked warning cannot be produced on a CPU; its wording (all but torch's op message)
-    comes from the runtime, checked here; the GPU test below checks the whole line."""
-    from duplexcadence.dsl import messages
+    """The capture-blocked warning cannot be produced on a CPU; what it counts can (a CPU constant copied to
+    the `meta` device stands for one copied to the GPU), and its wording comes from the runtime, checked
+    here; the GPU test below checks the whole line."""
+    from duplexcadence.interpreter.runtime.capture.obstacles import diagnostics_of, find_obstacles
 
-    reason = "RuntimeError: called a synchronizing CUDA operation"
-    line = f"CaptureWarning: {messages.capture_blocked('speak', reason, None).message}; it runs eagerly"
+    found = find_obstacles(lambda: torch.tensor(0.5).to("meta"), "meta")  # LoudHead's constant, each call
+    [copy] = diagnostics_of("speak", [o for o in found if o.operation.startswith("copies host")], None)
+    line = f"CaptureWarning: stage 'speak' cannot be captured: {copy.message.split(': ', 1)[1]}; it runs eagerly"
     assert line in TUTORIAL.read_text().split("\n")
 
 

@@ -28,7 +28,7 @@ class GraphPlan:
     @property
     def shapes(self) -> dict[str, tuple[int, ...] | None]:
         """Region -> shape of the view the stage sees, for reading the plan."""
-        return {part[0]: part for part in self.signature[1:]}
+        return {part[0]: part for part in self.signature[1:] if part[0] != "advances"}
 
 
 @attrs.frozen

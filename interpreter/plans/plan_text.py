@@ -130,13 +130,18 @@ def _family_runs(plan: Plan, rows: Sequence[tuple[str, tuple, list]]) -> list[tu
 def _views_parts(plan: Plan, signature: tuple) -> list[str]:
     """The time-axis views of one graph's signature, e.g. `tokens 28`, `cache 150 +50 = 200 -> 150`."""
     parts = []
-    for region, kind, start, length, _offset, transient, kept in signature[1:]:
+    for part in signature[1:]:
+        if part[0] == "advances":  # the counters the firing advances
+            parts.append("advances " + ", ".join(part[1:]))
+            continue
+        region, kind, start, length, _offset, transient, kept = part[:7]
         if plan.program.regions[region].fixed or length is None:
             continue
+        start_made = " (start)" if part[7:] == ("initial",) else ""
         if kind == "update":
-            parts.append(f"{region} {length} +{transient - length} = {transient} -> {kept}")
+            parts.append(f"{region} {length} +{transient - length} = {transient} -> {kept}{start_made}")
         elif kind in ("feed", "write"):
-            parts.append(f"{region} +{length}")
+            parts.append(f"{region} +{length}{start_made}")
         else:
             parts.append(f"{region} {length}" if start == 0 else f"{region} [{start}:{start + length}]")
     return parts

@@ -3,9 +3,11 @@
 The tail is a Mimi-shaped null decoder (a `.clock` written here: codes i64[B, 8, 1] in, pcm f32[B, 1, 1920]
 out, one state row per session, a hook that adds and broadcasts): the pool, the lockstep or lanes mode, the
 runtime's `step_many` and the websocket front all run as they do for Mimi, with the frames Mimi's have, but
-a round's compute is microseconds. The server runs in this process (uvicorn on a thread, the pool's device
-thread beside it); `--workers` load-generator processes drive the sessions unpaced (each sends its next tick
-once the last is answered), so the rate is the front's own limit. Measured over the run:
+a round's compute is microseconds (`--unit-ms` adds that long a firing, waited without the GIL, as a GPU's
+work is waited for). The server runs in this process (uvicorn on a thread, the pool's device thread beside
+it); `--workers` load-generator processes drive the sessions, unpaced (each sends its next tick once the last
+is answered: the rate is the front's own limit) or `--paced` (a tick every 80 ms, as live streams: the
+latency is what counts). Measured over the run:
 
 * frames/s: ticks answered per second over all sessions;
 * server µs per frame: this process's CPU time per tick answered, and the part of it on the event loop's
@@ -58,7 +60,13 @@ stage decode on frame {
 """
 
 
+UNIT_SECONDS = 0.0
+"""Seconds a firing of the null decoder waits (without the GIL): `--unit-ms`."""
+
+
 def decode(model, codes: torch.Tensor, level: torch.Tensor):
+    if UNIT_SECONDS:
+        time.sleep(UNIT_SECONDS)
     level = level + codes[:, 0, :].to(level.dtype)
     return level, level.unsqueeze(-1).expand(-1, 1, 1920)
 
@@ -104,7 +112,7 @@ def thread_id(name_prefix: str) -> int | None:
     return next((t.native_id for t in threading.enumerate() if t.name.startswith(name_prefix)), None)
 
 
-def worker(url: str, sessions: int, ticks: int, first_seed: int, out: str) -> None:
+def worker(url: str, sessions: int, ticks: int, first_seed: int, out: str, paced: bool) -> None:
     async def barrier() -> None:
         print("open", flush=True)
         line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
@@ -113,18 +121,21 @@ def worker(url: str, sessions: int, ticks: int, first_seed: int, out: str) -> No
             await asyncio.sleep(delay)
 
     report = asyncio.run(
-        run_load(url, sessions, ticks, codes, paced=False, first_seed=first_seed, before_start=barrier)
+        run_load(url, sessions, ticks, codes, paced=paced, first_seed=first_seed, before_start=barrier)
     )
     Path(out).write_text(json.dumps(report.to_json()))
 
 
-def drive(url: str, sessions: int, ticks: int, workers: int, folder: str) -> tuple[list[float], float, dict]:
-    """Run `sessions` unpaced sessions from `workers` processes; their latencies, the wall time, CPU use."""
+def drive(
+    url: str, sessions: int, ticks: int, workers: int, folder: str, paced: bool
+) -> tuple[list[float], float, dict]:
+    """Run `sessions` sessions from `workers` processes; their latencies, the wall time, CPU use."""
     per_worker = [sessions // workers + (i < sessions % workers) for i in range(workers)]
     processes, outputs, first = [], [], 0
     for index, count in enumerate(c for c in per_worker if c):
         out = os.path.join(folder, f"front-{sessions}-{index}.json")
         command = [sys.executable, os.path.abspath(__file__), "--worker", url, str(count), str(ticks), str(first), out]
+        command.append("paced" if paced else "unpaced")
         processes.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         outputs.append(out)
         first += count
@@ -178,13 +189,16 @@ def measure(args: argparse.Namespace, sessions: int, folder: str) -> dict:
         ),
     )
     with ServerThread(make_app(pool), log_level="warning") as server:
-        latencies, wall, used = drive(server.ws_url(), sessions, args.ticks, args.workers, folder)
+        latencies, wall, used = drive(server.ws_url(), sessions, args.ticks, args.workers, folder, args.paced)
         rounds = [seconds for _, seconds in pool.round_log]
     frames = len(latencies)
     return {
         "sessions": sessions,
         "mode": args.mode,
         "rows": rows,
+        "paced": args.paced,
+        "unit_ms": args.unit_ms,
+        "missed": sum(1 for value in latencies if value > 0.08),
         "frames": frames,
         "wall_s": wall,
         "frames_per_s": frames / wall,
@@ -209,8 +223,8 @@ def event_loop_name() -> str:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        url, sessions, ticks, first, out = sys.argv[2:7]
-        worker(url, int(sessions), int(ticks), int(first), out)
+        url, sessions, ticks, first, out, pacing = sys.argv[2:8]
+        worker(url, int(sessions), int(ticks), int(first), out, pacing == "paced")
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=("lockstep", "lanes"), default="lockstep")
@@ -220,8 +234,12 @@ def main() -> int:
     parser.add_argument("--ticks", type=int, default=100, help="ticks per session (100)")
     parser.add_argument("--workers", type=int, default=2, help="load-generator processes (2)")
     parser.add_argument("--gather-ms", type=float, default=None, help="the pool's gather time (5%% of the period)")
+    parser.add_argument("--paced", action="store_true", help="a tick every 80 ms per session (default: unpaced)")
+    parser.add_argument("--unit-ms", type=float, default=0.0, help="device time a firing waits, GIL released (0)")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args()
+    global UNIT_SECONDS
+    UNIT_SECONDS = args.unit_ms / 1000
     torch.set_num_threads(1)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -237,13 +255,17 @@ def main() -> int:
             )
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
-    print("| mode | sessions | frames/s | server µs/frame | loop µs/frame | device thread µs/frame | p50 ms | p99 ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| mode | sessions | paced | unit ms | frames/s | server µs/frame | loop µs/frame | device thread µs/frame "
+        "| p50 ms | p99 ms | over 80 ms |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         print(
-            f"| {row['mode']} | {row['sessions']} | {row['frames_per_s']:.0f} | {row['server_us_per_frame']:.0f} | "
+            f"| {row['mode']} | {row['sessions']} | {'yes' if row['paced'] else 'no'} | {row['unit_ms']:g} | "
+            f"{row['frames_per_s']:.0f} | {row['server_us_per_frame']:.0f} | "
             f"{row['loop_us_per_frame']:.0f} | {row['device_thread_us_per_frame']:.0f} | "
-            f"{1000 * row['latency_p50_s']:.1f} | {1000 * row['latency_p99_s']:.1f} |"
+            f"{1000 * row['latency_p50_s']:.1f} | {1000 * row['latency_p99_s']:.1f} | {row['missed']} |"
         )
     return 0
 

@@ -230,7 +230,9 @@ def main() -> int:
     parser.add_argument("--mode", choices=("lockstep", "lanes"), default="lockstep")
     parser.add_argument("--rows", type=int, default=32, help="rows of a lockstep group (32)")
     parser.add_argument("--lanes", type=int, default=4, help="lanes (4)")
-    parser.add_argument("--sessions", default="64", help="comma-separated session counts (64)")
+    parser.add_argument(
+        "--sessions", type=lambda text: [int(n) for n in text.split(",")], default=[64], help="session counts (64)"
+    )
     parser.add_argument("--ticks", type=int, default=100, help="ticks per session (100)")
     parser.add_argument("--workers", type=int, default=2, help="load-generator processes (2)")
     parser.add_argument("--gather-ms", type=float, default=None, help="the pool's gather time (5%% of the period)")
@@ -243,7 +245,7 @@ def main() -> int:
     torch.set_num_threads(1)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for sessions in (int(n) for n in args.sessions.split(",")):
+        for sessions in args.sessions:
             rows.append(measure(args, sessions, folder))
             row = rows[-1]
             print(

@@ -479,6 +479,7 @@ class SessionPool:
         """A new session (its RNG seeded with `seed`); AdmissionRefused, with the numbers, when it does not fit."""
         assert self.rule is not None and self.metrics is not None, "start() the pool first"
         active = len(self.sessions) + self._opening
+        refusal: AdmissionRefused | None
         if self.stopping:
             refusal = AdmissionRefused(
                 messages.SHUTTING_DOWN,

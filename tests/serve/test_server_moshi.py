@@ -101,3 +101,29 @@ def test_sessions_in_a_lockstep_group_equal_moshis_batched_decode_with_a_late_jo
     for tick, (a, b) in enumerate(together):
         expected = step(moshi.inputs(1, tick + 2)["codes"], moshi.inputs(2, tick)["codes"])
         assert torch.equal(a["pcm"], expected[0:1]) and torch.equal(b["pcm"], expected[1:2])
+
+
+def test_loadgen_verifies_lockstep_rows_against_their_groups_batched_decode():
+    """Three sessions in groups of 2 (one group full, one with an idle row), paced off, every output recorded:
+    each row equals moshi's batched decode of its group; the full group's rows checked against each other's
+    inputs do not."""
+    import attrs
+
+    from duplexcadence.interpreter.serve.loadgen import run_load, verify
+
+    moshi = served_tail("moshi")
+    pool = SessionPool(moshi, PoolConfig(slots=2, lockstep=2, tick_model=MODEL))
+    with ServerThread(make_app(pool)) as server:
+        report = run(run_load(server.ws_url(), 3, 3, moshi.inputs, paced=False, record=3, first_seed=5))
+    assert report.errors == {} and report.opened == 3
+    assert sorted((load.group, load.row) for load in report.per_session) == [(0, 0), (0, 1), (1, 0)]
+    checked = verify(moshi, report, lockstep_rows=2)
+    assert (checked.verified_sessions, checked.verified_ticks, checked.unequal_ticks) == (3, 9, 0)
+    assert checked.lines()[-1] == (
+        "verify: 9 ticks of 3 sessions compared with the batched stock of their lockstep groups, 0 not torch.equal"
+    )
+    full = [load for load in report.per_session if load.group == 0]
+    seeds = {full[0].seed: full[1].seed, full[1].seed: full[0].seed}
+    swapped = [attrs.evolve(load, seed=seeds.get(load.seed, load.seed)) for load in report.per_session]
+    wrong = verify(moshi, attrs.evolve(report, per_session=tuple(swapped)), lockstep_rows=2)
+    assert (wrong.verified_ticks, wrong.unequal_ticks) == (9, 6)  # the check can fail: each row is its own stream

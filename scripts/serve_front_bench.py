@@ -18,12 +18,14 @@ On a shared machine compare runs of one invocation (ratios), not absolute number
 
     python scripts/serve_front_bench.py --mode lockstep --sessions 64,128 --out /tmp/front.json
     python scripts/serve_front_bench.py --mode lanes --sessions 16 --workers 2 --out /tmp/front.json
+    python scripts/serve_front_bench.py --mode lockstep --sessions 128 --loop asyncio   # against uvloop
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import math
 import os
@@ -188,7 +190,7 @@ def measure(args: argparse.Namespace, sessions: int, folder: str) -> dict:
             gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
         ),
     )
-    with ServerThread(make_app(pool), log_level="warning") as server:
+    with ServerThread(make_app(pool), log_level="warning", loop=args.loop) as server:
         latencies, wall, used = drive(server.ws_url(), sessions, args.ticks, args.workers, folder, args.paced)
         rounds = [seconds for _, seconds in pool.round_log]
     frames = len(latencies)
@@ -209,16 +211,15 @@ def measure(args: argparse.Namespace, sessions: int, folder: str) -> dict:
         "round_p50_s": quantile(rounds, 0.5),
         "latency_p50_s": quantile(latencies, 0.5),
         "latency_p99_s": quantile(latencies, 0.99),
-        "event_loop": event_loop_name(),
+        "event_loop": event_loop_name(args.loop),
     }
 
 
-def event_loop_name() -> str:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return "asyncio"
-    return "uvloop"
+def event_loop_name(loop: str) -> str:
+    """The event loop uvicorn runs for `--loop` ("auto": uvloop where it is installed)."""
+    if loop != "auto":
+        return loop
+    return "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
 
 
 def main() -> int:
@@ -236,6 +237,7 @@ def main() -> int:
     parser.add_argument("--ticks", type=int, default=100, help="ticks per session (100)")
     parser.add_argument("--workers", type=int, default=2, help="load-generator processes (2)")
     parser.add_argument("--gather-ms", type=float, default=None, help="the pool's gather time (5%% of the period)")
+    parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="uvicorn's event loop")
     parser.add_argument("--paced", action="store_true", help="a tick every 80 ms per session (default: unpaced)")
     parser.add_argument("--unit-ms", type=float, default=0.0, help="device time a firing waits, GIL released (0)")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")

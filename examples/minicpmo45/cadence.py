@@ -11,10 +11,11 @@ modules through the hooks of :class:`Token2wavHooks`:
 * ``hift_front``: ``torch.concat`` of the cached and new mel, then ``HiFTGenerator.forward`` with
   its ``_istft`` deferred: the magnitude and phase it would transform are copied to the
   ``spectrum`` working buffer instead. Graphable (with :mod:`.patches`), draws the source noise.
-* ``hift_back``: the package's ``HiFTGenerator._istft`` on that spectrum (``torch.istft`` reads a
-  value back to the host, so the capture probe keeps this stage eager), the clamp of
-  ``HiFTGenerator.decode``, ``token2wav.fade_in_out`` with the held-back speech, and the output
-  without the 3840 samples held back for the next cross-fade.
+* ``hift_back``: the arithmetic of ``HiFTGenerator._istft`` on that spectrum, its ``torch.istft`` replaced by
+  :class:`.istft.InverseStft` (the same ATen operations without the window check's read-back to the
+  host; the fixed window is checked once at load), the clamp of ``HiFTGenerator.decode``,
+  ``token2wav.fade_in_out`` with the held-back speech, and the output without the 3840 samples held
+  back for the next cross-fade. Graphable.
 
 The arithmetic is stock's, op for op; the split only moves where the tensors live.
 
@@ -47,6 +48,7 @@ import torch
 
 from duplexcadence.dsl.frontend import load_program
 from duplexcadence.dsl.program import Program
+from duplexcadence.examples.minicpmo45.istft import InverseStft
 from duplexcadence.examples.minicpmo45.model import (
     PRE_LOOKAHEAD_TOKENS,
     SILENCE_TOKEN,
@@ -142,6 +144,11 @@ class Token2wavHooks:
         self.device = tail.device
         self.float16 = tail.float16
         self.speech_window = torch.from_numpy(np.hamming(2 * SOURCE_CACHE_SAMPLES)).to(tail.device)
+        hift = tail.hift
+        # HiFT's fixed window, checked once here for torch.istft's NOLA condition (ValueError if it fails)
+        self.inverse_stft = InverseStft(
+            hift.istft_params["n_fft"], hift.istft_params["hop_len"], hift.stft_window.to(tail.device)
+        )
         self.fade_in_out = load_stepaudio2().token2wav.fade_in_out
 
     def as_dict(self) -> dict[str, Any]:
@@ -201,6 +208,14 @@ class Token2wavHooks:
         parts[1].copy_(phase)
         return mel, source, spectrum
 
+    def hift_istft(self, magnitude: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
+        """``HiFTGenerator._istft``, op for op, with :class:`.istft.InverseStft` for its ``torch.istft``: the
+        same values, without the host read-back of the window check (so ``hift_back`` is captured)."""
+        magnitude = torch.clip(magnitude, max=1e2)
+        real = magnitude * torch.cos(phase)
+        imaginary = magnitude * torch.sin(phase)
+        return self.inverse_stft(torch.complex(real, imaginary))
+
     def hift_back(
         self, tail: Token2wavTail, spectrum: torch.Tensor, hift_speech: torch.Tensor, *, firing: Firing
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,7 +227,7 @@ class Token2wavHooks:
         frames = samples // hift.istft_params["hop_len"] + 1
         parts = spectrum[: 2 * bins * frames].view(2, 1, bins, frames)
         with torch.inference_mode():
-            speech = hift._istft(parts[0], parts[1])
+            speech = self.hift_istft(parts[0], parts[1])
             speech = torch.clamp(speech, -hift.audio_limit, hift.audio_limit)  # as HiFTGenerator.decode
             if hift_speech.shape[-1] > 0:
                 speech = self.fade_in_out(speech, hift_speech, self.speech_window)

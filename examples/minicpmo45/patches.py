@@ -18,9 +18,11 @@ shadow the class's methods; nothing in the package is modified): :func:`apply_co
 and :func:`remove_constant_patches`. The results are equal to stock bit for bit (tests compare
 with ``torch.equal``), including the order of the random draws in ``SineGen2``.
 
-Not patchable this way: ``torch.istft`` itself synchronises (one D2H read per call, inside ATen),
-so a graph of the tail must end before it; ``Token2wav.stream`` builds the token tensors with
-``torch.tensor(list, device='cuda')`` (two pageable H2D copies) and ends with ``.cpu().numpy()``.
+Not patchable this way: ``torch.istft`` itself synchronises (its NOLA check reads a value back to
+the host inside ATen, once per call); the runtime's ``hift_back`` replaces the call by
+:class:`.istft.InverseStft`, the same ATen operations with the fixed window checked once at load.
+``Token2wav.stream`` builds the token tensors with ``torch.tensor(list, device='cuda')`` (two
+pageable H2D copies) and ends with ``.cpu().numpy()``: the runtime feeds and collects them itself.
 """
 
 from __future__ import annotations

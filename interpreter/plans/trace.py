@@ -181,7 +181,16 @@ class Simulator:
                 self.length[name] = region.start_length
 
     def state(self, phase: int) -> tuple:
-        return (phase, tuple(sorted(self.length.items())), tuple(sorted(self.fill.items())))
+        """What the next instants depend on: the phase, region lengths, ring fills, and whether each stage
+        that holds back a latency on its first firing has fired yet."""
+        first = tuple(
+            sorted(
+                (name, self.counts[name] == 0)
+                for name, stage in self.program.stages.items()
+                if any(a.kind == "write" and a.latency for a in stage.accesses)
+            )
+        )
+        return (phase, tuple(sorted(self.length.items())), tuple(sorted(self.fill.items())), first)
 
     def per_firing(self, stage: str, region: str) -> Fraction:
         return self.program.rate_of_region(region) / self.clocks.rates[self.program.stages[stage].clock]

@@ -1048,14 +1048,14 @@ def capture_blocked(stage: str, reason: str, span: Span | None) -> Diagnostic:
 # --- chunk boundaries ---------------------------------------------------------------------------
 
 
-def _duration_text(seconds: Fraction) -> str:
+def duration_text(seconds: Fraction) -> str:
     """`23.1 ms`, `160 ms`, `1.36 s`: three significant digits."""
     if seconds < 1:
         return f"{float(seconds * 1000):.3g} ms"
     return f"{float(seconds):.3g} s"
 
 
-def _rate_text(rate: Fraction) -> str:
+def rate_text(rate: Fraction) -> str:
     """`24 kHz`, `12.5 Hz`."""
     if rate >= 1000 and (rate / 1000 * 1000).denominator == 1:
         return f"{float(rate / 1000):g} kHz"
@@ -1103,9 +1103,9 @@ def boundary_loss(
     lost = loss * boundaries
     return Diagnostic(
         BOUNDARY_LOSS,
-        f"region '{region}' loses {units_text(loss, clock)}, {_duration_text(Fraction(loss) / rate)} at "
-        f"{_rate_text(rate)}, at each of {boundaries} boundaries in {_duration_text(session)}: "
-        f"{units_text(lost, clock)} ({_duration_text(lost / rate)}) fewer than one offline call over the same input",
+        f"region '{region}' loses {units_text(loss, clock)}, {duration_text(Fraction(loss) / rate)} at "
+        f"{rate_text(rate)}, at each of {boundaries} boundaries in {duration_text(session)}: "
+        f"{units_text(lost, clock)} ({duration_text(lost / rate)}) fewer than one offline call over the same input",
         span,
         notes=(
             Note(

@@ -278,7 +278,8 @@ def check_boundary_loss(program: Program) -> Iterator[Diagnostic]:
             if access.advance is not None and access.loss + access.latency > access.advance:
                 continue  # bad-access says so
             assert region.clock is not None, "an output has a time axis"
-            boundaries = max(firings_within(rate, horizon) - 1, 0)
+            # a session's firings in the horizon, and the end of the stream's where something is held back
+            boundaries = max(firings_within(rate, horizon) - 1 + program.holds_back(), 0)
             yield messages.boundary_loss(
                 access.region,
                 region.clock,

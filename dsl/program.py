@@ -214,6 +214,14 @@ class Program:
         clock = self.regions[name].clock
         return self.clocks[clock].rate if clock is not None else Fraction(0)
 
+    def holds_back(self) -> bool:
+        """Whether the end of a stream has units to release: a read's lookahead, a latency not dropped."""
+        return any(
+            a.lookahead or (a.latency and not a.latency_dropped)
+            for stage in self.stages.values()
+            for a in stage.accesses
+        )
+
     def units_per_firing(self, stage: str, region: str) -> Fraction:
         """How many units of `region`'s clock pass per firing of `stage` (may be a fraction)."""
         return self.rate_of_region(region) / self.clocks[self.stages[stage].clock].rate

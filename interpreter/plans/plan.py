@@ -206,6 +206,8 @@ def _samples_json(account: SampleAccount) -> dict:
         "seconds": _rational(account.seconds),
         "instants": account.instants,
         "clamped": account.clamped,
+        "flush": account.flush,
+        "unflushed": account.unflushed,
         "skipped": dict(sorted(account.skipped.items())),
         "outputs": {
             name: {

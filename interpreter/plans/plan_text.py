@@ -348,8 +348,8 @@ def _tick_rows(o: OutputSamples) -> list[list[object]]:
 def _samples_section(account: SampleAccount, hyperperiod: Fraction, verbose: bool, heading) -> list[str]:
     out = [
         heading(
-            f"Samples over {seconds(account.seconds)} ({plural(account.instants, 'instant')}, the last one ends "
-            "the stream; units of each output's clock)"
+            f"Samples over {seconds(account.seconds)} ({plural(account.instants, 'instant')}"
+            f"{', then the end of the stream' if account.flush else ''}; units of each output's clock)"
         )
     ]
     if account.outputs:
@@ -379,6 +379,8 @@ def _samples_section(account: SampleAccount, hyperperiod: Fraction, verbose: boo
         out += _wrap(f"{name}: not accounted: {why}", "  ", "      ")
     if account.clamped:
         out += _wrap(f"session shortened: {account.clamped}", "  ", "      ")
+    if account.unflushed:
+        out += _wrap(f"not flushed: {account.unflushed}", "  ", "      ")
     if verbose:
         for o in account.outputs.values():
             out.append(f"  {o.region} per firing of '{o.stage}' (warm-up, one steady period that repeats, the last):")

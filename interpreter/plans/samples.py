@@ -1,7 +1,9 @@
 """Pass 6, sample accounting: where every unit of every output goes over a session of T seconds.
 
-For each output region, per firing of the stage that writes it and over a whole session whose last
-instant is the end of the stream (`Session.finish`):
+A session is the instants of its first T seconds, stepped as planned, then, when the program holds
+units back (a read's lookahead, a latency that is not dropped), the end of the stream: the next
+instant, with no new input (`Session.finish`), which releases them. For each output region, per
+firing of the stage that writes it and over the session:
 
 * **input**: the units of the input that drives it (the one input region upstream of it in the
   dataflow), fed since the writer's previous firing; what the input is given at session start
@@ -11,7 +13,7 @@ instant is the end of the stream (`Session.finish`):
 * **held back**: units the stream owes after the firing, which the end of the stream releases: a
   latency that is not dropped, and the input's lookahead, times the rate ratio;
 * **dropped**: units lost at the boundary before the firing (`loses L`: L at each boundary);
-* **flushed**: what the end of the stream emits beyond a regular firing.
+* **flushed**: what the end of the stream emits.
 
 The session's total (emitted + flushed) is set against one **offline** call over the same input,
 from the declared rates alone: input units times the rate ratio, less what the clock declares the
@@ -19,7 +21,7 @@ whole-utterance output loses (a dropped latency, a per-firing loss: one call los
 that accounts for every unit has `short` = `dropped` (`unaccounted` 0).
 
 Per-firing values repeat with the trace's steady period, so a session of any length is summed from
-the firings of the warm-up and one period (`ticks`) and the last firing (`last`), traced apart.
+the firings of the warm-up and one period (`ticks`); the end of the stream is traced apart.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import networkx as nx
 from duplexcadence.dsl.printer import number_text
 from duplexcadence.dsl.program import Access, Program, session_seconds
 from duplexcadence.interpreter.plans.clocks import ClockPlan
-from duplexcadence.interpreter.plans.trace import Firing, Simulator, Trace, last_instant
+from duplexcadence.interpreter.plans.trace import Firing, Simulator, Trace
 
 MAX_SESSION_INSTANTS = 10_000_000
 """The longest session the accounting sums (instants); `dsl plan --seconds` is refused beyond it."""
@@ -78,7 +80,8 @@ class OutputSamples:
     steady_from: int | None
     """The index in `ticks` from which they repeat (None without a steady state)."""
     last: TickSamples
-    """The session's last firing, at the end of the stream."""
+    """The session's last firing: the end of the stream's, or the last regular one when nothing is held
+    back (`time` is then its time in the session)."""
     firings: int
     input_units: int
     emitted: int
@@ -119,15 +122,21 @@ class OutputSamples:
 
 @attrs.frozen
 class SampleAccount:
-    """Every output's accounting over a session of `seconds` (`instants` instants, the last one the end
-    of the stream); `skipped`: outputs that cannot be accounted, and why; `clamped`: why the session is
-    shorter than asked (a region reached its horizon), else None."""
+    """Every output's accounting over a session of `seconds`: `instants` regular instants, then, when the
+    program holds units back (a lookahead, a latency that is not dropped), the end of the stream
+    (`Session.finish` with no new input) at the next instant; `skipped`: outputs that cannot be
+    accounted, and why; `clamped`: why the session is shorter than asked (a region reached its
+    horizon), else None."""
 
     seconds: Fraction
     instants: int
     outputs: dict[str, OutputSamples] = attrs.field(hash=False)
     skipped: dict[str, str] = attrs.field(factory=dict, hash=False)
     clamped: str | None = None
+    flush: bool = False
+    """Whether the session ends with an instant of its own that releases what was held back."""
+    unflushed: str | None = None
+    """Why the program holds units back but the end of the stream cannot be traced (else None)."""
 
 
 def _writer(program: Program, region: str) -> tuple[str, Access] | None:
@@ -200,6 +209,7 @@ def account_samples(
         clamped = f"{trace.reason}: accounted over the {traced} instants traced"
         instants = traced
     by_instant = trace.by_instant()
+    flush, unflushed = _flush_instant(program, clocks, trace, instants)
     outputs: dict[str, OutputSamples] = {}
     skipped: dict[str, str] = {}
     for name, region in sorted(program.regions.items()):
@@ -213,12 +223,38 @@ def account_samples(
         stage, access = writer
         ratio = program.rate_of_region(name) / program.rate_of_region(source)
         parts = [_instant_parts(by_instant[i], stage, name, source) for i in range(traced)]
-        account = _account(program, clocks, trace, name, stage, access, source, ratio, parts, instants)
+        account = _account(program, clocks, trace, name, stage, access, source, ratio, parts, instants, flush)
         if isinstance(account, str):
             skipped[name] = account
         else:
             outputs[name] = account
-    return SampleAccount(seconds, instants, outputs, skipped, clamped)
+    return SampleAccount(seconds, instants, outputs, skipped, clamped, flush is not None, unflushed)
+
+
+def _flush_instant(
+    program: Program, clocks: ClockPlan, trace: Trace, instants: int
+) -> tuple[list[Firing] | None, str | None]:
+    """The end of the stream after `instants` regular ones: the next instant with no new input units, which
+    releases what the stream held back; (None, None) when nothing is held back, (None, why) when it
+    cannot be traced."""
+    if not program.holds_back():
+        return None, None
+    planned = trace.planned_index(instants)
+    if planned is None or planned >= len(trace.states):
+        return None, "the session ends at its horizon: no instant after it"
+    simulator = Simulator(program, clocks)
+    lengths, fills = trace.states[planned]
+    simulator.restore(lengths, fills, clocks.firings_before(instants))
+    empty = {
+        a.region: 0
+        for name in simulator.stages_at(instants)
+        for a in program.stages[name].accesses
+        if a.kind == "read" and program.regions[a.region].role == "input"
+    }
+    try:
+        return simulator.run_instant(instants, empty, last=True), None
+    except ValueError as error:
+        return None, f"the end of the stream with no new input cannot be traced: {error}"
 
 
 def _lookahead_at(program: Program, firings: list[Firing], source: str) -> int:
@@ -245,6 +281,7 @@ def _account(
     ratio: Fraction,
     parts: list[_Instant],
     instants: int,
+    flush: list[Firing] | None,
 ) -> OutputSamples | str:
     """The accounting of output `name`, or why it cannot be done."""
     input_region = program.regions[source]
@@ -277,46 +314,36 @@ def _account(
         return f"its stage '{stage}' never fires in the trace"
     per_instant = {tick.instant: tick for tick in ticks}
 
-    # every instant of the session but the last, as the traced instant it repeats
+    # every instant of the session, as the traced instant it repeats
     fed, emitted_total, firings, most_held = given, 0, 0, 0
-    for instant in range(instants - 1):
+    last = ticks[0]
+    for instant in range(instants):
         repeated = trace.planned_index(instant)
         assert repeated is not None, "instants are clamped to the trace"
         fed += parts[repeated].fed
         tick = per_instant.get(repeated)
         if tick is not None:
+            last = attrs.evolve(tick, firing=firings, time=clocks.instant_time(instant))
             firings += 1
             emitted_total += tick.emitted
             most_held = max(most_held, tick.held_back)
 
-    # the last instant, the end of the stream, traced from the state before it
-    final = instants - 1
-    planned = trace.planned_index(final)
-    assert planned is not None, "instants are clamped to the trace"
-    simulator = Simulator(program, clocks)
-    lengths, fills = trace.states[planned]
-    simulator.restore(lengths, fills, clocks.firings_before(final))
-    ending = last_instant(simulator, final)
-    regular = parts[planned]
-    finishing = _instant_parts(ending, stage, name, source) if ending else regular
-    fed += finishing.fed
-    time = clocks.instant_time(final)
-    if not regular.fires:
-        last = TickSamples(firings, planned, time, finishing.fed, 0, 0, 0)
-        flushed = 0
-    else:
-        tick = per_instant[planned]
-        if finishing.written is not None:
-            emitted_last = finishing.written
-        else:  # the module decides: the input's units of the instant, the consumed lookahead included
-            consumed = (
-                tick.input - regular.fed + finishing.fed + (_lookahead_at(program, ending, source) if ending else 0)
+    # the end of the stream: an instant of its own with no new input, which releases what was held back
+    flushed = 0
+    if flush is not None:
+        ending = _instant_parts(flush, stage, name, source)
+        if ending.fires:
+            if ending.written is not None:
+                flushed = ending.written
+            else:  # the module decides: the lookahead the end of the stream consumes
+                flushed = int((ending.fed + _lookahead_at(program, flush, source)) * ratio) - access.loss
+            planned = trace.planned_index(instants)
+            assert planned is not None, "the flush instant was traced from a planned state"
+            last = TickSamples(
+                firings, planned, clocks.instant_time(instants), ending.fed, flushed, 0, access.loss if firings else 0
             )
-            emitted_last = int(consumed * ratio) - access.loss
-        last = TickSamples(firings, planned, time, finishing.fed, emitted_last, 0, access.loss if firings else 0)
-        firings += 1
-        emitted_total += tick.emitted
-        flushed = emitted_last - tick.emitted
+            firings += 1
+            fed += ending.fed
     return OutputSamples(
         name,
         program.regions[name].clock or "",

@@ -402,7 +402,7 @@ def _trim_relocation(retention, transient: int, kept: int) -> tuple[int, bool]:
     return 0, False
 
 
-def last_instant(simulator: Simulator, index: int) -> list[Firing]:
+def _last_instant(simulator: Simulator, index: int) -> list[Firing]:
     """The last instant a stream could end with at `index`: with the full planned input, or, when that
     advances some region by a fraction of a unit, with the input that covers exactly the planned time."""
     planned = {v.region: v.length for f in simulator.copy().run_instant(index) for v in f.views if v.kind == "feed"}
@@ -447,7 +447,7 @@ def trace_shapes(program: Program, clocks: ClockPlan) -> Trace:
         states.append(simulator.state(index % period))
         snapshots.append((dict(simulator.length), dict(simulator.fill)))
         if releases:
-            last_by_instant.append(last_instant(simulator, index))
+            last_by_instant.append(_last_instant(simulator, index))
         by_instant.append(simulator.run_instant(index))
         full = sorted(name for name, horizon in horizons.items() if simulator.length.get(name, 0) >= horizon)
         if full and warmup is None:

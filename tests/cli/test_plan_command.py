@@ -116,7 +116,7 @@ def test_the_samples_close_the_plan_and_seconds_sets_the_session(capsys) -> None
     text = plan_text(capsys, "models.qwen3_omni_code2wav", "--seconds", "3")
     samples = section(text, "Samples over")
     assert samples == [
-        "Samples over 3 s (3 instants, the last one ends the stream; units of each output's clock)",
+        "Samples over 3 s (3 instants; units of each output's clock)",
         "  output  clock   input           firings  emitted  flushed  dropped  total  offline  short",
         "  ------  ------  --------------  -------  -------  -------  -------  -----  -------  -----",
         "  wav     sample  37 codes x1920        3    69375        0     1110  69375    70485   1110",

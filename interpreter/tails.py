@@ -90,6 +90,10 @@ def _reference(value: str | Reference) -> Reference:
     return value if isinstance(value, Reference) else Reference(value)
 
 
+def _optional_reference(value: str | Reference | None) -> Reference | None:
+    return None if value is None else _reference(value)
+
+
 @attrs.frozen
 class Tail:
     """One model tail: what it is, the `.clock` it declares, the upstream it follows, and how to build,
@@ -102,6 +106,9 @@ class Tail:
     `load_runtime(model, ...)`: the DuplexCadence runtime over the model, its hooks bound.
     `subject(device=, seconds=, batch=, dtype=, **options)`: its `dsl bench` subject.
     `extra`: the pip extra of this distribution that installs `requires` (None: none needed).
+    `offline(model, ...)`: one call of the stock model over a whole input (the streamed inputs
+    concatenated along their time axis), what a stream is compared with by
+    `interpreter.runtime.offline.verify_offline` and `scripts/boundary_report.py` (None: the tail has none).
     """
 
     name: str
@@ -115,9 +122,12 @@ class Tail:
     subject: Reference = attrs.field(converter=_reference)
     extra: str | None = None
     requires: tuple[str, ...] = ()
+    offline: Reference | None = attrs.field(default=None, converter=_optional_reference)
 
     def __attrs_post_init__(self) -> None:
-        for field in ("build_model", "stock_loop", "load_runtime", "subject"):
+        for field in ("build_model", "stock_loop", "load_runtime", "subject", "offline"):
+            if getattr(self, field) is None:
+                continue
             reference = attrs.evolve(getattr(self, field), tail=self.name, extra=self.extra, requires=self.requires)
             object.__setattr__(self, field, reference)
 

@@ -31,4 +31,5 @@ TAIL = Tail(
     subject="duplexcadence.examples.minicpmo45.bench:subject",
     extra="minicpmo45",
     requires=("stepaudio2", "einops", "onnxruntime", "scipy", "numpy"),
+    offline="duplexcadence.examples.minicpmo45.stock:offline_token2wav",
 )

@@ -25,4 +25,5 @@ TAIL = Tail(
     subject="duplexcadence.examples.moshi.bench:subject",
     extra="moshi",
     requires=("moshi", "einops", "safetensors", "sentencepiece"),
+    offline="duplexcadence.examples.moshi.stock:offline_decode",
 )

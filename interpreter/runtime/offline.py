@@ -50,7 +50,8 @@ class OfflineReport:
 
     Differences are over the first `compared` units (those both have), as float64; `max_at` is the
     first position of the largest. `near_boundaries` / `away_from_boundaries`: the largest difference
-    within `window` units of a boundary, and elsewhere (nan where there is no such unit)."""
+    within `window` units of a boundary, and elsewhere (nan where there is no such unit). `offline_rms`:
+    the offline output's root mean square over those units, the scale the differences compare with."""
 
     steps: int
     stream_length: int
@@ -63,6 +64,7 @@ class OfflineReport:
     near_boundaries: float
     away_from_boundaries: float
     boundaries: tuple[BoundaryDifference, ...]
+    offline_rms: float = float("nan")
 
     @property
     def length_difference(self) -> int:
@@ -85,7 +87,7 @@ class OfflineReport:
         return (
             f"{self.steps} steps: {length}; max abs diff {self.max_abs_diff:.3g} at {self.max_at}; "
             f"within {self.window} units of its {len(self.boundaries)} boundaries {self.near_boundaries:.3g}, "
-            f"away from them {self.away_from_boundaries:.3g}"
+            f"away from them {self.away_from_boundaries:.3g} (offline rms {self.offline_rms:.3g})"
         )
 
     def to_json(self) -> dict:
@@ -105,6 +107,7 @@ class OfflineReport:
             "near_boundaries": number(self.near_boundaries),
             "away_from_boundaries": number(self.away_from_boundaries),
             "boundaries": [[b.boundary, b.position, number(b.max_abs_diff)] for b in self.boundaries],
+            "offline_rms": number(self.offline_rms),
         }
 
 
@@ -233,6 +236,7 @@ def compare_offline(
         _largest(per_unit[near]),
         _largest(per_unit[~near]),
         tuple(boundaries),
+        float(b.pow(2).mean().sqrt()) if compared else float("nan"),
     )
 
 

@@ -24,7 +24,7 @@ import torch
 
 from duplexcadence.examples.qwen3omni.model import Qwen3OmniMoeCode2Wav, forward_sample_deficit, samples_per_code
 
-__all__ = ["LEFT_CONTEXT_CODES", "StockSecondDecoder", "second_bounds", "split_into_seconds"]
+__all__ = ["LEFT_CONTEXT_CODES", "StockSecondDecoder", "offline_decode", "second_bounds", "split_into_seconds"]
 
 LEFT_CONTEXT_CODES = 25
 
@@ -95,3 +95,10 @@ class StockSecondDecoder:
         self.history = window[..., -self.left_context :]
         self.codes_seen += new_codes.shape[-1]
         return wav[..., self.samples_to_drop(context) :]
+
+
+@torch.no_grad()
+def offline_decode(model: Qwen3OmniMoeCode2Wav, codes: torch.Tensor) -> torch.Tensor:
+    """One whole-utterance forward, the offline call a stream is compared with: codes ``[B, 16, T]`` ->
+    ``[B, 1, T * 1920 - 555]``."""
+    return model(codes)

@@ -1,5 +1,5 @@
 """The plan driver: a checked program -> clocks -> shape trace -> allocation schedule -> arena ->
-capture plan, composed in that order. Each pass is a pure function of what came before; the
+capture plan -> sample accounting, composed in that order. Each pass is a pure function of what came before; the
 result is one frozen `Plan`, printable (`dsl plan`) and JSON-serialisable (`dsl plan --json`).
 """
 
@@ -20,6 +20,7 @@ from duplexcadence.interpreter.plans.allocation import AllocationSchedule, sched
 from duplexcadence.interpreter.plans.arena import ArenaPlan, plan_arena
 from duplexcadence.interpreter.plans.capture import CapturePlan, plan_capture
 from duplexcadence.interpreter.plans.clocks import ClockPlan, plan_clocks
+from duplexcadence.interpreter.plans.samples import SampleAccount, TickSamples, account_samples
 from duplexcadence.interpreter.plans.trace import Trace, trace_shapes
 
 PLAN_SCHEMA_VERSION = 1
@@ -33,6 +34,7 @@ class Plan:
     schedule: AllocationSchedule
     arena: ArenaPlan
     capture: CapturePlan
+    samples: SampleAccount
 
     @property
     def path(self) -> str:
@@ -45,10 +47,12 @@ def make_plan(
     max_arena_bytes: int | None = None,
     sessions: int = 1,
     limits: Limits | Mapping[str, int] | None = None,
+    seconds: Fraction | None = None,
 ) -> Plan:
     """Run every pass under the program's limits (or `limits`, a `Limits` or a mapping that raises
     some of the defaults); raises ClockError when the plan would pass one (checked before the pass
-    that would cost it), or when the arena exceeds `max_arena_bytes` (over-budget)."""
+    that would cost it), or when the arena exceeds `max_arena_bytes` (over-budget), and ValueError for
+    a `seconds` the sample accounting refuses (default: a 60 s session)."""
     if limits is not None:
         program = attrs.evolve(program, limits=Limits.of(limits))
     problems = bounds.check(program)
@@ -77,7 +81,8 @@ def make_plan(
         span = program.regions[largest_region.name].span
         raise ClockError([messages.over_arena_budget(arena.total_bytes(sessions), max_arena_bytes, span)])
     capture = plan_capture(shape_trace, max_graphs)
-    return Plan(program, clock_plan, shape_trace, allocation, arena, capture)
+    samples = account_samples(program, clock_plan, shape_trace, seconds)
+    return Plan(program, clock_plan, shape_trace, allocation, arena, capture, samples)
 
 
 def plan_file(
@@ -207,5 +212,58 @@ def to_json(plan: Plan) -> dict:
             "warmup": [[r.instant, r.stage, r.key] for r in plan.capture.warmup],
             "steady": [[r.instant, r.stage, r.key] for r in plan.capture.steady],
             "eager_firings": plan.capture.eager_firings,
+        },
+        "samples": _samples_json(plan.samples),
+    }
+
+
+def _tick_json(tick: TickSamples) -> dict:
+    return {
+        "firing": tick.firing,
+        "instant": tick.instant,
+        "time_s": _rational(tick.time),
+        "input": tick.input,
+        "emitted": tick.emitted,
+        "held_back": tick.held_back,
+        "dropped": tick.dropped,
+    }
+
+
+def _samples_json(account: SampleAccount) -> dict:
+    return {
+        "seconds": _rational(account.seconds),
+        "instants": account.instants,
+        "clamped": account.clamped,
+        "flush": account.flush,
+        "unflushed": account.unflushed,
+        "skipped": dict(sorted(account.skipped.items())),
+        "outputs": {
+            name: {
+                "clock": o.clock,
+                "rate_hz": _rational(o.rate),
+                "stage": o.stage,
+                "input": o.input,
+                "units_per_input_unit": _rational(o.ratio),
+                "loss_per_firing": o.loss,
+                "loss_intended": o.loss_intended,
+                "latency": o.latency,
+                "latency_dropped": o.latency_dropped,
+                "firings": o.firings,
+                "boundaries": o.boundaries,
+                "input_units": o.input_units,
+                "emitted": o.emitted,
+                "flushed": o.flushed,
+                "total": o.total,
+                "held_back": o.held_back,
+                "dropped": o.dropped,
+                "whole_loss": o.whole_loss,
+                "offline": o.offline,
+                "short": o.short,
+                "unaccounted": o.unaccounted,
+                "ticks": [_tick_json(t) for t in o.ticks],
+                "steady_from": o.steady_from,
+                "last": _tick_json(o.last),
+            }
+            for name, o in sorted(account.outputs.items())
         },
     }

@@ -58,12 +58,13 @@ def _read_label(access: Access) -> str:
 
 def _write_label(access: Access) -> str:
     verb = access.kind
+    loss = f" (−{access.loss} every firing, lost at each boundary)" if access.loss else ""
     if access.advance is None:
-        return f"{verb} (in place)" if verb == "update" else f"{verb} (length set by the module)"
+        return f"{verb} (in place)" if verb == "update" else f"{verb} (length set by the module){loss}"
     text = f"{verb} +{access.advance}"
     if access.latency:
         text += f" (first firing −{access.latency}{', never released' if access.latency_dropped else ''})"
-    return text
+    return text + loss
 
 
 def _graph_keys(keys: Sequence[int]) -> str:

@@ -4,8 +4,9 @@ steady period.
 One column per instant, or per run of alike instants (`COLSPAN` for the phase bands); one lane per
 stage, each firing coloured by the CUDA graph it replays; one lane per region (family members that
 behave alike share a lane) with its length or ring fill after the instant, a bar for fill / capacity,
-and a mark where the end-of-instant trim cuts it back. `build_timeline` computes what is drawn (tested
-on its own); `render_timeline` draws it.
+a mark where the end-of-instant trim cuts it back, and on an output the units it loses at the boundary
+before a firing (`loses L`, from the plan's sample accounting). `build_timeline` computes what is drawn
+(tested on its own); `render_timeline` draws it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from duplexcadence.interpreter.views.style import (
     FIXED_COLOUR,
     GRID,
     IDLE_TEXT,
+    LOSS_TEXT,
     SEPARATOR,
     TRIM_BORDER,
     bar,
@@ -75,6 +77,7 @@ class RegionCell:
     history: `before` units at the start of the instant, `peak` after the appends, `after` once
     trimmed), `scratch` (`peak` units live within the instant), `fixed` (no time axis).
     `touched`: a stage of the instant appends to / updates it (a read alone does not count).
+    `dropped`: on an output, the units lost at the boundary before this instant's firing.
     """
 
     kind: str
@@ -86,6 +89,7 @@ class RegionCell:
     double_buffer: bool = False
     module_sized: bool = False
     read: bool = False
+    dropped: int = 0
 
     @property
     def trimmed(self) -> bool:
@@ -102,6 +106,7 @@ class RegionCell:
             self.read,
             self.size,
             self.peak - self.before,
+            self.dropped,
         )
 
     def numbers(self) -> tuple[int, int, int]:
@@ -188,7 +193,13 @@ def _region_cells(plan: Plan, traced: int) -> dict[str, list[RegionCell]]:
     }
     fill = {name: 0 for name, r in program.regions.items() if not r.fixed and r.retention.kind == "ring"}
     cells: dict[str, list[RegionCell]] = {name: [] for name in program.regions}
-    for firings in by_instant:
+    dropped = {
+        (name, tick.instant): tick.dropped
+        for name, output in plan.samples.outputs.items()
+        for tick in output.ticks
+        if tick.dropped
+    }
+    for instant, firings in enumerate(by_instant):
         views: dict[str, list] = {}
         for firing in firings:
             for view in firing.views:
@@ -225,6 +236,7 @@ def _region_cells(plan: Plan, traced: int) -> dict[str, list[RegionCell]]:
                         module_sized=module_sized,
                         double_buffer=double,
                         read=read,
+                        dropped=dropped.get((name, instant), 0),
                     )
                 )
             else:
@@ -476,6 +488,8 @@ def _region_td(plan: Plan, lane: Lane, column: Column, colour: str) -> str:
     extra = ""
     if last.double_buffer:
         extra = "<BR/>" + small("⇆ double buffer")
+    if last.dropped:
+        extra += "<BR/>" + small(escape(f"✕ {last.dropped} lost at the boundary"), LOSS_TEXT)
     body = escape(text) + extra
     if muted:
         body = f'<FONT COLOR="{IDLE_TEXT}">{body}</FONT>'
@@ -800,6 +814,17 @@ def _timeline_legend(plan: Plan, timeline: Timeline, word: str) -> str:
         ),
         (td("", BGCOLOR=SEPARATOR, WIDTH=3), "phase boundary: warm-up | steady period | repeats"),
     ]
+    losses = [o for o in plan.samples.outputs.values() if o.dropped]
+    if losses:
+        lost = losses[0]
+        samples.append(
+            (
+                td(small(escape(f"✕ {lost.loss} lost at the boundary"), LOSS_TEXT), BORDER=1, COLOR=GRID),
+                f"an output's units lost at the boundary before the firing (`loses {lost.loss}`): the stream is "
+                f"{plural(lost.dropped, lost.clock)} short of one offline call over {seconds(plan.samples.seconds)} "
+                "(dsl plan, Samples)",
+            )
+        )
     for swatch, text in samples:
         rows.append("<TR>" + swatch + td(wrap(text, LEGEND_WIDTH), ALIGN="LEFT", BALIGN="LEFT", COLSPAN=3) + "</TR>")
     return html_table(rows, spacing=2, padding=3)

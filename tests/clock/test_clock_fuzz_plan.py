@@ -193,6 +193,16 @@ def assert_plan_consistent(data: dict) -> None:
     if capture["max_graphs"] is not None:
         assert sum(g["captured"] for g in graphs.values()) <= capture["max_graphs"]
 
+    samples = data["samples"]
+    assert set(samples["outputs"]) | set(samples["skipped"]) <= set(regions)
+    for name, output in samples["outputs"].items():
+        assert output["total"] == output["emitted"] + output["flushed"], name
+        assert output["boundaries"] == max(output["firings"] - 1, 0) and output["dropped"] == (
+            output["loss_per_firing"] * output["boundaries"]
+        ), name
+        assert output["short"] == output["offline"] - output["total"], name
+        assert output["unaccounted"] == output["short"] - output["dropped"], name
+
 
 def write_mutant(folder: Path, text: str) -> Path:
     path = folder / "mutant.clock"

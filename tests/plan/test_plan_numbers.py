@@ -160,3 +160,19 @@ def test_qwen_code2wav_streaming_batch_scales_state():
     plan = plan_file(STDLIB / "qwen3_omni_code2wav_streaming.clock", {"B": "8"})
     assert plan.schedule.regions["keys[0]"].shape == (8, 16, 71, 64)
     assert plan.schedule.regions["res_24khz[2]"].shape == (8, 96, 54)
+
+
+def test_a_first_firing_latency_is_warm_up_even_when_no_region_grows():
+    """`write pcm +4 latency 1` changes nothing but the first firing: the state repeats from instant 0
+    in lengths alone, yet instant 10 (one hyperperiod later) must not hold the latency back again."""
+    from duplexcadence.dsl.frontend import check_file
+    from duplexcadence.interpreter.plans.plan import make_plan
+
+    text = (
+        "cadence 1 s\nclock frame = 10 Hz\nclock sample = frame * 4\nregion codes : i64[1, time] on frame input\n"
+        "region pcm : f32[1, time] on sample output\nstage emit on frame { hook emit; read codes; write pcm +4 latency 1 }\n"
+    )
+    plan = make_plan(check_file("latency.clock", text=text).program)
+    assert (plan.trace.warmup_instants, plan.trace.period_instants) == (1, 10)
+    written = {f.instant: next(v.length for v in f.views if v.kind == "write") for f in plan.trace.firings}
+    assert [written[plan.trace.planned_index(i)] for i in range(12)] == [3] + [4] * 11

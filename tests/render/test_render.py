@@ -174,6 +174,18 @@ def test_qwen_timeline_marks_double_buffers(plans):
     assert [c.trimmed for c in codes.cells] == [False, False, True, True]
 
 
+def test_qwen_stock_timeline_marks_the_samples_lost_at_each_boundary(plans):
+    timeline = build_timeline(plans["qwen3_omni_code2wav"])
+    wav = next(lane for lane in timeline.lanes if lane.members == ("wav",))
+    assert [c.dropped for c in wav.cells] == [0, 555, 555, 555]
+    source = render_plan(plans["qwen3_omni_code2wav"], "timeline").source
+    assert source.count("✕ 555 lost at the boundary") == 4  # three ticks and the legend
+    assert "the stream is<BR/>32745 samples short of one offline call over 60 s" in source
+    streaming = build_timeline(plans["qwen3_omni_code2wav_streaming"])
+    assert not any(c.dropped for lane in streaming.lanes for c in lane.cells)
+    assert "lost at the boundary" not in render_plan(plans["qwen3_omni_code2wav_streaming"], "timeline").source
+
+
 def test_eager_firings_are_marked():
     plan = plan_file(STEP_AUDIO2, max_graphs=3)  # the three steady graphs are kept first
     timeline = build_timeline(plan)

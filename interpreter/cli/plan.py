@@ -19,6 +19,7 @@ from duplexcadence.interpreter.cli.common import (
     add_common_options,
     add_format_option,
     add_limit_option,
+    add_prune_option,
     add_stdin_filename_option,
     clock_inputs,
     color_wanted,
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         max_graphs=args.max_graphs,
         max_arena_bytes=args.max_arena_bytes,
         sessions=args.sessions,
+        prune=args.prune,
     )
     if plan is None:
         return EXIT_PROBLEMS
@@ -119,6 +121,7 @@ def register(commands) -> None:
         help="fail if the arena would exceed BYTES",
     )
     plan.add_argument("--sessions", type=positive, default=1, metavar="N", help="sessions sharing the arena")
+    add_prune_option(plan)
     add_stdin_filename_option(plan)
     add_common_options(plan)
     plan.set_defaults(handler=run)

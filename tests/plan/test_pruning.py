@@ -1,11 +1,13 @@
 """Pruning (interpreter/plans/prune.py): the stages no output sees, the regions only they touch, and why.
 
 A corpus of small programs, each with the exact stages pruned (and their reasons), the regions left out
-and the unobserved stages kept.
+and the unobserved stages kept; then what pruning changes in a plan (PersonaPlex's two instances: bytes,
+graphs, firings), `dsl plan` text and JSON, and `--no-prune`.
 """
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -13,8 +15,12 @@ import attrs
 import pytest
 
 from duplexcadence.dsl.frontend import load_program
-from duplexcadence.interpreter.plans.plan import make_plan
+from duplexcadence.interpreter.cli.main import main as dsl
+from duplexcadence.interpreter.plans.plan import make_plan, plan_file, to_json
+from duplexcadence.interpreter.plans.plan_text import format_plan
 from duplexcadence.interpreter.plans.prune import NO_OUTPUT, prune_unobserved
+
+STDLIB = Path(__file__).resolve().parents[2] / "stdlib" / "models"
 
 HEADER = """
 cadence 1 s
@@ -220,3 +226,107 @@ def test_pruning_is_a_fixpoint(tmp_path: Path) -> None:
         once = prune_unobserved(_program(tmp_path, case.body))
         twice = prune_unobserved(once.program)
         assert (twice.stages, twice.regions) == ((), ()), case.name
+
+
+# --- PersonaPlex: the server's two instances, other_mimi unobserved -------------------------------
+
+
+@pytest.fixture(scope="module")
+def personaplex():
+    path = STDLIB / "personaplex_mimi_decoder.clock"
+    return plan_file(path), plan_file(path, prune=False)
+
+
+OTHER_STAGES = (
+    ("other_upsample", "no output, and only unobserved stage 'other_transformer' reads what it writes"),
+    ("other_transformer", "no output, and only unobserved stage 'other_seanet' reads what it writes"),
+    ("other_seanet", "no output, and no other stage reads what it writes"),
+)
+
+
+def test_personaplex_prunes_other_mimi(personaplex) -> None:
+    pruned, everything = personaplex
+    assert tuple((s.name, s.reason) for s in pruned.pruning.stages) == OTHER_STAGES
+    assert pruned.clocks.stage_order == ("audio_tokens", "mimi_upsample", "mimi_transformer", "mimi_seanet")
+    assert everything.clocks.stage_order == (
+        "audio_tokens",
+        "mimi_upsample",
+        "mimi_transformer",
+        "mimi_seanet",
+        "other_upsample",
+        "other_transformer",
+        "other_seanet",
+    )
+    left_out = {r.name for r in pruned.pruning.regions}
+    assert left_out == {name for name in everything.program.regions if name.startswith("other_")}
+    assert len(left_out) == 39 and "other_pcm" in left_out
+    assert all(set(r.stages) <= {name for name, _ in OTHER_STAGES} for r in pruned.pruning.regions)
+
+
+def test_personaplex_plan_numbers_with_and_without_pruning(personaplex) -> None:
+    pruned, everything = personaplex
+    # one instance's state: 8 KV rings of 1000 KiB, 10 carries, 17 counters (each aligned to 512 B)
+    assert (pruned.arena.session_bytes, pruned.arena.scratch_bytes) == (8_251_392, 11_776)
+    assert (everything.arena.session_bytes, everything.arena.scratch_bytes) == (16_502_784, 19_456)
+    assert (pruned.schedule.demand_bytes, everything.schedule.demand_bytes) == (8_258_824, 16_517_520)
+    # graphs: audio_tokens 1, each instance's upsample 2, transformer 1, seanet 2
+    assert (len(pruned.capture.graphs), len(everything.capture.graphs)) == (6, 11)
+    # firings in the warm-up (125 frames) and one steady period (25): 4 stages, or 7
+    assert (len(pruned.trace.firings), len(everything.trace.firings)) == (150 * 4, 150 * 7)
+    assert pruned.trace.warmup_instants == everything.trace.warmup_instants == 125
+    # the kept instance's numbers do not change
+    for name, region in pruned.schedule.regions.items():
+        assert everything.schedule.regions[name].bytes == region.bytes, name
+
+
+def test_dsl_plan_text_lists_the_pruned_stages(personaplex) -> None:
+    pruned, everything = personaplex
+    text = format_plan(pruned)
+    section = text[text.index("Pruned") : text.index("Warm-up and steady state")]
+    assert section.splitlines() == [
+        "Pruned (no output sees their work; --no-prune runs them)",
+        "  stage              why",
+        "  -----------------  -----------------------------------------------------------------------------",
+        "  other_upsample     no output, and only unobserved stage 'other_transformer' reads what it writes",
+        "  other_transformer  no output, and only unobserved stage 'other_seanet' reads what it writes",
+        "  other_seanet       no output, and no other stage reads what it writes",
+        "  39 regions left out (only pruned stages touch them): other_pcm; other_upsample_partial;",
+        "    other_embedded; other_kv[0..7]; other_kv_end[0..7]; other_rope_offset[0..7];",
+        "    other_transformer_offset; other_latent_out; other_conv_in; other_up8; other_res8; other_up6;",
+        "    other_res6; other_up5; other_res5; other_up4; other_res4; other_conv_out",
+        "",
+    ]
+    off = format_plan(everything)
+    assert "Pruned" not in off
+    assert "Unobserved (no output sees their work; they run: pruning is off)" in off
+    assert "  other_seanet       no output, and no other stage reads what it writes" in off
+    assert "Pruned" not in format_plan(plan_file(STDLIB / "mimi_decoder.clock"))
+
+
+def test_dsl_plan_json_has_the_pruning(personaplex) -> None:
+    pruned, everything = personaplex
+    data = to_json(pruned)["pruning"]
+    assert data["enabled"] is True and data["note"] is None and data["kept"] == []
+    assert [(s["stage"], s["reason"]) for s in data["stages"]] == list(OTHER_STAGES)
+    assert data["unobserved"] == data["stages"]
+    assert data["regions"][0] == {
+        "region": "other_pcm",
+        "stages": ["other_seanet"],
+        "input": False,
+        "reason": "touched only by pruned stage 'other_seanet'",
+    }
+    assert data["regions"][2]["reason"] == "touched only by pruned stages 'other_transformer', 'other_upsample'"
+    assert "other_kv[0]" not in to_json(pruned)["regions"]
+    off = to_json(everything)["pruning"]
+    assert off["enabled"] is False and off["stages"] == [] and off["regions"] == []
+    assert [s["stage"] for s in off["unobserved"]] == [name for name, _ in OTHER_STAGES]
+    assert "other_kv[0]" in to_json(everything)["regions"]
+
+
+def test_cli_no_prune(capsys) -> None:
+    assert dsl(["plan", "models.personaplex_mimi_decoder", "--format", "json"]) == 0
+    pruned = json.loads(capsys.readouterr().out)
+    assert dsl(["plan", "models.personaplex_mimi_decoder", "--format", "json", "--no-prune"]) == 0
+    everything = json.loads(capsys.readouterr().out)
+    assert (pruned["arena"]["session_bytes"], everything["arena"]["session_bytes"]) == (8_251_392, 16_502_784)
+    assert (len(pruned["capture"]["graphs"]), len(everything["capture"]["graphs"])) == (6, 11)

@@ -124,7 +124,9 @@ class Runtime:
     What the sessions share (read it, do not assign it): `plan`, `program`, `callables` and `attributes`
     (the binding), `capture` (the capture strategy), `templates` (every planned instant), `blocked` (the
     stages that run eagerly, with why), `pools` (each lane's CUDA graph memory pool, None without
-    graphs), `lane_rng_states`, `slot_graphs` (each slot's graphs, runs and resolved replays).
+    graphs), `lane_rng_states`, `slot_graphs` (each slot's graphs, runs and resolved replays), `pruned_inputs`
+    and `pruned_given` (the input and `start given` regions the plan pruned: a step or a session takes them
+    and ignores them, `without_pruned`).
     """
 
     def __init__(

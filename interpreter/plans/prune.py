@@ -126,20 +126,14 @@ def _keep_from(graph: nx.DiGraph, program: Program, regions: set[str], stages: s
     return kept
 
 
-def _unobserved_reason(program: Program, name: str, kept: set[str]) -> str:
+def _unobserved_reason(program: Program, name: str, readers_of: dict[str, set[str]]) -> str:
+    """Why no output sees stage `name`: where its writes go (`readers_of`: region -> the stages reading it)."""
     stage = program.stages[name]
-    written = sorted({access.region for access in stage.writes()})
+    written = {access.region for access in stage.writes()}
     if not written:
         reason = "writes no region"
     else:
-        readers = sorted(
-            {
-                other
-                for other, info in program.stages.items()
-                if other != name and any(access.region in written for access in info.reads())
-            }
-        )
-        assert not set(readers) & kept, "a stage whose writes a kept stage reads is kept"
+        readers = sorted(set().union(*(readers_of.get(region, set()) for region in written)) - {name})
         if readers:
             verb = "reads" if len(readers) == 1 else "read"
             reason = f"no output, and only unobserved {_stages(readers)} {verb} what it writes"
@@ -173,8 +167,14 @@ def prune_unobserved(program: Program, enabled: bool = True) -> Pruning:
             )
         if unobserved_drawing:
             kept = _keep_from(graph, program, outputs, set(unobserved_drawing))
+    readers_of: dict[str, set[str]] = {}
+    for name, stage in program.stages.items():
+        for access in stage.reads():
+            readers_of.setdefault(access.region, set()).add(name)
     order = depgraph.stage_order(program)
-    unobserved = tuple(PrunedStage(name, _unobserved_reason(program, name, kept)) for name in order if name not in kept)
+    unobserved = tuple(
+        PrunedStage(name, _unobserved_reason(program, name, readers_of)) for name in order if name not in kept
+    )
     if not enabled or not unobserved:
         return Pruning(enabled, unobserved, (), (), tuple(kept_for_rng), None, program, program)
     pruned_names = {stage.name for stage in unobserved}

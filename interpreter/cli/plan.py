@@ -22,6 +22,7 @@ from duplexcadence.interpreter.cli.common import (
     add_common_options,
     add_format_option,
     add_limit_option,
+    add_prune_option,
     add_stdin_filename_option,
     clock_inputs,
     color_wanted,
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         max_arena_bytes=args.max_arena_bytes,
         sessions=args.sessions,
         seconds=args.seconds,
+        prune=args.prune,
     )
     if plan is None:
         return EXIT_PROBLEMS
@@ -142,6 +144,7 @@ def register(commands) -> None:
         metavar="T",
         help="count every output's units over a session of T seconds (default 60, whole cadences)",
     )
+    add_prune_option(plan)
     add_stdin_filename_option(plan)
     add_common_options(plan)
     plan.set_defaults(handler=run)

@@ -134,6 +134,9 @@ def _region_hover(analysis: Analysis, name: str) -> str | None:
     plan = analysis.plan
     if plan is not None:
         planned = [plan.schedule.regions[m] for m in members if m in plan.schedule.regions]
+        pruned = plan.pruning.reason_for(members[0])
+        if pruned is not None and not planned:
+            lines.append(f"- pruned: {pruned}; no bytes (`dsl plan --no-prune` keeps it)")
         if planned:
             first = planned[0]
             capacity = "" if first.capacity is None else f"capacity {first.capacity} units, "
@@ -175,7 +178,10 @@ def _stage_hover(analysis: Analysis, name: str) -> str | None:
         f"{stage.callable_kind} `{stage.target}`"
     ]
     plan = analysis.plan
-    if plan is not None:
+    pruned = None if plan is None else plan.pruning.reason_for(name)
+    if plan is not None and pruned is not None:
+        lines.append(f"- pruned: {pruned}; it never fires (`dsl plan --no-prune` keeps it)")
+    elif plan is not None:
         timing = plan.clocks.stages[name]
         lines.append(
             f"- fires {number_text(timing.per_cadence)} times per cadence ({seconds(plan.clocks.cadence)}), "

@@ -1,6 +1,9 @@
-"""The plan driver: a checked program -> clocks -> shape trace -> allocation schedule -> arena ->
-capture plan -> sample accounting, composed in that order. Each pass is a pure function of what came before; the
-result is one frozen `Plan`, printable (`dsl plan`) and JSON-serialisable (`dsl plan --json`).
+"""The plan driver: a checked program -> pruning -> clocks -> shape trace -> allocation schedule ->
+arena -> capture plan -> sample accounting, composed in that order. Each pass is a pure function of
+what came before; the result is one frozen `Plan`, printable (`dsl plan`) and JSON-serialisable (`dsl plan --json`).
+
+`Plan.program` is the program the passes planned: the checked one without the stages the pruning left
+out and the regions only they touch (`Plan.pruning`, with the checked program as `pruning.source`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from duplexcadence.interpreter.plans.allocation import AllocationSchedule, sched
 from duplexcadence.interpreter.plans.arena import ArenaPlan, plan_arena
 from duplexcadence.interpreter.plans.capture import CapturePlan, plan_capture
 from duplexcadence.interpreter.plans.clocks import ClockPlan, plan_clocks
+from duplexcadence.interpreter.plans.prune import Pruning, prune_unobserved
 from duplexcadence.interpreter.plans.samples import SampleAccount, TickSamples, account_samples
 from duplexcadence.interpreter.plans.trace import Trace, trace_shapes
 
@@ -34,6 +38,7 @@ class Plan:
     schedule: AllocationSchedule
     arena: ArenaPlan
     capture: CapturePlan
+    pruning: Pruning
     samples: SampleAccount
 
     @property
@@ -47,14 +52,18 @@ def make_plan(
     max_arena_bytes: int | None = None,
     sessions: int = 1,
     limits: Limits | Mapping[str, int] | None = None,
+    prune: bool = True,
     seconds: Fraction | None = None,
 ) -> Plan:
     """Run every pass under the program's limits (or `limits`, a `Limits` or a mapping that raises
     some of the defaults); raises ClockError when the plan would pass one (checked before the pass
     that would cost it), or when the arena exceeds `max_arena_bytes` (over-budget), and ValueError for
-    a `seconds` the sample accounting refuses (default: a 60 s session)."""
+    a `seconds` the sample accounting refuses (default: a 60 s session). `prune`: leave out the stages
+    no output sees (interpreter/plans/prune.py)."""
     if limits is not None:
         program = attrs.evolve(program, limits=Limits.of(limits))
+    pruning = prune_unobserved(program, prune)
+    program = pruning.program
     problems = bounds.check(program)
     if problems:
         raise ClockError(problems)
@@ -82,7 +91,7 @@ def make_plan(
         raise ClockError([messages.over_arena_budget(arena.total_bytes(sessions), max_arena_bytes, span)])
     capture = plan_capture(shape_trace, max_graphs)
     samples = account_samples(program, clock_plan, shape_trace, seconds)
-    return Plan(program, clock_plan, shape_trace, allocation, arena, capture, samples)
+    return Plan(program, clock_plan, shape_trace, allocation, arena, capture, pruning, samples)
 
 
 def plan_file(
@@ -201,6 +210,17 @@ def to_json(plan: Plan) -> dict:
             "demand_bytes": plan.schedule.demand_bytes,
             "stock_bytes": plan.schedule.stock_bytes,
             "compared_demand_bytes": plan.schedule.compared_demand_bytes,
+        },
+        "pruning": {
+            "enabled": plan.pruning.enabled,
+            "note": plan.pruning.note,
+            "unobserved": [{"stage": s.name, "reason": s.reason} for s in plan.pruning.unobserved],
+            "stages": [{"stage": s.name, "reason": s.reason} for s in plan.pruning.stages],
+            "regions": [
+                {"region": r.name, "stages": list(r.stages), "input": r.input, "reason": r.reason}
+                for r in plan.pruning.regions
+            ],
+            "kept": [{"stage": s.name, "reason": s.reason} for s in plan.pruning.kept],
         },
         "capture": {
             "max_graphs": plan.capture.max_graphs,

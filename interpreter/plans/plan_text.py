@@ -144,6 +144,50 @@ def _views_parts(plan: Plan, signature: tuple) -> list[str]:
     return parts
 
 
+def _region_groups_text(names: Sequence[str], program) -> list[str]:
+    """Region names with the members of a family joined (`other_kv[0..7]`), in the given order."""
+    parts: list[str] = []
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        family = program.regions[name].family
+        if family is None:
+            parts.append(name)
+            continue
+        if family not in groups:
+            groups[family] = []
+            parts.append(family)
+        groups[family].append(name)
+    return [member_range(groups[part]) if part in groups else part for part in parts]
+
+
+def _pruning_lines(plan: Plan, heading) -> list[str]:
+    """The stages no output sees: pruned (with the regions left out), or run when pruning is off; and an
+    unobserved stage kept anyway. Nothing when every stage is observed."""
+    pruning = plan.pruning
+    out: list[str] = []
+    if pruning.stages:
+        out.append(heading("Pruned (no output sees their work; --no-prune runs them)"))
+        out += table(["stage", "why"], [[s.name, s.reason] for s in pruning.stages])
+        regions = _region_groups_text([r.name for r in pruning.regions], pruning.source)
+        if regions:
+            out += _wrap_parts(
+                [f"{plural(len(pruning.regions), 'region')} left out (only pruned stages touch them): " + regions[0]]
+                + regions[1:],
+                "  ",
+                "    ",
+            )
+        out.append("")
+    elif pruning.unobserved:
+        out.append(heading("Unobserved (no output sees their work; they run: pruning is off)"))
+        out += table(["stage", "why"], [[s.name, s.reason] for s in pruning.unobserved])
+        out.append("")
+    if pruning.kept:
+        out.append(heading("Kept although no output sees them"))
+        out += table(["stage", "why"], [[s.name, s.reason] for s in pruning.kept])
+        out.append("")
+    return out
+
+
 def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
     """The plan as `dsl plan` prints it: condensed, or with `verbose` every family member and the
     views of every graph; `color` makes the section headings bold."""
@@ -182,6 +226,8 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
         right=(2, 3),
     )
     out.append("")
+
+    out += _pruning_lines(plan, heading)
 
     out.append(heading("Warm-up and steady state"))
     if trace_.periodic:

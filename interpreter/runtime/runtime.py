@@ -124,7 +124,9 @@ class Runtime:
     What the sessions share (read it, do not assign it): `plan`, `program`, `callables` and `attributes`
     (the binding), `capture` (the capture strategy), `templates` (every planned instant), `blocked` (the
     stages that run eagerly, with why), `pools` (each lane's CUDA graph memory pool, None without
-    graphs), `lane_rng_states`, `slot_graphs` (each slot's graphs, runs and resolved replays).
+    graphs), `lane_rng_states`, `slot_graphs` (each slot's graphs, runs and resolved replays), `pruned_inputs`
+    and `pruned_given` (the input and `start given` regions the plan pruned: a step or a session takes them
+    and ignores them, `without_pruned`).
     """
 
     def __init__(
@@ -184,6 +186,10 @@ class Runtime:
         # an on-plan step repeats a traced instant: its firings, graph keys and input shapes, precomputed
         self.templates = templates_of(plan)
         self.storage_dtypes = {name: TORCH_DTYPES[r.dtype] for name, r in plan.program.regions.items()}
+        self.pruned_inputs = frozenset(r.name for r in plan.pruning.regions if r.input)
+        self.pruned_given = frozenset(
+            r.name for r in plan.pruning.regions if plan.pruning.source.regions[r.name].start == "given"
+        )
         instants = plan.clocks.instants
         self._prefix_counts: list[Counter[str]] = [Counter() for _ in range(len(instants) + 1)]
         for phase, instant in enumerate(instants):
@@ -194,6 +200,12 @@ class Runtime:
         self.slot_graphs: dict[int, tuple[dict, dict, dict]] = {}  # slot -> its graphs, runs and resolved replays
         self.capture_seconds = 0.0
         self.graphs_captured = 0
+
+    def without_pruned(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """`values` (step inputs or initial values by region) without the regions the plan pruned: a pruned
+        input or `start given` region is taken and ignored, so a caller passes what the program declares."""
+        pruned = self.pruned_inputs | self.pruned_given
+        return {name: value for name, value in values.items() if name not in pruned}
 
     def lane_of(self, slot: int) -> int:
         """The lane of session slot `slot`: slots are dealt to lanes round-robin."""
@@ -227,6 +239,7 @@ class Runtime:
         on_reset: Callable[[Any], None] | None = None,
         lanes: int = 1,
         capture: str | None = None,
+        prune: bool = True,
     ) -> Runtime:
         """Check the `.clock` file, plan it, bind it to `model`, and allocate the arena.
 
@@ -237,6 +250,9 @@ class Runtime:
         `graphs`: False (or "off", "never") is `capture="eager"`; "auto" follows `capture`.
         `lanes`: how many sessions `step_many` can run at once (1 to `sessions`); each lane adds one
         copy of the scratch block to the arena and has its own graph pool and CUDA stream.
+        `prune`: leave out the stages no output sees, and the regions only they touch (`plan.pruning`
+        lists them): they never run, are not bound and have no arena bytes; `prune=False` runs every stage,
+        for a caller that reads their state (`Session.region`).
         Raises `ClockError` with located diagnostics when the file, the binding or the budget fails.
         """
         if graphs in (False, "off", "never"):
@@ -258,8 +274,8 @@ class Runtime:
         program = (
             clock if isinstance(clock, Program) else load_program(clock, {k: str(v) for k, v in (params or {}).items()})
         )
-        plan = make_plan(program, max_graphs=max_graphs)
-        callables, attributes = bind_program(program, model, hooks, device)
+        plan = make_plan(program, max_graphs=max_graphs, prune=prune)
+        callables, attributes = bind_program(plan.program, model, hooks, device)
         check_arena_fits(plan, sessions, device, lanes)
         use_graphs = device.type == "cuda" and strategy.graphs
         return cls(plan, model, device, callables, attributes, sessions, use_graphs, on_reset, lanes, strategy)

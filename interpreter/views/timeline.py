@@ -51,6 +51,8 @@ NON_PERIODIC_HYPERPERIODS = 3  # without a steady state the timeline shows this 
 FIXED_LANE = "fixed-size state"  # the one lane all regions without a time axis share
 WARMUP_BAND, STEADY_BAND, REPEAT_BAND, GROWING_BAND = "#fde2c4", "#d4ecd1", "#e6e6e6", "#f6d0d0"
 EMPTY_STAGE = "#f4f4f4"
+PRUNED_STAGE = "#fafafa"
+PRUNED_WIDTH = 40  # characters per line of a pruned stage's reason in its lane's label
 
 
 # --- what the timeline shows: per-instant lanes ---------------------------------------------------
@@ -545,6 +547,17 @@ def _group_names(program: Program, names: Sequence[str]) -> str:
     return ", ".join(parts)
 
 
+def _pruned_stage_label(plan: Plan, stage: str, reason: str) -> str:
+    info = plan.pruning.source.stages[stage]
+    target = f"{info.callable_kind} {info.target or '(root)'}"
+    lines = [f"<I>{escape(stage)}</I>", escape(target), wrap(f"pruned: {reason}", PRUNED_WIDTH)]
+    return f'<FONT COLOR="{IDLE_TEXT}">' + "<BR/>".join(lines) + "</FONT>"
+
+
+def _pruned_td(columns: Sequence[Column]) -> str:
+    return td("", BGCOLOR=PRUNED_STAGE, BORDER=1, COLOR=IDLE_TEXT, STYLE="dashed", COLSPAN=len(columns))
+
+
 def _stage_label(plan: Plan, stage: str) -> str:
     info = plan.program.stages[stage]
     timing = plan.clocks.stages[stage]
@@ -742,6 +755,8 @@ def render_timeline(plan: Plan, options: ViewOptions = DEFAULT_OPTIONS) -> graph
     for stage in plan.clocks.stage_order:
         cells = timeline.stage_cells[stage]
         rows.append(row(_stage_label(plan, stage), lambda g, cells=cells: [_stage_td(plan, c, cells) for c in g]))
+    for pruned in plan.pruning.stages:
+        rows.append(row(_pruned_stage_label(plan, pruned.name, pruned.reason), lambda g: [_pruned_td(g)]))
     rows.append(
         row(
             f"<B>REGIONS</B> {small('length or fill after the ' + escape(word) + '; bar = share of capacity')}",
@@ -786,6 +801,17 @@ def _timeline_legend(plan: Plan, timeline: Timeline, word: str) -> str:
     samples = [
         (_eager_td("<I>eager</I>"), "a firing that runs eagerly (no graph: over the budget or outside the plan)"),
         (td("", BGCOLOR=EMPTY_STAGE, BORDER=1, COLOR=GRID), f"the stage does not fire at this {word}"),
+        *(
+            [
+                (
+                    td("", BGCOLOR=PRUNED_STAGE, BORDER=1, COLOR=IDLE_TEXT, STYLE="dashed"),
+                    "a pruned stage: no output sees its work, so it never fires and its state has no bytes "
+                    "(dsl plan says why; --no-prune runs it)",
+                )
+            ]
+            if plan.pruning.stages
+            else []
+        ),
         (
             td(escape("8 +2 → 10"), BGCOLOR=bar(lighten(CLOCK_PALETTE[0], 0.55), 0.4), BORDER=1, COLOR=GRID),
             "a kept history: units before, appended, after; the bar is the share of the region's capacity",

@@ -179,6 +179,10 @@ def assert_plan_consistent(data: dict) -> None:
             disjoint = a["offset"] + a["bytes"] <= b["offset"] or b["offset"] + b["bytes"] <= a["offset"]
             assert not together or disjoint, (a, b)
 
+    pruning = data["pruning"]
+    assert not {s["stage"] for s in pruning["stages"]} & set(order), "a pruned stage planned"
+    assert not {r["region"] for r in pruning["regions"]} & set(regions), "a pruned region planned"
+
     capture = data["capture"]
     graphs = {g["key"]: g for g in capture["graphs"]}
     assert sorted(graphs) == list(range(len(capture["graphs"])))

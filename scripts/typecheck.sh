@@ -2,7 +2,8 @@
 # Type gate: mypy over the package (configuration: pyproject.toml, [tool.mypy]). The repository root IS the
 # package `duplexcadence`, so mypy runs in a folder where `duplexcadence` links to this checkout (kept under
 # the temp dir, one per checkout, with its mypy cache). Installs mypy and types-networkx with pip when they
-# are missing. Exits non-zero on any finding; extra arguments go to mypy.
+# are missing. Run it after scripts/install.sh: mypy reads the types of the installed packages (torch, moshi,
+# transformers, ray, ...). Exits non-zero on any finding; extra arguments go to mypy.
 #   bash scripts/typecheck.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

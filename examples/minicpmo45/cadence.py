@@ -40,14 +40,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 import torch
 
 from duplexcadence.dsl.frontend import load_program
-from duplexcadence.dsl.program import Program
+from duplexcadence.dsl.program import Program, RegionInfo
 from duplexcadence.examples.minicpmo45.istft import InverseStft
 from duplexcadence.examples.minicpmo45.model import (
     PRE_LOOKAHEAD_TOKENS,
@@ -72,6 +72,9 @@ from duplexcadence.interpreter.plans.trace import Firing, View
 from duplexcadence.interpreter.runtime.runtime import Runtime
 from duplexcadence.interpreter.runtime.session import Session
 from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES, RegionStorage
+
+if TYPE_CHECKING:
+    from duplexcadence.examples.minicpmo45.stepaudio2_types import HiFTGenerator
 
 CLOCK = Path(__file__).resolve().parents[2] / "stdlib" / "models" / "step_audio2_token2wav.clock"
 
@@ -123,7 +126,7 @@ class _DeferredIstft:
 
 
 @contextmanager
-def deferred_istft(hift: torch.nn.Module) -> Iterator[_DeferredIstft]:
+def deferred_istft(hift: HiFTGenerator) -> Iterator[_DeferredIstft]:
     """Run ``hift.forward`` up to its ``_istft`` call: the block gets the magnitude and phase instead."""
     deferred = _DeferredIstft()
     hift._istft = deferred
@@ -131,6 +134,14 @@ def deferred_istft(hift: torch.nn.Module) -> Iterator[_DeferredIstft]:
         yield deferred
     finally:
         del hift._istft
+
+
+def _fixed_shape(region: RegionInfo) -> tuple[int, ...]:
+    """The shape of a region without a time axis (every region bound to a module buffer here)."""
+    shape = tuple(dim for dim in region.shape if dim is not None)
+    if len(shape) != len(region.shape):
+        raise ValueError(f"region {region.name} has a time axis; a module buffer needs a fixed shape")
+    return shape
 
 
 def _view(firing: Firing, region: str) -> View:
@@ -203,6 +214,7 @@ class Token2wavHooks:
         with deferred_istft(tail.hift) as deferred:
             _, source = tail.hift(mel, hift_source)
         magnitude, phase = deferred.magnitude, deferred.phase
+        assert magnitude is not None and phase is not None  # HiFTGenerator.decode ends in its _istft call
         parts = spectrum[: 2 * magnitude.numel()].view(2, *magnitude.shape)
         parts[0].copy_(magnitude)
         parts[1].copy_(phase)
@@ -264,7 +276,7 @@ class Token2wavRuntime:
         with runtime.lock, torch.no_grad():
             saved = {name: getattr(owners[owner], attribute) for name, (owner, attribute) in BUFFER_REGIONS.items()}
             working = {name: self.scratch_view(name) for name in ("cfm_att", "dit_att", "dit_cnn")}
-            cnn_shape = runtime.program.regions["estimator_cnn"].shape
+            cnn_shape = _fixed_shape(runtime.program.regions["estimator_cnn"])
             working["estimator_cnn"] = torch.zeros(cnn_shape, dtype=self.noise.dtype, device=self.tail.device)
             working["noise"] = self.noise
             try:
@@ -333,7 +345,9 @@ def load_runtime(
     for name, (owner, attribute) in BUFFER_REGIONS.items():
         region = program.regions[name]
         # shape and dtype only: the binding check compares them, then every firing binds the arena's views
-        owners[owner]._buffers[attribute] = torch.empty(region.shape, dtype=TORCH_DTYPES[region.dtype], device="meta")
+        owners[owner]._buffers[attribute] = torch.empty(
+            _fixed_shape(region), dtype=TORCH_DTYPES[region.dtype], device="meta"
+        )
     hooks = Token2wavHooks(tail)
     try:
         runtime = Runtime.load(

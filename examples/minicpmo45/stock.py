@@ -139,10 +139,10 @@ class _TorchOnDevice(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         return getattr(torch, name)
 
-    def tensor(self, data: Any, *args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+    def tensor(self, data: Any, *, device: Any = None, **kwargs: Any) -> torch.Tensor:
         if device is not None and torch.device(device).type == "cuda":
             device = self._target_device
-        return torch.tensor(data, *args, device=device, **kwargs)
+        return torch.tensor(data, device=device, **kwargs)
 
 
 def stock_stream_function(device: torch.device) -> types.FunctionType:

@@ -89,7 +89,11 @@ class StockSecondDecoder:
     def step(self, new_codes: torch.Tensor) -> torch.Tensor:
         """Decode one chunk of new codes ``[B, 16, n]``; return its waveform ``[B, 1, samples]``."""
         context = min(self.left_context, self.codes_seen)
-        window = new_codes if context == 0 else torch.cat([self.history[..., -context:], new_codes], dim=-1)
+        if context == 0:
+            window = new_codes
+        else:
+            assert self.history is not None  # codes were seen, so a step kept them
+            window = torch.cat([self.history[..., -context:], new_codes], dim=-1)
         wav = self.model(window)
         self.input_lengths.append(window.shape[-1])
         self.history = window[..., -self.left_context :]

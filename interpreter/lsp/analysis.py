@@ -53,11 +53,17 @@ class Analysis:
 def _declarations(module: syntax.Module, path: str) -> dict[str, Definition]:
     found: dict[str, Definition] = {}
     for statement in module.statements:
-        kind = {syntax.Param: "param", syntax.Clock: "clock", syntax.Region: "region", syntax.Stage: "stage"}.get(
-            type(statement)
-        )
-        if kind is None:
-            continue
+        match statement:
+            case syntax.Param():
+                kind = "param"
+            case syntax.Clock():
+                kind = "clock"
+            case syntax.Region():
+                kind = "region"
+            case syntax.Stage():
+                kind = "stage"
+            case _:
+                continue
         span = getattr(statement, "name_span", None) or statement.span
         if span is not None:
             found.setdefault(statement.name, Definition(statement.name, kind, span))
@@ -112,8 +118,7 @@ def _members(program: Program, name: str) -> tuple[str, ...]:
     return (name,) if name in program.regions else ()
 
 
-def _region_hover(analysis: Analysis, name: str) -> str | None:
-    program = analysis.program
+def _region_hover(analysis: Analysis, program: Program, name: str) -> str | None:
     members = _members(program, name)
     if not members:
         return None
@@ -156,8 +161,7 @@ def _region_hover(analysis: Analysis, name: str) -> str | None:
     return "\n".join(lines)
 
 
-def _clock_hover(analysis: Analysis, name: str) -> str | None:
-    program = analysis.program
+def _clock_hover(analysis: Analysis, program: Program, name: str) -> str | None:
     clock = program.clocks.get(name)
     if clock is None:
         return None
@@ -168,8 +172,7 @@ def _clock_hover(analysis: Analysis, name: str) -> str | None:
     return "\n".join(lines)
 
 
-def _stage_hover(analysis: Analysis, name: str) -> str | None:
-    program = analysis.program
+def _stage_hover(analysis: Analysis, program: Program, name: str) -> str | None:
     stage = program.stages.get(name)
     if stage is None:
         return None
@@ -196,15 +199,14 @@ def _stage_hover(analysis: Analysis, name: str) -> str | None:
     return "\n".join(lines)
 
 
-def _param_hover(analysis: Analysis, name: str) -> str | None:
-    program = analysis.program
+def _param_hover(analysis: Analysis, program: Program, name: str) -> str | None:
     if name not in program.params:
         return None
     value = program.params[name]
     text = (
-        "[" + ", ".join(number_text(v) if isinstance(v, (int, Fraction)) else str(v) for v in value) + "]"
+        "[" + ", ".join(number_text(Fraction(v)) if isinstance(v, (int, Fraction)) else str(v) for v in value) + "]"
         if isinstance(value, list)
-        else number_text(value)
+        else number_text(Fraction(value))
         if isinstance(value, (int, Fraction))
         else str(value)
     )
@@ -214,10 +216,11 @@ def _param_hover(analysis: Analysis, name: str) -> str | None:
 def hover_text(analysis: Analysis, name: str) -> str | None:
     """Markdown for the name: a region's plan numbers, a clock's rate, a stage's firings and graphs, a
     param's value. None when the program does not check (the diagnostics say why) or the name is unknown."""
-    if analysis.program is None:
+    program = analysis.program
+    if program is None:
         return None
     for describe in (_region_hover, _stage_hover, _clock_hover, _param_hover):
-        text = describe(analysis, name)
+        text = describe(analysis, program, name)
         if text is not None:
             return text
     return None

@@ -311,7 +311,7 @@ class SessionPool:
         self.sessions: dict[int, PooledSession] = {}
         self.draining = False
         self.stopping = False
-        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start()
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by start()
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.loaded: LoadedTail | None = None
         self.mode: Any = None
@@ -338,12 +338,19 @@ class SessionPool:
         """(input, dtype, shape) that passed the checks (a stream repeats them: they are checked once)."""
         self._previous_cudnn: tuple[bool, bool] | None = None
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the pool runs on (the one `start()` ran on)."""
+        if self._loop is None:
+            raise RuntimeError("the session pool is not started: await pool.start() first")
+        return self._loop
+
     # --- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Load the tail's runtime on the device thread, warm every slot, calibrate (unless a model is
         given), then start the scheduler and the idle reaper. ValueError for a mode the plan cannot take."""
-        self.loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
         self._empty = asyncio.Event()
         self._empty.set()

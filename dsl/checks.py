@@ -20,7 +20,7 @@ from duplexcadence.dsl import bounds, complete, depgraph, messages
 from duplexcadence.dsl.complete import read_need, units_per_firing
 from duplexcadence.dsl.diagnostics import Diagnostic, Note
 from duplexcadence.dsl.printer import number_text
-from duplexcadence.dsl.program import Access, Program, StageInfo, lcm_fractions
+from duplexcadence.dsl.program import Access, Program, StageInfo, firings_within, lcm_fractions, session_seconds
 from duplexcadence.dsl.source import Span
 
 
@@ -122,6 +122,13 @@ def check_accesses(program: Program) -> Iterator[Diagnostic]:
                             stage.name, access.region, access.lookahead, window, access.span
                         )
                 continue
+            if access.kind == "write" and access.loss:
+                if region.role != "output":
+                    yield messages.loss_on_state(stage.name, access.region, access.span)
+                elif access.advance is not None and access.loss + access.latency > access.advance:
+                    yield messages.loss_over_advance(
+                        stage.name, access.region, access.loss, access.latency, access.advance, access.span
+                    )
             if access.kind == "write" and access.latency:
                 if access.advance is None:
                     yield messages.bad_latency(
@@ -309,6 +316,32 @@ def check_hyperperiod(program: Program) -> Iterator[Diagnostic]:
         yield messages.long_hyperperiod(_fmt(hyper), int(firings), program.cadence_span)
 
 
+def check_boundary_loss(program: Program) -> Iterator[Diagnostic]:
+    """An output whose every firing is short (`loses L`) loses L units at each boundary between two
+    firings; a warning, unless the loss is marked `intended`."""
+    horizon = session_seconds(program.cadence)
+    for stage in program.stages.values():
+        rate = program.clocks[stage.clock].rate
+        for access in stage.accesses:
+            region = program.regions[access.region]
+            if access.kind != "write" or not access.loss or access.loss_intended or region.role != "output":
+                continue
+            if access.advance is not None and access.loss + access.latency > access.advance:
+                continue  # bad-access says so
+            assert region.clock is not None, "an output has a time axis"
+            # a session's firings in the horizon, and the end of the stream's where something is held back
+            boundaries = max(firings_within(rate, horizon) - 1 + program.holds_back(), 0)
+            yield messages.boundary_loss(
+                access.region,
+                region.clock,
+                program.clocks[region.clock].rate,
+                access.loss,
+                boundaries,
+                horizon,
+                access.span,
+            )
+
+
 def check_bindings(program: Program) -> Iterator[Diagnostic]:
     """Two regions bound to one attribute would alias one tensor."""
     bound: dict[tuple[str | None, str], str] = {}
@@ -379,6 +412,7 @@ RULES = (
     check_objects,
     check_unused,
     check_hyperperiod,
+    check_boundary_loss,
 )
 # rules about what is missing would only echo an earlier error when a declaration failed to resolve
 WHOLE_PROGRAM_RULES = (check_roles, check_unused, check_data_starts, check_counters, check_objects)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from fractions import Fraction
 
 from duplexcadence.dsl.diagnostics import Diagnostic, ErrorCode, Note, Severity
 from duplexcadence.dsl.source import Span
@@ -106,6 +107,11 @@ BAD_OBJECT = ErrorCode(
 HYPERPERIOD = ErrorCode("long-hyperperiod", "clocks whose common period is very long", Severity.WARNING)
 UNUSED_REGION = ErrorCode("unused-region", "a region no stage reads or writes", Severity.WARNING)
 EMPTY_FILE = ErrorCode("empty-file", "a file that declares nothing", Severity.WARNING)
+
+# --- chunk boundaries (the codes of this block and their wording are at the end of the file) ------
+BOUNDARY_LOSS = ErrorCode(
+    "boundary-loss", "an output that loses units at every boundary between two firings", Severity.WARNING
+)
 
 ALL_CODES: tuple[ErrorCode, ...] = tuple(value for value in globals().values() if isinstance(value, ErrorCode))
 
@@ -1520,5 +1526,83 @@ def family_alias(stage: str, family: str, alias: str, count: int, span: Span | N
         helps=(
             f"without `as`, the members are passed positionally, {family}[0] to {family}[{count - 1}] in order; "
             f"or read one member by keyword: `read {family}[0] as {alias}`",
+        ),
+    )
+
+
+# --- chunk boundaries ---------------------------------------------------------------------------
+
+
+def duration_text(seconds: Fraction) -> str:
+    """`23.1 ms`, `160 ms`, `1.36 s`: three significant digits."""
+    if seconds < 1:
+        return f"{float(seconds * 1000):.3g} ms"
+    return f"{float(seconds):.3g} s"
+
+
+def rate_text(rate: Fraction) -> str:
+    """`24 kHz`, `12.5 Hz`."""
+    if rate >= 1000 and (rate / 1000 * 1000).denominator == 1:
+        return f"{float(rate / 1000):g} kHz"
+    return f"{float(rate):g} Hz"
+
+
+def units_text(count: int, clock: str) -> str:
+    """`555 samples`, `1 frame`: a count of units named after their clock."""
+    return f"{count} {clock}" if count == 1 else f"{count} {clock}s"
+
+
+def loss_on_state(stage: str, region: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' writes region '{region}' with `loses`, but '{region}' is not an output",
+        span,
+        helps=(
+            "`loses L` says that each firing's output is L units short, as one stock call is; "
+            "a state region holds what the stage writes: declare the advance it really has",
+        ),
+    )
+
+
+def loss_over_advance(stage: str, region: str, loss: int, latency: int, advance: int, span: Span | None) -> Diagnostic:
+    held = f" less its latency of {latency}" if latency else ""
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' writes region '{region}' with a loss of {loss} units, more than its advance of "
+        f"{advance}{held}",
+        span,
+        helps=("a firing cannot emit fewer than no units: the loss is at most the advance (less the latency)",),
+    )
+
+
+def boundary_loss(
+    region: str,
+    clock: str,
+    rate: Fraction,
+    loss: int,
+    boundaries: int,
+    session: Fraction,
+    span: Span | None,
+) -> Diagnostic:
+    """Every firing's output is `loss` units short: `boundaries` boundaries in a session of `session` s."""
+    lost = loss * boundaries
+    return Diagnostic(
+        BOUNDARY_LOSS,
+        f"region '{region}' loses {units_text(loss, clock)}, {duration_text(Fraction(loss) / rate)} at "
+        f"{rate_text(rate)}, at each of {boundaries} boundaries in {duration_text(session)}: "
+        f"{units_text(lost, clock)} ({duration_text(lost / rate)}) fewer than one offline call over the same input",
+        span,
+        notes=(
+            Note(
+                "each firing's output is short by the loss, as one call of the model is; one offline call loses "
+                "it once, a stream of firings at every boundary (heard as a click, and the audio runs early)",
+                None,
+            ),
+        ),
+        helps=(
+            f"to keep them, carry what the last {units_text(loss, clock)} of a firing wait for: hold them back "
+            f"(`latency {loss}`, released by the end of the stream) and keep the state, or a context that covers "
+            "the receptive field, so that the next firing completes them",
+            f"if the clock reproduces a stock loop that loses them, say so: `loses {loss} intended`",
         ),
     )

@@ -590,11 +590,14 @@ class _ToAst(Transformer):
         rest = [p for p in rest if p is not None]
         advance = next((p[1] for p in rest if p[0] == "advance"), None)
         latency = next((p for p in rest if p[0] == "latency"), None)
+        loss = next((p for p in rest if p[0] == "loss"), None)
         return syntax.WriteItem(
             region,
             advance,
             latency[1] if latency else None,
             latency_dropped=bool(latency and latency[2]),
+            loss=loss[1] if loss else None,
+            loss_intended=bool(loss and loss[2]),
             span=self._span(meta),
         )
 
@@ -626,6 +629,10 @@ class _ToAst(Transformer):
     def latency(self, meta, children):
         value, *dropped = children
         return ("latency", value, any(d is not None for d in dropped))
+
+    def loss(self, meta, children):
+        value, *intended = children
+        return ("loss", value, any(i is not None for i in intended))
 
     # expressions
     def number(self, meta, children):

@@ -135,6 +135,8 @@ def _item(node: syntax.StageItem) -> str:
         parts.append(f"+{expr(node.advance, 3)}")
     if node.latency is not None:
         parts.append(f"latency {expr(node.latency)}" + (" dropped" if node.latency_dropped else ""))
+    if node.loss is not None:
+        parts.append(f"loses {expr(node.loss)}" + (" intended" if node.loss_intended else ""))
     return " ".join(parts)
 
 

@@ -154,7 +154,9 @@ class Access:
     retained content), `last` (the newest `count` units) or `new` (the units that arrived for this
     firing, plus up to `context` older ones). `advance` is the units written per firing (None:
     the module decides, for outputs only); `latency` is held back on the first firing, and released
-    by the end of the stream (`Session.finish`) unless `latency_dropped`.
+    by the end of the stream (`Session.finish`) unless `latency_dropped`. `loss` units are missing from
+    every firing's output, as from one stock call of the model (`loses L`): a chunked stream loses them
+    at every boundary between two firings, one offline call once; `loss_intended` marks that as chosen.
     """
 
     kind: str
@@ -168,6 +170,8 @@ class Access:
     advance: int | None = None
     latency: int = 0
     latency_dropped: bool = False
+    loss: int = 0
+    loss_intended: bool = False
     span: Span | None = _span_field()
 
 
@@ -220,6 +224,14 @@ class Program:
         clock = self.regions[name].clock
         return self.clocks[clock].rate if clock is not None else Fraction(0)
 
+    def holds_back(self) -> bool:
+        """Whether the end of a stream has units to release: a read's lookahead, a latency not dropped."""
+        return any(
+            a.lookahead or (a.latency and not a.latency_dropped)
+            for stage in self.stages.values()
+            for a in stage.accesses
+        )
+
     def units_per_firing(self, stage: str, region: str) -> Fraction:
         """How many units of `region`'s clock pass per firing of `stage` (may be a fraction)."""
         return self.rate_of_region(region) / self.clocks[self.stages[stage].clock].rate
@@ -268,6 +280,22 @@ class ObjectPass:
     before: int
     alias: str | None = None
     span: Span | None = _span_field()
+
+
+SESSION_SECONDS = 60
+"""The session over which losses at chunk boundaries are counted, unless given (`dsl plan --seconds`)."""
+
+
+def session_seconds(cadence: Fraction, seconds: Fraction | None = None) -> Fraction:
+    """`seconds`, or SESSION_SECONDS rounded up to a whole number of cadences."""
+    if seconds is not None:
+        return Fraction(seconds)
+    return math.ceil(SESSION_SECONDS / cadence) * cadence
+
+
+def firings_within(rate: Fraction, seconds: Fraction) -> int:
+    """Firings of a stage at `rate` Hz in the first `seconds` of a session (at 0, 1/rate, ... < seconds)."""
+    return math.ceil(seconds * rate)
 
 
 def lcm_fractions(values) -> Fraction:

@@ -1154,6 +1154,9 @@ class _Resolver:
                 latency = 0
                 if item.latency is not None:
                     latency = count_of(self.evaluate_in(item.latency), rate, item.latency, "a latency", 0)
+                loss = 0
+                if item.loss is not None:
+                    loss = count_of(self.evaluate_in(item.loss), rate, item.loss, "a loss", 0)
                 result.append(
                     Access(
                         "write",
@@ -1161,6 +1164,8 @@ class _Resolver:
                         advance=advance,
                         latency=latency,
                         latency_dropped=item.latency_dropped,
+                        loss=loss,
+                        loss_intended=item.loss_intended,
                         span=item.span,
                     )
                 )

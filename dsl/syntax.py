@@ -410,12 +410,16 @@ class UpdateItem:
 class WriteItem:
     """New units produced into a region per firing: `write pcm +1920`, `write pcm +24000 latency 3840`
     (the first firing emits `advance - latency`, the end of the stream releases it), `write wav +1920
-    latency 555 dropped` (never released), or `write pcm` (advance derived from the clocks)."""
+    latency 555 dropped` (never released), `write wav loses 555` (every firing is 555 units short, as
+    one stock call is: a chunked stream loses them at every boundary; `loses 555 intended` marks that
+    as chosen), or `write pcm` (advance derived from the clocks)."""
 
     region: RegionRef
     advance: Expr | None = None
     latency: Expr | None = None
     latency_dropped: bool = False
+    loss: Expr | None = None
+    loss_intended: bool = False
     span: Span | None = _span_field()
 
 

@@ -90,6 +90,10 @@ def _reference(value: str | Reference) -> Reference:
     return value if isinstance(value, Reference) else Reference(value)
 
 
+def _optional_reference(value: str | Reference | None) -> Reference | None:
+    return None if value is None else _reference(value)
+
+
 @attrs.frozen
 class Tail:
     """One model tail: what it is, the `.clock` it declares, the upstream it follows, and how to build,
@@ -104,6 +108,9 @@ class Tail:
     `serve(device=, **options)`: its serving adapter, a `duplexcadence.interpreter.serve.ServedTail` (`dsl serve
     NAME`); None for a tail that declares none.
     `extra`: the pip extra of this distribution that installs `requires` (None: none needed).
+    `offline(model, ...)`: one call of the stock model over a whole input (the streamed inputs
+    concatenated along their time axis), what a stream is compared with by
+    `interpreter.runtime.offline.verify_offline` and `scripts/boundary_report.py` (None: the tail has none).
     """
 
     name: str
@@ -117,10 +124,11 @@ class Tail:
     subject: Reference = attrs.field(converter=_reference)
     extra: str | None = None
     requires: tuple[str, ...] = ()
-    serve: Reference | None = attrs.field(default=None, converter=attrs.converters.optional(_reference))
+    serve: Reference | None = attrs.field(default=None, converter=_optional_reference)
+    offline: Reference | None = attrs.field(default=None, converter=_optional_reference)
 
     def __attrs_post_init__(self) -> None:
-        for field in ("build_model", "stock_loop", "load_runtime", "subject", "serve"):
+        for field in ("build_model", "stock_loop", "load_runtime", "subject", "serve", "offline"):
             if getattr(self, field) is None:
                 continue
             reference = attrs.evolve(getattr(self, field), tail=self.name, extra=self.extra, requires=self.requires)

@@ -2,7 +2,9 @@
 
 The raw payload is what `dsl bench --json` (or a GPU script's `bench` list) writes; the entry keeps
 its variants and adds a summary: model, device, driver, torch, stock_ms_per_s, cadence_ms_per_s, speedup
-(stock / cadence), stock_peak_bytes, cadence_peak_bytes, bit_identical, ticks, graphs. An entry with the
+(stock / cadence), stock_peak_bytes, cadence_peak_bytes, cadence_over_stock_eager_bytes (how far the
+DuplexCadence variant's peak allocated memory is above stock eager's in the run; null when it is not),
+bit_identical, ticks, graphs. An entry with the
 same description, command and DuplexCadence variant replaces the old one; the others stay, oldest first.
 With `--sessions`, the payload's sessions sweep (`scripts/minicpmo45_gpu_bench.py --part sessions`) is
 added to the `sessions` list of docs/benchmarks/<--tail>.json instead.
@@ -51,6 +53,9 @@ def summarize(payload: dict, stock: str, cadence: str, command: str) -> dict:
         "speedup_vs_stock_eager": round(reference["ms_per_s_median"] / ours["ms_per_s_median"], 3),
         "stock_peak_bytes": theirs["peak_allocated_bytes"],
         "cadence_peak_bytes": ours["peak_allocated_bytes"],
+        "cadence_over_stock_eager_bytes": next(
+            (over["over_bytes"] for over in payload.get("memory_over_stock", []) if over["variant"] == cadence), None
+        ),
         "bit_identical": ours["bit_identical"],
         "ticks": ours["ticks"],
         "graphs": info.get("graphs", info.get("graphs_captured")),

@@ -12,14 +12,22 @@ calibrated tick model, 15 % headroom) is reported beside. For each session count
 * direct again (the two direct passes bracket the server pass: drift shows as their difference).
 
 N passes when every session opened, no tick failed and the p99 tick latency over all sessions is under the
-tick period (1 s for MiniCPM-o's chunks, 80 ms for a Mimi frame). The sampled sessions are then run alone
-through the tail's stock loop, every tick compared with `torch.equal` (in lockstep a row is compared with a
-batch-1 decode, which batch-32 kernels need not match: the count is reported, not required to be 0). The
-server's overhead at N is its p50 tick latency less the direct p50 round.
+tick period (1 s for MiniCPM-o's chunks, 80 ms for a Mimi frame). The sampled sessions' outputs are then
+compared, every tick with `torch.equal`:
+
+* in lanes, with the session's inputs run alone through the tail's stock loop (must be equal);
+* in lockstep, with the tail's own batched decode of the session's group (`ServedTail.stock_group`: moshi's
+  batched streaming decode, every member's inputs in its row, idle rows zeros; must be equal), and, as a
+  separate count, with a batch-1 decode of the session alone (batch-32 kernels need not match it: reported,
+  not required to be 0).
+
+The server's overhead at N is its p50 tick latency less the direct p50 round. A configuration may sweep lanes
+(each count in its own server per lanes value); `--lanes` and `--counts` override a configuration's.
 
     source scripts/device_setup.sh
     python scripts/serve_bench.py --out $OUT/serve_bench.json                         # every configuration
     python scripts/serve_bench.py --configs moshi-lockstep --out $OUT/serve_mimi.json
+    python scripts/serve_bench.py --configs minicpmo45-lanes --lanes 8 --out $OUT/serve_minicpmo45_lanes8.json
     python scripts/serve_bench.py --cpu-dry-run --out /tmp/serve_bench.json           # a smoke test, times mean nothing
 
 `--loadgen-worker` is the mode the script starts its load-generator processes in.
@@ -29,6 +37,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import importlib.util
 import json
 import math
 import os
@@ -44,7 +54,12 @@ import torch
 from duplexcadence.interpreter import tails
 from duplexcadence.interpreter.serve.admission import AdmissionRule
 from duplexcadence.interpreter.serve.app import make_app
-from duplexcadence.interpreter.serve.loadgen import SessionLoad, compare_with_stock, run_load
+from duplexcadence.interpreter.serve.loadgen import (
+    SessionLoad,
+    compare_groups_with_stock,
+    compare_with_stock,
+    run_load,
+)
 from duplexcadence.interpreter.serve.modes import unit_count
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool, quantile
 from duplexcadence.interpreter.serve.server import ServerThread
@@ -66,6 +81,8 @@ class Config:
     ticks: int
     description: str
     direct_rounds: int = 20
+    lane_sweep: tuple[int, ...] = ()
+    """Lanes to run the sweep at, one server each (empty: `lanes` alone)."""
 
 
 GPU_CONFIGS = {
@@ -80,6 +97,18 @@ GPU_CONFIGS = {
         "MiniCPM-o 4.5 token2wav, fp32, n=10, P=150, 4 lanes; a tick is a 1 s chunk of 25 tokens",
         direct_rounds=5,
     ),
+    "minicpmo45-lanes": Config(
+        "minicpmo45-lanes",
+        "minicpmo45",
+        {"steps": "10", "prompt": "150", "dtype": "fp32"},
+        4,
+        None,
+        (26, 28, 30, 32, 34, 36, 38, 40),
+        10,
+        "MiniCPM-o 4.5 token2wav, fp32, n=10, P=150, at 4 and at 8 lanes; a tick is a 1 s chunk of 25 tokens",
+        direct_rounds=3,
+        lane_sweep=(4, 8),
+    ),
     "moshi-lockstep": Config(
         "moshi-lockstep",
         "moshi",
@@ -87,8 +116,9 @@ GPU_CONFIGS = {
         4,
         32,
         (32, 64, 128, 192, 256, 320, 384, 448, 512, 576, 640, 704, 768),
-        50,
+        40,
         "Moshi's Mimi decoder, fp32, lockstep groups of 32 in 4 lanes; a tick is an 80 ms frame",
+        direct_rounds=10,
     ),
     "moshi-lanes": Config(
         "moshi-lanes",
@@ -96,7 +126,7 @@ GPU_CONFIGS = {
         {},
         4,
         None,
-        (8, 16, 24, 32, 40, 48, 56, 64),
+        (8, 16, 32, 48, 64, 80, 96, 112, 128),
         50,
         "Moshi's Mimi decoder, fp32, one session a slot, 4 lanes; a tick is an 80 ms frame",
     ),
@@ -106,6 +136,9 @@ DRY_CONFIGS = {
     "toy": Config("toy", "toy", {}, 2, None, (1, 2), 3, "the toy tail on the CPU (dry run)"),
     "moshi-lanes": Config("moshi-lanes", "moshi", {}, 2, None, (1, 2), 2, "Mimi, lanes, on the CPU (dry run)"),
     "moshi-lockstep": Config("moshi-lockstep", "moshi", {}, 1, 2, (1, 3), 2, "Mimi, lockstep 2, CPU (dry run)"),
+    "toy-lanes": Config(
+        "toy-lanes", "toy", {}, 1, None, (1, 2), 2, "toy, at 1 and 2 lanes (dry run)", lane_sweep=(1, 2)
+    ),
     "minicpmo45": Config(
         "minicpmo45", "minicpmo45", {"reduced": "1", "prompt": "20", "steps": "2"}, 1, None, (1,), 2, "reduced, CPU"
     ),
@@ -239,18 +272,23 @@ async def server_pass(
                     tuple(entry["latencies_s"]),
                     entry["blocked"],
                     entry["refused"],
+                    group=entry.get("group"),
+                    row=entry.get("row"),
                 )
             )
     return loads, {"here": here, "workers": len(outputs)}
 
 
-async def measure(pool: SessionPool, url: str, config: Config, args: argparse.Namespace, served: Any) -> dict:
+async def measure(
+    pool: SessionPool, url: str, config: Config, lanes: int, args: argparse.Namespace, served: Any
+) -> dict:
     period = pool.tick_period_s
+    label = f"{config.name} ({lanes} lanes)"
     rule = pool.rule
     assert rule is not None
     admission = AdmissionRule(rule.slots, rule.rows, rule.model, period, HEADROOM).capacity()
     rows, best = [], 0
-    for sessions in config.counts:
+    for sessions in args.counts or config.counts:
         rounds = args.direct_rounds or config.direct_rounds
         before = await direct_rounds(pool, sessions, rounds)
         rounds_at = len(pool.round_log)
@@ -267,6 +305,9 @@ async def measure(pool: SessionPool, url: str, config: Config, args: argparse.Na
             if load.outputs:
                 done, differ = compare_with_stock(served, load)
                 compared, unequal = compared + done, unequal + differ
+        group_compared = group_unequal = None
+        if config.lockstep is not None:
+            _, group_compared, group_unequal = compare_groups_with_stock(served, loads, config.lockstep)
         direct = before + after
         p99 = quantile(latencies, 0.99)
         row = {
@@ -291,6 +332,8 @@ async def measure(pool: SessionPool, url: str, config: Config, args: argparse.Na
             "sampled_sessions": sum(1 for load in loads if load.outputs),
             "sampled_ticks_compared": compared,
             "sampled_ticks_differing": unequal,
+            "sampled_ticks_compared_with_group": group_compared,
+            "sampled_ticks_differing_from_group": group_unequal,
             **where,
         }
         if row["latency_p50_s"] is not None and row["direct_round_p50_s"] is not None:
@@ -298,10 +341,15 @@ async def measure(pool: SessionPool, url: str, config: Config, args: argparse.Na
         passed = opened == sessions and not errors and p99 is not None and p99 < period
         row["passed"] = passed
         rows.append(row)
+        bits = f"{unequal} of {compared} sampled ticks differ from stock alone"
+        if group_compared is not None:
+            bits = (
+                f"{group_unequal} of {group_compared} sampled ticks differ from the group's batched stock "
+                f"({unequal} of {compared} from a batch-1 decode)"
+            )
         log(
-            f"{config.name}: {sessions} sessions: p50 {ms(row['latency_p50_s'])} ms, p99 {ms(p99)} ms of "
-            f"{ms(period)} ms; direct round {ms(row['direct_round_p50_s'])} ms; {unequal} of {compared} sampled "
-            f"ticks differ from stock; {'pass' if passed else 'FAIL'}"
+            f"{label}: {sessions} sessions: p50 {ms(row['latency_p50_s'])} ms, p99 {ms(p99)} ms of "
+            f"{ms(period)} ms; direct round {ms(row['direct_round_p50_s'])} ms; {bits}; {'pass' if passed else 'FAIL'}"
         )
         if not passed and not args.cpu_dry_run:
             break
@@ -312,7 +360,7 @@ async def measure(pool: SessionPool, url: str, config: Config, args: argparse.Na
         "description": config.description,
         "tail": config.tail,
         "options": config.options,
-        "lanes": config.lanes,
+        "lanes": lanes,
         "lockstep": config.lockstep,
         "tick_period_s": period,
         "gather_s": pool.gather_s,
@@ -330,9 +378,14 @@ async def measure(pool: SessionPool, url: str, config: Config, args: argparse.Na
     }
 
 
-def run_config(config: Config, args: argparse.Namespace) -> dict:
+def lanes_of(config: Config, args: argparse.Namespace) -> tuple[int, ...]:
+    """The lanes a configuration runs at: `--lanes`, else its sweep, else its own."""
+    return args.lanes or config.lane_sweep or (config.lanes,)
+
+
+def run_config(config: Config, lanes: int, args: argparse.Namespace) -> dict:
     served = served_tail(config.tail, params=config.options, device=args.device)
-    slots_needed = max(config.counts)
+    slots_needed = max(args.counts or config.counts)
     if config.lockstep is None:
         slots = slots_needed
     else:
@@ -341,7 +394,7 @@ def run_config(config: Config, args: argparse.Namespace) -> dict:
         served,
         PoolConfig(
             slots=slots,
-            lanes=min(config.lanes, slots),
+            lanes=min(lanes, slots),
             lockstep=config.lockstep,
             headroom=HEADROOM,
             idle_timeout_s=600,
@@ -354,32 +407,57 @@ def run_config(config: Config, args: argparse.Namespace) -> dict:
     )
     started = time.perf_counter()
     with ServerThread(make_app(pool), log_level="warning") as server:
-        log(f"{config.name}: ready in {time.perf_counter() - started:.1f} s\n{pool.describe()}")
-        result = asyncio.run(measure(pool, server.ws_url(), config, args, served))
+        log(f"{config.name} ({lanes} lanes): ready in {time.perf_counter() - started:.1f} s\n{pool.describe()}")
+        result = asyncio.run(measure(pool, server.ws_url(), config, lanes, args, served))
         result["start_seconds"] = time.perf_counter() - started
+    del pool, served
+    gc.collect()  # runtimes hold their CUDA graphs in reference cycles: free them before the next server
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return result
 
 
 def table(results: list[dict]) -> str:
     lines = [
-        "| configuration | sessions at p99 < period | admission's limit | p99 there | differing sampled ticks | "
-        "overhead p50 (server - step_many) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| configuration | sessions at p99 < period | admission's limit | p99 there | sampled ticks differing "
+        "from the reference | from a batch-1 decode (lockstep) | overhead p50 (server - step_many) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for result in results:
         if "skipped" in result:
-            lines.append(f"| {result['config']} | skipped: {result['skipped']} | | | | |")
+            lines.append(f"| {result['config']} | skipped: {result['skipped']} | | | | | |")
             continue
+        label = result["config"] if not result.get("lane_sweep") else f"{result['config']} ({result['lanes']} lanes)"
         best = result["max_sessions_p99_under_period"]
         row = next((r for r in result["sweep"] if r["sessions"] == best), None)
         differing = sum(r["sampled_ticks_differing"] for r in result["sweep"])
         compared = sum(r["sampled_ticks_compared"] for r in result["sweep"])
+        if result.get("lockstep"):
+            reference = (
+                f"{sum(r['sampled_ticks_differing_from_group'] for r in result['sweep'])} of "
+                f"{sum(r['sampled_ticks_compared_with_group'] for r in result['sweep'])} (the group's batched stock)"
+            )
+            batch1 = f"{differing} of {compared}"
+        else:
+            reference, batch1 = f"{differing} of {compared} (stock alone)", "-"
         lines.append(
-            f"| {result['config']} | {best} | {result['admission_capacity_sessions']} | "
-            f"{ms(row['latency_p99_s']) if row else '-'} of {ms(result['tick_period_s'])} ms | {differing} of {compared} | "
+            f"| {label} | {best} | {result['admission_capacity_sessions']} | "
+            f"{ms(row['latency_p99_s']) if row else '-'} of {ms(result['tick_period_s'])} ms | {reference} | {batch1} | "
             f"{ms(row.get('overhead_p50_s')) if row else '-'} ms |"
         )
     return "\n".join(lines)
+
+
+def event_loop() -> str:
+    """The event loop uvicorn runs (it takes uvloop where it is installed)."""
+    return "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+
+
+def counts(text: str) -> tuple[int, ...]:
+    values = tuple(int(part) for part in text.split(","))
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected whole numbers from 1, comma-separated, not {text!r}")
+    return values
 
 
 def main() -> int:
@@ -396,6 +474,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--gather-ms", type=float, default=None, help="the pool's gather time (default: 5%% of the period)"
+    )
+    parser.add_argument(
+        "--lanes", type=counts, default=None, help="lanes to run at, comma-separated (default: each configuration's)"
+    )
+    parser.add_argument(
+        "--counts", type=counts, default=None, help="session counts, comma-separated (default: each configuration's)"
     )
     parser.add_argument(
         "--cpu-dry-run", action="store_true", help="CPU, tiny counts: checks the script (times mean nothing)"
@@ -425,6 +509,7 @@ def main() -> int:
         "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
         "device": args.device,
         "workers": args.workers,
+        "event_loop": event_loop(),
         "command": " ".join(sys.argv),
         "results": [],
     }
@@ -437,7 +522,10 @@ def main() -> int:
             log(f"{name}: skipped (needs {', '.join(tail.missing())})")
             continue
         try:
-            payload["results"].append(run_config(config, args))
+            for lanes in lanes_of(config, args):
+                result = run_config(config, lanes, args)
+                result["lane_sweep"] = len(lanes_of(config, args)) > 1 or bool(config.lane_sweep)
+                payload["results"].append(result)
         except ImportError as error:  # an optional package a tail imports only when it runs
             payload["results"].append({"config": name, "skipped": f"{type(error).__name__}: {error}"})
             log(f"{name}: skipped ({error})")
@@ -447,9 +535,9 @@ def main() -> int:
     log(f"wrote {args.out}")
     print(table(payload["results"]))
     differ = sum(
-        row["sampled_ticks_differing"]
+        row["sampled_ticks_differing_from_group"] if result.get("lockstep") else row["sampled_ticks_differing"]
         for result in payload["results"]
-        if not result.get("lockstep") and "sweep" in result
+        if "sweep" in result
         for row in result["sweep"]
     )
     return 0 if differ == 0 else 1

@@ -132,7 +132,7 @@ def _runtime_info(runner: Runner) -> dict:
 
 
 def subject(
-    device: str = "cuda",
+    device: str | torch.device = "cuda",
     seconds: int = 10,
     batch: int = 1,
     dtype: str = "fp32",

@@ -11,10 +11,11 @@ modules through the hooks of :class:`Token2wavHooks`:
 * ``hift_front``: ``torch.concat`` of the cached and new mel, then ``HiFTGenerator.forward`` with
   its ``_istft`` deferred: the magnitude and phase it would transform are copied to the
   ``spectrum`` working buffer instead. Graphable (with :mod:`.patches`), draws the source noise.
-* ``hift_back``: the package's ``HiFTGenerator._istft`` on that spectrum (``torch.istft`` reads a
-  value back to the host, so the capture probe keeps this stage eager), the clamp of
-  ``HiFTGenerator.decode``, ``token2wav.fade_in_out`` with the held-back speech, and the output
-  without the 3840 samples held back for the next cross-fade.
+* ``hift_back``: the arithmetic of ``HiFTGenerator._istft`` on that spectrum, its ``torch.istft`` replaced by
+  :class:`.istft.InverseStft` (the same ATen operations without the window check's read-back to the
+  host; the fixed window is checked once at load), the clamp of ``HiFTGenerator.decode``,
+  ``token2wav.fade_in_out`` with the held-back speech, and the output without the 3840 samples held
+  back for the next cross-fade. Graphable.
 
 The arithmetic is stock's, op for op; the split only moves where the tensors live.
 
@@ -39,14 +40,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 import torch
 
 from duplexcadence.dsl.frontend import load_program
-from duplexcadence.dsl.program import Program
+from duplexcadence.dsl.program import Program, RegionInfo
+from duplexcadence.examples.minicpmo45.istft import InverseStft
 from duplexcadence.examples.minicpmo45.model import (
     PRE_LOOKAHEAD_TOKENS,
     SILENCE_TOKEN,
@@ -70,6 +72,9 @@ from duplexcadence.interpreter.plans.trace import Firing, View
 from duplexcadence.interpreter.runtime.runtime import Runtime
 from duplexcadence.interpreter.runtime.session import Session
 from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES, RegionStorage
+
+if TYPE_CHECKING:
+    from duplexcadence.examples.minicpmo45.stepaudio2_types import HiFTGenerator
 
 CLOCK = Path(__file__).resolve().parents[2] / "stdlib" / "models" / "step_audio2_token2wav.clock"
 
@@ -121,7 +126,7 @@ class _DeferredIstft:
 
 
 @contextmanager
-def deferred_istft(hift: torch.nn.Module) -> Iterator[_DeferredIstft]:
+def deferred_istft(hift: HiFTGenerator) -> Iterator[_DeferredIstft]:
     """Run ``hift.forward`` up to its ``_istft`` call: the block gets the magnitude and phase instead."""
     deferred = _DeferredIstft()
     hift._istft = deferred
@@ -129,6 +134,14 @@ def deferred_istft(hift: torch.nn.Module) -> Iterator[_DeferredIstft]:
         yield deferred
     finally:
         del hift._istft
+
+
+def _fixed_shape(region: RegionInfo) -> tuple[int, ...]:
+    """The shape of a region without a time axis (every region bound to a module buffer here)."""
+    shape = tuple(dim for dim in region.shape if dim is not None)
+    if len(shape) != len(region.shape):
+        raise ValueError(f"region {region.name} has a time axis; a module buffer needs a fixed shape")
+    return shape
 
 
 def _view(firing: Firing, region: str) -> View:
@@ -142,6 +155,11 @@ class Token2wavHooks:
         self.device = tail.device
         self.float16 = tail.float16
         self.speech_window = torch.from_numpy(np.hamming(2 * SOURCE_CACHE_SAMPLES)).to(tail.device)
+        hift = tail.hift
+        # HiFT's fixed window, checked once here for torch.istft's NOLA condition (ValueError if it fails)
+        self.inverse_stft = InverseStft(
+            hift.istft_params["n_fft"], hift.istft_params["hop_len"], hift.stft_window.to(tail.device)
+        )
         self.fade_in_out = load_stepaudio2().token2wav.fade_in_out
 
     def as_dict(self) -> dict[str, Any]:
@@ -196,10 +214,19 @@ class Token2wavHooks:
         with deferred_istft(tail.hift) as deferred:
             _, source = tail.hift(mel, hift_source)
         magnitude, phase = deferred.magnitude, deferred.phase
+        assert magnitude is not None and phase is not None  # HiFTGenerator.decode ends in its _istft call
         parts = spectrum[: 2 * magnitude.numel()].view(2, *magnitude.shape)
         parts[0].copy_(magnitude)
         parts[1].copy_(phase)
         return mel, source, spectrum
+
+    def hift_istft(self, magnitude: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
+        """``HiFTGenerator._istft``, op for op, with :class:`.istft.InverseStft` for its ``torch.istft``: the
+        same values, without the host read-back of the window check (so ``hift_back`` is captured)."""
+        magnitude = torch.clip(magnitude, max=1e2)
+        real = magnitude * torch.cos(phase)
+        imaginary = magnitude * torch.sin(phase)
+        return self.inverse_stft(torch.complex(real, imaginary))
 
     def hift_back(
         self, tail: Token2wavTail, spectrum: torch.Tensor, hift_speech: torch.Tensor, *, firing: Firing
@@ -212,7 +239,7 @@ class Token2wavHooks:
         frames = samples // hift.istft_params["hop_len"] + 1
         parts = spectrum[: 2 * bins * frames].view(2, 1, bins, frames)
         with torch.inference_mode():
-            speech = hift._istft(parts[0], parts[1])
+            speech = self.hift_istft(parts[0], parts[1])
             speech = torch.clamp(speech, -hift.audio_limit, hift.audio_limit)  # as HiFTGenerator.decode
             if hift_speech.shape[-1] > 0:
                 speech = self.fade_in_out(speech, hift_speech, self.speech_window)
@@ -249,7 +276,7 @@ class Token2wavRuntime:
         with runtime.lock, torch.no_grad():
             saved = {name: getattr(owners[owner], attribute) for name, (owner, attribute) in BUFFER_REGIONS.items()}
             working = {name: self.scratch_view(name) for name in ("cfm_att", "dit_att", "dit_cnn")}
-            cnn_shape = runtime.program.regions["estimator_cnn"].shape
+            cnn_shape = _fixed_shape(runtime.program.regions["estimator_cnn"])
             working["estimator_cnn"] = torch.zeros(cnn_shape, dtype=self.noise.dtype, device=self.tail.device)
             working["noise"] = self.noise
             try:
@@ -318,7 +345,9 @@ def load_runtime(
     for name, (owner, attribute) in BUFFER_REGIONS.items():
         region = program.regions[name]
         # shape and dtype only: the binding check compares them, then every firing binds the arena's views
-        owners[owner]._buffers[attribute] = torch.empty(region.shape, dtype=TORCH_DTYPES[region.dtype], device="meta")
+        owners[owner]._buffers[attribute] = torch.empty(
+            _fixed_shape(region), dtype=TORCH_DTYPES[region.dtype], device="meta"
+        )
     hooks = Token2wavHooks(tail)
     try:
         runtime = Runtime.load(

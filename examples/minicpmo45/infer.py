@@ -21,6 +21,7 @@ chunks and deterministic cuDNN (which bit-identity needs).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -160,11 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"built the stock tail in {time.perf_counter() - started:.1f} s")
         stock = run_side(
             "stock",
-            lambda: StockToken2wavSession(stock_tail, prompt, n_timesteps=args.steps, session_seed=args.seed),
+            functools.partial(
+                StockToken2wavSession, stock_tail, prompt, n_timesteps=args.steps, session_seed=args.seed
+            ),
             workloads,
             device,
         )
-        stock_tail = None  # free its buffers before the runtime side
+        del stock_tail  # free its buffers before the runtime side
         bound_holder = {}
 
         def make_runtime():
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\nset-up: stock {stock.setup_seconds:.1f} s, runtime {cadence.setup_seconds:.1f} s (tail build, voice "
         f"set-up, graph capture)"
     )
-    if device.type == "cuda":
+    if stock.peak_bytes is not None and cadence.peak_bytes is not None:  # measured on CUDA
         print(
             f"peak GPU memory allocated (weights included): stock {human_bytes(stock.peak_bytes)}, runtime "
             f"{human_bytes(cadence.peak_bytes)} ({1 - cadence.peak_bytes / stock.peak_bytes:.0%} lower)"

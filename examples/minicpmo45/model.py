@@ -26,10 +26,14 @@ N(0, 0.02) from a CPU generator seeded with the same seed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from duplexcadence.examples.minicpmo45.package import load_stepaudio2
+
+if TYPE_CHECKING:
+    from duplexcadence.examples.minicpmo45.stepaudio2_types import CausalMaskedDiffWithXvec, HiFTGenerator
 
 SPEECH_TOKEN_VOCAB = 6561
 SILENCE_TOKEN = 4218
@@ -89,9 +93,9 @@ def zero_parameter_count(config: TailConfig) -> int:
 class Token2wavTail:
     """The built tail: the flow (encoder + CFM/DiT) and the HiFT vocoder, in eval mode on ``device``."""
 
-    flow: torch.nn.Module
+    flow: CausalMaskedDiffWithXvec
     """``CausalMaskedDiffWithXvec``; ``flow.half()`` was applied when ``float16``."""
-    hift: torch.nn.Module
+    hift: HiFTGenerator
     """``HiFTGenerator``; always float32 (as in ``Token2wav``)."""
     config: TailConfig
     seed: int

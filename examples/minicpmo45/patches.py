@@ -18,20 +18,26 @@ shadow the class's methods; nothing in the package is modified): :func:`apply_co
 and :func:`remove_constant_patches`. The results are equal to stock bit for bit (tests compare
 with ``torch.equal``), including the order of the random draws in ``SineGen2``.
 
-Not patchable this way: ``torch.istft`` itself synchronises (one D2H read per call, inside ATen),
-so a graph of the tail must end before it; ``Token2wav.stream`` builds the token tensors with
-``torch.tensor(list, device='cuda')`` (two pageable H2D copies) and ends with ``.cpu().numpy()``.
+Not patchable this way: ``torch.istft`` itself synchronises (its NOLA check reads a value back to
+the host inside ATen, once per call); the runtime's ``hift_back`` replaces the call by
+:class:`.istft.InverseStft`, the same ATen operations with the fixed window checked once at load.
+``Token2wav.stream`` builds the token tensors with ``torch.tensor(list, device='cuda')`` (two
+pageable H2D copies) and ends with ``.cpu().numpy()``: the runtime feeds and collects them itself.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from duplexcadence.examples.minicpmo45.model import Token2wavTail
+
+if TYPE_CHECKING:
+    from duplexcadence.examples.minicpmo45.stepaudio2_types import CausalMaskedDiffWithXvec, SineGen2
 
 TIMESTEP_MAX_PERIOD = 10_000
 
@@ -70,7 +76,9 @@ class DeviceTimestepEmbedding:
         return embedding
 
 
-def _sine_gen2_forward_with_device_multiplier(sine_gen: Any, harmonic_multiplier: torch.Tensor):
+def _sine_gen2_forward_with_device_multiplier(
+    sine_gen: SineGen2, harmonic_multiplier: torch.Tensor
+) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``SineGen2.forward`` with its harmonic multiplier [1, 1, harmonics + 1] already on the device.
 
     The same operations in the same order as stock, so the two draws (``torch.rand`` inside
@@ -94,7 +102,7 @@ class ConstantPatches:
     """What :func:`apply_constant_patches` changed, so :func:`remove_constant_patches` can undo it."""
 
     timestep_embedding: DeviceTimestepEmbedding
-    sine_gen: Any
+    sine_gen: SineGen2
     original_stft_window: torch.Tensor
     harmonic_multiplier: torch.Tensor
     installed: bool = field(default=True)
@@ -146,7 +154,7 @@ def estimator_cache_frames(prompt_frames: int, max_chunk_frames: int = MAX_LAST_
     return prompt_frames + CARRIED_ESTIMATOR_FRAMES_AFTER_PROMPT + max_chunk_frames
 
 
-def resize_estimator_cache_buffers(flow: torch.nn.Module, ode_slots: int, capacity_frames: int) -> None:
+def resize_estimator_cache_buffers(flow: CausalMaskedDiffWithXvec, ode_slots: int, capacity_frames: int) -> None:
     """Replace the CFM / DiT cache buffers by demand-sized zero buffers (same dtype and device).
 
     ``flow.decoder.att_cache_buffer`` [16, 16, 2, 8, 1000, 128] -> [ode_slots, 16, 2, 8, capacity, 128],
@@ -171,7 +179,7 @@ def resize_estimator_cache_buffers(flow: torch.nn.Module, ode_slots: int, capaci
     )
 
 
-def trim_rand_noise(flow: torch.nn.Module, frames: int) -> None:
+def trim_rand_noise(flow: CausalMaskedDiffWithXvec, frames: int) -> None:
     """Keep only ``flow.decoder.rand_noise[:, :, :frames]`` (a copy, same values).
 
     The CFM reads the window ``[L, L + T)`` with L the absolute length of the carried DiT cache, so
@@ -190,7 +198,7 @@ class StockBuffers:
     estimator_att_cache_buffer: torch.Tensor
     rand_noise: torch.Tensor
 
-    def restore(self, flow: torch.nn.Module) -> None:
+    def restore(self, flow: CausalMaskedDiffWithXvec) -> None:
         decoder = flow.decoder
         decoder.att_cache_buffer = self.att_cache_buffer
         decoder.cnn_cache_buffer = self.cnn_cache_buffer
@@ -199,7 +207,7 @@ class StockBuffers:
 
 
 def demand_size_buffers(
-    flow: torch.nn.Module, n_timesteps: int, prompt_frames: int, max_chunk_frames: int = MAX_LAST_CHUNK_FRAMES
+    flow: CausalMaskedDiffWithXvec, n_timesteps: int, prompt_frames: int, max_chunk_frames: int = MAX_LAST_CHUNK_FRAMES
 ) -> StockBuffers:
     """Size the CFM / DiT buffers and the noise table for ``n_timesteps`` and a P-frame prompt; returns the stock ones.
 

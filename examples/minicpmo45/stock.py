@@ -139,10 +139,10 @@ class _TorchOnDevice(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         return getattr(torch, name)
 
-    def tensor(self, data: Any, *args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+    def tensor(self, data: Any, *, device: Any = None, **kwargs: Any) -> torch.Tensor:
         if device is not None and torch.device(device).type == "cuda":
             device = self._target_device
-        return torch.tensor(data, *args, device=device, **kwargs)
+        return torch.tensor(data, device=device, **kwargs)
 
 
 def stock_stream_function(device: torch.device) -> types.FunctionType:
@@ -352,3 +352,46 @@ class StockToken2wavSession:
         ):
             if _shares_storage(cache[key], buffer):
                 cache[key] = cache[key].clone()
+
+
+class StockTurnStream:
+    """One turn of a :class:`StockToken2wavSession` stepped a second at a time, for a comparison with
+    one offline call: ``step(tokens)`` pushes a second's new tokens (int ``[1, n]``), ``finish(tokens)``
+    pushes the last ones and ends the turn; each returns the waveform of the ``stream`` calls it made,
+    joined (float32 ``[1, samples]``, CPU)."""
+
+    def __init__(self, session: StockToken2wavSession) -> None:
+        self.session = session
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._joined(self.session.push_tokens(tokens.flatten().tolist()))
+
+    def finish(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._joined(self.session.push_tokens(tokens.flatten().tolist(), end_of_turn=True))
+
+    @staticmethod
+    def _joined(chunks: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(chunks, dim=-1) if chunks else torch.zeros(1, 0)
+
+
+@torch.no_grad()
+def offline_token2wav(
+    tail: Token2wavTail, prompt: PromptConditioning, tokens: torch.Tensor, n_timesteps: int = 10, seed: int = 0
+) -> torch.Tensor:
+    """One whole-turn decode, the offline call a stream is compared with: what ``Token2wav.__call__``
+    computes (``flow.inference`` over the prompt and every token, then HiFT on all the mel frames), on
+    the tail's device, without its wav packaging. ``tokens`` int ``[1, N]`` are the turn's tokens, the
+    three silence tokens it is primed with first (as the stream decodes them); returns float32
+    ``[1, N * 960]`` on the CPU. HiFT's random draws come from the device's default generator seeded
+    with ``seed`` (they cannot be the stream's: it draws per chunk). ``tail`` must be a tail no runtime
+    has bound (a runtime trims its noise table to the chunks it plans)."""
+    prompt_tokens, prompt_lens, speaker, prompt_mels, prompt_mels_lens = prompt.as_token2wav_cache()
+    token = tokens.to(device=tail.device, dtype=torch.int32)
+    token_lens = torch.tensor([token.shape[1]], dtype=torch.int32, device=tail.device)
+    with torch.amp.autocast("cuda", dtype=torch.float16, enabled=tail.float16):
+        mel = tail.flow.inference(
+            token, token_lens, prompt_tokens, prompt_lens, prompt_mels, prompt_mels_lens, speaker, n_timesteps
+        )
+    with seeded_device_generator(tail.device, seed):
+        wav, _ = tail.hift(speech_feat=mel.float())
+    return wav.float().cpu()

@@ -32,4 +32,5 @@ TAIL = Tail(
     extra="minicpmo45",
     requires=("stepaudio2", "einops", "onnxruntime", "scipy", "numpy"),
     serve="duplexcadence.examples.minicpmo45.serve:served",
+    offline="duplexcadence.examples.minicpmo45.stock:offline_token2wav",
 )

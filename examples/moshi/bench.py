@@ -90,7 +90,7 @@ def _cadence_info(runner: _Cadence) -> dict:
     }
 
 
-def subject(device: str = "cpu", seconds: int = 10, batch: int = 1, seed: int = 1234, **_) -> Subject:
+def subject(device: str | torch.device = "cpu", seconds: int = 10, batch: int = 1, seed: int = 1234, **_) -> Subject:
     device = torch.device(device)
     # an input for each of the `seconds` of ticks (the GPU-busy profile re-runs the same ticks), and a margin
     frames = int(Fraction(25, 2) * seconds) + 2 * 13 + 16

@@ -167,7 +167,11 @@ class LiveRun:
         """Frames whose two decodes are not ``torch.equal`` (or where only one side decoded)."""
         bad = []
         for t, (a, b) in enumerate(zip(self.pcm_stock, self.pcm_cadence)):
-            if (a is None) != (b is None) or (a is not None and (a.shape != b.shape or not torch.equal(a, b))):
+            if a is None or b is None:
+                matched = a is None and b is None
+            else:
+                matched = a.shape == b.shape and torch.equal(a, b)
+            if not matched:
                 bad.append(t)
         return bad
 

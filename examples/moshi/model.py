@@ -91,7 +91,7 @@ def fill_codebooks(mimi: torch.nn.Module, seed: int) -> int:
         if isinstance(module, EuclideanCodebook):
             values = torch.randn(module.embedding_sum.shape, generator=generator, dtype=torch.float32)
             module.embedding_sum.copy_(values.to(module.embedding_sum.dtype))
-            module._embedding = None
+            module.register_buffer("_embedding", None, persistent=False)  # as moshi's own reset does
             filled += 1
     return filled
 

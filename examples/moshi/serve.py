@@ -1,6 +1,7 @@
 """Moshi's Mimi decoder tail's serving adapter (`dsl serve moshi`): the runtime over a seeded Mimi at the
 released size (`lanes`, or lockstep groups at batch `rows`), seeded codes per session, and moshi's own
-streaming decode (`MoshiStockDecoder`, the bench's reference mode) as the stock loop."""
+streaming decode (`MoshiStockDecoder`, the bench's reference mode) as the stock loop, at batch 1 for a session
+and at the group's batch for a lockstep group's rows."""
 
 from __future__ import annotations
 
@@ -41,6 +42,36 @@ class MimiStock:
         self.decoder.close()
 
 
+class MimiGroupStock:
+    """moshi's batched streaming decode of a lockstep group's rows (`MoshiStockDecoder` at batch `rows`): a row
+    joins with moshi's own `reset_streaming` of that row; idle rows decode zero codes, as the group feeds them."""
+
+    def __init__(self, mimi: Any, rows: int):
+        from duplexcadence.examples.moshi.stock import MoshiStockDecoder
+
+        self.rows = rows
+        self.device = next(mimi.parameters()).device
+        self.decoder = MoshiStockDecoder(mimi, rows, mode=STOCK_MODE)
+
+    def reset(self) -> None:
+        self.decoder.reset()
+
+    def join(self, row: int) -> None:
+        mask = torch.zeros(self.rows, dtype=torch.bool)
+        mask[row] = True
+        self.decoder.reset(mask.to(self.device))
+
+    def step(self, inputs: dict[int, dict[str, torch.Tensor]]) -> dict[int, dict[str, torch.Tensor]]:
+        codes = torch.zeros((self.rows, NUM_CODEBOOKS, 1), dtype=torch.int64)
+        for row, named in inputs.items():
+            codes[row] = named["codes"][0]
+        pcm = self.decoder.step(codes.to(self.device)).cpu()
+        return {row: {"pcm": pcm[row : row + 1]} for row in inputs}
+
+    def close(self) -> None:
+        self.decoder.close()
+
+
 def served(device: str = "cpu", seed: int | str = WEIGHTS_SEED) -> ServedTail:
     """`seed`: the weights' seed (`build_mimi`)."""
     weights = int(seed)
@@ -51,7 +82,7 @@ def served(device: str = "cpu", seed: int | str = WEIGHTS_SEED) -> ServedTail:
         return LoadedTail(load_runtime(mimi, rows or 1, device=device, sessions=sessions, lanes=lanes))
 
     def stock(session_seed: int) -> MimiStock:
-        """One stock session at a time: a new one ends the last (they share one Mimi's streaming state)."""
+        """One stock session (or group) at a time: a new one ends the last (they share one Mimi's streaming state)."""
         if "mimi" not in stock_state:
             stock_state["mimi"] = build_mimi(seed=weights, device=device)
         if "last" in stock_state:
@@ -59,4 +90,21 @@ def served(device: str = "cpu", seed: int | str = WEIGHTS_SEED) -> ServedTail:
         stock_state["last"] = MimiStock(stock_state["mimi"])
         return stock_state["last"]
 
-    return ServedTail("moshi", load, device=device, inputs=codes, stock=stock, options={"seed": str(weights)})
+    def stock_group(rows: int) -> MimiGroupStock:
+        """One stock group (or session) at a time: a new one ends the last (they share one Mimi's streaming state)."""
+        if "mimi" not in stock_state:
+            stock_state["mimi"] = build_mimi(seed=weights, device=device)
+        if "last" in stock_state:
+            stock_state.pop("last").close()
+        stock_state["last"] = MimiGroupStock(stock_state["mimi"], rows)
+        return stock_state["last"]
+
+    return ServedTail(
+        "moshi",
+        load,
+        device=device,
+        inputs=codes,
+        stock=stock,
+        options={"seed": str(weights)},
+        stock_group=stock_group,
+    )

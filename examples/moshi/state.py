@@ -19,8 +19,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from moshi.modules.streaming import StreamingModule
 
 DECODE_PATH_ROOTS = ("upsample", "decoder_transformer", "decoder")
 """Sub-modules of ``MimiModel`` that ``decode`` runs with streaming state."""
@@ -69,7 +73,7 @@ class StateCounter:
     update: str
 
 
-def _streaming_modules(mimi) -> Iterator[tuple[str, object]]:
+def _streaming_modules(mimi) -> Iterator[tuple[str, StreamingModule[Any]]]:
     from moshi.modules.streaming import StreamingModule
 
     for root in DECODE_PATH_ROOTS:
@@ -95,6 +99,8 @@ def _fields_of(state) -> Iterator[tuple[str, object]]:
 
 def decode_state_tensors(mimi) -> list[StateTensor]:
     """All state tensors of the decode path, in module order. Mimi must be streaming."""
+    from moshi.modules.conv import StreamingConvTranspose1d
+
     entries: list[StateTensor] = []
     for name, module in _streaming_modules(mimi):
         state = module._streaming_state
@@ -105,7 +111,11 @@ def decode_state_tensors(mimi) -> list[StateTensor]:
                 update = _UPDATE_RULES[field]
                 if value.numel() == 0:
                     update = "none: zero-size carry of a kernel-1 conv (cat with an empty tensor, nothing kept)"
-                elif field == "partial" and module.convtr.convtr.bias is None:
+                elif (
+                    field == "partial"
+                    and isinstance(module, StreamingConvTranspose1d)
+                    and module.convtr.convtr.bias is None
+                ):
                     update = update.replace(" - bias", "") + " (no bias)"
                 entries.append(StateTensor(f"{name}{_STATE_MARK}{field}", value, update))
     return entries

@@ -99,3 +99,12 @@ def eager_moshi() -> Iterator[None]:
     """moshi's CUDA graphs and torch.compile both off inside the block."""
     with no_cuda_graph(), no_compile():
         yield
+
+
+@torch.no_grad()
+def offline_decode(mimi, codes: torch.Tensor) -> torch.Tensor:
+    """moshi's non-streaming ``mimi.decode`` of a whole code tensor, eager (no graphs, no compile): codes
+    ``[B, 8, T]`` -> PCM ``[B, 1, T * 1920]``, the offline call a stream is compared with. ``mimi`` must
+    not be in streaming mode: use another instance (same seed) than a streaming loop's or a runtime's."""
+    with no_cuda_graph(), no_compile():
+        return mimi.decode(codes)

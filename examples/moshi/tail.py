@@ -26,4 +26,5 @@ TAIL = Tail(
     extra="moshi",
     requires=("moshi", "einops", "safetensors", "sentencepiece"),
     serve="duplexcadence.examples.moshi.serve:served",
+    offline="duplexcadence.examples.moshi.stock:offline_decode",
 )

@@ -6,8 +6,9 @@ CUDA-graphs only the transformers, and decodes every tick with two Mimi instance
 reproduces that state handling on the modules (weights) of moshi 0.2.13; README.md maps each
 piece to the upstream file it follows.
 
-- :mod:`.cadence`: ``stdlib/models/personaplex_mimi_decoder.clock`` bound to the reproduction; the two
-  instances as two sessions of one runtime over one model.
+- :mod:`.cadence`: ``stdlib/models/personaplex_mimi_decoder.clock`` (a tick through both instances, as the
+  server; the second instance's decode pruned, since nothing reads its PCM) bound to the reproduction over
+  one copy of the weights; both instances' work as two sessions of one runtime.
 - :mod:`.bench`: the ``dsl bench personaplex`` subject.
 - :mod:`.infer`: ``python -m duplexcadence.examples.personaplex.infer``, stock vs DuplexCadence.
 

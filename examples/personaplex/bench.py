@@ -11,10 +11,16 @@ Variants, each building its own model(s) from the same seeded weights:
   `CUDAGraphed` around each instance's decoder transformer, SEANet eager; two copies of the weights,
   as upstream loads Mimi twice;
 * duplexcadence: `personaplex_mimi_decoder.clock` bound to one model, the two instances as two
-  sessions of one runtime, per-stage exact-shape graphs; one copy of the weights;
+  sessions of one runtime (each the clock's `mimi`), per-stage exact-shape graphs; one copy of the
+  weights; all of stock's work, both PCMs compared;
 * duplexcadence, 2 lanes: the same with the two sessions in two lanes, stepped together by
   `Runtime.step_many` (on CUDA their graphs replay concurrently on two streams; one more copy of
   the scratch block);
+* duplexcadence, other_mimi pruned: the clock as the server runs it, one session; the plan leaves out
+  `other_mimi`'s decode, whose PCM nothing reads (`PersonaPlexServerTail`): compared on `main`, the PCM
+  the server sends;
+* duplexcadence, both instances in one session: the same clock with `prune=False`, both decodes every
+  tick, `mimi` first; compared on `main` (`other_mimi`'s PCM is scratch nothing reads);
 * duplexcadence, lockstep B=2 (only with `--option lockstep=1`): the two instances as the two rows
   of one B=2 session (`PersonaPlexCadenceTail(..., lockstep=True)`), one replay per tick. Its rows
   are computed by batch-2 kernels: its `== stock eager` column says whether that changed the bits (on
@@ -58,6 +64,26 @@ def _compile_step(runner: _Stock, compile_fn):
     tail = runner.tail
     tail.step = compile_fn(tail.step)
     return lambda: vars(tail).pop("step", None)
+
+
+class _Server:
+    """The clock as the server runs it: one session, `other_mimi` pruned unless `prune=False`."""
+
+    def __init__(self, batch: int, device: torch.device, seed: int, prune: bool):
+        from duplexcadence.examples.personaplex.cadence import PersonaPlexServerTail
+
+        self.tail = PersonaPlexServerTail(build_mimi(seed=seed, device=device), batch, device=device, prune=prune)
+        self.runtime = self.tail.runtime
+
+    def reset(self) -> None:
+        self.tail.reset()
+
+    def step(self, codes: torch.Tensor) -> dict[str, torch.Tensor]:
+        main, _ = self.tail.step(codes)
+        return {"main": main}
+
+    def close(self) -> None:
+        self.tail.close()
 
 
 class _Cadence:
@@ -106,11 +132,29 @@ def subject(
             "arena_bytes": report.arena_bytes,
             "sessions": report.sessions,
             "lanes": report.lanes,
-            "lockstep_rows": r.tail.group.rows if r.tail.group is not None else None,
+            "lockstep_rows": r.tail.group.rows if getattr(r.tail, "group", None) is not None else None,
+            "pruned_stages": [stage.name for stage in r.runtime.plan.pruning.stages],
+            "stages": list(r.runtime.plan.clocks.stage_order),
         }
 
     variants.append(Variant("duplexcadence", lambda: _Cadence(batch, device, seed), info=info))
     variants.append(Variant("duplexcadence, 2 lanes", lambda: _Cadence(batch, device, seed, lanes=2), info=info))
+    variants.append(
+        Variant(
+            "duplexcadence, other_mimi pruned",
+            lambda: _Server(batch, device, seed, prune=True),
+            info=info,
+            outputs=("main",),
+        )
+    )
+    variants.append(
+        Variant(
+            "duplexcadence, both instances in one session",
+            lambda: _Server(batch, device, seed, prune=False),
+            info=info,
+            outputs=("main",),
+        )
+    )
     if option_flag(lockstep):
         if batch != 1:
             raise ValueError(

@@ -8,8 +8,8 @@ whose PCM is sent, and `other_mimi`). Stock is the reproduction of PersonaPlex's
 (`stock.PersonaPlexTail`: two instances, two copies of the weights), by default with its
 transformer graphs off (every kernel from Python; `--stock-graphs` runs it as shipped, moshi's
 `CUDAGraphed` around each decoder transformer on CUDA). DuplexCadence is
-`stdlib/models/personaplex_mimi_decoder.clock` bound to ONE model, the two instances as two
-sessions (`cadence.PersonaPlexCadenceTail`). Every frame of both instances is compared with
+`stdlib/models/personaplex_mimi_decoder.clock` bound to ONE model, both instances' work as two
+sessions (`cadence.PersonaPlexCadenceTail`, each session the clock's `mimi`). Every frame of both instances is compared with
 `torch.equal` (cuDNN deterministic). Printed per side: set-up time, ms per tick and per second of
 audio (both instances), the state and peak memory. The default (11 s = 137 ticks, past the KV
 ring's wrap at tick 125) takes a couple of minutes on a 2-core CPU.

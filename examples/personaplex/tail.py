@@ -25,4 +25,6 @@ TAIL = Tail(
     subject="duplexcadence.examples.personaplex.bench:subject",
     extra="moshi",
     requires=("moshi", "einops", "safetensors", "sentencepiece"),
+    # the same network, decoded whole by moshi 0.2.13's non-streaming path on the same weights
+    offline="duplexcadence.examples.moshi.stock:offline_decode",
 )

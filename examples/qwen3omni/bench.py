@@ -98,7 +98,7 @@ def stream_difference(tick: int, expected, found) -> float:
 
 
 def subject(
-    device: str = "cpu",
+    device: str | torch.device = "cpu",
     seconds: int = 10,
     batch: int = 1,
     dtype: str = "fp32",

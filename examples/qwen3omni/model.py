@@ -15,6 +15,7 @@ that a CUDA-graph capture records the same kernels as eager.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
@@ -81,7 +82,9 @@ def _trans_conv_length(trans: Qwen3OmniMoeCausalTransConvNet, length: int) -> in
     return (length - 1) * stride + kernel - trans.left_pad - trans.right_pad
 
 
-def _length_stages(model: Qwen3OmniMoeCode2Wav) -> list[torch.nn.Module]:
+def _length_stages(
+    model: Qwen3OmniMoeCode2Wav,
+) -> list[Qwen3OmniMoeCausalConvNet | Qwen3OmniMoeCausalTransConvNet]:
     """The length-changing or padding convs of one forward, in execution order."""
     return [
         module
@@ -163,7 +166,7 @@ def forward_for_capture(model: Qwen3OmniMoeCode2Wav, codes: torch.Tensor) -> tor
     hidden = model.pre_transformer(inputs_embeds=hidden, attention_mask=masks).last_hidden_state
     hidden = hidden.permute(0, 2, 1)
     for stage in model.upsample:
-        for block in stage:
+        for block in cast(torch.nn.ModuleList, stage):  # each upsampling stage is a ModuleList of blocks
             hidden = block(hidden)
     for block in model.decoder:
         hidden = block(hidden)

@@ -24,7 +24,7 @@ import torch
 
 from duplexcadence.examples.qwen3omni.model import Qwen3OmniMoeCode2Wav, forward_sample_deficit, samples_per_code
 
-__all__ = ["LEFT_CONTEXT_CODES", "StockSecondDecoder", "second_bounds", "split_into_seconds"]
+__all__ = ["LEFT_CONTEXT_CODES", "StockSecondDecoder", "offline_decode", "second_bounds", "split_into_seconds"]
 
 LEFT_CONTEXT_CODES = 25
 
@@ -89,9 +89,20 @@ class StockSecondDecoder:
     def step(self, new_codes: torch.Tensor) -> torch.Tensor:
         """Decode one chunk of new codes ``[B, 16, n]``; return its waveform ``[B, 1, samples]``."""
         context = min(self.left_context, self.codes_seen)
-        window = new_codes if context == 0 else torch.cat([self.history[..., -context:], new_codes], dim=-1)
+        if context == 0:
+            window = new_codes
+        else:
+            assert self.history is not None  # codes were seen, so a step kept them
+            window = torch.cat([self.history[..., -context:], new_codes], dim=-1)
         wav = self.model(window)
         self.input_lengths.append(window.shape[-1])
         self.history = window[..., -self.left_context :]
         self.codes_seen += new_codes.shape[-1]
         return wav[..., self.samples_to_drop(context) :]
+
+
+@torch.no_grad()
+def offline_decode(model: Qwen3OmniMoeCode2Wav, codes: torch.Tensor) -> torch.Tensor:
+    """One whole-utterance forward, the offline call a stream is compared with: codes ``[B, 16, T]`` ->
+    ``[B, 1, T * 1920 - 555]``."""
+    return model(codes)

@@ -34,9 +34,10 @@ which hands it the same state as views of its arena. Two choices make that shari
 from __future__ import annotations
 
 from collections.abc import MutableMapping
+from typing import cast
 
 import torch
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeCausalConvNet,
     Qwen3OmniMoeCausalTransConvNet,
@@ -54,6 +55,7 @@ __all__ = [
     "StreamingCode2Wav",
     "check_streamable",
     "prefilled_cache",
+    "sliding_layers",
     "stream_step",
     "streaming_window_mask",
 ]
@@ -113,6 +115,15 @@ def streaming_window_mask(batch: int, new: int, cached: int, window: int, device
     return allowed.expand(batch, -1, new, keys)
 
 
+def sliding_layers(cache: DynamicCache) -> list[DynamicSlidingWindowLayer]:
+    """The cache's layers: transformers' sliding-window layers (``check_streamable`` admits no other kind)."""
+    layers = [layer for layer in cache.layers if isinstance(layer, DynamicSlidingWindowLayer)]
+    if len(layers) != len(cache.layers):
+        kinds = sorted({type(layer).__name__ for layer in cache.layers})
+        raise TypeError(f"streaming handles sliding-window cache layers only, got {', '.join(kinds)}")
+    return layers
+
+
 def prefilled_cache(model: Qwen3OmniMoeCode2Wav, keys: list[torch.Tensor], values: list[torch.Tensor]) -> DynamicCache:
     """transformers' ``DynamicCache`` whose sliding layers hold the given keys and values (the last
     ``window - 1`` at most, [B, kv_heads, cached, head_dim]; ``cached`` may be 0).
@@ -122,7 +133,7 @@ def prefilled_cache(model: Qwen3OmniMoeCode2Wav, keys: list[torch.Tensor], value
     ``get_seq_length`` read it, and ``stream_step`` passes both the mask and the positions.
     """
     cache = DynamicCache(config=model.config)
-    for layer, key, value in zip(cache.layers, keys, values, strict=True):
+    for layer, key, value in zip(sliding_layers(cache), keys, values, strict=True):
         layer.dtype, layer.device = key.dtype, key.device
         layer.keys, layer.values = key, value
         layer.is_initialized = True
@@ -135,19 +146,20 @@ def stream_step(
     new_codes: torch.Tensor,
     position_ids: torch.Tensor,
     cache: DynamicCache,
-    conv_carries: MutableMapping[str, torch.Tensor | None],
-    frame_carries: MutableMapping[str, torch.Tensor | None],
+    conv_carries: MutableMapping[str, torch.Tensor],
+    frame_carries: MutableMapping[str, torch.Tensor],
 ) -> torch.Tensor:
     """One streaming step on ``new_codes`` [B, 16, n] at positions ``position_ids`` [1, n].
 
     Updates ``cache`` (its layers' keys and values are reassigned to the last ``window - 1``),
-    ``conv_carries`` and ``frame_carries`` (entries reassigned; a missing or ``None`` carry is the
+    ``conv_carries`` and ``frame_carries`` (entries reassigned; a missing carry is the
     start of an utterance: zeros for a conv, nothing for a transposed conv's frame; an empty frame
     counts as nothing too) and returns the new samples [B, 1, samples].
     """
     hidden = model.code_embedding(new_codes + model.code_offset).mean(1)
     batch, count = hidden.shape[:2]
-    cached = cache.layers[0].keys.shape[-2] if cache.layers[0].is_initialized else 0
+    first = sliding_layers(cache)[0]
+    cached = first.keys.shape[-2] if first.is_initialized and first.keys is not None else 0
     mask = streaming_window_mask(batch, count, cached, model.config.sliding_window, hidden.device)
     hidden = model.pre_transformer(
         inputs_embeds=hidden,
@@ -159,7 +171,8 @@ def stream_step(
     hidden = hidden.permute(0, 2, 1)
     streamer = _Streamer(conv_carries, frame_carries)
     for stage_index, stage in enumerate(model.upsample):
-        for block_index, block in enumerate(stage):
+        # each upsampling stage is a ModuleList of blocks
+        for block_index, block in enumerate(cast(torch.nn.ModuleList, stage)):
             hidden = streamer.stream(f"upsample.{stage_index}.{block_index}", block, hidden)
     for block_index, block in enumerate(model.decoder):
         hidden = streamer.stream(f"decoder.{block_index}", block, hidden)
@@ -199,7 +212,9 @@ class StreamingCode2Wav:
 class _Streamer:
     """The decoder's modules run on [carry, new samples]; the carries live in the two dicts."""
 
-    def __init__(self, conv_carries, frame_carries) -> None:
+    def __init__(
+        self, conv_carries: MutableMapping[str, torch.Tensor], frame_carries: MutableMapping[str, torch.Tensor]
+    ) -> None:
         self.conv_carries = conv_carries
         self.frame_carries = frame_carries
 

@@ -32,6 +32,7 @@ from duplexcadence.examples.qwen3omni.streaming import (
     FRAME_CARRY_REGIONS,
     check_streamable,
     prefilled_cache,
+    sliding_layers,
     stream_step,
 )
 from duplexcadence.interpreter.runtime.runtime import Runtime
@@ -77,7 +78,8 @@ def make_hook(program: Program, layers: int):
         frame_carries = {path: held[region] for path, region in FRAME_CARRY_REGIONS.items()}
         wav = stream_step(model, codes, position_ids, cache, conv_carries, frame_carries)
         new = {"wav": wav, "position": position + count}
-        for i, layer in enumerate(cache.layers):
+        for i, layer in enumerate(sliding_layers(cache)):
+            assert layer.keys is not None and layer.values is not None  # prefilled_cache filled every layer
             new[f"keys[{i}]"], new[f"values[{i}]"] = layer.keys, layer.values
         new.update({region: conv_carries[path] for path, region in CONV_CARRY_REGIONS.items()})
         new.update({region: frame_carries[path] for path, region in FRAME_CARRY_REGIONS.items()})

@@ -21,4 +21,5 @@ TAIL = Tail(
     subject="duplexcadence.examples.qwen3omni.bench:subject",
     extra="qwen3omni",
     requires=("transformers", "numpy"),
+    offline="duplexcadence.examples.qwen3omni.stock:offline_decode",
 )

@@ -28,7 +28,7 @@ class SessionRunner:
         return self.session.step(**inputs)
 
 
-def subject(device: str = "cpu", seconds: int = 10, seed: int = 0, **_) -> Subject:
+def subject(device: str | torch.device = "cpu", seconds: int = 10, seed: int = 0, **_) -> Subject:
     device = torch.device(device)
     ticks = int(Fraction(25, 2) * seconds) + 1
     codes = torch.randint(0, 64, (1, ticks + 64), generator=torch.Generator().manual_seed(seed)).to(device)

@@ -79,6 +79,7 @@ class OverlapUpsample(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.convtr(x)  # [B, out, 2T + 2]
+        assert self.convtr.bias is not None  # built with nn.ConvTranspose1d's default bias=True
         bias = self.convtr.bias[:, None]
         head = y[..., :2] + self.partial
         out = torch.cat([head, y[..., 2:-2]], dim=-1)

@@ -45,7 +45,7 @@ from duplexcadence.interpreter.bench.compiled import (
     compile_summary,
     compiled_variant,
 )
-from duplexcadence.interpreter.bench.memory import fresh_peak, memory_breakdown, module_bytes
+from duplexcadence.interpreter.bench.memory import cublas_workspace_bytes, fresh_peak, memory_breakdown, module_bytes
 from duplexcadence.interpreter.bench.passes import run, run_interleaved, run_variant
 from duplexcadence.interpreter.bench.profile import (
     BusyProfile,
@@ -55,7 +55,13 @@ from duplexcadence.interpreter.bench.profile import (
     profile_busy,
     profiled_ticks,
 )
-from duplexcadence.interpreter.bench.results import PASS_DISAGREEMENT, dump, pass_disagreements, to_json
+from duplexcadence.interpreter.bench.results import (
+    PASS_DISAGREEMENT,
+    dump,
+    memory_over_stock,
+    pass_disagreements,
+    to_json,
+)
 from duplexcadence.interpreter.bench.subject import Subject, Variant, VariantResult, option_flag
 from duplexcadence.interpreter.bench.table import format_table
 from duplexcadence.interpreter.bench.timing import (
@@ -80,12 +86,14 @@ __all__ = [
     "VariantResult",
     "compile_summary",
     "compiled_variant",
+    "cublas_workspace_bytes",
     "dump",
     "format_table",
     "fresh_peak",
     "kernel_busy",
     "kernel_time_measurable",
     "memory_breakdown",
+    "memory_over_stock",
     "module_bytes",
     "option_flag",
     "pass_disagreements",

@@ -31,6 +31,24 @@ def fresh_peak(device: torch.device) -> int:
     return torch.cuda.memory_allocated(device)
 
 
+def cublas_workspace_bytes(device: torch.device) -> int | None:
+    """The bytes PyTorch allocates for a cuBLAS workspace on `device`: one per stream cuBLAS runs on, the
+    first time it does (32 MiB by default on Hopper; `CUBLAS_WORKSPACE_CONFIG`). Measured on the current
+    stream, after the workspaces are dropped, by one small matmul; None off CUDA or where the workspaces
+    cannot be dropped."""
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if device.type != "cuda" or clear_workspaces is None:
+        return None
+    torch.cuda.synchronize(device)
+    clear_workspaces()
+    matrix = torch.ones(8, 8, device=device)
+    before = torch.cuda.memory_allocated(device)
+    product = matrix @ matrix
+    del product
+    torch.cuda.synchronize(device)
+    return torch.cuda.memory_allocated(device) - before
+
+
 def module_bytes(root: Any, device: torch.device, depth: int = 4) -> int:
     """Bytes of the parameters and buffers of every nn.Module reachable from `root` (attributes,
     dicts, lists; `depth` levels), each storage counted once, on `device` only."""

@@ -13,7 +13,7 @@ import attrs
 import torch
 
 from duplexcadence.interpreter.bench.budget import error_text, failed_result, recover, time_budget
-from duplexcadence.interpreter.bench.memory import fresh_peak, memory_breakdown
+from duplexcadence.interpreter.bench.memory import cublas_workspace_bytes, fresh_peak, memory_breakdown
 from duplexcadence.interpreter.bench.profile import profile_all
 from duplexcadence.interpreter.bench.subject import Subject, Variant, VariantResult
 from duplexcadence.interpreter.bench.timing import (
@@ -118,6 +118,8 @@ def run_variant(
                     largest_difference = found if largest_difference is None else max(largest_difference, found)
                 if identical:
                     for name, expected in reference[tick].items():
+                        if variant.outputs is not None and name not in variant.outputs:
+                            continue
                         found = compare(tick, name, expected, result.get(name))
                         if found is not None:
                             identical, mismatch = False, f"tick {tick}, {name}: {found.detail}"
@@ -133,6 +135,8 @@ def run_variant(
         blocked = capture_findings(runner)
         if blocked:
             info = {**info, "capture_blocked": blocked}
+        if variant.outputs is not None:
+            info = {**info, "compared_outputs": list(variant.outputs)}
         if largest_difference is not None:
             info = {**info, "max_abs_diff_vs_reference": largest_difference}
         memory = memory_breakdown(subject, runner, info, peak_allocated, state_bytes)
@@ -252,11 +256,14 @@ def run(
     that ran is finally built once more for its GPU busy profile (`profile_busy`), after all timing;
     with `profile=False` it is not, and a caller that times more afterwards (several subjects in one
     process) calls `profile_all` once it has timed everything. With `trace_dir`, that profile is also
-    written per variant as a Chrome trace there (on CPU too, where it holds the host's operations)."""
+    written per variant as a Chrome trace there (on CPU too, where it holds the host's operations).
+    On CUDA each result's `memory` also holds `cublas_workspace_bytes`, the size of one cuBLAS workspace
+    (measured first, on the caller's stream), to read a peak over stock's against."""
     results = []
     reference_outputs = None
     bar = _ProgressBar(subject.name, progress)
     try:
+        workspace = cublas_workspace_bytes(subject.device)
         with deterministic_cudnn():
             ordered = sorted(subject.variants, key=lambda v: not v.reference)
             if compile:
@@ -269,6 +276,8 @@ def run(
                 if variant.reference:
                     reference_outputs = outputs
                     result = attrs.evolve(result, bit_identical=True)
+                if workspace is not None and result.memory is not None:
+                    result = attrs.evolve(result, memory={**result.memory, "cublas_workspace_bytes": workspace})
                 results.append(result)
             if interleave:
                 ran = {r.name for r in results if r.error is None}

@@ -36,9 +36,30 @@ def pass_disagreements(results: list[VariantResult]) -> list[tuple[str, str, flo
     return found
 
 
+def memory_over_stock(results: list[VariantResult]) -> list[dict]:
+    """Every variant whose peak allocated memory is above the reference's (stock eager: the first result,
+    which `run` times first) in the same run: its name and peak, the reference's, and by how much."""
+    if not results or results[0].peak_allocated_bytes is None:
+        return []
+    reference = results[0]
+    stock = reference.peak_allocated_bytes
+    return [
+        {
+            "variant": r.name,
+            "peak_bytes": r.peak_allocated_bytes,
+            "stock_variant": reference.name,
+            "stock_peak_bytes": stock,
+            "over_bytes": r.peak_allocated_bytes - stock,
+        }
+        for r in results[1:]
+        if r.peak_allocated_bytes is not None and r.peak_allocated_bytes > stock
+    ]
+
+
 def to_json(subject: Subject, results: list[VariantResult]) -> dict:
-    """The run as the JSON of docs/benchmarks/*.json: the subject, the environment, and every variant's
-    `VariantResult` (ms per duplex second and per tick, memory, bit-identity, `info`)."""
+    """The run as the JSON of docs/benchmarks/*.json: the subject, the environment, every variant's
+    `VariantResult` (ms per duplex second and per tick, memory, bit-identity, `info`), and the variants
+    whose peak allocated memory is above stock eager's (`memory_over_stock`)."""
     return {
         "model": subject.name,
         "device": str(subject.device),
@@ -52,6 +73,7 @@ def to_json(subject: Subject, results: list[VariantResult]) -> dict:
         "warmup_ticks": subject.warmup_ticks,
         "extra": subject.extra,
         "variants": [r.to_json() for r in results],
+        "memory_over_stock": memory_over_stock(results),
         "pass_disagreements": [
             {"faster_sequentially": faster, "other": other, "ratio_sequential": sequential, "ratio_interleaved": again}
             for faster, other, sequential, again in pass_disagreements(results)

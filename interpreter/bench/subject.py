@@ -17,6 +17,8 @@ class Variant:
 
     `reference`: stock eager, against which every other variant's outputs are compared.
     `info(runner)` collects what the variant wants reported (graphs captured, capture seconds...).
+    `outputs`: the reference's outputs this variant produces and is compared on (None: all of them), for a
+    variant that leaves out work no output of its own depends on (PersonaPlex with `other_mimi` pruned).
     """
 
     name: str
@@ -30,6 +32,7 @@ class Variant:
     # tick's outputs from the reference's, as the variant defines it (e.g. on the samples both emit).
     # The bench reports the largest over the ticks in `info["max_abs_diff_vs_reference"]`.
     difference: Callable[[int, Mapping, Mapping], float] | None = None
+    outputs: tuple[str, ...] | None = None
 
 
 @attrs.define

@@ -1,10 +1,11 @@
 """The bench's table: one row per variant (ms per duplex second, the median ms per tick, GPU busy, memory, bit-identity),
-the interleaved pass beneath, then a line per finding (a mismatch, a failure, a compile summary, a trace)."""
+the interleaved pass beneath, then a line per finding (peak memory over stock's, a mismatch, a failure, a compile
+summary, a trace)."""
 
 from __future__ import annotations
 
 from duplexcadence.interpreter.bench.compiled import compile_summary
-from duplexcadence.interpreter.bench.results import pass_disagreements
+from duplexcadence.interpreter.bench.results import memory_over_stock, pass_disagreements
 from duplexcadence.interpreter.bench.subject import Subject, VariantResult
 from duplexcadence.interpreter.bench.trace import trace_line
 from duplexcadence.interpreter.plans.plan_text import human_bytes, table
@@ -102,6 +103,24 @@ def format_table(subject: Subject, results: list[VariantResult]) -> str:
                 f"  the passes disagree: {faster} is {1 / sequential:.2f}x as fast as {other} sequentially, "
                 f"{1 / again:.2f}x interleaved; the interleaved pass is the fairer (docs/benchmarks.md)"
             )
+    for over in memory_over_stock(results):
+        workspace = next(
+            (
+                r.memory["cublas_workspace_bytes"]
+                for r in results
+                if r.memory and r.memory.get("cublas_workspace_bytes")
+            ),
+            None,
+        )
+        lines.append(
+            f"  {over['variant']}: peak allocated {human_bytes(over['peak_bytes'])}, over stock by "
+            f"{human_bytes(over['over_bytes'])} ({over['stock_variant']}: {human_bytes(over['stock_peak_bytes'])})"
+            + (
+                f"; a cuBLAS workspace is {human_bytes(workspace)} here, one per stream that runs cuBLAS"
+                if workspace
+                else ""
+            )
+        )
     for r in results:
         if r.first_mismatch:
             lines.append(f"  {r.name}: first mismatch at {r.first_mismatch}")

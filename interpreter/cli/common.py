@@ -265,6 +265,16 @@ def add_limit_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_prune_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-prune",
+        dest="prune",
+        action="store_false",
+        help="plan every stage: by default the stages no output sees, and the state only they touch, are "
+        "left out (docs/language.md, Outputs and pruning)",
+    )
+
+
 def limits_or_usage_error(pairs: Sequence[str]) -> Limits:
     """`--limit` values; an unknown name or a value that is not a positive integer is a usage error."""
     limits, problems = parse_limits(pairs)

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Callable
 
 from duplexcadence.interpreter.cli.common import (
     EXIT_CLEAN,
@@ -27,7 +28,7 @@ from duplexcadence.interpreter.draft.propose import DraftError
 from duplexcadence.interpreter.draft.record import StepError
 
 
-def _loop_function(spec: str):
+def _loop_function(spec: str) -> Callable[..., object] | str:
     """FUNCTION of `MODULE:FUNCTION`, or an error message."""
     module_name, sep, function_name = spec.partition(":")
     if not sep or not module_name or not function_name:
@@ -45,7 +46,7 @@ def _loop_function(spec: str):
 
 
 def _options(pairs: list[str]) -> dict[str, str] | str:
-    options = {}
+    options: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.isidentifier():
@@ -56,11 +57,13 @@ def _options(pairs: list[str]) -> dict[str, str] | str:
 
 def run(args: argparse.Namespace) -> int:
     make_loop = _loop_function(args.loop)
+    if isinstance(make_loop, str):
+        print(f"dsl draft: {make_loop}", file=sys.stderr)
+        return EXIT_USAGE
     options = _options(args.option)
-    for problem in (make_loop, options):
-        if isinstance(problem, str):
-            print(f"dsl draft: {problem}", file=sys.stderr)
-            return EXIT_USAGE
+    if isinstance(options, str):
+        print(f"dsl draft: {options}", file=sys.stderr)
+        return EXIT_USAGE
     if args.calls < 2:
         print(f"dsl draft: --calls must be at least 2 (drafting compares calls), not {args.calls}", file=sys.stderr)
         return EXIT_USAGE

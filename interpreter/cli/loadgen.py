@@ -2,8 +2,10 @@
 
 It opens one session first to read what the server serves (its `ready` frame). A registered tail gives the
 ticks' inputs (each session's own seeded stream) and, with `--verify`, the stock loop every recorded output
-is compared with (each session's inputs run alone, after the load, on `--verify-device`, the server's device
-by default); another tail gets zeros of its input shapes. Prints the sessions opened and refused, tick
+is compared with, after the load, on `--verify-device` (the server's device by default): each session's inputs
+run alone, or, when the server runs lockstep groups, the tail's batched decode of each group with its members'
+inputs in their rows (every member of those groups must be one of this run's sessions); another tail gets
+zeros of its input shapes. Prints the sessions opened and refused, tick
 latency p50 / p99, missed ticks and errors; exit 1 when a session was refused, a tick failed or an output
 differs from stock.
 """
@@ -51,9 +53,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{url}: cannot connect: {error}") from None
     served = loadgen.served_for(ready, args.verify_device)
     inputs = served.inputs if served is not None and served.inputs is not None else loadgen.zeros_inputs(ready)
+    lockstep = ready.get("lockstep")
     if args.verify and (served is None or served.stock is None or served.inputs is None):
         raise UsageError(
             f"--verify: the server serves '{ready['tail']}', which is not a registered tail with a stock loop here"
+        )
+    if args.verify and lockstep is not None and served is not None and served.stock_group is None:
+        raise UsageError(
+            f"--verify: the server runs lockstep groups of {lockstep} and the '{ready['tail']}' tail has no batched "
+            "stock loop to compare their rows with"
         )
     if not args.quiet:
         print(loadgen.describe_ready(ready))
@@ -70,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.verify:
         assert served is not None
-        report = loadgen.verify(served, report)
+        report = loadgen.verify(served, report, lockstep)
     for line in report.lines():
         print(line)
     if args.json:
@@ -91,7 +99,11 @@ def register(commands) -> None:
     parser.add_argument(
         "--no-pace", action="store_true", help="send each tick when the last is answered (default: one a tick period)"
     )
-    parser.add_argument("--verify", action="store_true", help="compare every output with stock, each session alone")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare every output with stock: each session alone, or its lockstep group's batched stock",
+    )
     parser.add_argument(
         "--verify-device", type=device_name, default=None, help="where stock runs for --verify (the server's device)"
     )

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+from fractions import Fraction
 
 from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
 from duplexcadence.dsl.frontend import check_file
@@ -16,9 +18,11 @@ from duplexcadence.dsl.source import SourceFile
 from duplexcadence.interpreter.cli.common import (
     EXIT_CLEAN,
     EXIT_PROBLEMS,
+    UsageError,
     add_common_options,
     add_format_option,
     add_limit_option,
+    add_prune_option,
     add_stdin_filename_option,
     clock_inputs,
     color_wanted,
@@ -31,6 +35,16 @@ from duplexcadence.interpreter.cli.common import (
 )
 from duplexcadence.interpreter.plans.plan import Plan, make_plan, to_json
 from duplexcadence.interpreter.plans.plan_text import format_plan
+from duplexcadence.interpreter.plans.samples import SessionLengthError
+
+_DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")
+
+
+def session_length(text: str) -> Fraction:
+    """An argparse type: a positive decimal number of seconds, exact (`60`, `2.5`)."""
+    if not _DECIMAL.fullmatch(text) or Fraction(text) <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds (60, 2.5), not {text!r}")
+    return Fraction(text)
 
 
 def plan_of_file(
@@ -53,6 +67,8 @@ def plan_of_file(
                 return make_plan(result.program, **plan_options), sources
             except ClockError as error:
                 diagnostics = list(error.diagnostics)
+            except SessionLengthError as error:
+                raise UsageError(str(error), ("give fewer --seconds",)) from None
     if diagnostics_format == "json":
         print(diagnostics_json([(item.path, diagnostics)]))
     else:
@@ -69,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         max_graphs=args.max_graphs,
         max_arena_bytes=args.max_arena_bytes,
         sessions=args.sessions,
+        seconds=args.seconds,
+        prune=args.prune,
     )
     if plan is None:
         return EXIT_PROBLEMS
@@ -119,6 +137,14 @@ def register(commands) -> None:
         help="fail if the arena would exceed BYTES",
     )
     plan.add_argument("--sessions", type=positive, default=1, metavar="N", help="sessions sharing the arena")
+    plan.add_argument(
+        "--seconds",
+        type=session_length,
+        default=None,
+        metavar="T",
+        help="count every output's units over a session of T seconds (default 60, whole cadences)",
+    )
+    add_prune_option(plan)
     add_stdin_filename_option(plan)
     add_common_options(plan)
     plan.set_defaults(handler=run)

@@ -11,6 +11,7 @@ from duplexcadence.interpreter.cli.common import (
     EXIT_USAGE,
     UsageError,
     add_limit_option,
+    add_prune_option,
     non_negative,
     positive,
     status,
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     except RenderError as error:
         print(f"dsl render: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    plan, _ = plan_of_file(args, max_graphs=args.max_graphs)
+    plan, _ = plan_of_file(args, max_graphs=args.max_graphs, prune=args.prune)
     if plan is None:
         return EXIT_PROBLEMS
     ticks = args.ticks
@@ -121,6 +122,7 @@ def register(commands) -> None:
     render.add_argument("--list-views", action="store_true", help="list the views with what each draws, and exit")
     render.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
     add_limit_option(render)
+    add_prune_option(render)
     render.add_argument(
         "-o",
         "--output",

@@ -54,6 +54,7 @@ class OutputProposal:
     advance: int | None  # fixed units per call, None when the length follows the input
     latency: int
     notes: tuple[str, ...] = ()
+    loss: int = 0  # units every call is short of what its input is worth (`loses L`)
 
 
 @attrs.frozen
@@ -189,7 +190,10 @@ def propose_output(stream: Stream, input_units: list[int], call_rate: Fraction) 
         offset = l0 - per_unit * n0
         if per_unit > 0 and per_unit.denominator == 1 and all(length == per_unit * n + offset for n, length in pairs):
             note = f"writes {per_unit} units per input unit" + (f" and {int(offset):+d} per call" if offset else "")
-            return OutputProposal(stream.name, dtype, shape, per_unit * units_per_call(input_units), None, 0, (note,))
+            loss = int(-offset) if offset < 0 else 0  # every call short: lost at each boundary of a stream
+            return OutputProposal(
+                stream.name, dtype, shape, per_unit * units_per_call(input_units), None, 0, (note,), loss
+            )
     mean = Fraction(sum(lengths), len(lengths))
     notes = (f"wrote {'/'.join(map(str, lengths[:6]))} units per call; the rate is a guess from their mean",)
     return OutputProposal(stream.name, dtype, shape, mean, None, 0, notes)

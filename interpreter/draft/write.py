@@ -365,6 +365,8 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
             write += f" +{proposal.advance}"
             if proposal.latency:
                 write += f" latency {proposal.latency}"
+        if proposal.loss:
+            write += f" loses {proposal.loss}"
         stage.append(write)
     if proposals.draws_random:
         stage.append("    rng  # the call drew from the default generator")

@@ -53,16 +53,21 @@ class Analysis:
 def _declarations(module: syntax.Module, path: str) -> dict[str, Definition]:
     found: dict[str, Definition] = {}
     for statement in module.statements:
-        kind = {
-            syntax.Param: "param",
-            syntax.Clock: "clock",
-            syntax.Region: "region",
-            syntax.Stage: "stage",
-            syntax.Counter: "counter",
-            syntax.Object: "object",
-        }.get(type(statement))
-        if kind is None:
-            continue
+        match statement:
+            case syntax.Param():
+                kind = "param"
+            case syntax.Clock():
+                kind = "clock"
+            case syntax.Region():
+                kind = "region"
+            case syntax.Stage():
+                kind = "stage"
+            case syntax.Counter():
+                kind = "counter"
+            case syntax.Object():
+                kind = "object"
+            case _:
+                continue
         span = getattr(statement, "name_span", None) or statement.span
         if span is not None:
             found.setdefault(statement.name, Definition(statement.name, kind, span))
@@ -117,8 +122,7 @@ def _members(program: Program, name: str) -> tuple[str, ...]:
     return (name,) if name in program.regions else ()
 
 
-def _region_hover(analysis: Analysis, name: str) -> str | None:
-    program = analysis.program
+def _region_hover(analysis: Analysis, program: Program, name: str) -> str | None:
     members = _members(program, name)
     if not members:
         return None
@@ -139,6 +143,9 @@ def _region_hover(analysis: Analysis, name: str) -> str | None:
     plan = analysis.plan
     if plan is not None:
         planned = [plan.schedule.regions[m] for m in members if m in plan.schedule.regions]
+        pruned = plan.pruning.reason_for(members[0])
+        if pruned is not None and not planned:
+            lines.append(f"- pruned: {pruned}; no bytes (`dsl plan --no-prune` keeps it)")
         if planned:
             first = planned[0]
             capacity = "" if first.capacity is None else f"capacity {first.capacity} units, "
@@ -158,8 +165,7 @@ def _region_hover(analysis: Analysis, name: str) -> str | None:
     return "\n".join(lines)
 
 
-def _clock_hover(analysis: Analysis, name: str) -> str | None:
-    program = analysis.program
+def _clock_hover(analysis: Analysis, program: Program, name: str) -> str | None:
     clock = program.clocks.get(name)
     if clock is None:
         return None
@@ -170,8 +176,7 @@ def _clock_hover(analysis: Analysis, name: str) -> str | None:
     return "\n".join(lines)
 
 
-def _stage_hover(analysis: Analysis, name: str) -> str | None:
-    program = analysis.program
+def _stage_hover(analysis: Analysis, program: Program, name: str) -> str | None:
     stage = program.stages.get(name)
     if stage is None:
         return None
@@ -180,7 +185,10 @@ def _stage_hover(analysis: Analysis, name: str) -> str | None:
         f"{stage.callable_kind} `{stage.target}`"
     ]
     plan = analysis.plan
-    if plan is not None:
+    pruned = None if plan is None else plan.pruning.reason_for(name)
+    if plan is not None and pruned is not None:
+        lines.append(f"- pruned: {pruned}; it never fires (`dsl plan --no-prune` keeps it)")
+    elif plan is not None:
         timing = plan.clocks.stages[name]
         lines.append(
             f"- fires {number_text(timing.per_cadence)} times per cadence ({seconds(plan.clocks.cadence)}), "
@@ -195,23 +203,21 @@ def _stage_hover(analysis: Analysis, name: str) -> str | None:
     return "\n".join(lines)
 
 
-def _param_hover(analysis: Analysis, name: str) -> str | None:
-    program = analysis.program
+def _param_hover(analysis: Analysis, program: Program, name: str) -> str | None:
     if name not in program.params:
         return None
     value = program.params[name]
     text = (
-        "[" + ", ".join(number_text(v) if isinstance(v, (int, Fraction)) else str(v) for v in value) + "]"
+        "[" + ", ".join(number_text(Fraction(v)) if isinstance(v, (int, Fraction)) else str(v) for v in value) + "]"
         if isinstance(value, list)
-        else number_text(value)
+        else number_text(Fraction(value))
         if isinstance(value, (int, Fraction))
         else str(value)
     )
     return f"**param {name}** = {text}"
 
 
-def _counter_hover(analysis: Analysis, name: str) -> str | None:
-    program = analysis.program
+def _counter_hover(analysis: Analysis, program: Program, name: str) -> str | None:
     counter = program.counters.get(name)
     if counter is None:
         return None
@@ -225,8 +231,7 @@ def _counter_hover(analysis: Analysis, name: str) -> str | None:
     return "\n".join(lines)
 
 
-def _object_hover(analysis: Analysis, name: str) -> str | None:
-    program = analysis.program
+def _object_hover(analysis: Analysis, program: Program, name: str) -> str | None:
     info = program.objects.get(name)
     if info is None:
         return None
@@ -244,10 +249,11 @@ def _object_hover(analysis: Analysis, name: str) -> str | None:
 def hover_text(analysis: Analysis, name: str) -> str | None:
     """Markdown for the name: a region's plan numbers, a clock's rate, a stage's firings and graphs, a
     param's value. None when the program does not check (the diagnostics say why) or the name is unknown."""
-    if analysis.program is None:
+    program = analysis.program
+    if program is None:
         return None
     for describe in (_counter_hover, _object_hover, _region_hover, _stage_hover, _clock_hover, _param_hover):
-        text = describe(analysis, name)
+        text = describe(analysis, program, name)
         if text is not None:
             return text
     return None

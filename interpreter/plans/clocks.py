@@ -59,6 +59,20 @@ class ClockPlan:
         period, phase = divmod(index, len(self.instants))
         return period * self.hyperperiod + self.instants[phase].time
 
+    def instants_within(self, seconds: Fraction) -> int:
+        """Instants in the first `seconds` of a session (those at times before it)."""
+        periods, rest = divmod(Fraction(seconds), self.hyperperiod)
+        return int(periods) * len(self.instants) + sum(1 for instant in self.instants if instant.time < rest)
+
+    def firings_before(self, index: int) -> dict[str, int]:
+        """How many times each stage has fired before instant `index` (from the clocks alone)."""
+        periods, phase = divmod(index, len(self.instants))
+        counts = {name: periods * timing.per_hyperperiod for name, timing in self.stages.items()}
+        for instant in self.instants[:phase]:
+            for name in instant.stages:
+                counts[name] += 1
+        return counts
+
 
 def plan_clocks(program: Program) -> ClockPlan:
     """Raises ClockError before enumerating anything for a program without stages (`cannot-plan`),

@@ -1,6 +1,9 @@
-"""The plan driver: a checked program -> clocks -> shape trace -> allocation schedule -> arena ->
-capture plan, composed in that order. Each pass is a pure function of what came before; the
-result is one frozen `Plan`, printable (`dsl plan`) and JSON-serialisable (`dsl plan --json`).
+"""The plan driver: a checked program -> pruning -> clocks -> shape trace -> allocation schedule ->
+arena -> capture plan -> sample accounting, composed in that order. Each pass is a pure function of
+what came before; the result is one frozen `Plan`, printable (`dsl plan`) and JSON-serialisable (`dsl plan --json`).
+
+`Plan.program` is the program the passes planned: the checked one without the stages the pruning left
+out and the regions only they touch (`Plan.pruning`, with the checked program as `pruning.source`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from duplexcadence.interpreter.plans.allocation import AllocationSchedule, sched
 from duplexcadence.interpreter.plans.arena import ArenaPlan, plan_arena
 from duplexcadence.interpreter.plans.capture import CapturePlan, plan_capture
 from duplexcadence.interpreter.plans.clocks import ClockPlan, plan_clocks
+from duplexcadence.interpreter.plans.prune import Pruning, prune_unobserved
+from duplexcadence.interpreter.plans.samples import SampleAccount, TickSamples, account_samples
 from duplexcadence.interpreter.plans.trace import Trace, repeating_counters, trace_shapes
 
 PLAN_SCHEMA_VERSION = 1
@@ -33,6 +38,8 @@ class Plan:
     schedule: AllocationSchedule
     arena: ArenaPlan
     capture: CapturePlan
+    pruning: Pruning
+    samples: SampleAccount
 
     @property
     def path(self) -> str:
@@ -50,12 +57,18 @@ def make_plan(
     max_arena_bytes: int | None = None,
     sessions: int = 1,
     limits: Limits | Mapping[str, int] | None = None,
+    prune: bool = True,
+    seconds: Fraction | None = None,
 ) -> Plan:
     """Run every pass under the program's limits (or `limits`, a `Limits` or a mapping that raises
     some of the defaults); raises ClockError when the plan would pass one (checked before the pass
-    that would cost it), or when the arena exceeds `max_arena_bytes` (over-budget)."""
+    that would cost it), or when the arena exceeds `max_arena_bytes` (over-budget), and ValueError for
+    a `seconds` the sample accounting refuses (default: a 60 s session). `prune`: leave out the stages
+    no output sees (interpreter/plans/prune.py)."""
     if limits is not None:
         program = attrs.evolve(program, limits=Limits.of(limits))
+    pruning = prune_unobserved(program, prune)
+    program = pruning.program
     problems = bounds.check(program)
     if problems:
         raise ClockError(problems)
@@ -82,7 +95,8 @@ def make_plan(
         span = program.regions[largest_region.name].span
         raise ClockError([messages.over_arena_budget(arena.total_bytes(sessions), max_arena_bytes, span)])
     capture = plan_capture(shape_trace, max_graphs)
-    return Plan(program, clock_plan, shape_trace, allocation, arena, capture)
+    samples = account_samples(program, clock_plan, shape_trace, seconds)
+    return Plan(program, clock_plan, shape_trace, allocation, arena, capture, pruning, samples)
 
 
 def plan_file(
@@ -214,6 +228,17 @@ def to_json(plan: Plan) -> dict:
             "stock_bytes": plan.schedule.stock_bytes,
             "compared_demand_bytes": plan.schedule.compared_demand_bytes,
         },
+        "pruning": {
+            "enabled": plan.pruning.enabled,
+            "note": plan.pruning.note,
+            "unobserved": [{"stage": s.name, "reason": s.reason} for s in plan.pruning.unobserved],
+            "stages": [{"stage": s.name, "reason": s.reason} for s in plan.pruning.stages],
+            "regions": [
+                {"region": r.name, "stages": list(r.stages), "input": r.input, "reason": r.reason}
+                for r in plan.pruning.regions
+            ],
+            "kept": [{"stage": s.name, "reason": s.reason} for s in plan.pruning.kept],
+        },
         "capture": {
             "max_graphs": plan.capture.max_graphs,
             "eager_rule": plan.capture.eager_rule,
@@ -224,5 +249,58 @@ def to_json(plan: Plan) -> dict:
             "warmup": [[r.instant, r.stage, r.key] for r in plan.capture.warmup],
             "steady": [[r.instant, r.stage, r.key] for r in plan.capture.steady],
             "eager_firings": plan.capture.eager_firings,
+        },
+        "samples": _samples_json(plan.samples),
+    }
+
+
+def _tick_json(tick: TickSamples) -> dict:
+    return {
+        "firing": tick.firing,
+        "instant": tick.instant,
+        "time_s": _rational(tick.time),
+        "input": tick.input,
+        "emitted": tick.emitted,
+        "held_back": tick.held_back,
+        "dropped": tick.dropped,
+    }
+
+
+def _samples_json(account: SampleAccount) -> dict:
+    return {
+        "seconds": _rational(account.seconds),
+        "instants": account.instants,
+        "clamped": account.clamped,
+        "flush": account.flush,
+        "unflushed": account.unflushed,
+        "skipped": dict(sorted(account.skipped.items())),
+        "outputs": {
+            name: {
+                "clock": o.clock,
+                "rate_hz": _rational(o.rate),
+                "stage": o.stage,
+                "input": o.input,
+                "units_per_input_unit": _rational(o.ratio),
+                "loss_per_firing": o.loss,
+                "loss_intended": o.loss_intended,
+                "latency": o.latency,
+                "latency_dropped": o.latency_dropped,
+                "firings": o.firings,
+                "boundaries": o.boundaries,
+                "input_units": o.input_units,
+                "emitted": o.emitted,
+                "flushed": o.flushed,
+                "total": o.total,
+                "held_back": o.held_back,
+                "dropped": o.dropped,
+                "whole_loss": o.whole_loss,
+                "offline": o.offline,
+                "short": o.short,
+                "unaccounted": o.unaccounted,
+                "ticks": [_tick_json(t) for t in o.ticks],
+                "steady_from": o.steady_from,
+                "last": _tick_json(o.last),
+            }
+            for name, o in sorted(account.outputs.items())
         },
     }

@@ -10,8 +10,10 @@ import textwrap
 from collections.abc import Sequence
 from fractions import Fraction
 
+from duplexcadence.dsl.messages import duration_text, rate_text, units_text
 from duplexcadence.dsl.printer import number_text
 from duplexcadence.interpreter.plans.plan import Plan
+from duplexcadence.interpreter.plans.samples import OutputSamples, SampleAccount, TickSamples
 
 
 def human_bytes(count: int | None) -> str:
@@ -188,6 +190,50 @@ def _counters(plan: Plan, heading) -> list[str]:
     return lines + [""]
 
 
+def _region_groups_text(names: Sequence[str], program) -> list[str]:
+    """Region names with the members of a family joined (`other_kv[0..7]`), in the given order."""
+    parts: list[str] = []
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        family = program.regions[name].family
+        if family is None:
+            parts.append(name)
+            continue
+        if family not in groups:
+            groups[family] = []
+            parts.append(family)
+        groups[family].append(name)
+    return [member_range(groups[part]) if part in groups else part for part in parts]
+
+
+def _pruning_lines(plan: Plan, heading) -> list[str]:
+    """The stages no output sees: pruned (with the regions left out), or run when pruning is off; and an
+    unobserved stage kept anyway. Nothing when every stage is observed."""
+    pruning = plan.pruning
+    out: list[str] = []
+    if pruning.stages:
+        out.append(heading("Pruned (no output sees their work; --no-prune runs them)"))
+        out += table(["stage", "why"], [[s.name, s.reason] for s in pruning.stages])
+        regions = _region_groups_text([r.name for r in pruning.regions], pruning.source)
+        if regions:
+            out += _wrap_parts(
+                [f"{plural(len(pruning.regions), 'region')} left out (only pruned stages touch them): " + regions[0]]
+                + regions[1:],
+                "  ",
+                "    ",
+            )
+        out.append("")
+    elif pruning.unobserved:
+        out.append(heading("Unobserved (no output sees their work; they run: pruning is off)"))
+        out += table(["stage", "why"], [[s.name, s.reason] for s in pruning.unobserved])
+        out.append("")
+    if pruning.kept:
+        out.append(heading("Kept although no output sees them"))
+        out += table(["stage", "why"], [[s.name, s.reason] for s in pruning.kept])
+        out.append("")
+    return out
+
+
 def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
     """The plan as `dsl plan` prints it: condensed, or with `verbose` every family member and the
     views of every graph; `color` makes the section headings bold."""
@@ -228,6 +274,7 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
     out.append("")
 
     out += _counters(plan, heading)
+    out += _pruning_lines(plan, heading)
 
     out.append(heading("Warm-up and steady state"))
     if trace_.periodic:
@@ -327,6 +374,113 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
         f"in warm-up + one period: {capture.eager_firings}"
     )
     out += _wrap(capture.eager_rule, "  rule: ", "        ")
+    out.append("")
+
+    out += _samples_section(plan.samples, clocks.hyperperiod, verbose, heading)
     if not verbose:
-        out.append("  dsl plan --verbose: every family member and the views each graph is captured for")
+        out.append("  dsl plan --verbose: every family member, the views of every graph, the units of every firing")
     return "\n".join(out) + "\n"
+
+
+def _output_notes(o: OutputSamples, session: Fraction, hyperperiod: Fraction) -> list[str]:
+    """What tells an output's units apart: losses at boundaries, units held back, units unaccounted for."""
+    at = f"at {rate_text(o.rate)}"
+    notes = []
+    if o.dropped:
+        mark = f"`loses {o.loss}` intended" if o.loss_intended else "boundary-loss"
+        notes.append(
+            f"{o.region}: {units_text(o.loss, o.clock)} ({duration_text(Fraction(o.loss) / o.rate)} {at}) lost at each "
+            f"of {o.boundaries} boundaries, {units_text(o.dropped, o.clock)} ({duration_text(o.dropped / o.rate)}) "
+            f"in all ({mark})"
+        )
+    elif not o.unaccounted:
+        notes.append(
+            f"{o.region}: total = offline: the stream emits every unit one offline call over the same input would"
+        )
+    if o.whole_loss:
+        notes.append(
+            f"{o.region}: one offline call loses {units_text(o.whole_loss, o.clock)} too: "
+            f"{o.input_units} {o.input} x {number_text(o.ratio)} - {o.whole_loss} = {o.offline}"
+        )
+    if o.held_back:
+        notes.append(
+            f"{o.region}: up to {units_text(o.held_back, o.clock)} ({duration_text(o.held_back / o.rate)}) held back "
+            "while streaming, released by the end of the stream"
+        )
+    if o.unaccounted:
+        why = (
+            f"the session is not a whole number of hyperperiods ({seconds(hyperperiod)}), and the input's units "
+            "per firing agree with the writes only over whole ones"
+            if (session / hyperperiod).denominator != 1
+            else "the writes do not add up to what the input is worth: check their advances"
+        )
+        notes.append(
+            f"{o.region}: {units_text(abs(o.unaccounted), o.clock)} {'fewer' if o.unaccounted > 0 else 'more'} "
+            f"than the input's units times {number_text(o.ratio)}, with no declared loss: {why}"
+        )
+    return notes
+
+
+def _tick_rows(o: OutputSamples) -> list[list[object]]:
+    """The firings of the warm-up and one steady period, alike neighbours in one row, then the last."""
+    rows: list[list[object]] = []
+    runs: list[list[TickSamples]] = []
+    for tick in o.ticks:
+        if runs and runs[-1][-1].values() == tick.values():
+            runs[-1].append(tick)
+        else:
+            runs.append([tick])
+    for run in runs:
+        first = run[0]
+        rows.append([number_ranges([t.firing for t in run]), seconds(first.time), *first.values()])
+    last = o.last
+    rows.append([f"{last.firing} (last)", seconds(last.time), *last.values()])
+    return rows
+
+
+def _samples_section(account: SampleAccount, hyperperiod: Fraction, verbose: bool, heading) -> list[str]:
+    out = [
+        heading(
+            f"Samples over {seconds(account.seconds)} ({plural(account.instants, 'instant')}"
+            f"{', then the end of the stream' if account.flush else ''}; units of each output's clock)"
+        )
+    ]
+    if account.outputs:
+        out += table(
+            ["output", "clock", "input", "firings", "emitted", "flushed", "dropped", "total", "offline", "short"],
+            [
+                [
+                    o.region,
+                    o.clock,
+                    f"{o.input_units} {o.input} x{number_text(o.ratio)}",
+                    o.firings,
+                    o.emitted,
+                    o.flushed,
+                    o.dropped,
+                    o.total,
+                    o.offline,
+                    o.short,
+                ]
+                for o in account.outputs.values()
+            ],
+            right=(3, 4, 5, 6, 7, 8, 9),
+        )
+    for o in account.outputs.values():
+        for note in _output_notes(o, account.seconds, hyperperiod):
+            out += _wrap(note, "  ", "      ")
+    for name, why in account.skipped.items():
+        out += _wrap(f"{name}: not accounted: {why}", "  ", "      ")
+    if account.clamped:
+        out += _wrap(f"session shortened: {account.clamped}", "  ", "      ")
+    if account.unflushed:
+        out += _wrap(f"not flushed: {account.unflushed}", "  ", "      ")
+    if verbose:
+        for o in account.outputs.values():
+            out.append(f"  {o.region} per firing of '{o.stage}' (warm-up, one steady period that repeats, the last):")
+            out += [
+                "  " + line
+                for line in table(
+                    ["firings", "time", "input", "emitted", "held back", "dropped"], _tick_rows(o), (2, 3, 4, 5)
+                )
+            ]
+    return out

@@ -5,7 +5,8 @@ The simulation follows the `.clock` semantics, in units of each region's clock:
 * at the start of every instant a region holds at most what it retains (its history);
 * an input region is fed by `step()` with the units that arrive for its reader's firing k:
   `floor((k+1)q) - floor(kq)`, q = region rate / stage rate (12, 13, 12, ... for 12.5 codes per second);
-* `write R +a` appends a new units (reads later in the instant see them); `update R +a` yields a
+* `write R +a` appends a new units (reads later in the instant see them), less a declared loss
+  (`loses L`) at every firing and a latency at the first; `update R +a` yields a
   new version of `L + a` units as a fresh tensor (returned, or assigned to the bound attribute),
   which the runtime trims at once into the region;
 * a read sees `[start, end)` of the region: everything (`all`), the newest `last n`, or the `new`
@@ -200,7 +201,17 @@ class Simulator:
                 self.length[name] = region.start_length
 
     def state(self, phase: int) -> tuple:
-        state = (phase, tuple(sorted(self.length.items())), tuple(sorted(self.fill.items())))
+        """What the next instants depend on: the phase, region lengths, ring fills, whether each stage
+        that holds back a latency on its first firing has fired yet, and the regions whose data-dependent
+        start (`start first`, `start first-firing`) is still to be made."""
+        first = tuple(
+            sorted(
+                (name, self.counts[name] == 0)
+                for name, stage in self.program.stages.items()
+                if any(a.kind == "write" and a.latency for a in stage.accesses)
+            )
+        )
+        state = (phase, tuple(sorted(self.length.items())), tuple(sorted(self.fill.items())), first)
         return state + (tuple(sorted(self.pending)),) if self.pending else state
 
     def per_firing(self, stage: str, region: str) -> Fraction:
@@ -420,9 +431,14 @@ class Simulator:
         name = access.region
         if access.advance is None:  # an output whose length the module decides
             return View(name, "write", 0, None, None)
-        units = self.scaled(stage, name, access.advance) - (access.latency if k == 0 else 0)
+        units = self.scaled(stage, name, access.advance) - (access.latency if k == 0 else 0) - access.loss
         if self.last and not access.latency_dropped:
             units += access.latency  # the end of the stream releases what the latency held back
+        if units < 0:
+            raise ValueError(
+                f"stage '{stage}' would write {units} units of region '{name}': this instant covers "
+                f"{self.scale} of a planned one, too little for its loss of {access.loss}"
+            )
         return self._append(name, units, "write")
 
 

@@ -168,7 +168,9 @@ class Runtime:
     What the sessions share (read it, do not assign it): `plan`, `program`, `callables` and `attributes`
     (the binding), `capture` (the capture strategy), `templates` (every planned instant), `blocked` (the
     stages that run eagerly, with why), `pools` (each lane's CUDA graph memory pool, None without
-    graphs), `lane_rng_states`, `slot_graphs` (each slot's graphs, runs and resolved replays).
+    graphs), `lane_rng_states`, `slot_graphs` (each slot's graphs, runs and resolved replays), `pruned_inputs`
+    and `pruned_given` (the input and `start given` regions the plan pruned: a step or a session takes them
+    and ignores them, `without_pruned`).
     """
 
     def __init__(
@@ -236,6 +238,10 @@ class Runtime:
         # an on-plan step repeats a traced instant: its firings, graph keys and input shapes, precomputed
         self.templates = templates_of(plan)
         self.storage_dtypes = {name: TORCH_DTYPES[r.dtype] for name, r in plan.program.regions.items()}
+        self.pruned_inputs = frozenset(r.name for r in plan.pruning.regions if r.input)
+        self.pruned_given = frozenset(
+            r.name for r in plan.pruning.regions if plan.pruning.source.regions[r.name].start == "given"
+        )
         instants = plan.clocks.instants
         self._prefix_counts: list[Counter[str]] = [Counter() for _ in range(len(instants) + 1)]
         for phase, instant in enumerate(instants):
@@ -246,6 +252,12 @@ class Runtime:
         self.slot_graphs: dict[int, tuple[dict, dict, dict]] = {}  # slot -> its graphs, runs and resolved replays
         self.capture_seconds = 0.0
         self.graphs_captured = 0
+
+    def without_pruned(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """`values` (step inputs or initial values by region) without the regions the plan pruned: a pruned
+        input or `start given` region is taken and ignored, so a caller passes what the program declares."""
+        pruned = self.pruned_inputs | self.pruned_given
+        return {name: value for name, value in values.items() if name not in pruned}
 
     def lane_of(self, slot: int) -> int:
         """The lane of session slot `slot`: slots are dealt to lanes round-robin."""
@@ -281,6 +293,7 @@ class Runtime:
         capture: str | None = None,
         objects: Mapping[str, Any] | None = None,
         check_finite: bool = False,
+        prune: bool = True,
     ) -> Runtime:
         """Check the `.clock` file, plan it, bind it to `model`, and allocate the arena.
 
@@ -293,6 +306,9 @@ class Runtime:
         copy of the scratch block to the arena and has its own graph pool and CUDA stream.
         `objects`: the caller-owned objects the `.clock` declares without a factory (`object NAME`), by name.
         `check_finite`: refuse step inputs with NaN or infinite values (StepError); by default they propagate.
+        `prune`: leave out the stages no output sees, and the regions, counters and objects only they touch
+        (`plan.pruning` lists them): they never run, are not bound and have no arena bytes; `prune=False`
+        runs every stage, for a caller that reads their state (`Session.region`).
         Raises `ClockError` with located diagnostics when the file, the binding or the budget fails, and
         ValueError for arguments of the wrong type or out of range.
         """
@@ -309,9 +325,9 @@ class Runtime:
         program = (
             clock if isinstance(clock, Program) else load_program(clock, {k: str(v) for k, v in (params or {}).items()})
         )
-        plan = make_plan(program, max_graphs=max_graphs)
-        callables, attributes = bind_program(program, model, hooks, device)
-        sources = bind_objects(program, model, hooks, objects, device)
+        plan = make_plan(program, max_graphs=max_graphs, prune=prune)
+        callables, attributes = bind_program(plan.program, model, hooks, device)
+        sources = bind_objects(plan.program, model, hooks, objects, device)
         check_arena_fits(plan, sessions, device, lanes)
         use_graphs = device.type == "cuda" and strategy.graphs
         return cls(

@@ -111,7 +111,7 @@ class Session:
         self.last_outputs: Any = None
         self._unfinished = SessionFailed("a step was interrupted before it committed its instant")
         self.closed = False
-        self.initial = dict(initial or {})
+        self.initial = runtime.without_pruned(initial or {})
         check_initial(program, self.initial, runtime.device)
         self.reset()
 
@@ -134,8 +134,9 @@ class Session:
             if self.closed:  # its slot may be another session's now: resetting would overwrite that one
                 raise RuntimeError("this session is closed")
             if initial is not None:
+                initial = runtime.without_pruned(initial)
                 check_initial(runtime.program, initial, runtime.device)
-                self.initial = dict(initial)
+                self.initial = initial
             self.failed = SessionFailed("reset() did not complete")
             for name, storage in self.storage.items():
                 if runtime.plan.schedule.regions[name].persistent:
@@ -176,10 +177,13 @@ class Session:
 
     def region(self, name: str) -> torch.Tensor:
         """The current exact view of a region (for inspection; do not keep it across steps: a scratch
-        region's view is shared by the runtime's sessions)."""
+        region's view is shared by the runtime's sessions). KeyError for a region the plan pruned."""
         with self.runtime.lock:
             if self.closed:  # its slot may be another session's now
                 raise RuntimeError("this session is closed")
+            reason = self.runtime.plan.pruning.reason_for(name)
+            if reason is not None and name not in self.storage:
+                raise KeyError(f"region '{name}' was pruned: {reason}; load the runtime with prune=False to keep it")
             self._sync_simulator()
             storage = self.storage[name]
             region = self.runtime.program.regions[name]
@@ -212,6 +216,7 @@ class Session:
         step, the inputs are checked, the runs chosen). Raises RuntimeError (closed), SessionFailed
         (failed) or StepError (finished, bad inputs); a positional input is named in `inputs`."""
         self._check_steppable()
+        inputs = self.runtime.without_pruned(inputs)
         return self._begin(args, inputs, last, self._planned_index(args, inputs, last))
 
     def execute(self, step: PendingStep) -> Generator[None, None, Any]:
@@ -248,6 +253,8 @@ class Session:
     def _step(self, args: tuple, inputs: dict[str, torch.Tensor], last: bool):
         with self.runtime.lock:
             self._check_steppable()
+            if self.runtime.pruned_inputs:
+                inputs = self.runtime.without_pruned(inputs)
             index = self._planned_index(args, inputs, last)
             if index is not None and self.check_finite:
                 refuse_non_finite(inputs)

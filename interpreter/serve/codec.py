@@ -19,6 +19,7 @@ import math
 import struct
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 import torch
@@ -63,9 +64,14 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 CODES_BY_NAME = {name: code for code, name in DTYPE_CODES.items()}
 DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 
+CACHED_LAYOUTS = 256
+"""Frame headers kept (read or written): a stream's frames repeat one header, so most frames skip its parsing."""
+
 _PREFIX = struct.Struct("<4sHHH")
 _NAME_LENGTH = struct.Struct("<H")
 _DTYPE_NDIM = struct.Struct("<BB")
+_HEADERS: dict[tuple, bytes] = {}
+_LAYOUTS: dict[int, Layout] = {}
 
 
 class FrameError(ValueError):
@@ -95,13 +101,26 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def little_endian_bytes(tensor: torch.Tensor) -> bytes:
     """The tensor's elements as C-contiguous little-endian bytes (on the host)."""
-    flat = tensor.detach().to("cpu").contiguous()
-    if flat.numel() == 0:
+    return memoryview(tensor_data(tensor)).tobytes()
+
+
+def tensor_data(tensor: torch.Tensor) -> Any:
+    """The tensor's elements as C-contiguous little-endian bytes (a buffer): a view of the tensor's own memory
+    where it already is those bytes (a contiguous host tensor on a little-endian host), a copy otherwise."""
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if not tensor.is_cpu:
+        tensor = tensor.to("cpu")
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    if sys.byteorder == "little":
+        return (tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor).numpy()
+    if tensor.numel() == 0:
         return b""
-    raw = flat.reshape(-1).view(torch.uint8)
-    if sys.byteorder != "little" and flat.element_size() > 1:
-        raw = swap_bytes(raw, flat.element_size())
-    return raw.numpy().tobytes()
+    raw = tensor.reshape(-1).view(torch.uint8)
+    if tensor.element_size() > 1:
+        raw = swap_bytes(raw, tensor.element_size())
+    return raw.numpy()
 
 
 def swap_bytes(raw: torch.Tensor, itemsize: int) -> torch.Tensor:
@@ -111,10 +130,24 @@ def swap_bytes(raw: torch.Tensor, itemsize: int) -> torch.Tensor:
 
 def encode(tensors: Mapping[str, torch.Tensor], last: bool = False) -> bytes:
     """One frame of `tensors` (by name, in this order); ValueError for what a frame cannot carry."""
+    try:
+        key = (last, *((name, tensor.dtype, tensor.shape) for name, tensor in tensors.items()))
+    except AttributeError:  # not a tensor: the header says which
+        key = None
+    header = _HEADERS.get(key) if key is not None else None
+    if header is None:
+        header = _header(tensors, last)
+        if key is not None:
+            if len(_HEADERS) >= CACHED_LAYOUTS:
+                _HEADERS.clear()
+            _HEADERS[key] = header
+    return b"".join([header, *(tensor_data(tensor) for tensor in tensors.values())])
+
+
+def _header(tensors: Mapping[str, torch.Tensor], last: bool) -> bytes:
     if len(tensors) > MAX_TENSORS:
         raise ValueError(messages.too_many_tensors(len(tensors), MAX_TENSORS))
     header = [_PREFIX.pack(MAGIC, VERSION, FLAG_LAST if last else 0, len(tensors))]
-    data = []
     for name, tensor in tensors.items():
         if not isinstance(tensor, torch.Tensor):
             raise ValueError(f"'{name}' is a {type(tensor).__name__}, not a tensor")
@@ -128,8 +161,7 @@ def encode(tensors: Mapping[str, torch.Tensor], last: bool = False) -> bytes:
         header.append(encoded)
         header.append(_DTYPE_NDIM.pack(code, tensor.dim()))
         header.append(struct.pack(f"<{tensor.dim()}I", *tensor.shape))
-        data.append(little_endian_bytes(tensor))
-    return b"".join(header + data)
+    return b"".join(header)
 
 
 def _need(frame: bytes | memoryview, offset: int, size: int, what: str) -> None:
@@ -137,9 +169,33 @@ def _need(frame: bytes | memoryview, offset: int, size: int, what: str) -> None:
         raise FrameError(messages.TRUNCATED, messages.truncated(offset + size, len(frame), what))
 
 
+@attrs.frozen
+class Layout:
+    """Where a valid frame's tensors lie: its header bytes (everything before the data), whether it is LAST,
+    and each tensor's name, dtype, shape, data offset and size. Frames of one stream repeat their header."""
+
+    header: bytes
+    last: bool
+    tensors: tuple[tuple[str, torch.dtype, tuple[int, ...], int, int], ...]
+
+
 def decode(frame: bytes | bytearray | memoryview) -> Frame:
     """The tensors of one frame (new host tensors, writable); FrameError for a frame that is not one."""
     view = memoryview(frame).cast("B")
+    layout = _LAYOUTS.get(len(view))
+    if layout is None or view[: len(layout.header)] != layout.header:
+        layout = _layout(view)
+        if len(_LAYOUTS) >= CACHED_LAYOUTS:
+            _LAYOUTS.clear()
+        _LAYOUTS[len(view)] = layout
+    tensors = {
+        name: _tensor(view[offset : offset + size], dtype, shape) for name, dtype, shape, offset, size in layout.tensors
+    }
+    return Frame(tensors, layout.last)
+
+
+def _layout(view: memoryview) -> Layout:
+    """Read a frame's header and check its length; FrameError for anything else than a frame."""
     if len(view) < 4 or bytes(view[:4]) != MAGIC:
         raise FrameError(messages.BAD_MAGIC, messages.bad_magic(bytes(view[:4]), MAGIC))
     _need(view, 0, _PREFIX.size, "the frame's prefix")
@@ -175,25 +231,25 @@ def decode(frame: bytes | bytearray | memoryview) -> Frame:
         shape = struct.unpack_from(f"<{ndim}I", view, offset)
         offset += 4 * ndim
         specs.append((name, DTYPE_CODES[code], tuple(shape)))
-    tensors: dict[str, torch.Tensor] = {}
+    header = bytes(view[:offset])
+    placed = []
     for name, dtype, shape in specs:
         dtype_ = TORCH_DTYPES[dtype]
-        size = math.prod(shape) * torch.empty((), dtype=dtype_).element_size()
+        size = math.prod(shape) * dtype_.itemsize
         _need(view, offset, size, f"the data of tensor '{name}'")
-        tensors[name] = _tensor(view[offset : offset + size], dtype_, shape)
+        placed.append((name, dtype_, shape, offset, size))
         offset += size
     if offset != len(view):
         raise FrameError(messages.BAD_FRAME, messages.trailing_bytes(len(view) - offset))
-    return Frame(tensors, bool(flags & FLAG_LAST))
+    return Layout(header, bool(flags & FLAG_LAST), tuple(placed))
 
 
 def _tensor(data: memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     if len(data) == 0:
         return torch.empty(shape, dtype=dtype)
-    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    if dtype == torch.bool and int(raw.max()) > 1:
+    if dtype == torch.bool and max(data) > 1:
         raise FrameError(messages.BAD_FRAME, messages.bad_bool())
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if sys.byteorder != "little" and itemsize > 1:
-        raw = swap_bytes(raw, itemsize)
-    return raw.view(dtype).reshape(shape)
+    if sys.byteorder != "little" and dtype.itemsize > 1:
+        raw = swap_bytes(torch.frombuffer(bytearray(data), dtype=torch.uint8), dtype.itemsize)
+        return raw.view(dtype).reshape(shape)
+    return torch.frombuffer(bytearray(data), dtype=dtype).view(shape)

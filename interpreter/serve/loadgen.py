@@ -4,8 +4,15 @@ Every session opens (a refusal is counted with its reason), then all start toget
 session sends tick t at start + t x the tick period, as a live stream would, keeping at most the server's queue
 depth of ticks unanswered (a send that had to wait is counted as blocked); unpaced, it sends the next tick
 when the last is answered. A tick's latency runs from its send to its answer. With `record`, the outputs of
-the first `record` sessions are kept; `verify` then runs each of those sessions' inputs alone through the
-tail's stock loop (`ServedTail.stock`) and compares every output with `torch.equal`.
+the first `record` sessions are kept; `verify` then compares every recorded output with `torch.equal`:
+
+* sessions in lanes (their own runtime session each): with that session's inputs run alone through the
+  tail's stock loop (`ServedTail.stock`), seeded as the runtime seeds the session;
+* sessions in the rows of lockstep groups: with the tail's own batched decode of the group
+  (`ServedTail.stock_group`): every row of the group fed its member's inputs (idle rows zeros), as the server
+  batches them. A row equals that, not necessarily a batch-1 decode of the same session (other kernels run at
+  another batch); `compare_with_stock` gives that count too, as information. The group reference needs every
+  member of the group to be one of this run's sessions (they join together, before the first tick).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import attrs
 import torch
@@ -29,8 +36,8 @@ Inputs = Callable[[int, int], Mapping[str, torch.Tensor]]
 @attrs.frozen
 class SessionLoad:
     """One driven session: its seed, ticks answered with outputs, error codes, latencies (seconds), blocked
-    sends, whether it was refused (with the reason), its recorded outputs (`record`), and the replica that held
-    it (through a cluster; None for a single server)."""
+    sends, whether it was refused (with the reason), its recorded outputs (`record`), the replica that held
+    it (through a cluster; None for a single server), and its lockstep group and row (None in lanes)."""
 
     seed: int
     ticks: int
@@ -40,13 +47,16 @@ class SessionLoad:
     refused: str | None = None
     outputs: tuple[dict[str, torch.Tensor], ...] = attrs.field(default=(), repr=False)
     replica: str | None = None
+    group: int | None = None
+    row: int | None = None
 
 
 @attrs.frozen
 class LoadReport:
     """What a run measured: the sessions asked for, opened and refused (reasons counted), ticks answered,
     their latency p50 / p99 / max, ticks over the tick period (missed), errors by code, blocked sends, the
-    wall time, and the comparison with stock (None without `verify`)."""
+    wall time, and the comparison with stock (None without `verify`; `verified_against` says with what:
+    "stock alone" in lanes, "the group's batched stock" in lockstep)."""
 
     url: str
     sessions: int
@@ -66,6 +76,7 @@ class LoadReport:
     verified_sessions: int | None = None
     verified_ticks: int | None = None
     unequal_ticks: int | None = None
+    verified_against: str | None = None
     per_session: tuple[SessionLoad, ...] = attrs.field(default=(), repr=False)
 
     def to_json(self) -> dict:
@@ -79,6 +90,8 @@ class LoadReport:
                 "refused": s.refused,
                 "latencies_s": list(s.latencies),
                 "replica": s.replica,
+                "group": s.group,
+                "row": s.row,
             }
             for s in self.per_session
         ]
@@ -100,8 +113,8 @@ class LoadReport:
         ]
         if self.verified_sessions is not None:
             lines.append(
-                f"verify: {self.verified_ticks} ticks of {self.verified_sessions} sessions compared with stock alone, "
-                f"{self.unequal_ticks} not torch.equal"
+                f"verify: {self.verified_ticks} ticks of {self.verified_sessions} sessions compared with "
+                f"{self.verified_against or 'stock alone'}, {self.unequal_ticks} not torch.equal"
             )
         return lines
 
@@ -185,7 +198,16 @@ async def drive_session(
         else:
             await client.connection.close()
     return SessionLoad(
-        seed, len(latencies), tuple(errors), tuple(latencies), blocked, None, tuple(outputs), client.replica
+        seed,
+        len(latencies),
+        tuple(errors),
+        tuple(latencies),
+        blocked,
+        None,
+        tuple(outputs),
+        client.replica,
+        client.ready.get("group"),
+        client.ready.get("row"),
     )
 
 
@@ -263,15 +285,75 @@ def compare_with_stock(served: ServedTail, load: SessionLoad) -> tuple[int, int]
     return compared, unequal
 
 
-def verify(served: ServedTail, report: LoadReport) -> LoadReport:
-    """The report with every recorded session compared with stock alone."""
+def compare_groups_with_stock(served: ServedTail, loads: Sequence[SessionLoad], rows: int) -> tuple[int, int, int]:
+    """(sessions compared, ticks compared, ticks with an output not `torch.equal` to the reference): each
+    lockstep group holding a recorded session is run through the tail's batched stock (`stock_group`) with its
+    members' inputs in their rows (idle rows zeros), every member joined at the start. A group is left out
+    when one of its members did not answer every tick (an error, a refusal): its rows' inputs are not known."""
+    if served.stock_group is None:
+        raise ValueError(f"the '{served.name}' tail has no batched stock loop to verify lockstep rows against")
+    inputs = served.inputs
+    assert inputs is not None
+    groups: dict[int, list[SessionLoad]] = collections.defaultdict(list)
+    for load in loads:
+        if load.refused is None and load.group is not None and load.row is not None:
+            groups[load.group].append(load)
+    sessions = compared = unequal = 0
+    for members in groups.values():
+        recorded = [load for load in members if load.outputs]
+        ticks = {load.ticks for load in members}
+        if not recorded or len(ticks) != 1 or any(load.errors for load in members):
+            continue
+        (count,) = ticks
+        stock = served.stock_group(rows)
+        seeded = SeededStock(stock, 0, served.device)  # a group's session is seeded 0
+        seeded.reset()
+        with deterministic_cudnn(), torch.no_grad():
+            for load in members:
+                stock.join(load.row)
+            for tick in range(count):
+                fed = {
+                    load.row: {name: t.to(served.device) for name, t in inputs(load.seed, tick).items()}
+                    for load in members
+                }
+                with seeded.installed():
+                    expected = stock.step(fed)
+                for load in recorded:
+                    compared += 1
+                    outputs = load.outputs[tick]
+                    unequal += any(
+                        name not in outputs or not torch.equal(value.to("cpu"), outputs[name])
+                        for name, value in expected[load.row].items()
+                    )
+        sessions += len(recorded)
+    return sessions, compared, unequal
+
+
+def verify(served: ServedTail, report: LoadReport, lockstep_rows: int | None = None) -> LoadReport:
+    """The report with every recorded session compared with stock alone (lanes), or with the batched stock of
+    its lockstep group (`lockstep_rows`: the server's rows a group)."""
+    if lockstep_rows is not None:
+        sessions, compared, unequal = compare_groups_with_stock(served, report.per_session, lockstep_rows)
+        return attrs.evolve(
+            report,
+            verified_sessions=sessions,
+            verified_ticks=compared,
+            unequal_ticks=unequal,
+            verified_against="the batched stock of their lockstep groups",
+        )
     recorded = [load for load in report.per_session if load.outputs]
     compared = unequal = 0
     for load in recorded:
         done, differ = compare_with_stock(served, load)
         compared += done
         unequal += differ
-    return attrs.evolve(report, verified_sessions=len(recorded), verified_ticks=compared, unequal_ticks=unequal)
+    return attrs.evolve(
+        report,
+        verified_sessions=len(recorded),
+        verified_ticks=compared,
+        unequal_ticks=unequal,
+        verified_against="stock alone",
+    )
 
 
 def zeros_inputs(ready: dict) -> Inputs:

@@ -165,8 +165,42 @@ def named_outputs(value: Any, names: Sequence[str]) -> dict[str, torch.Tensor]:
     return {names[0] if names else "output": value}
 
 
-def to_host(outputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {name: tensor.to("cpu") for name, tensor in outputs.items()}
+def to_device(
+    inputs: Mapping[Any, Mapping[str, torch.Tensor]], device: torch.device
+) -> dict[Any, dict[str, torch.Tensor]]:
+    """Every input on `device` (by handle, then by name, in their order). To an accelerator the host tensors of
+    one dtype travel in one copy (concatenated flat, then split into views of their shapes) instead of one
+    synchronous copy each."""
+    if device.type == "cpu":
+        return {handle: {name: tensor.to(device) for name, tensor in named.items()} for handle, named in inputs.items()}
+    placed: dict[Any, dict[str, Any]] = {handle: dict.fromkeys(named) for handle, named in inputs.items()}
+    by_dtype: dict[torch.dtype, list[tuple[Any, str, torch.Tensor]]] = {}
+    for handle, named in inputs.items():
+        for name, tensor in named.items():
+            if tensor.device == device:
+                placed[handle][name] = tensor
+            else:
+                by_dtype.setdefault(tensor.dtype, []).append((handle, name, tensor))
+    for entries in by_dtype.values():
+        flat = torch.cat([tensor.reshape(-1) for _, _, tensor in entries]).to(device)
+        parts = flat.split([tensor.numel() for _, _, tensor in entries])
+        for (handle, name, tensor), part in zip(entries, parts):
+            placed[handle][name] = part.view(tensor.shape)
+    return placed
+
+
+def to_host(outputs: Mapping[Any, Mapping[str, torch.Tensor]]) -> dict[Any, dict[str, torch.Tensor]]:
+    """Every output on the host (by handle, then by name). From a CUDA device each copy is queued into pinned
+    memory without waiting (on the current stream, which `step_many` made wait for every lane), then one wait
+    for them all; host tensors are passed as they are."""
+    host = {
+        handle: {name: tensor.to("cpu", non_blocking=tensor.is_cuda) for name, tensor in named.items()}
+        for handle, named in outputs.items()
+    }
+    devices = {tensor.device for named in outputs.values() for tensor in named.values() if tensor.is_cuda}
+    for device in devices:
+        torch.cuda.current_stream(device).synchronize()
+    return host
 
 
 class LanesMode:
@@ -212,10 +246,9 @@ class LanesMode:
         return handle.instant
 
     def step(self, ticks: Sequence[tuple[Any, dict[str, torch.Tensor], bool]]) -> StepResult:
-        outputs: dict[Any, dict[str, torch.Tensor]] = {}
         errors: dict[Any, TickError] = {}
         failed: dict[Any, str] = {}
-        regular = {handle: self._on_device(inputs) for handle, inputs, last in ticks if not last}
+        regular = to_device({handle: inputs for handle, inputs, last in ticks if not last}, self.device)
         instants = {handle: handle.instant for handle, _, _ in ticks}
         done: dict[Any, Any] = {}
         if regular:
@@ -234,8 +267,9 @@ class LanesMode:
         for handle, inputs, last in ticks:
             if last:
                 self._step_one(handle, self._on_device(inputs), True, done, errors, failed)
-        for handle, value in done.items():
-            outputs[handle] = to_host(named_outputs(value, self.facts.output_names(instants[handle])))
+        outputs = to_host(
+            {handle: named_outputs(value, self.facts.output_names(instants[handle])) for handle, value in done.items()}
+        )
         return StepResult(outputs, errors, failed)
 
     def _on_device(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -328,7 +362,9 @@ class LockstepMode:
         by_group: dict[Any, dict[Any, dict[str, torch.Tensor]]] = {}
         for member, inputs, _ in ticks:
             by_group.setdefault(member.group, {})[member] = inputs
-        batched = {group.session: self._batch(group, members) for group, members in by_group.items()}
+        batched = to_device(
+            {group.session: self._batch(group, members) for group, members in by_group.items()}, self.device
+        )
         groups = {group.session: group for group in by_group}
         instants = {group.session: group.session.instant for group in by_group}
         outputs: dict[Any, dict[str, torch.Tensor]] = {}
@@ -350,12 +386,17 @@ class LockstepMode:
                         errors[member] = TickError(messages.BAD_INPUT, str(error))
                 except duplexcadence.SessionFailed as cause:
                     self._group_failed(groups[session], cause, by_group, errors, failed)
-        for session, value in done.items():
-            host = to_host(named_outputs(value, self.facts.output_names(instants[session])))
+        host = to_host(
+            {
+                session: named_outputs(value, self.facts.output_names(instants[session]))
+                for session, value in done.items()
+            }
+        )
+        for session, named in host.items():
+            # one host copy of the group's outputs; each member gets views of its rows (split is one call)
+            rows = {name: tensor.split(1, dim=self.axes[name]) for name, tensor in named.items()}
             for member in by_group[groups[session]]:
-                outputs[member] = {
-                    name: tensor.narrow(self.axes[name], member.row, 1).clone() for name, tensor in host.items()
-                }
+                outputs[member] = {name: split[member.row] for name, split in rows.items()}
         return StepResult(outputs, errors, failed)
 
     def _group_failed(self, group: Any, cause: BaseException, by_group: dict, errors: dict, failed: dict) -> None:
@@ -369,16 +410,21 @@ class LockstepMode:
         group.reset()
 
     def _batch(self, group: Any, members: Mapping[Any, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """The group's inputs: each member's tensors in its row, zeros in the rows of the others."""
+        """The group's inputs (on the host): each member's tensors in its row, zeros in the rows of the others."""
         first = next(iter(members.values()))
+        by_row = [members.get(member) if member is not None else None for member in group.members]
         batched = {}
         for name, example in first.items():
-            axis = self.axes[name]
+            zeros = None
             rows = []
-            for row in range(self.rows):
-                member = group.members[row]
-                rows.append(members[member][name] if member in members else torch.zeros_like(example))
-            batched[name] = torch.cat(rows, dim=axis).to(self.device)
+            for inputs in by_row:
+                if inputs is None:
+                    if zeros is None:
+                        zeros = torch.zeros_like(example)
+                    rows.append(zeros)
+                else:
+                    rows.append(inputs[name])
+            batched[name] = torch.cat(rows, dim=self.axes[name])
         return batched
 
     def calibration_units(self, count: int) -> list[Any]:

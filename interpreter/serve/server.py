@@ -13,15 +13,19 @@ MAX_FRAME_BYTES = 64 * 2**20
 """The largest websocket message the server reads (a tick's tensors)."""
 
 
-def server_config(app: Any, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> uvicorn.Config:
+def server_config(
+    app: Any, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", loop: str = "auto"
+) -> uvicorn.Config:
     """uvicorn's configuration for `app`: the lifespan on (the pool starts before the first connection),
-    no per-message compression (tensors do not compress; it would cost CPU on every frame)."""
+    no per-message compression (tensors do not compress; it would cost CPU on every frame). `loop`: uvicorn's
+    event loop, "auto" (uvloop where it is installed), "asyncio" or "uvloop"."""
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         lifespan="on",
         ws="auto",
+        loop=loop,
         ws_per_message_deflate=False,
         ws_max_size=MAX_FRAME_BYTES,
         log_level=log_level,
@@ -37,8 +41,10 @@ class ServerThread:
         ... server.url("/v1/session") ...
     """
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
-        self.server = uvicorn.Server(server_config(app, host, port, log_level))
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", loop: str = "auto"
+    ):
+        self.server = uvicorn.Server(server_config(app, host, port, log_level, loop))
         self.host = host
         self.thread = threading.Thread(target=self.server.run, name="duplexcadence-uvicorn", daemon=True)
 

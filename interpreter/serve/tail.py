@@ -45,8 +45,12 @@ class ServedTail:
     None) loads it with the batch param (`batch_param`) at `rows`, for lockstep groups of that many sessions.
     `inputs(seed, tick)`: the host tensors of one session's tick (calibration, load generators; None: zeros of
     the planned shapes). `stock(seed)`: the stock streaming loop of one session alone (`reset()`,
-    `step(**inputs)`), built on `device`; None when there is none. `options`: what the tail was built with
-    (the server's `ready` frame names them, so a client can rebuild the same stock loop).
+    `step(**inputs)`), built on `device`; None when there is none. `stock_group(rows)`: the tail's own batched
+    streaming loop of a lockstep group of `rows` rows, the reference of a lockstep row (`reset()`: every row
+    fresh; `join(row)`: that row's stream starts over; `step({row: inputs})`: one instant, the rows not given
+    fed zeros as a group's idle rows are, returning `{row: outputs by name}` on the host for the rows given);
+    None when there is none. `options`: what the tail was built with (the server's `ready` frame names them,
+    so a client can rebuild the same stock loop).
     """
 
     name: str
@@ -56,6 +60,7 @@ class ServedTail:
     stock: Callable[[int], Any] | None = None
     options: Mapping[str, str] = attrs.field(factory=dict)
     batch_param: str = "B"
+    stock_group: Callable[[int], Any] | None = None
 
 
 def served_tail(

@@ -25,6 +25,7 @@ from duplexcadence.interpreter.views.style import (
     ranked_clocks,
     rate_text,
     small,
+    wrap,
 )
 from duplexcadence.interpreter.views.view import DEFAULT_OPTIONS, ViewOptions
 
@@ -58,12 +59,13 @@ def _read_label(access: Access) -> str:
 
 def _write_label(access: Access) -> str:
     verb = access.kind
+    loss = f" (−{access.loss} every firing, lost at each boundary)" if access.loss else ""
     if access.advance is None:
-        return f"{verb} (in place)" if verb == "update" else f"{verb} (length set by the module)"
+        return f"{verb} (in place)" if verb == "update" else f"{verb} (length set by the module){loss}"
     text = f"{verb} +{access.advance}"
     if access.latency:
         text += f" (first firing −{access.latency}{', never released' if access.latency_dropped else ''})"
-    return text
+    return text + loss
 
 
 def _graph_keys(keys: Sequence[int]) -> str:
@@ -257,11 +259,84 @@ def render_dataflow(plan: Plan, options: ViewOptions = DEFAULT_OPTIONS) -> graph
             else:
                 graph.edge(stage_node, node, label=label, color="#222222", penwidth="1.6")
 
+    _draw_pruned(plan, graph, previous, groups)
+
     with graph.subgraph() as bottom:
         bottom.attr(rank="sink")
         bottom.node("clocks", _clock_legend(program, colours), shape="plaintext")
-        bottom.node("legend", _graph_legend(), shape="plaintext")
+        bottom.node("legend", _graph_legend(bool(plan.pruning.stages)), shape="plaintext")
     return graph
+
+
+PRUNED_GREY = "#9a9a9a"
+
+
+def _pruned_stage_label(plan: Plan, stage: str, reason: str, left_out: Sequence[str]) -> str:
+    """A pruned stage, greyed: what it would call, why it is pruned, the state left out with it."""
+    info = plan.pruning.source.stages[stage]
+    lines = [f"<I>{escape(stage)}</I>", escape(f"{info.callable_kind} {info.target or '(root)'}")]
+    lines.append(wrap(f"pruned: {reason}", 44))
+    if left_out:
+        lines.append(small(wrap("left out: " + ", ".join(left_out), 44)))
+    return f'<<FONT COLOR="{PRUNED_GREY}">' + "<BR/>".join(lines) + "</FONT>>"
+
+
+def _draw_pruned(
+    plan: Plan, graph: graphviz.Digraph, previous: str | None, groups: Mapping[str, tuple[str, ...]]
+) -> None:
+    """Below the kept stages, each pruned stage as a dashed grey box: its reason, the state only it touched
+    (left out, no bytes), and dashed edges from the kept regions it would read and between pruned stages
+    through the regions they would hand over."""
+    pruning = plan.pruning
+    if not pruning.stages:
+        return
+    source = pruning.source
+    touched: dict[str, list[str]] = {}
+    for region in pruning.regions:
+        touched.setdefault(region.stages[0] if len(region.stages) == 1 else "", []).append(region.name)
+    writer: dict[str, str] = {}
+    for pruned in pruning.stages:
+        for access in source.stages[pruned.name].writes():
+            writer[access.region] = pruned.name
+    for pruned in pruning.stages:
+        own: dict[str, list[str]] = {}
+        for name in touched.get(pruned.name, []):
+            family = source.regions[name].family
+            own.setdefault(family or name, []).append(name)
+        left_out = [member_range(members) if len(members) > 1 else members[0] for members in own.values()]
+        node = node_id("pruned", pruned.name)
+        graph.node(
+            node,
+            _pruned_stage_label(plan, pruned.name, pruned.reason, left_out),
+            shape="box",
+            style="dashed",
+            color=PRUNED_GREY,
+        )
+        if previous is not None:
+            graph.edge(previous, node, style="invis")
+        previous = node
+        for access in source.stages[pruned.name].reads():
+            if access.kind != "read":
+                continue
+            if access.region in plan.program.regions:
+                group = next(name for name, members in groups.items() if access.region in members)
+                graph.edge(
+                    node_id("region", group),
+                    node,
+                    label=_read_label(access),
+                    style="dashed",
+                    color=PRUNED_GREY,
+                    fontcolor=PRUNED_GREY,
+                )
+            elif writer.get(access.region) not in (None, pruned.name):
+                graph.edge(
+                    node_id("pruned", writer[access.region]),
+                    node,
+                    label=access.region,
+                    style="dashed",
+                    color=PRUNED_GREY,
+                    fontcolor=PRUNED_GREY,
+                )
 
 
 def _clock_legend(program: Program, colours: Mapping[str, str]) -> str:
@@ -283,7 +358,7 @@ def _clock_legend(program: Program, colours: Mapping[str, str]) -> str:
     return html_table(rows, border=1, spacing=0, padding=3)
 
 
-def _graph_legend() -> str:
+def _graph_legend(pruned: bool) -> str:
     entries = [
         ("box table", "a stage: what it calls, its clock, its firings, the graphs captured for it"),
         ("blue-framed table", "the state only that stage touches, one row per region or family"),
@@ -293,6 +368,10 @@ def _graph_legend() -> str:
         ("black arrow", "write, +units appended per firing"),
         ("blue two-way arrow", "update (read-modify-write), +units per firing"),
     ]
+    if pruned:
+        entries.append(
+            ("grey dashed box", "a pruned stage: no output sees its work; it never runs, its state has no bytes")
+        )
     rows = ['<TR><TD ALIGN="LEFT" COLSPAN="2"><B>Legend</B></TD></TR>'] + [
         f'<TR><TD ALIGN="LEFT">{escape(shape)}</TD><TD ALIGN="LEFT">{escape(text)}</TD></TR>' for shape, text in entries
     ]

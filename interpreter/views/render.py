@@ -33,13 +33,15 @@ def render_file(
     ticks: int | None = None,
     fmt: str | None = None,
     max_graphs: int | None = None,
+    prune: bool = True,
 ) -> bytes:
-    """Plan `path` with `params`, render `view`, write it to `output` (if given) and return the bytes.
+    """Plan `path` with `params` (`prune`: leave out the stages no output sees), render `view`, write it to
+    `output` (if given) and return the bytes.
 
     Raises ClockError for a bad program and RenderError when the file cannot be written.
     """
     chosen = output_format(output, fmt)
-    plan = make_plan(load_program(path, params), max_graphs=max_graphs)
+    plan = make_plan(load_program(path, params), max_graphs=max_graphs, prune=prune)
     data = to_bytes(render_plan(plan, view, ticks), chosen)
     if output is not None:
         write_output(data, output)

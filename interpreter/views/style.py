@@ -58,6 +58,7 @@ SEPARATOR = "#3c3c3c"
 GRID = "#c8c8c8"
 IDLE_TEXT = "#8a8a8a"
 TRIM_BORDER = "#b35806"
+LOSS_TEXT = "#c0392b"  # units an output loses at a boundary between two firings
 
 
 # --- colours --------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ steady period.
 One column per instant, or per run of alike instants (`COLSPAN` for the phase bands); one lane per
 stage, each firing coloured by the CUDA graph it replays; one lane per region (family members that
 behave alike share a lane) with its length or ring fill after the instant, a bar for fill / capacity,
-and a mark where the end-of-instant trim cuts it back. `build_timeline` computes what is drawn (tested
-on its own); `render_timeline` draws it.
+a mark where the end-of-instant trim cuts it back, and on an output the units it loses at the boundary
+before a firing (`loses L`, from the plan's sample accounting). `build_timeline` computes what is drawn
+(tested on its own); `render_timeline` draws it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from duplexcadence.interpreter.views.style import (
     FIXED_COLOUR,
     GRID,
     IDLE_TEXT,
+    LOSS_TEXT,
     SEPARATOR,
     TRIM_BORDER,
     bar,
@@ -49,6 +51,8 @@ NON_PERIODIC_HYPERPERIODS = 3  # without a steady state the timeline shows this 
 FIXED_LANE = "fixed-size state"  # the one lane all regions without a time axis share
 WARMUP_BAND, STEADY_BAND, REPEAT_BAND, GROWING_BAND = "#fde2c4", "#d4ecd1", "#e6e6e6", "#f6d0d0"
 EMPTY_STAGE = "#f4f4f4"
+PRUNED_STAGE = "#fafafa"
+PRUNED_WIDTH = 40  # characters per line of a pruned stage's reason in its lane's label
 
 
 # --- what the timeline shows: per-instant lanes ---------------------------------------------------
@@ -75,6 +79,7 @@ class RegionCell:
     history: `before` units at the start of the instant, `peak` after the appends, `after` once
     trimmed), `scratch` (`peak` units live within the instant), `fixed` (no time axis).
     `touched`: a stage of the instant appends to / updates it (a read alone does not count).
+    `dropped`: on an output, the units lost at the boundary before this instant's firing.
     """
 
     kind: str
@@ -86,6 +91,7 @@ class RegionCell:
     double_buffer: bool = False
     module_sized: bool = False
     read: bool = False
+    dropped: int = 0
 
     @property
     def trimmed(self) -> bool:
@@ -102,6 +108,7 @@ class RegionCell:
             self.read,
             self.size,
             self.peak - self.before,
+            self.dropped,
         )
 
     def numbers(self) -> tuple[int, int, int]:
@@ -188,7 +195,13 @@ def _region_cells(plan: Plan, traced: int) -> dict[str, list[RegionCell]]:
     }
     fill = {name: 0 for name, r in program.regions.items() if not r.fixed and r.retention.kind == "ring"}
     cells: dict[str, list[RegionCell]] = {name: [] for name in program.regions}
-    for firings in by_instant:
+    dropped = {
+        (name, tick.instant): tick.dropped
+        for name, output in plan.samples.outputs.items()
+        for tick in output.ticks
+        if tick.dropped
+    }
+    for instant, firings in enumerate(by_instant):
         views: dict[str, list] = {}
         for firing in firings:
             for view in firing.views:
@@ -225,6 +238,7 @@ def _region_cells(plan: Plan, traced: int) -> dict[str, list[RegionCell]]:
                         module_sized=module_sized,
                         double_buffer=double,
                         read=read,
+                        dropped=dropped.get((name, instant), 0),
                     )
                 )
             else:
@@ -476,6 +490,8 @@ def _region_td(plan: Plan, lane: Lane, column: Column, colour: str) -> str:
     extra = ""
     if last.double_buffer:
         extra = "<BR/>" + small("⇆ double buffer")
+    if last.dropped:
+        extra += "<BR/>" + small(escape(f"✕ {last.dropped} lost at the boundary"), LOSS_TEXT)
     body = escape(text) + extra
     if muted:
         body = f'<FONT COLOR="{IDLE_TEXT}">{body}</FONT>'
@@ -529,6 +545,17 @@ def _group_names(program: Program, names: Sequence[str]) -> str:
             parts.append(name)
             seen.add(name)
     return ", ".join(parts)
+
+
+def _pruned_stage_label(plan: Plan, stage: str, reason: str) -> str:
+    info = plan.pruning.source.stages[stage]
+    target = f"{info.callable_kind} {info.target or '(root)'}"
+    lines = [f"<I>{escape(stage)}</I>", escape(target), wrap(f"pruned: {reason}", PRUNED_WIDTH)]
+    return f'<FONT COLOR="{IDLE_TEXT}">' + "<BR/>".join(lines) + "</FONT>"
+
+
+def _pruned_td(columns: Sequence[Column]) -> str:
+    return td("", BGCOLOR=PRUNED_STAGE, BORDER=1, COLOR=IDLE_TEXT, STYLE="dashed", COLSPAN=len(columns))
 
 
 def _stage_label(plan: Plan, stage: str) -> str:
@@ -728,6 +755,8 @@ def render_timeline(plan: Plan, options: ViewOptions = DEFAULT_OPTIONS) -> graph
     for stage in plan.clocks.stage_order:
         cells = timeline.stage_cells[stage]
         rows.append(row(_stage_label(plan, stage), lambda g, cells=cells: [_stage_td(plan, c, cells) for c in g]))
+    for pruned in plan.pruning.stages:
+        rows.append(row(_pruned_stage_label(plan, pruned.name, pruned.reason), lambda g: [_pruned_td(g)]))
     rows.append(
         row(
             f"<B>REGIONS</B> {small('length or fill after the ' + escape(word) + '; bar = share of capacity')}",
@@ -772,6 +801,17 @@ def _timeline_legend(plan: Plan, timeline: Timeline, word: str) -> str:
     samples = [
         (_eager_td("<I>eager</I>"), "a firing that runs eagerly (no graph: over the budget or outside the plan)"),
         (td("", BGCOLOR=EMPTY_STAGE, BORDER=1, COLOR=GRID), f"the stage does not fire at this {word}"),
+        *(
+            [
+                (
+                    td("", BGCOLOR=PRUNED_STAGE, BORDER=1, COLOR=IDLE_TEXT, STYLE="dashed"),
+                    "a pruned stage: no output sees its work, so it never fires and its state has no bytes "
+                    "(dsl plan says why; --no-prune runs it)",
+                )
+            ]
+            if plan.pruning.stages
+            else []
+        ),
         (
             td(escape("8 +2 → 10"), BGCOLOR=bar(lighten(CLOCK_PALETTE[0], 0.55), 0.4), BORDER=1, COLOR=GRID),
             "a kept history: units before, appended, after; the bar is the share of the region's capacity",
@@ -800,6 +840,17 @@ def _timeline_legend(plan: Plan, timeline: Timeline, word: str) -> str:
         ),
         (td("", BGCOLOR=SEPARATOR, WIDTH=3), "phase boundary: warm-up | steady period | repeats"),
     ]
+    losses = [o for o in plan.samples.outputs.values() if o.dropped]
+    if losses:
+        lost = losses[0]
+        samples.append(
+            (
+                td(small(escape(f"✕ {lost.loss} lost at the boundary"), LOSS_TEXT), BORDER=1, COLOR=GRID),
+                f"an output's units lost at the boundary before the firing (`loses {lost.loss}`): the stream is "
+                f"{plural(lost.dropped, lost.clock)} short of one offline call over {seconds(plan.samples.seconds)} "
+                "(dsl plan, Samples)",
+            )
+        )
     for swatch, text in samples:
         rows.append("<TR>" + swatch + td(wrap(text, LEGEND_WIDTH), ALIGN="LEFT", BALIGN="LEFT", COLSPAN=3) + "</TR>")
     return html_table(rows, spacing=2, padding=3)

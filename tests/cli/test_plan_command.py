@@ -1,6 +1,7 @@
 """`dsl plan` as a user reads it: condensed by default (the members of a family alike in one row
 `kv[0..7] ×8`, one line per graph, firings as ranges, no line past the tables' width) and `--verbose`
-with every member and the views of every graph."""
+with every member, the views of every graph and the units of every firing; `--seconds` sets the
+session the samples are counted over."""
 
 from __future__ import annotations
 
@@ -66,7 +67,6 @@ def test_one_line_per_graph_and_firings_as_ranges(capsys) -> None:
         "      2  seanet       steady   yes       0..149",
     ]
     assert capture[6] == "  3 of 3 graphs captured (no budget); eager firings in warm-up + one period: 0"
-    assert capture[-1] == "  dsl plan --verbose: every family member and the views each graph is captured for"
     assert not any("views of each graph" in line for line in capture)
 
 
@@ -88,7 +88,8 @@ def test_counts_of_one_are_singular(capsys, tmp_path) -> None:
     assert "hyperperiod 1 s = 1 instant\n" in text
     assert "steady period: 1 instant (1 s), repeated forever" in text
     assert "2 of 2 graphs captured" in text  # the warm-up's firing sees an empty `x`
-    assert " instants" not in text.replace("(dataflow order within an instant)", "")
+    before_samples = text[: text.index("Samples over")]
+    assert " instants" not in before_samples.replace("(dataflow order within an instant)", "")
 
 
 def test_the_helpers_name_families_and_ranges() -> None:
@@ -109,3 +110,37 @@ def test_the_text_is_a_pure_function_of_the_plan() -> None:
     plan = plan_file(MIMI)
     assert format_plan(plan) == format_plan(plan_file(MIMI))
     assert format_plan(plan, color=True).replace("\x1b[1m", "").replace("\x1b[0m", "") == format_plan(plan)
+
+
+def test_the_samples_close_the_plan_and_seconds_sets_the_session(capsys) -> None:
+    text = plan_text(capsys, "models.qwen3_omni_code2wav", "--seconds", "3")
+    samples = section(text, "Samples over")
+    assert samples == [
+        "Samples over 3 s (3 instants; units of each output's clock)",
+        "  output  clock   input           firings  emitted  flushed  dropped  total  offline  short",
+        "  ------  ------  --------------  -------  -------  -------  -------  -----  -------  -----",
+        "  wav     sample  37 codes x1920        3    69375        0     1110  69375    70485   1110",
+        "  wav: 555 samples (23.1 ms at 24 kHz) lost at each of 2 boundaries, 1110 samples (46.2 ms) in all",
+        "      (boundary-loss)",
+        "  wav: one offline call loses 555 samples too: 37 codes x 1920 - 555 = 70485",
+        "  dsl plan --verbose: every family member, the views of every graph, the units of every firing",
+    ]
+    assert text.endswith(samples[-1] + "\n")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "says"),
+    [
+        ("0", "argument --seconds: must be a positive number of seconds (60, 2.5), not '0'"),
+        ("1e3", "argument --seconds: must be a positive number of seconds (60, 2.5), not '1e3'"),
+        ("900000", "a session of 900000 s has 11250000 instants; the sample accounting sums at most 10000000"),
+    ],
+)
+def test_a_session_the_accounting_refuses_is_a_usage_error(capsys, seconds: str, says: str) -> None:
+    try:
+        code = cli.main(["plan", str(MIMI), "--seconds", seconds])
+    except SystemExit as exited:  # argparse refuses the value itself
+        code = exited.code
+    assert code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and f"dsl plan: error: {says}" in err

@@ -179,6 +179,10 @@ def assert_plan_consistent(data: dict) -> None:
             disjoint = a["offset"] + a["bytes"] <= b["offset"] or b["offset"] + b["bytes"] <= a["offset"]
             assert not together or disjoint, (a, b)
 
+    pruning = data["pruning"]
+    assert not {s["stage"] for s in pruning["stages"]} & set(order), "a pruned stage planned"
+    assert not {r["region"] for r in pruning["regions"]} & set(regions), "a pruned region planned"
+
     capture = data["capture"]
     graphs = {g["key"]: g for g in capture["graphs"]}
     assert sorted(graphs) == list(range(len(capture["graphs"])))
@@ -192,6 +196,16 @@ def assert_plan_consistent(data: dict) -> None:
     assert capture["eager_firings"] == sum(key is None for _, _, key in replays)
     if capture["max_graphs"] is not None:
         assert sum(g["captured"] for g in graphs.values()) <= capture["max_graphs"]
+
+    samples = data["samples"]
+    assert set(samples["outputs"]) | set(samples["skipped"]) <= set(regions)
+    for name, output in samples["outputs"].items():
+        assert output["total"] == output["emitted"] + output["flushed"], name
+        assert output["boundaries"] == max(output["firings"] - 1, 0) and output["dropped"] == (
+            output["loss_per_firing"] * output["boundaries"]
+        ), name
+        assert output["short"] == output["offline"] - output["total"], name
+        assert output["unaccounted"] == output["short"] - output["dropped"], name
 
 
 def write_mutant(folder: Path, text: str) -> Path:

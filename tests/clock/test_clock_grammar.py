@@ -96,6 +96,7 @@ def test_every_construct_parses_to_its_node() -> None:
             update kv[3] +2
             write b +1 latency 1
             write c +2 latency 1 dropped
+            write d loses 3 intended
             rng
         }
     """)
@@ -121,6 +122,7 @@ def test_every_construct_parses_to_its_node() -> None:
     assert (stage.items[6].advance, stage.items[6].latency) == (ast.Number(1), ast.Number(1))
     assert not stage.items[6].latency_dropped
     assert (stage.items[7].latency, stage.items[7].latency_dropped) == (ast.Number(1), True)
+    assert (stage.items[7].loss, stage.items[8].loss, stage.items[8].loss_intended) == (None, ast.Number(3), True)
 
 
 def test_spans_are_kept_out_of_equality() -> None:

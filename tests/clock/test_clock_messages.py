@@ -295,3 +295,51 @@ def test_override_of_the_wrong_kind_names_the_kind_and_the_default() -> None:
         "--param ratios=[8, 1 s]: 'ratios' is a list, default [8, 6, 5, 4] "
         "(item 1 is a duration (s), the default's items are an integer)"
     )
+
+
+# --- chunk boundaries --------------------------------------------------------------------------------
+
+CHUNKED = """\
+use std.audio (sample, mimi_frame)
+cadence 1 s
+clock code = mimi_frame
+clock tick = 1 Hz
+region codes : i64[1, 16, time] on code input retain last 25
+region wav : f32[1, 1, time] on sample output
+stage decode on tick {
+    hook chunk
+    read codes new + 25
+    write wav WRITE
+}
+"""
+
+
+def test_a_loss_at_every_boundary_gives_the_units_the_time_and_the_session_count() -> None:
+    assert full(CHUNKED.replace("WRITE", "loses 555")) == textwrap.dedent("""\
+        warning[boundary-loss]: region 'wav' loses 555 samples, 23.1 ms at 24 kHz, at each of 59 boundaries in 60 s: 32745 samples (1.36 s) fewer than one offline call over the same input
+          --> prog.clock:10:5
+           |
+        10 |     write wav loses 555
+           |     ^^^^^^^^^^^^^^^^^^^
+           = note: each firing's output is short by the loss, as one call of the model is; one offline call loses it once, a stream of firings at every boundary (heard as a click, and the audio runs early)
+           = help: to keep them, carry what the last 555 samples of a firing wait for: hold them back (`latency 555`, released by the end of the stream) and keep the state, or a context that covers the receptive field, so that the next firing completes them
+           = help: if the clock reproduces a stock loop that loses them, say so: `loses 555 intended`""")
+
+
+def test_an_intended_loss_is_not_reported_and_the_count_follows_the_stage_clock() -> None:
+    assert diagnose(CHUNKED.replace("WRITE", "loses 555 intended")) == []
+    per_code = CHUNKED.replace("on tick {", "on code {").replace("new + 25", "new").replace("WRITE", "+1920 loses 3")
+    assert only(per_code).message == (
+        "region 'wav' loses 3 samples, 0.125 ms at 24 kHz, at each of 749 boundaries in 60 s: "
+        "2247 samples (93.6 ms) fewer than one offline call over the same input"
+    )
+
+
+def test_a_loss_must_fit_the_advance_and_belong_to_an_output() -> None:
+    per_code = CHUNKED.replace("on tick {", "on code {").replace("new + 25", "new")
+    assert only(per_code.replace("WRITE", "+1920 latency 1800 loses 555")).message == (
+        "stage 'decode' writes region 'wav' with a loss of 555 units, more than its advance of 1920 "
+        "less its latency of 1800"
+    )
+    state = per_code.replace("on sample output", "on sample retain last 4").replace("WRITE", "+1920 loses 1")
+    assert only(state).message == "stage 'decode' writes region 'wav' with `loses`, but 'wav' is not an output"

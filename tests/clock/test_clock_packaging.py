@@ -131,7 +131,7 @@ def test_the_installed_model_packages_are_the_pinned_versions() -> None:
 
 def test_install_sh_installs_the_extras_then_the_pinned_packages_without_their_requirements() -> None:
     script = (REPO / "scripts" / "install.sh").read_text(encoding="utf-8")
-    extras = script.index('pip_install -e ".[test,moshi,qwen3omni,minicpmo45]"')
+    extras = script.index('pip_install -e ".[test,lsp,serve,moshi,qwen3omni,minicpmo45]"')
     pinned = script.index("pip_install --no-deps -r scripts/model-pins.txt")
     assert extras < pinned, "the --no-deps packages go last: a resolver run after them would report their pins"
 

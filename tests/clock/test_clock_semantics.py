@@ -154,3 +154,5 @@ def test_the_stdlib_tails_load() -> None:
     assert step.stages["hift_back"].accesses[-1].latency == 3840 and step.stages["hift_front"].rng
     qwen = load_program(stdlib_root() / "models" / "qwen3_omni_code2wav.clock")
     assert qwen.regions["codes"].retention.describe() == "last 25"
+    write = qwen.stages["decode"].accesses[-1]
+    assert (write.region, write.advance, write.loss, write.loss_intended) == ("wav", None, 555, False)

@@ -2,9 +2,11 @@
 
 CPU, released size, B=1, no reduced config: 130 ticks (the 250-step KV rings are full from tick 124
 and wrap at 125, where PersonaPlex's old ring labelling starts to differ from moshi 0.2.13), both
-Mimi instances every tick: stock = two `PersonaPlexMimiDecoder`s, DuplexCadence = two sessions of one
-runtime over one model. Every frame of both instances is compared with `torch.equal`.
-GPU tests (marked `gpu`) add graph capture for every stage and the stock transformer graphs.
+Mimi instances every tick: stock = two `PersonaPlexMimiDecoder`s; DuplexCadence = the clock as the
+server runs it, `other_mimi` pruned (`PersonaPlexServerTail`: one session, its main PCM), and the two
+instances as two sessions of one runtime over one model (`PersonaPlexCadenceTail`: both PCMs). Every
+frame is compared with `torch.equal`. GPU tests (marked `gpu`) add graph capture for every stage and the
+stock transformer graphs.
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("moshi")
 
 from duplexcadence.examples.moshi import model as mimi_model  # noqa: E402
-from duplexcadence.examples.personaplex.cadence import PersonaPlexCadenceTail, load_runtime  # noqa: E402
+from duplexcadence.examples.personaplex.cadence import (  # noqa: E402
+    PersonaPlexCadenceTail,
+    PersonaPlexServerTail,
+    load_runtime,
+)
 from duplexcadence.examples.personaplex.stock import PersonaPlexTail  # noqa: E402
 
 pytestmark = pytest.mark.models
@@ -41,10 +47,12 @@ class Runs:
     region_pointers_after_reset: dict[str, dict[str, int]]
     pcm_std: float
     tail: PersonaPlexCadenceTail
+    server_mismatches: list[int]
+    server: PersonaPlexServerTail
 
 
 def _pointers(tail: PersonaPlexCadenceTail) -> dict[str, int | None]:
-    decoder = tail.runtime.model.decoder
+    decoder = tail.runtime.model.mimi.decoder
     return {name: None if tensor is None else tensor.data_ptr() for name, tensor in decoder.state_tensors().items()}
 
 
@@ -54,8 +62,10 @@ def runs() -> Runs:
     codes = mimi_model.random_codes(1, FRAMES, seed=7)
     stock = PersonaPlexTail(mimi)
     tail = PersonaPlexCadenceTail(mimi)
+    server = PersonaPlexServerTail(mimi)
     sessions = {"main": tail.main, "other": tail.other}
     mismatches: list[tuple[int, str]] = []
+    server_mismatches: list[int] = []
     stock_first: list[torch.Tensor] = []
     pointers: dict[str, list] = {"main": [], "other": []}
     region_pointers: dict[str, list] = {"main": [], "other": []}
@@ -70,6 +80,9 @@ def runs() -> Runs:
                 region_pointers[name].append(session.data_ptrs())
                 if not torch.equal(actual, expected[name]):
                     mismatches.append((t, name))
+            main, nothing = server.step(frame)
+            if nothing is not None or not torch.equal(main, expected["main"]):
+                server_mismatches.append(t)
             if t < RESET_FRAMES:
                 stock_first.append(expected["main"].clone())
             squares += float(expected["main"].double().pow(2).sum())
@@ -80,6 +93,7 @@ def runs() -> Runs:
             if tensor is not None
         }
         tail.reset()
+        server.reset()
         after_reset = {name: session.data_ptrs() for name, session in sessions.items()}
         reset_mismatches = []
         reset_pointers = {}
@@ -89,6 +103,8 @@ def runs() -> Runs:
                 reset_pointers[name] = _pointers(tail)
                 if not torch.equal(actual, stock_first[t]):
                     reset_mismatches.append((t, name))
+            if not torch.equal(server.step(codes[:, :, t : t + 1])[0], stock_first[t]):
+                reset_mismatches.append((t, "server"))
     buffer = tail.runtime.arena.buffer
     arena = (buffer.data_ptr(), buffer.data_ptr() + buffer.numel())
     return Runs(
@@ -103,6 +119,8 @@ def runs() -> Runs:
         after_reset,
         (squares / count) ** 0.5,
         tail,
+        server_mismatches,
+        server,
     )
 
 
@@ -112,6 +130,19 @@ def test_both_instances_bit_identical_to_personaplex_stock_every_frame(runs: Run
     assert runs.pcm_std > 1e-3  # the codes decode to audio, not silence
     report = runs.tail.runtime.report()
     assert report.eager_off_plan == 0
+
+
+def test_pruned_server_tail_bit_identical_to_personaplex_stock_every_frame(runs: Runs) -> None:
+    """The clock as the server runs it, `other_mimi` pruned: one session's PCM is torch.equal to stock's
+    main PCM on all 130 ticks, and the pruned instance was never built, bound or called."""
+    assert runs.server_mismatches == []
+    runtime = runs.server.runtime
+    assert [s.name for s in runtime.plan.pruning.stages] == ["other_upsample", "other_transformer", "other_seanet"]
+    assert "other_mimi" not in vars(runtime.model)
+    assert set(runtime.callables) == {"audio_tokens", "mimi_upsample", "mimi_transformer", "mimi_seanet"}
+    assert len(runtime.attributes) == DECLARED_STATE_TENSORS
+    report = runtime.report()
+    assert report.eager_off_plan == 0 and report.session_bytes == 8_251_392
 
 
 def test_every_state_tensor_lives_in_its_session_slot(runs: Runs) -> None:
@@ -155,20 +186,48 @@ def test_declared_stock_sizes_are_what_stock_keeps_alive(runs: Runs) -> None:
     regions = runtime.plan.schedule.regions
     checked = 0
     for name, region in runtime.program.regions.items():
-        if region.bind and region.bind.startswith("carries."):
-            assert regions[name].stock_bytes == runs.stock_carry_storage[region.bind[len("carries.") :]], name
+        if region.bind and region.bind.startswith("mimi.carries."):
+            assert regions[name].stock_bytes == runs.stock_carry_storage[region.bind[len("mimi.carries.") :]], name
             checked += 1
     assert checked == 11
 
 
 def test_load_runtime_serves_one_instance_per_session() -> None:
-    """Binding and planning only (no decode): one slot per instance, ring KV and `[1]` offsets."""
+    """Binding and planning only (no decode): `other_mimi` pruned, ring KV and `[1]` offsets."""
     runtime = load_runtime(mimi_model.build_mimi(seed=1234), sessions=1)
     program = runtime.program
     assert runtime.arena.sessions == 1
     assert program.regions["kv[0]"].retention.kind == "ring"
     assert tuple(program.regions["kv_end[0]"].shape) == (1,)
     assert len(runtime.attributes) == DECLARED_STATE_TENSORS
+    assert not any(name.startswith("other_") for name in program.regions)
+
+
+SERVER_FRAMES = 6
+
+
+def test_server_tail_without_pruning_decodes_with_both_instances() -> None:
+    """`prune=False`: both instances run each tick, `mimi` first; the main PCM is stock's, and `other_mimi`'s
+    state, the same weights decoding the same tokens, is bit for bit `mimi`'s."""
+    mimi = mimi_model.build_mimi(seed=1234)
+    codes = mimi_model.random_codes(1, SERVER_FRAMES, seed=7)
+    stock = PersonaPlexTail(mimi)
+    server = PersonaPlexServerTail(mimi, prune=False)
+    runtime = server.runtime
+    assert runtime.plan.pruning.stages == () and len(runtime.attributes) == 2 * DECLARED_STATE_TENSORS
+    assert runtime.plan.clocks.stage_order[1:4] == ("mimi_upsample", "mimi_transformer", "mimi_seanet")
+    session = server.session
+    state = ["upsample_partial", "conv_in", "up8", "res8", "up6", "res6", "up5", "res5", "up4", "res4", "conv_out"]
+    state += [f"{family}[{i}]" for family in ("kv", "kv_end", "rope_offset") for i in range(8)]
+    with torch.no_grad():
+        for t in range(SERVER_FRAMES):
+            frame = codes[:, :, t : t + 1]
+            main, _ = stock.step(frame)
+            assert torch.equal(server.step(frame)[0], main), t
+            for name in state:
+                assert torch.equal(session.region(f"other_{name}"), session.region(name)), (t, name)
+    assert float(session.region("other_kv[3]").abs().sum()) > 0
+    assert session.region("other_kv_end[0]").item() == 2 * SERVER_FRAMES
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -178,8 +237,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 @cuda
 @pytest.mark.parametrize("stock_graphs", [False, True], ids=["stock eager", "stock own transformer graphs"])
 def test_gpu_graphs_for_every_stage_bit_identical(stock_graphs: bool) -> None:
-    """Released size on CUDA, deterministic cuDNN: 5 graphs (first and steady firing of upsample and
-    SEANet, one transformer graph) captured per session slot, every firing replayed, both instances
+    """Released size on CUDA, deterministic cuDNN: 6 graphs (the tokens' copy, the first and steady
+    firing of upsample and SEANet, one transformer graph) captured per session slot, every firing replayed, both instances
     torch.equal to PersonaPlex stock for 130 ticks. Both sides share moshi's compile setting (the
     rope is compiled on both unless NO_TORCH_COMPILE is set)."""
     from duplexcadence.interpreter.runtime.verify import deterministic_cudnn
@@ -190,14 +249,38 @@ def test_gpu_graphs_for_every_stage_bit_identical(stock_graphs: bool) -> None:
         stock = PersonaPlexTail(mimi, graph_transformers=stock_graphs)
         tail = PersonaPlexCadenceTail(mimi, device="cuda")
         report = tail.runtime.report()
-        # the 5 stage graphs of the plan are captured, fused into one graph per distinct tick (first, steady)
+        # the 6 stage graphs of the plan are captured, fused into one graph per distinct tick (first, steady)
         distinct_ticks = len({tuple(f.signature for f in t.firings) for t in tail.runtime.templates})
-        assert report.graphs_planned == 5 and report.stage_graphs_covered == 5
+        assert report.graphs_planned == 6 and report.stage_graphs_covered == 6
         assert report.graphs_captured == distinct_ticks == 2
         assert not report.blocked
         assert _mismatches(stock, tail, codes, FRAMES) == []
         report = tail.runtime.report()
-        assert report.replays == 3 * 2 * FRAMES and report.eager_planned == 0 and report.eager_off_plan == 0
+        assert report.replays == 4 * 2 * FRAMES and report.eager_planned == 0 and report.eager_off_plan == 0
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("prune", [True, False], ids=["pruned", "both instances"])
+def test_gpu_server_tail_bit_identical(prune: bool) -> None:
+    """The clock as the server runs it on CUDA with graphs: the main PCM torch.equal to stock's for 130
+    ticks; pruned, 6 graphs and 4 firings a tick, else 11 graphs and 7 firings."""
+    from duplexcadence.interpreter.runtime.verify import deterministic_cudnn
+
+    with deterministic_cudnn(), torch.no_grad():
+        mimi = mimi_model.build_mimi(seed=1234, device="cuda")
+        codes = mimi_model.random_codes(1, FRAMES, seed=7).cuda()
+        stock = PersonaPlexTail(mimi, graph_transformers=True)
+        server = PersonaPlexServerTail(mimi, device="cuda", prune=prune)
+        mismatches = [
+            t
+            for t in range(FRAMES)
+            if not torch.equal(server.step(codes[:, :, t : t + 1])[0], stock.step(codes[:, :, t : t + 1])[0])
+        ]
+        report = server.runtime.report()
+    assert mismatches == []
+    assert report.graphs_planned == (6 if prune else 11)
+    assert report.replays == (4 if prune else 7) * FRAMES and report.eager_off_plan == 0
 
 
 @pytest.mark.gpu
@@ -209,7 +292,14 @@ def test_gpu_bench_subject_runs_and_is_bit_identical() -> None:
 
     subj = subject(device="cuda", seconds=2, batch=1)
     results = bench.run(subj, int(subj.ticks_per_second * 2), progress=False)
-    assert [r.name for r in results] == ["stock eager", "personaplex stock", "duplexcadence", "duplexcadence, 2 lanes"]
+    assert [r.name for r in results] == [
+        "stock eager",
+        "personaplex stock",
+        "duplexcadence",
+        "duplexcadence, 2 lanes",
+        "duplexcadence, other_mimi pruned",
+        "duplexcadence, both instances in one session",
+    ]
     assert all(r.bit_identical for r in results), [(r.name, r.first_mismatch) for r in results]
 
 

@@ -54,6 +54,12 @@ def test_a_tail_s_callables_resolve_once_its_packages_are_installed(name):
         return
     for reference in (tail.build_model, tail.stock_loop, tail.load_runtime, tail.subject):
         assert callable(reference.resolve()), reference
+    if tail.offline is not None:  # the stock model's offline call, what a stream is compared with
+        assert callable(tail.offline.resolve()) and tail.offline.tail == name
+
+
+def test_every_released_tail_names_its_offline_call():
+    assert [name for name in NAMES if tails.get(name).offline is None] == ["toy"]
 
 
 def test_an_unknown_name_lists_the_registered_tails():

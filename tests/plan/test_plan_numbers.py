@@ -118,6 +118,21 @@ def test_graph_budget_keeps_steady_graphs_first():
     assert plan.capture.eager_firings == 2  # the two start-up chunks
 
 
+def test_qwen_code2wav_arena_is_what_stock_holds_while_it_cats():
+    """Stock's `StockSecondDecoder.step` holds the last window (its history is a view of it) and the new
+    `torch.cat` window at once: two [1, 16, 38] int64 tensors, 4864 B each, 5120 B as the CUDA caching
+    allocator rounds them (to 512 B). The arena holds the code window and the double buffer its trim
+    moves the kept codes through: the same two blocks. So the arena adds nothing over stock; a peak above
+    stock's comes from elsewhere (graph pools, cuBLAS workspaces)."""
+    plan = plan_file(STDLIB / "qwen3_omni_code2wav.clock")
+    window = 16 * 38 * 8
+    assert plan.schedule.regions["codes"].bytes == plan.schedule.regions["codes"].double_buffer_bytes == window
+    assert plan.schedule.regions["wav"].bytes == 0  # the module's output, handed back, not kept
+    block = -(-window // 512) * 512
+    assert plan.arena.session_bytes == plan.arena.scratch_bytes == block
+    assert plan.arena.total_bytes(1) == 2 * block == 10_240
+
+
 def test_qwen_code2wav_streaming_state_is_state_md():
     """The opt-in streaming clock: every region at the shape examples/qwen3omni/README.md lists, one firing per code."""
     plan = plan_file(STDLIB / "qwen3_omni_code2wav_streaming.clock")
@@ -160,3 +175,19 @@ def test_qwen_code2wav_streaming_batch_scales_state():
     plan = plan_file(STDLIB / "qwen3_omni_code2wav_streaming.clock", {"B": "8"})
     assert plan.schedule.regions["keys[0]"].shape == (8, 16, 71, 64)
     assert plan.schedule.regions["res_24khz[2]"].shape == (8, 96, 54)
+
+
+def test_a_first_firing_latency_is_warm_up_even_when_no_region_grows():
+    """`write pcm +4 latency 1` changes nothing but the first firing: the state repeats from instant 0
+    in lengths alone, yet instant 10 (one hyperperiod later) must not hold the latency back again."""
+    from duplexcadence.dsl.frontend import check_file
+    from duplexcadence.interpreter.plans.plan import make_plan
+
+    text = (
+        "cadence 1 s\nclock frame = 10 Hz\nclock sample = frame * 4\nregion codes : i64[1, time] on frame input\n"
+        "region pcm : f32[1, time] on sample output\nstage emit on frame { hook emit; read codes; write pcm +4 latency 1 }\n"
+    )
+    plan = make_plan(check_file("latency.clock", text=text).program)
+    assert (plan.trace.warmup_instants, plan.trace.period_instants) == (1, 10)
+    written = {f.instant: next(v.length for v in f.views if v.kind == "write") for f in plan.trace.firings}
+    assert [written[plan.trace.planned_index(i)] for i in range(12)] == [3] + [4] * 11

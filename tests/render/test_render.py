@@ -174,6 +174,18 @@ def test_qwen_timeline_marks_double_buffers(plans):
     assert [c.trimmed for c in codes.cells] == [False, False, True, True]
 
 
+def test_qwen_stock_timeline_marks_the_samples_lost_at_each_boundary(plans):
+    timeline = build_timeline(plans["qwen3_omni_code2wav"])
+    wav = next(lane for lane in timeline.lanes if lane.members == ("wav",))
+    assert [c.dropped for c in wav.cells] == [0, 555, 555, 555]
+    source = render_plan(plans["qwen3_omni_code2wav"], "timeline").source
+    assert source.count("✕ 555 lost at the boundary") == 4  # three ticks and the legend
+    assert "the stream is<BR/>32745 samples short of one offline call over 60 s" in source
+    streaming = build_timeline(plans["qwen3_omni_code2wav_streaming"])
+    assert not any(c.dropped for lane in streaming.lanes for c in lane.cells)
+    assert "lost at the boundary" not in render_plan(plans["qwen3_omni_code2wav_streaming"], "timeline").source
+
+
 def test_eager_firings_are_marked():
     plan = plan_file(STEP_AUDIO2, max_graphs=3)  # the three steady graphs are kept first
     timeline = build_timeline(plan)
@@ -211,6 +223,51 @@ def test_timeline_without_a_steady_state(tmp_path):
     assert {c.phase for c in timeline.columns} == {"growing"}
     assert len(timeline.columns) <= 5, "one graph per frame still collapses: g3..gN"
     assert "NO STEADY STATE" in render_plan(plan, "timeline").source
+
+
+PRUNED_CLOCK = """
+cadence 1 s
+clock frame = 10 Hz
+region x : f32[1, time] on frame input
+region h : f32[1, time] on frame retain scratch
+region y : f32[1, time] on frame output
+region carry : f32[1, time] on frame retain last 2 start zeros
+region mid : f32[1, time] on frame retain scratch
+region dead : f32[1, time] on frame retain scratch
+stage main on frame { hook main; read x new; write y +1; write h +1 }
+stage side on frame { hook side; read h; update carry +1; write mid +1 }
+stage sink on frame { hook sink; read mid; write dead +1 }
+"""
+
+
+@pytest.mark.parametrize("prune", [True, False])
+def test_pruned_stages_are_drawn_greyed_with_why(tmp_path, prune):
+    path = tmp_path / "side.clock"
+    path.write_text(PRUNED_CLOCK)
+    plan = plan_file(path, prune=prune)
+    timeline = render_plan(plan, "timeline").source
+    graph = render_plan(plan, "graph").source
+    side = "pruned: no output, and only unobserved stage 'sink' reads what it writes"
+    sink = "pruned: no output, and no other stage reads what it writes"
+    if not prune:
+        assert "pruned" not in timeline + graph
+        assert "stage_side" in graph and "stage_sink" in graph
+        return
+    assert set(build_timeline(plan).stage_cells) == {"main"}
+    for text in (side, sink):
+        assert escape_text(text) in timeline.replace("<BR/>", " "), text
+        assert escape_text(text) in graph.replace("<BR/>", " "), text
+    assert "a pruned stage: no output sees its work" in timeline
+    assert timeline.count('BGCOLOR="#fafafa" BORDER="1" COLOR="#8a8a8a" STYLE="dashed"') == 3  # two lanes, one legend
+    assert "left out: carry" in graph and "left out: dead" in graph
+    edges = [line.strip() for line in graph.splitlines() if " -> " in line and "invis" not in line]
+    assert any(edge.startswith("region_h -> pruned_side") and "dashed" in edge for edge in edges)
+    assert any(edge.startswith("pruned_side -> pruned_sink") and "label=mid" in edge for edge in edges)
+    assert "stage_side" not in graph and "region_carry" not in graph
+
+
+def escape_text(text: str) -> str:
+    return text.replace("'", "&#x27;")
 
 
 # --- the other views ----------------------------------------------------------------------------

@@ -78,6 +78,14 @@ def test_the_entry_has_the_summary_fields_measured_against_the_named_stock():
         "graphs": 1,
         "stage_graphs": 3,
     }
+    assert entry["cadence_over_stock_eager_bytes"] is None  # 500 is under stock eager's 900
+
+
+def test_a_cadence_peak_over_stock_eagers_is_kept_in_the_entry():
+    over = {"variant": "duplexcadence", "peak_bytes": 950, "stock_variant": "stock eager", "stock_peak_bytes": 900}
+    payload = {**PAYLOAD, "memory_over_stock": [{**over, "over_bytes": 50}]}
+    entry = bench_summary.summarize(payload, "stock graphs", "duplexcadence", "dsl bench toy")
+    assert entry["cadence_over_stock_eager_bytes"] == 50
 
 
 def test_an_unknown_variant_is_named_with_the_ones_the_run_has():

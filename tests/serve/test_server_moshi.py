@@ -1,7 +1,8 @@
 """Moshi's Mimi decoder (released size, seeded weights) through the websocket server, a few frames each:
 sessions in lanes equal each session decoded alone by moshi's stock streaming decode; sessions in a lockstep
 group (one joining two frames late) equal moshi's own batched decode with the same rows and the row reset at
-the join (a row is not bit-equal to a batch-1 decode: docs/runtime.md)."""
+the join (a row is not bit-equal to a batch-1 decode: docs/runtime.md). On the CPU, and on CUDA where there
+is one (the copies to and from the device are batched there)."""
 
 from __future__ import annotations
 
@@ -22,23 +23,31 @@ from duplexcadence.interpreter.serve.tail import served_tail  # noqa: E402
 
 pytestmark = pytest.mark.models
 
-MOSHI = served_tail("moshi")
 MODEL = TickModel(0.001, 0.001)
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+    ),
+]
 
 
 def run(coroutine):
     return asyncio.run(asyncio.wait_for(coroutine, timeout=600))
 
 
-def test_sessions_in_lanes_equal_each_session_decoded_alone_by_moshi():
-    pool = SessionPool(MOSHI, PoolConfig(slots=2, lanes=2, tick_model=MODEL))
+@pytest.mark.parametrize("device", DEVICES)
+def test_sessions_in_lanes_equal_each_session_decoded_alone_by_moshi(device):
+    moshi = served_tail("moshi", device=device)
+    pool = SessionPool(moshi, PoolConfig(slots=2, lanes=2, tick_model=MODEL))
 
     async def scenario(url):
         clients = [await SessionClient.connect(url, seed=seed) for seed in (1, 2)]
         outputs = {1: [], 2: []}
         for tick in range(3):
             for client in clients:
-                await client.send(MOSHI.inputs(client.ready["seed"], tick))
+                await client.send(moshi.inputs(client.ready["seed"], tick))
             for client in clients:
                 outputs[client.ready["seed"]].append(await client.receive())
         for client in clients:
@@ -49,23 +58,26 @@ def test_sessions_in_lanes_equal_each_session_decoded_alone_by_moshi():
         outputs = run(scenario(server.ws_url()))
     for seed, frames in outputs.items():
         assert [tuple(frame["pcm"].shape) for frame in frames] == [(1, 1, 1920)] * 3
-        assert compare_with_stock(MOSHI, SessionLoad(seed, 3, (), (), 0, None, tuple(frames))) == (3, 0)
+        assert compare_with_stock(moshi, SessionLoad(seed, 3, (), (), 0, None, tuple(frames))) == (3, 0)
 
 
-def test_sessions_in_a_lockstep_group_equal_moshis_batched_decode_with_a_late_join():
+@pytest.mark.parametrize("device", DEVICES)
+def test_sessions_in_a_lockstep_group_equal_moshis_batched_decode_with_a_late_join(device):
     from duplexcadence.examples.moshi.model import build_mimi
     from duplexcadence.examples.moshi.stock import MoshiStockDecoder
+    from duplexcadence.interpreter.serve.tail import deterministic_cudnn
 
-    pool = SessionPool(MOSHI, PoolConfig(slots=1, lockstep=2, tick_model=MODEL))
+    moshi = served_tail("moshi", device=device)
+    pool = SessionPool(moshi, PoolConfig(slots=1, lockstep=2, tick_model=MODEL))
 
     async def scenario(url):
         first = await SessionClient.connect(url, seed=1)
-        alone = [await first.step(MOSHI.inputs(1, tick)) for tick in range(2)]
+        alone = [await first.step(moshi.inputs(1, tick)) for tick in range(2)]
         second = await SessionClient.connect(url, seed=2)
         together = []
         for tick in range(2):
-            await first.send(MOSHI.inputs(1, tick + 2))
-            await second.send(MOSHI.inputs(2, tick))
+            await first.send(moshi.inputs(1, tick + 2))
+            await second.send(moshi.inputs(2, tick))
             together.append((await first.receive(), await second.receive()))
         rows = (first.ready["row"], second.ready["row"])
         await first.close()
@@ -75,12 +87,43 @@ def test_sessions_in_a_lockstep_group_equal_moshis_batched_decode_with_a_late_jo
     with ServerThread(make_app(pool)) as server:
         alone, together, rows = run(scenario(server.ws_url()))
     assert rows == (0, 1)
-    stock = MoshiStockDecoder(build_mimi(seed=1234), 2, mode="eager_compiled_rope")
-    zeros = torch.zeros_like(MOSHI.inputs(1, 0)["codes"])
+    stock = MoshiStockDecoder(build_mimi(seed=1234, device=device), 2, mode="eager_compiled_rope")
+    zeros = torch.zeros_like(moshi.inputs(1, 0)["codes"])
+
+    def step(*codes):
+        with deterministic_cudnn(), torch.no_grad():
+            return stock.step(torch.cat(codes).to(device)).cpu()
+
     for tick, served in enumerate(alone):
-        expected = stock.step(torch.cat([MOSHI.inputs(1, tick)["codes"], zeros]))
+        expected = step(moshi.inputs(1, tick)["codes"], zeros)
         assert torch.equal(served["pcm"], expected[0:1])
-    stock.reset(torch.tensor([False, True]))  # the second session's row starts at its join
+    stock.reset(torch.tensor([False, True], device=device))  # the second session's row starts at its join
     for tick, (a, b) in enumerate(together):
-        expected = stock.step(torch.cat([MOSHI.inputs(1, tick + 2)["codes"], MOSHI.inputs(2, tick)["codes"]]))
+        expected = step(moshi.inputs(1, tick + 2)["codes"], moshi.inputs(2, tick)["codes"])
         assert torch.equal(a["pcm"], expected[0:1]) and torch.equal(b["pcm"], expected[1:2])
+
+
+def test_loadgen_verifies_lockstep_rows_against_their_groups_batched_decode():
+    """Three sessions in groups of 2 (one group full, one with an idle row), paced off, every output recorded:
+    each row equals moshi's batched decode of its group; the full group's rows checked against each other's
+    inputs do not."""
+    import attrs
+
+    from duplexcadence.interpreter.serve.loadgen import run_load, verify
+
+    moshi = served_tail("moshi")
+    pool = SessionPool(moshi, PoolConfig(slots=2, lockstep=2, tick_model=MODEL))
+    with ServerThread(make_app(pool)) as server:
+        report = run(run_load(server.ws_url(), 3, 3, moshi.inputs, paced=False, record=3, first_seed=5))
+    assert report.errors == {} and report.opened == 3
+    assert sorted((load.group, load.row) for load in report.per_session) == [(0, 0), (0, 1), (1, 0)]
+    checked = verify(moshi, report, lockstep_rows=2)
+    assert (checked.verified_sessions, checked.verified_ticks, checked.unequal_ticks) == (3, 9, 0)
+    assert checked.lines()[-1] == (
+        "verify: 9 ticks of 3 sessions compared with the batched stock of their lockstep groups, 0 not torch.equal"
+    )
+    full = [load for load in report.per_session if load.group == 0]
+    seeds = {full[0].seed: full[1].seed, full[1].seed: full[0].seed}
+    swapped = [attrs.evolve(load, seed=seeds.get(load.seed, load.seed)) for load in report.per_session]
+    wrong = verify(moshi, attrs.evolve(report, per_session=tuple(swapped)), lockstep_rows=2)
+    assert (wrong.verified_ticks, wrong.unequal_ticks) == (9, 6)  # the check can fail: each row is its own stream

@@ -37,6 +37,7 @@ def check_rates(program: Program) -> Iterator[Diagnostic]:
                 if access.advance is not None or access.window != "all":
                     yield messages.fixed_advance(stage.name, access.region, access.span)
                 continue
+            assert region.clock is not None, "a region with a time axis advances on a clock"
             region_clock = program.clocks[region.clock]
             per_firing = units_per_firing(program, stage, access.region)
             rates = (stage.name, stage.clock, _fmt(stage_clock.rate))
@@ -116,10 +117,10 @@ def check_accesses(program: Program) -> Iterator[Diagnostic]:
                     yield messages.window_on_ring(stage.name, access.region, window, access.span)
                 elif access.lookahead:
                     found = read_need(program, stage, access)
-                    window = found[0] if found is not None else region.retention.keeps
-                    if window is not None and access.lookahead > window:
+                    span_units = found[0] if found is not None else region.retention.keeps
+                    if span_units is not None and access.lookahead > span_units:
                         yield messages.lookahead_too_long(
-                            stage.name, access.region, access.lookahead, window, access.span
+                            stage.name, access.region, access.lookahead, span_units, access.span
                         )
                 continue
             if access.kind == "write" and access.loss:

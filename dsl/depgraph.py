@@ -15,8 +15,8 @@ import networkx as nx
 from duplexcadence.dsl.program import Program
 
 
-def build(program: Program) -> nx.DiGraph:
-    graph = nx.DiGraph()
+def build(program: Program) -> nx.DiGraph[tuple[str, str]]:
+    graph: nx.DiGraph[tuple[str, str]] = nx.DiGraph()
     for name in sorted(program.params):
         graph.add_node(("param", name), kind="param")
     for name, clock in sorted(program.clocks.items()):
@@ -44,7 +44,7 @@ def build(program: Program) -> nx.DiGraph:
     return graph
 
 
-def instant_graph(program: Program) -> nx.DiGraph:
+def instant_graph(program: Program) -> nx.DiGraph[str]:
     """Stages only: an edge A -> B when B reads (without `prev`) a region that A writes or updates.
 
     A topological order of this graph is the order of stages within one instant.
@@ -53,7 +53,7 @@ def instant_graph(program: Program) -> nx.DiGraph:
     for name, stage in program.stages.items():
         for access in stage.writes():
             writers.setdefault(access.region, []).append(name)
-    graph = nx.DiGraph()
+    graph: nx.DiGraph[str] = nx.DiGraph()
     graph.add_nodes_from(sorted(program.stages))
     for name, stage in sorted(program.stages.items()):
         for access in stage.accesses:

@@ -37,15 +37,27 @@ class Quantity:
     def is_list(self) -> bool:
         return isinstance(self.value, tuple)
 
+    @property
+    def fraction(self) -> Fraction:
+        """The exact value of a single quantity (callers have checked `is_list`)."""
+        assert isinstance(self.value, Fraction), "a list has no single value"
+        return self.value
+
+    @property
+    def items(self) -> tuple[Quantity, ...]:
+        """The quantities of a list (callers have checked `is_list`)."""
+        assert isinstance(self.value, tuple), "a single value has no items"
+        return self.value
+
     def describe(self) -> str:
-        if self.is_list:
+        if isinstance(self.value, tuple):
             return "[" + ", ".join(q.describe() for q in self.value) + "]"
         text = _fraction_text(self.value)
         return {PLAIN: text, SECONDS: f"{text} s", HERTZ: f"{text} Hz"}[self.unit]
 
     @property
     def kind(self) -> str:
-        if self.is_list:
+        if isinstance(self.value, tuple):
             return "a list"
         if self.unit != PLAIN:
             return _UNIT_NAMES[self.unit]
@@ -84,7 +96,7 @@ def evaluate(expr: syntax.Expr, lookup: Lookup) -> Quantity:
         return lookup(expr)
     if isinstance(expr, syntax.Neg):
         operand = _scalar(evaluate(expr.operand, lookup), expr.operand, "negate")
-        return Quantity(-operand.value, operand.unit)
+        return Quantity(-operand.fraction, operand.unit)
     if isinstance(expr, syntax.BinOp):
         return _binop(expr, lookup)
     if isinstance(expr, syntax.ListExpr):
@@ -97,7 +109,7 @@ def evaluate(expr: syntax.Expr, lookup: Lookup) -> Quantity:
 
 
 def _bounded(quantity: Quantity, expr: syntax.Expr) -> Quantity:
-    if quantity.is_list:
+    if isinstance(quantity.value, tuple):
         return quantity
     if abs(quantity.value) > MAX_MAGNITUDE:
         raise EvalError(
@@ -142,14 +154,14 @@ def _binop(expr: syntax.BinOp, lookup: Lookup) -> Quantity:
                     "both sides of + and - need the same unit",
                 )
             )
-        value = left.value + right.value if expr.op == "+" else left.value - right.value
+        value = left.fraction + right.fraction if expr.op == "+" else left.fraction - right.fraction
         return _bounded(Quantity(value, left.unit), expr)
     if expr.op == "*":
-        unit, value = left.unit + right.unit, left.value * right.value
+        unit, value = left.unit + right.unit, left.fraction * right.fraction
     else:
-        if right.value == 0:
+        if right.fraction == 0:
             raise EvalError(messages.bad_value("division by zero", expr.span, "the divisor must not be zero"))
-        unit, value = left.unit - right.unit, left.value / right.value
+        unit, value = left.unit - right.unit, left.fraction / right.fraction
     if unit not in _UNIT_NAMES:
         raise EvalError(
             messages.bad_value(
@@ -163,22 +175,23 @@ def _binop(expr: syntax.BinOp, lookup: Lookup) -> Quantity:
 
 def _index(expr: syntax.Index, lookup: Lookup) -> Quantity:
     target = evaluate(expr.target, lookup)
-    if not target.is_list:
+    if not isinstance(target.value, tuple):
         raise EvalError(
             messages.bad_value(
                 f"{target.describe()} is not a list and cannot be indexed", expr.span, "only list params can be indexed"
             )
         )
+    elements = target.value
     position = require_int(evaluate(expr.index, lookup), expr.index, "a list index")
-    if not 0 <= position < len(target.value):
+    if not 0 <= position < len(elements):
         raise EvalError(
             messages.bad_value(
-                f"index {position} is out of range for a list of {len(target.value)}",
+                f"index {position} is out of range for a list of {len(elements)}",
                 expr.index.span,
-                f"use an index from 0 to {len(target.value) - 1}",
+                f"use an index from 0 to {len(elements) - 1}",
             )
         )
-    return target.value[position]
+    return elements[position]
 
 
 def _call(expr: syntax.Call, lookup: Lookup) -> Quantity:
@@ -188,8 +201,8 @@ def _call(expr: syntax.Call, lookup: Lookup) -> Quantity:
     if expr.func == "len":
         if len(args) != 1 or not args[0].is_list:
             raise EvalError(messages.bad_value("len() takes one list", expr.span, "write len(ratios)"))
-        return Quantity(Fraction(len(args[0].value)))
-    items = args[0].value if len(args) == 1 and args[0].is_list else tuple(args)
+        return Quantity(Fraction(len(args[0].items)))
+    items = args[0].items if len(args) == 1 and args[0].is_list else tuple(args)
     if not items:
         raise EvalError(
             messages.bad_value(
@@ -207,20 +220,20 @@ def _call(expr: syntax.Call, lookup: Lookup) -> Quantity:
     if expr.func == "prod":
         value = Fraction(1)
         for q in items:
-            value = _bounded(Quantity(value * q.value), expr).value  # bounded at each step: no huge products
+            value = _bounded(Quantity(value * q.fraction), expr).fraction  # bounded at each step: no huge products
         if unit != PLAIN:
             raise EvalError(messages.bad_value("prod() takes plain numbers", expr.span, "drop the units"))
         return _bounded(Quantity(value), expr)
     if expr.func == "sum":
-        return _bounded(Quantity(sum((q.value for q in items), Fraction(0)), unit), expr)
+        return _bounded(Quantity(sum((q.fraction for q in items), Fraction(0)), unit), expr)
     pick = max if expr.func == "max" else min
-    return Quantity(pick(q.value for q in items), unit)
+    return Quantity(pick(q.fraction for q in items), unit)
 
 
 def require_int(q: Quantity, expr: syntax.Expr | None, what: str, minimum: int | None = None) -> int:
     """The integer value of a plain number, or a located bad-value error naming `what`."""
     span = expr.span if expr is not None else None
-    if q.is_list or q.unit != PLAIN or q.value.denominator != 1:
+    if isinstance(q.value, tuple) or q.unit != PLAIN or q.value.denominator != 1:
         raise EvalError(
             messages.bad_value(f"{what} must be an integer, not {q.describe()}", span, "write a whole number of units")
         )
@@ -234,7 +247,7 @@ def require_int(q: Quantity, expr: syntax.Expr | None, what: str, minimum: int |
 
 def count_of(q: Quantity, rate: Fraction, expr: syntax.Expr, what: str, minimum: int = 0) -> int:
     """A count of clock units from a plain integer or a duration converted with `rate` (Hz)."""
-    if not q.is_list and q.unit == SECONDS:
+    if isinstance(q.value, Fraction) and q.unit == SECONDS:
         units = q.value * rate
         if units.denominator != 1:
             raise EvalError(

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from fractions import Fraction
 from importlib import resources
 
 import lark
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
+from lark.tree import Meta
 
 from duplexcadence.dsl import messages, syntax
 from duplexcadence.dsl.diagnostics import ClockError, Diagnostic, Note
@@ -126,17 +128,22 @@ def scan_comments(source: SourceFile) -> list[syntax.Comment]:
     comments = []
     for number, line in enumerate(source.text.split("\n"), start=1):
         line = line.rstrip("\r")
-        in_string = False
-        for column, char in enumerate(line, start=1):
-            if char == '"':
-                in_string = not in_string
-            elif char == "#" and not in_string:
-                text = line[column - 1 :].rstrip()
-                comments.append(
-                    syntax.Comment(text, span=Span(source.path, number, column, number, column + len(text)))
-                )
-                break
+        column = _comment_column(line)
+        if column is not None:
+            text = line[column - 1 :].rstrip()
+            comments.append(syntax.Comment(text, span=Span(source.path, number, column, number, column + len(text))))
     return comments
+
+
+def _comment_column(line: str) -> int | None:
+    """The 1-based column where the line's `# ...` comment starts, or None."""
+    in_string = False
+    for column, char in enumerate(line, start=1):
+        if char == '"':
+            in_string = not in_string
+        elif char == "#" and not in_string:
+            return column
+    return None
 
 
 def _transform(source: SourceFile, tree: lark.Tree):
@@ -231,9 +238,8 @@ def _context(source: SourceFile, position: int) -> tuple[tuple[str, Span] | None
             last = token
             value = str(token)
             if value in STATEMENT_KEYWORDS:
-                words.append(
-                    (value, None, Span(source.path, token.line, token.column, token.line, token.column + len(value)))
-                )
+                start = _span_of_token(source.path, token)
+                words.append((value, None, Span.point(source.path, start.line, start.column, len(value))))
             elif token.type == "NAME" and words and words[-1][1] is None and words[-1][0] not in ("use", "cadence"):
                 words[-1] = (words[-1][0], value, words[-1][2])
             elif value == "{":
@@ -309,7 +315,7 @@ def _expected_words(expected: set[str]) -> list[str]:
 def syntax_diagnostic(source: SourceFile, error: UnexpectedInput) -> Diagnostic:
     """One located syntax diagnostic for a Lark error."""
     if isinstance(error, UnexpectedCharacters):
-        position = error.pos_in_stream
+        position: int = error.pos_in_stream  # type: ignore[assignment]  # Lark declares None; the lexer sets its offset
         char = source.text[position] if position < len(source.text) else "?"
         return messages.syntax_bad_character(char, Span.point(source.path, error.line, error.column))
     expected = _expected_terminals(error)
@@ -358,9 +364,9 @@ def _end_of_previous_token(source: SourceFile, position: int) -> Span:
     lines = before.split("\n")
     for number in range(len(lines), 0, -1):
         code = lines[number - 1]
-        comment = next((c for c in scan_comments(SourceFile(source.path, code))), None)
-        if comment is not None:
-            code = code[: comment.span.column - 1]
+        column = _comment_column(code)
+        if column is not None:
+            code = code[: column - 1]
         code = code.rstrip()
         if code:
             return Span.point(source.path, number, len(code) + 1)
@@ -368,6 +374,24 @@ def _end_of_previous_token(source: SourceFile, position: int) -> Span:
 
 
 # --- tree -> AST --------------------------------------------------------------------------------
+
+
+def _span_of_token(path: str, token: Token) -> Span:
+    """Where a lexed token is written (Lark types positions as optional for tokens made by hand; its
+    lexer sets them all)."""
+    assert token.line is not None and token.column is not None, f"token {token!r} has no position"
+    assert token.end_line is not None and token.end_column is not None, f"token {token!r} has no end"
+    return Span(path, token.line, token.column, token.end_line, token.end_column)
+
+
+def _binop_rule(op: str) -> Callable[[_ToAst, Meta, list[syntax.Expr]], syntax.BinOp]:
+    """The transformer method of the rule of a binary operator."""
+
+    def method(self: _ToAst, meta: Meta, children: list[syntax.Expr]) -> syntax.BinOp:
+        left, right = children
+        return syntax.BinOp(op, left, right, span=self._span(meta))
+
+    return method
 
 
 @v_args(meta=True)
@@ -384,7 +408,7 @@ class _ToAst(Transformer):
         return Span(self.path, meta.line, meta.column, meta.end_line, meta.end_column)
 
     def _token_span(self, token: Token) -> Span:
-        return Span(self.path, token.line, token.column, token.end_line, token.end_column)
+        return _span_of_token(self.path, token)
 
     def __default__(self, data, children, meta):
         raise AssertionError(f"grammar rule '{data}' has no AST constructor")
@@ -645,14 +669,7 @@ class _ToAst(Transformer):
     def name(self, meta, children):
         return syntax.Name(str(children[0]), span=self._span(meta))
 
-    def _binop(op):
-        def method(self, meta, children):
-            left, right = children
-            return syntax.BinOp(op, left, right, span=self._span(meta))
-
-        return method
-
-    add, sub, mul, div = _binop("+"), _binop("-"), _binop("*"), _binop("/")
+    add, sub, mul, div = _binop_rule("+"), _binop_rule("-"), _binop_rule("*"), _binop_rule("/")
 
     def neg(self, meta, children):
         return syntax.Neg(children[0], span=self._span(meta))

@@ -8,10 +8,12 @@ line inside the braces. Comments are kept where they were (see `module`); printi
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Protocol
 
 import attrs
 
 from duplexcadence.dsl import syntax
+from duplexcadence.dsl.source import Span
 
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 
@@ -230,12 +232,30 @@ class _Line:
         self.comments: list[str] = []
 
 
+class _Located(Protocol):
+    @property
+    def span(self) -> Span | None: ...
+
+
+def _span_of(node: _Located) -> Span:
+    """Where a node is written: the commented layout is only used for parsed modules (see `module`)."""
+    assert node.span is not None, f"{type(node).__name__} has no position"
+    return node.span
+
+
+@attrs.frozen
+class _PlacedComment:
+    text: str
+    span: Span
+
+
 class _CommentedPrinter:
     def __init__(self, node: syntax.Module):
         self.node = node
-        self.comments = sorted(node.comments, key=lambda c: (c.span.line, c.span.column))
+        placed = (_PlacedComment(c.text, _span_of(c)) for c in node.comments)
+        self.comments = sorted(placed, key=lambda c: (c.span.line, c.span.column))
 
-    def _own_line(self, comment: syntax.Comment) -> bool:
+    def _own_line(self, comment: _PlacedComment) -> bool:
         """Whether no code precedes the comment on its line."""
         first_code = self._source_columns.get(comment.span.line)
         return first_code is None or first_code > comment.span.column
@@ -248,20 +268,21 @@ class _CommentedPrinter:
         previous: syntax.Statement | None = None
         pending = [c for c in self.comments]
         for item in statements:
-            leading = [c for c in pending if c.span.line < item.span.line]
-            pending = [c for c in pending if c.span.line >= item.span.line]
-            group_start = leading[0].span.line if leading else item.span.line
+            item_span = _span_of(item)
+            leading = [c for c in pending if c.span.line < item_span.line]
+            pending = [c for c in pending if c.span.line >= item_span.line]
+            group_start = leading[0].span.line if leading else item_span.line
             if previous is not None and (group_start - last_end > 1 or _blank_between(previous, item)):
                 out.append(("", None))
             for position, comment in enumerate(leading):
                 out.append((comment.text, None))
-                following = leading[position + 1].span.line if position + 1 < len(leading) else item.span.line
+                following = leading[position + 1].span.line if position + 1 < len(leading) else item_span.line
                 if following - comment.span.line > 1:
                     out.append(("", None))
-            inner = [c for c in pending if c.span.line <= item.span.end_line]
-            pending = [c for c in pending if c.span.line > item.span.end_line]
+            inner = [c for c in pending if c.span.line <= item_span.end_line]
+            pending = [c for c in pending if c.span.line > item_span.end_line]
             out.extend(self._render(item, inner))
-            last_end = item.span.end_line
+            last_end = item_span.end_line
             previous = item
         if pending:
             if out and pending[0].span.line - last_end > 1:
@@ -292,28 +313,30 @@ class _CommentedPrinter:
         for item in self.node.statements:
             visit(item)
             if isinstance(item, syntax.Stage):  # the closing brace
-                columns.setdefault(item.span.end_line, item.span.end_column - 1)
+                item_span = _span_of(item)
+                columns.setdefault(item_span.end_line, item_span.end_column - 1)
         return columns
 
     def _lines_of(self, item: syntax.Statement) -> list[_Line]:
+        item_span = _span_of(item)
         if isinstance(item, syntax.Region):
             result = []
             for text, clause in _region_lines(item):
-                result.append(_Line(text, clause.span.line if clause is not None else item.span.line))
+                result.append(_Line(text, _span_of(clause).line if clause is not None else item_span.line))
             return result
         if isinstance(item, syntax.Stage):
-            result = [_Line(f"stage {item.name} on {item.clock} {{", item.span.line)]
-            result += [_Line("    " + _item(i), i.span.line) for i in item.items]
-            result.append(_Line("}", item.span.end_line))
+            result = [_Line(f"stage {item.name} on {item.clock} {{", item_span.line)]
+            result += [_Line("    " + _item(i), _span_of(i).line) for i in item.items]
+            result.append(_Line("}", item_span.end_line))
             return result
-        return [_Line(statement(item), item.span.line)]
+        return [_Line(statement(item), item_span.line)]
 
-    def _render(self, item: syntax.Statement, comments: list[syntax.Comment]) -> list[tuple[str, str | None]]:
+    def _render(self, item: syntax.Statement, comments: list[_PlacedComment]) -> list[tuple[str, str | None]]:
         lines = self._lines_of(item)
         before: dict[int, list[str]] = {}
         for comment in comments:
             line = comment.span.line
-            if self._own_line(comment) and line != item.span.line:
+            if self._own_line(comment) and line != _span_of(item).line:
                 target = next((i for i, candidate in enumerate(lines) if candidate.anchor > line), len(lines) - 1)
                 before.setdefault(target, []).append(comment.text)
                 continue
@@ -321,13 +344,13 @@ class _CommentedPrinter:
             target_line = exact[-1] if exact else [c for c in lines if c.anchor <= line][-1]
             target_line.comments.append(comment.text)
         out: list[tuple[str, str | None]] = []
-        for index, line in enumerate(lines):
-            indent = " " * (len(line.code) - len(line.code.lstrip(" ")))
+        for index, printed in enumerate(lines):
+            indent = " " * (len(printed.code) - len(printed.code.lstrip(" ")))
             if isinstance(item, syntax.Stage) and index == len(lines) - 1:
                 indent = "    "  # comments before the closing brace stay inside the stage
             for text in before.get(index, []):
                 out.append((indent + text, None))
-            out.append((line.code, " ".join(line.comments) if line.comments else None))
+            out.append((printed.code, " ".join(printed.comments) if printed.comments else None))
         return out
 
 
@@ -345,12 +368,12 @@ def _aligned(lines: list[tuple[str, str | None]]) -> list[str]:
             result.append(lines[index][0])
             index += 1
             continue
-        run_end = index
-        while run_end < len(lines) and lines[run_end][1] is not None:
-            run_end += 1
-        widths = [len(code) for code, _ in lines[index:run_end] if len(code) <= ALIGN_LIMIT]
+        run: list[tuple[str, str]] = []  # consecutive commented lines
+        while index < len(lines) and (comment := lines[index][1]) is not None:
+            run.append((lines[index][0], comment))
+            index += 1
+        widths = [len(code) for code, _ in run if len(code) <= ALIGN_LIMIT]
         column = max(widths, default=0) + 2
-        for code, comment in lines[index:run_end]:
+        for code, comment in run:
             result.append(code.ljust(column) + comment if len(code) + 2 <= column else f"{code}  {comment}")
-        index = run_end
     return result

@@ -89,6 +89,12 @@ class Retention:
         return f"{self.kind} {self.last}"
 
 
+def _sized(dim: int | None) -> int:
+    """A dimension other than the time axis: only the time axis is written None."""
+    assert dim is not None, "a dimension other than the time axis has no size"
+    return dim
+
+
 @attrs.frozen
 class RegionInfo:
     """One region (a family member counts as one region, named `kv[3]`).
@@ -126,7 +132,7 @@ class RegionInfo:
         count = 1
         for i, dim in enumerate(self.shape):
             if i != self.time_axis:
-                count *= dim
+                count *= _sized(dim)
         return count
 
     @property
@@ -134,7 +140,7 @@ class RegionInfo:
         return self.time_axis is None
 
     def shape_at(self, length: int) -> tuple[int, ...]:
-        return tuple(length if i == self.time_axis else d for i, d in enumerate(self.shape))
+        return tuple(length if i == self.time_axis else _sized(d) for i, d in enumerate(self.shape))
 
     @property
     def stock_bytes(self) -> int | None:

@@ -12,6 +12,7 @@ import itertools
 import re
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
+from typing import TypeVar
 
 import attrs
 
@@ -49,6 +50,13 @@ MAX_SUGGESTION_WORK = 200_000
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _PATH_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[0-9]+\])*$|^[0-9]+$")
+
+DeclaredNode = (
+    syntax.Cadence | syntax.Param | syntax.Clock | syntax.Region | syntax.Stage | syntax.Counter | syntax.Object
+)
+"""A statement that declares a name (every statement but `use`)."""
+
+_Node = TypeVar("_Node", bound=DeclaredNode)
 
 
 def path_problem(path: str) -> str | None:
@@ -89,14 +97,19 @@ def segment_span(path_span: Span | None, offset: int, segment: str) -> Span | No
 
 @attrs.frozen
 class Declaration:
-    kind: str  # param, clock, region, stage, cadence
+    kind: str  # param, clock, region, stage, cadence, counter, object: the node's class, lowercase
     name: str
-    node: object
+    node: DeclaredNode
     unit: str
+
+    def node_as(self, node_class: type[_Node]) -> _Node:
+        """The declared node, of the class that `kind` names."""
+        assert isinstance(self.node, node_class), f"a {self.kind} declares a {type(self.node).__name__}"
+        return self.node
 
     @property
     def span(self) -> Span | None:
-        return getattr(self.node, "span", None)
+        return self.node.span
 
     @property
     def name_span(self) -> Span | None:
@@ -287,7 +300,8 @@ class _Resolver:
     def _dependencies(self, declaration: Declaration) -> list[Declaration]:
         """The params and clocks `declaration`'s value names, in the order its evaluation meets them."""
         node = declaration.node
-        expr = node.default if declaration.kind == "param" else node.rate
+        assert isinstance(node, (syntax.Param, syntax.Clock)), "only params and clocks have values"
+        expr = node.default if isinstance(node, syntax.Param) else node.rate
         scope = self.scopes[declaration.unit]
         found = []
         for name in names_in_order(expr):
@@ -332,7 +346,7 @@ class _Resolver:
             stack.append(iter(self._dependencies(child)))
 
     def _param_value(self, declaration: Declaration) -> Quantity:
-        node: syntax.Param = declaration.node
+        node = declaration.node_as(syntax.Param)
         default = evaluate(node.default, self.lookup_value)
         visible = self.scopes[self.loaded.main].get(declaration.name)
         if declaration.name not in self.overrides or visible is None or visible.node is not node:
@@ -356,9 +370,9 @@ class _Resolver:
         return given
 
     def _clock_value(self, declaration: Declaration) -> Quantity:
-        node: syntax.Clock = declaration.node
+        node = declaration.node_as(syntax.Clock)
         rate = evaluate(node.rate, self.lookup_value)
-        if rate.is_list or rate.unit != HERTZ:
+        if isinstance(rate.value, tuple) or rate.unit != HERTZ:
             raise EvalError(messages.bad_rate(declaration.name, f"is {rate.describe()}, not a rate in Hz", node.span))
         if rate.value <= 0:
             raise EvalError(
@@ -415,7 +429,7 @@ class _Resolver:
                 self.bag.add(messages.too_many_stages(name, total, self.limits.stages, declaration.name_span))
                 break
             with self.in_scope_of(declaration):
-                stage = self._stage(declaration.node)
+                stage = self._stage(declaration.node_as(syntax.Stage))
             if stage is not None:
                 stages[name] = stage
         if stages and cadence is None and "cadence" not in self.decls:
@@ -423,9 +437,9 @@ class _Resolver:
             self.bag.add(messages.missing_cadence(first.name_span))
         params: dict[str, object] = {}
         for (unit, name), value in self.values.items():
-            declaration = self.scopes[unit].get(name)
-            if declaration is not None and declaration.kind == "param":
-                params[self.canonical(declaration)] = _python_value(value)
+            declared = self.scopes[unit].get(name)
+            if declared is not None and declared.kind == "param":
+                params[self.canonical(declared)] = _python_value(value)
         return Program(
             self.loaded.main,
             cadence or Fraction(1),
@@ -446,7 +460,7 @@ class _Resolver:
         key = id(declaration.node)
         if key not in self.resolved_clocks:
             try:
-                rate = self.value_of(declaration).value
+                rate = self.value_of(declaration).fraction  # a clock's value is a rate (`_clock_value`)
             except (_Skip, EvalError) as error:
                 if isinstance(error, EvalError):
                     self.bag.extend(error.diagnostics)
@@ -454,7 +468,10 @@ class _Resolver:
             else:
                 name = self.canonical(declaration)
                 info = ClockInfo(
-                    name, rate, self.canonical_uses(declaration, declaration.node.rate), span=declaration.span
+                    name,
+                    rate,
+                    self.canonical_uses(declaration, declaration.node_as(syntax.Clock).rate),
+                    span=declaration.span,
                 )
                 self.clocks[name] = info
                 self.resolved_clocks[key] = info
@@ -469,7 +486,7 @@ class _Resolver:
                 members = self._region(declaration)
             self.resolved_regions[key] = members
             if members is not None:
-                if declaration.node.family is not None:
+                if declaration.node_as(syntax.Region).family is not None:
                     self.families[self.canonical(declaration)] = tuple(m.name for m in members)
                 for member in members:
                     self.regions[member.name] = member
@@ -479,7 +496,7 @@ class _Resolver:
         declaration = self.decls.get("cadence")
         if declaration is None or declaration.kind != "cadence":
             return None, None
-        node: syntax.Cadence = declaration.node
+        node = declaration.node_as(syntax.Cadence)
         try:
             with self.in_scope_of(declaration):
                 period = self.evaluate_in(node.period)
@@ -488,7 +505,7 @@ class _Resolver:
             return None, node.span
         except _Skip:
             return None, node.span
-        if period.is_list or period.unit != SECONDS:
+        if isinstance(period.value, tuple) or period.unit != SECONDS:
             self.bag.add(messages.bad_cadence(f"is {period.describe()}, not a duration", node.span))
             return None, node.span
         if period.value <= 0:
@@ -497,7 +514,7 @@ class _Resolver:
         return period.value, node.span
 
     def _region(self, declaration: Declaration) -> list[RegionInfo] | None:
-        node: syntax.Region = declaration.node
+        node = declaration.node_as(syntax.Region)
         ok = True
         for kind, label in (
             (syntax.OnClause, "on"),
@@ -562,12 +579,17 @@ class _Resolver:
                 )
                 ok = False
             try:
-                count = self.evaluate_in(node.family.count)
-                if count.is_list or count.unit != PLAIN or count.value.denominator != 1 or count.value < 1:
-                    self.bag.add(messages.bad_family(node.name, count.describe(), node.family.count.span))
+                members_value = self.evaluate_in(node.family.count)
+                if (
+                    isinstance(members_value.value, tuple)
+                    or members_value.unit != PLAIN
+                    or members_value.value.denominator != 1
+                    or members_value.value < 1
+                ):
+                    self.bag.add(messages.bad_family(node.name, members_value.describe(), node.family.count.span))
                     ok = False
                 else:
-                    count = count.value.numerator
+                    count = members_value.value.numerator
             except EvalError as error:
                 self.bag.extend(error.diagnostics)
                 ok = False
@@ -631,7 +653,7 @@ class _Resolver:
         role: str,
         time_axis: int | None,
     ) -> RegionInfo | None:
-        node: syntax.Region = declaration.node
+        node = declaration.node_as(syntax.Region)
         base = self.canonical(declaration)
         name = f"{base}[{index}]" if index is not None else base
         try:
@@ -641,14 +663,21 @@ class _Resolver:
                     shape.append(None)
                     continue
                 value = self.evaluate_in(dim, local)
-                if value.is_list or value.unit != PLAIN or value.value.denominator != 1 or value.value < 1:
+                if (
+                    isinstance(value.value, tuple)
+                    or value.unit != PLAIN
+                    or value.value.denominator != 1
+                    or value.value < 1
+                ):
                     self.bag.add(messages.bad_dim(name, position, value.describe(), dim.span))
                     return None
                 shape.append(value.value.numerator)
+            retention: Retention | None
             if time_axis is None:
                 scratch = isinstance(getattr(node.clause(syntax.RetainClause), "retention", None), syntax.KeepScratch)
                 retention = Retention("scratch" if scratch else "fixed")
             else:
+                assert clock is not None, "a region with a time axis has a clock (`_region` checked it)"
                 retention = self._retention(node, name, clock, role, local)
             if retention is None:
                 return None
@@ -748,6 +777,7 @@ class _Resolver:
                 messages.bad_start(name, "needs the number of units it starts with: `start given N`", clause.span)
             )
             raise _Skip()
+        assert clock is not None, "a region with a time axis has a clock (`_region` checked it)"
         length = count_of(
             self.evaluate_in(policy.count, local), clock.rate, policy.count, f"the start length of region '{name}'", 0
         )
@@ -780,7 +810,8 @@ class _Resolver:
         (whether anything feeds, writes or updates it is a rule of the checks: `check_data_starts`)."""
         first = isinstance(policy, syntax.StartFirst)
         keyword = "first" if first else "first-firing"
-        problem = help = None
+        problem: str | None = None
+        help = ""  # said with the problem
         if fixed and first:
             problem = "has no time axis, so it has no first unit to copy"
             help = "a fixed region that the stage makes on its first call starts `first-firing`"
@@ -816,7 +847,7 @@ class _Resolver:
         if key in self.resolved_counters:
             return self.resolved_counters[key]
         self.resolved_counters[key] = None
-        node: syntax.Counter = declaration.node
+        node = declaration.node_as(syntax.Counter)
         name = self.canonical(declaration)
         with self.in_scope_of(declaration):
             clock_declaration = self.decls.get(node.clock)
@@ -866,13 +897,13 @@ class _Resolver:
 
     def _whole(self, expr: syntax.Expr, counter: str, what: str) -> int:
         value = self.evaluate_in(expr)
-        if value.is_list or value.unit != PLAIN or value.value.denominator != 1 or value.value < 1:
+        if isinstance(value.value, tuple) or value.unit != PLAIN or value.value.denominator != 1 or value.value < 1:
             self.bag.add(messages.counter_not_whole(counter, what, value.describe(), expr.span))
             raise _Skip()
         return value.value.numerator
 
     def object_info(self, declaration: Declaration) -> ObjectInfo:
-        node: syntax.Object = declaration.node
+        node = declaration.node_as(syntax.Object)
         name = self.canonical(declaration)
         if name not in self.objects:
             self.objects[name] = ObjectInfo(name, node.factory, span=node.span)
@@ -970,7 +1001,7 @@ class _Resolver:
         if clause is None:
             return None
         value = self.evaluate_in(clause.capacity, local)
-        if value.is_list:
+        if isinstance(value.value, tuple):
             dims = [require_int(q, clause.capacity, f"a stock dimension of region '{name}'", 0) for q in value.value]
             if len(dims) != len(shape):
                 self.bag.add(messages.stock_arity(name, len(dims), len(shape), clause.span))
@@ -1073,6 +1104,7 @@ class _Resolver:
                     ok = False
         if not ok:
             return None
+        assert clock is not None, "a stage whose clock failed is not ok"
         target = callables[0]
         kind = "module" if isinstance(target, syntax.ModuleItem) else "hook"
         return StageInfo(
@@ -1195,23 +1227,23 @@ def kind_mismatch(default: Quantity, given: Quantity) -> str | None:
     if default.is_list != given.is_list:
         return f"got {given.kind}"
     if default.is_list:
-        kinds = {_element_kind(item) for item in default.value}
-        if len(kinds) == 1 and default.value:
-            template = default.value[0]
-            for position, item in enumerate(given.value):
+        kinds = {_element_kind(item) for item in default.items}
+        if len(kinds) == 1 and default.items:
+            template = default.items[0]
+            for position, item in enumerate(given.items):
                 problem = kind_mismatch(template, item)
                 if problem is not None:
                     return f"item {position} is {item.kind}, the default's items are {template.kind}"
         return None
     if default.unit != given.unit:
         return f"got {given.kind}"
-    if default.unit == PLAIN and default.value.denominator == 1 and given.value.denominator != 1:
+    if default.unit == PLAIN and default.fraction.denominator == 1 and given.fraction.denominator != 1:
         return f"got {given.kind}"
     return None
 
 
 def _element_kind(q: Quantity) -> str:
-    if q.is_list:
+    if isinstance(q.value, tuple):
         return "a list"
     return "an integer" if q.unit == PLAIN and q.value.denominator == 1 else unit_name(q.unit)
 
@@ -1254,8 +1286,12 @@ def free_names(node) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def _python_value(q: Quantity):
-    if q.is_list:
+PythonValue = int | Fraction | list["PythonValue"]
+"""A param's value as the program holds it: an int where it is a plain integer."""
+
+
+def _python_value(q: Quantity) -> PythonValue:
+    if isinstance(q.value, tuple):
         return [_python_value(item) for item in q.value]
     if q.unit == PLAIN and q.value.denominator == 1:
         return q.value.numerator

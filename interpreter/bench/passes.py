@@ -114,9 +114,11 @@ def run_variant(
                 if reference is None and variant.reference:
                     outputs.append({k: v.detach().clone() for k, v in result.items()})
                 elif reference is not None and variant.difference is not None:  # outside the timed span
-                    found = float(variant.difference(tick, reference[tick], result))
-                    largest_difference = found if largest_difference is None else max(largest_difference, found)
-                if identical:
+                    tick_difference = float(variant.difference(tick, reference[tick], result))
+                    largest_difference = (
+                        tick_difference if largest_difference is None else max(largest_difference, tick_difference)
+                    )
+                if identical and reference is not None:  # identical starts None without a reference
                     for name, expected in reference[tick].items():
                         if variant.outputs is not None and name not in variant.outputs:
                             continue

@@ -20,11 +20,15 @@ def pass_disagreements(results: list[VariantResult]) -> list[tuple[str, str, flo
     gives each variant its own stretch of time and its own place in the order (moshi's whole-step graph,
     for one, runs faster when it is captured before another graph of its kind); the interleaved pass
     shares both."""
-    timed = [r for r in results if r.error is None and "ms_per_s_median" in r.info.get("interleaved", {})]
+    timed = [
+        (r, r.ms_per_s_median)
+        for r in results
+        if r.error is None and r.ms_per_s_median is not None and "ms_per_s_median" in r.info.get("interleaved", {})
+    ]
     found = []
-    for index, first in enumerate(timed):
-        for second in timed[index + 1 :]:
-            sequential = first.ms_per_s_median / second.ms_per_s_median
+    for index, (first, first_ms_per_s) in enumerate(timed):
+        for second, second_ms_per_s in timed[index + 1 :]:
+            sequential = first_ms_per_s / second_ms_per_s
             interleaved = first.info["interleaved"]["ms_per_s_median"] / second.info["interleaved"]["ms_per_s_median"]
             opposite = (sequential - 1) * (interleaved - 1) < 0
             if not opposite or max(abs(sequential - 1), abs(interleaved - 1)) < PASS_DISAGREEMENT:
@@ -39,10 +43,12 @@ def pass_disagreements(results: list[VariantResult]) -> list[tuple[str, str, flo
 def memory_over_stock(results: list[VariantResult]) -> list[dict]:
     """Every variant whose peak allocated memory is above the reference's (stock eager: the first result,
     which `run` times first) in the same run: its name and peak, the reference's, and by how much."""
-    if not results or results[0].peak_allocated_bytes is None:
+    if not results:
         return []
     reference = results[0]
     stock = reference.peak_allocated_bytes
+    if stock is None:
+        return []
     return [
         {
             "variant": r.name,
@@ -84,7 +90,7 @@ def to_json(subject: Subject, results: list[VariantResult]) -> dict:
 def driver_version() -> str | None:
     """The NVIDIA driver's version (NVML, through nvidia-ml-py), or None where it cannot be read."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         pynvml.nvmlInit()
         version = pynvml.nvmlSystemGetDriverVersion()

@@ -19,6 +19,11 @@ def _ms(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _ratio(reference_ms: float | None, ms: float | None) -> str:
+    """How many times faster than the reference a variant is ("-" where either has no time: it failed)."""
+    return "-" if reference_ms is None or ms is None else f"{reference_ms / ms:.2f}x"
+
+
 def format_table(subject: Subject, results: list[VariantResult]) -> str:
     """The results of `run(subject, ...)` as text: the first line names the subject and device."""
     reference = next(
@@ -52,7 +57,7 @@ def format_table(subject: Subject, results: list[VariantResult]) -> str:
                 f"{r.ms_per_s_median:.1f}",
                 f"{r.ms_per_s_p90:.1f}",
                 f"{r.ms_per_s_p99:.1f}",
-                f"{reference.ms_per_s_median / r.ms_per_s_median:.2f}x",
+                _ratio(reference.ms_per_s_median, r.ms_per_s_median),
                 _ms(r.tick_ms_median, 3),
                 _ms(r.host_ms_median, 3),
                 _ms(r.gpu_busy_ms_per_s, 1),

@@ -195,8 +195,8 @@ def propose_output(stream: Stream, input_units: list[int], call_rate: Fraction) 
                 stream.name, dtype, shape, per_unit * units_per_call(input_units), None, 0, (note,), loss
             )
     mean = Fraction(sum(lengths), len(lengths))
-    notes = (f"wrote {'/'.join(map(str, lengths[:6]))} units per call; the rate is a guess from their mean",)
-    return OutputProposal(stream.name, dtype, shape, mean, None, 0, notes)
+    guess = f"wrote {'/'.join(map(str, lengths[:6]))} units per call; the rate is a guess from their mean"
+    return OutputProposal(stream.name, dtype, shape, mean, None, 0, (guess,))
 
 
 # --- regions -------------------------------------------------------------------------------------
@@ -240,9 +240,9 @@ def _changes(series: list[Seen | None]) -> bool:
     for before, now in itertools.pairwise(series):
         if (before is None) != (now is None):
             return True
-        if before is not None and (before.shape != now.shape or before.whole != now.whole):
-            return True
-        if before is not None and before.slices != now.slices:
+        if before is None or now is None:
+            continue
+        if before.shape != now.shape or before.whole != now.whole or before.slices != now.slices:
             return True
     return False
 
@@ -250,13 +250,13 @@ def _changes(series: list[Seen | None]) -> bool:
 def _shift(series: list[Seen | None], axis: int) -> int | None:
     """The d such that every call's tensor is the previous one moved d units towards the head (a window)."""
     pairs = [(b, n) for b, n in itertools.pairwise(series) if b is not None and n is not None and b.shape == n.shape]
-    if not pairs or any(b.slices is None for b, _ in pairs):
+    # the prints along `axis` of each pair (a pair has both or neither: its tensors have one shape)
+    along = [(b.slices[axis], n.slices[axis]) for b, n in pairs if b.slices is not None and n.slices is not None]
+    if not pairs or len(along) != len(pairs):
         return None
     length = pairs[0][1].shape[axis]
     for d in range(1, length):
-        if all(n.slices[axis][: length - d] == b.slices[axis][d:] for b, n in pairs) and any(
-            n.slices[axis] != b.slices[axis] for b, n in pairs
-        ):
+        if all(new[: length - d] == old[d:] for old, new in along) and any(new != old for old, new in along):
             return d
     return None
 
@@ -264,12 +264,13 @@ def _shift(series: list[Seen | None], axis: int) -> int | None:
 def _ring(series: list[Seen | None], axis: int) -> int | None:
     """The c such that each call rewrites c consecutive slots along `axis`, the next c each call (mod L)."""
     present = [s for s in series if s is not None]
-    if len(present) < 3 or len({s.data_ptr for s in present}) != 1 or any(s.slices is None for s in present):
+    along = [s.slices[axis] for s in present if s.slices is not None]
+    if len(present) < 3 or len({s.data_ptr for s in present}) != 1 or len(along) != len(present):
         return None
     length = present[0].shape[axis]
     starts, width = [], None
-    for before, now in itertools.pairwise(present):
-        changed = [j for j in range(length) if before.slices[axis][j] != now.slices[axis][j]]
+    for before, now in itertools.pairwise(along):
+        changed = [j for j in range(length) if before[j] != now[j]]
         if not changed or len(changed) >= length:
             return None
         count = len(changed)
@@ -518,12 +519,11 @@ def _zero_length(recording: Recording, path: str, last: Seen) -> RegionProposal 
 
 def _pinned(series: list[Seen | None], axis: int, most: int, from_head: bool) -> int:
     """Units at the head (or the tail) that stayed equal between consecutive full calls (the least over them)."""
-    full = [s for s in series if s is not None and s.shape[axis] == most and s.slices is not None]
+    full = [s.slices[axis] for s in series if s is not None and s.shape[axis] == most and s.slices is not None]
     if len(full) < 2:
         return 0
     pinned = most
-    for before, now in itertools.pairwise(full):
-        old, new = before.slices[axis], now.slices[axis]
+    for old, new in itertools.pairwise(full):
         if not from_head:
             old, new = old[::-1], new[::-1]
         count = 0

@@ -66,7 +66,8 @@ class Recording:
     module_order: tuple[str, ...]
     inputs: dict[str, Stream]
     outputs: dict[str, Stream]
-    counters: dict[str, tuple[int, ...]]
+    counters: dict[str, tuple[int | None, ...]]
+    """Each host int at the start, then after each call (None: before the path held one)."""
     draws_random: bool
     state_roots: dict[str, str] = attrs.field(factory=dict)
     """The caller-owned objects: path prefix (`state`, or `state.NAME` for a dict of named objects) -> name."""
@@ -153,7 +154,7 @@ def record(loop: StockLoop, calls: int, max_calls: int) -> Recording:
     module_shapes: dict[str, tuple[list, list]] = {}
     inputs: dict[str, dict] = {}
     outputs: dict[str, dict] = {}
-    counters: dict[str, list[int]] = {path: [value] for path, value in walker.counters.items()}
+    counters: dict[str, list[int | None]] = {path: [value] for path, value in walker.counters.items()}
     draws_random = False
     state = loop.state
     try:

@@ -86,14 +86,13 @@ def group_families(regions: tuple[RegionProposal, ...]) -> list[Family]:
         parts = region.path.split(".")
         for position, part in enumerate(parts):
             if part.isdigit():
-                key = (tuple(p if i != position else None for i, p in enumerate(parts)), position, region.signature())
-                key += (region.bindable,)
-                groups[key].append((int(part), region))
+                template = tuple(p if i != position else None for i, p in enumerate(parts))
+                groups[(template, position, region.signature(), region.bindable)].append((int(part), region))
     candidates = []
-    for (_, position, *_rest), members in groups.items():
-        indices = sorted(i for i, _ in members)
-        if len(members) >= 2 and indices == list(range(len(members))):
-            candidates.append((position, [r for _, r in sorted(members, key=lambda m: m[0])]))
+    for (_, position, *_rest), numbered in groups.items():
+        indices = sorted(i for i, _ in numbered)
+        if len(numbered) >= 2 and indices == list(range(len(numbered))):
+            candidates.append((position, [r for _, r in sorted(numbered, key=lambda m: m[0])]))
     candidates.sort(key=lambda c: -len(c[1]))
     taken: set[str] = set()
     families: list[Family] = []
@@ -272,10 +271,10 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
         region_lines.append(
             f"region {proposal.name} : {_shape_text(proposal.dtype, proposal.shape)} {' '.join(clauses)}"
         )
-    for proposal in proposals.outputs:
-        clock = clock_for(call_rate * proposal.units_per_call)
-        region_lines += _comment_lines(proposal.notes)
-        region_lines.append(f"region {proposal.name} : {_shape_text(proposal.dtype, proposal.shape)} on {clock} output")
+    for output in proposals.outputs:
+        clock = clock_for(call_rate * output.units_per_call)
+        region_lines += _comment_lines(output.notes)
+        region_lines.append(f"region {output.name} : {_shape_text(output.dtype, output.shape)} on {clock} output")
     declared = {}
     for family, name in zip(families, names):
         region = family.first
@@ -294,6 +293,7 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
             head += f"[{family.index_name} < {len(family.members)}]"
         clauses = []
         if region.time_axis is not None:
+            assert region.advance is not None, "a proposal with a time axis has its advance (propose_region)"
             clauses += [f"on {clock_for(call_rate * region.advance)}", _retention_text(region)]
         clauses.append(_start_text(region))
         if region.stock is not None:
@@ -359,14 +359,14 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
     for family, name in zip(families, names):
         region = family.first
         stage.append(f"    update {name}" + (f" +{region.advance}" if region.time_axis is not None else ""))
-    for proposal in proposals.outputs:
-        write = f"    write {proposal.name}"
-        if proposal.advance is not None:
-            write += f" +{proposal.advance}"
-            if proposal.latency:
-                write += f" latency {proposal.latency}"
-        if proposal.loss:
-            write += f" loses {proposal.loss}"
+    for output in proposals.outputs:
+        write = f"    write {output.name}"
+        if output.advance is not None:
+            write += f" +{output.advance}"
+            if output.latency:
+                write += f" latency {output.latency}"
+        if output.loss:
+            write += f" loses {output.loss}"
         stage.append(write)
     if proposals.draws_random:
         stage.append("    rng  # the call drew from the default generator")

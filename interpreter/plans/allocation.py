@@ -115,7 +115,8 @@ def schedule_allocations(program: Program, trace: Trace, stage_order: tuple[str,
     plans = {}
     for name, region in program.regions.items():
         capacity = _capacity(region, trace, traced[name] + finishing[name])
-        shape = region.shape if region.fixed else region.shape_at(capacity)
+        # capacity None: a fixed region, whose dims are all declared
+        shape = tuple(d for d in region.shape if d is not None) if capacity is None else region.shape_at(capacity)
         nbytes = math.prod(shape) * region.itemsize
         persistent = region.retention.kind != "scratch"
         overlapping = [v for v in traced[name] if v.overlap]

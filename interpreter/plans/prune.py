@@ -88,7 +88,8 @@ class Pruning:
 
     def reason_for(self, name: str) -> str | None:
         """Why stage or region `name` is pruned (None: it is not)."""
-        for item in (*self.stages, *self.regions):
+        pruned: tuple[PrunedStage | PrunedRegion, ...] = (*self.stages, *self.regions)
+        for item in pruned:
             if item.name == name:
                 return item.reason
         return None
@@ -194,12 +195,11 @@ def prune_unobserved(program: Program, enabled: bool = True) -> Pruning:
         for family, members in program.families.items()
         if any(member not in dropped for member in members)
     }
-    effective = attrs.evolve(
+    kept_program = attrs.evolve(  # its graph is still the checked program's: built again below
         program,
         stages={name: stage for name, stage in program.stages.items() if name not in pruned_names},
         regions=kept_regions,
         families=families,
-        graph=None,
     )
-    effective = attrs.evolve(effective, graph=depgraph.build(effective))
+    effective = attrs.evolve(kept_program, graph=depgraph.build(kept_program))
     return Pruning(True, unobserved, unobserved, regions, tuple(kept_for_rng), None, program, effective)

@@ -370,7 +370,7 @@ class Simulator:
     def _shape(self, name: str, length: int | None) -> tuple[int, ...] | None:
         region = self.program.regions[name]
         if region.fixed:
-            return tuple(region.shape)
+            return tuple(d for d in region.shape if d is not None)  # every dim declared
         return None if length is None else region.shape_at(length)
 
     def _append(self, name: str, units: int, kind: str) -> View:
@@ -491,7 +491,12 @@ def _trim_relocation(retention, transient: int, kept: int) -> tuple[int, bool]:
 def _last_instant(simulator: Simulator, index: int) -> list[Firing]:
     """The last instant a stream could end with at `index`: with the full planned input, or, when that
     advances some region by a fraction of a unit, with the input that covers exactly the planned time."""
-    planned = {v.region: v.length for f in simulator.copy().run_instant(index) for v in f.views if v.kind == "feed"}
+    planned = {
+        v.region: v.length
+        for f in simulator.copy().run_instant(index)
+        for v in f.views
+        if v.kind == "feed" and v.length is not None  # a feed's length is its units: always known
+    }
     lookahead = {
         a.region: a.lookahead
         for name in simulator.stages_at(index)
@@ -530,7 +535,9 @@ def trace_shapes(program: Program, clocks: ClockPlan) -> Trace:
     index = 0
     limit = limits.warmup + period  # the state must repeat by then; the limit is raised once it does
     horizons = {
-        name: region.retention.horizon for name, region in program.regions.items() if region.retention.kind == "all"
+        name: region.retention.horizon
+        for name, region in program.regions.items()
+        if region.retention.kind == "all" and region.retention.horizon is not None  # checked: `all` has one
     }
     ended_at = None
     traced_firings = traced_views = traced_states = 0
@@ -566,7 +573,7 @@ def trace_shapes(program: Program, clocks: ClockPlan) -> Trace:
         index += 1
     periodic = warmup is not None
     reason = None
-    if not periodic:
+    if warmup is None:  # not periodic
         assert ended_at is not None, "a trace ends when its state repeats or a region reaches its horizon"
         reason = f"{', '.join(ended_at[1])} reached its horizon at instant {ended_at[0]}: the session cannot go further"
         warmup = len(by_instant)

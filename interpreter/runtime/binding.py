@@ -123,8 +123,10 @@ class Attribute:
     name: str
 
     def get(self) -> Any:
-        if isinstance(self.owner, (list, tuple)) or (isinstance(self.owner, Mapping) and self.name in self.owner):
-            return self.owner[int(self.name) if isinstance(self.owner, (list, tuple)) else self.name]
+        if isinstance(self.owner, (list, tuple)):
+            return self.owner[int(self.name)]
+        if isinstance(self.owner, Mapping) and self.name in self.owner:
+            return self.owner[self.name]
         return _step(self.owner, self.name)
 
     def set(self, value: Any) -> None:
@@ -313,20 +315,23 @@ def declared(region: RegionInfo) -> str:
 
 
 def check_tensor(region: RegionInfo, tensor: Any, device: torch.device) -> Diagnostic | None:
-    """None if `tensor` can be replaced by the region's views; else a located mismatch."""
+    """None if `tensor`, what bound `region`'s attribute holds, can be replaced by the region's views; else a
+    located mismatch."""
+    bound = region.bind
+    assert bound is not None, f"region '{region.name}' is not bound"
     if tensor is None:
         if region.start == "empty" or (region.fixed is False and region.retention.kind != "ring"):
             return None  # lazily created state (e.g. None until the first call)
-        return messages.binding_shape(region.name, region.bind, declared(region), "None", region.bind_span)
+        return messages.binding_shape(region.name, bound, declared(region), "None", region.bind_span)
     if not isinstance(tensor, torch.Tensor):
-        return messages.binding_shape(region.name, region.bind, declared(region), describe(tensor), region.bind_span)
+        return messages.binding_shape(region.name, bound, declared(region), describe(tensor), region.bind_span)
     wrong = tensor.dtype != TORCH_DTYPES[region.dtype] or tensor.dim() != len(region.shape)
     if not wrong:
         for axis, dim in enumerate(region.shape):
             if dim is not None and tensor.shape[axis] != dim:
                 wrong = True
     if wrong:
-        return messages.binding_shape(region.name, region.bind, declared(region), describe(tensor), region.bind_span)
+        return messages.binding_shape(region.name, bound, declared(region), describe(tensor), region.bind_span)
     return None
 
 

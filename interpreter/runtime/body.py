@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from duplexcadence.dsl.program import ObjectPass, Program
+from duplexcadence.dsl.program import ObjectPass, Program, RegionInfo
 from duplexcadence.interpreter.plans.trace import Firing, View
 from duplexcadence.interpreter.runtime.binding import (
     Attribute,
@@ -152,17 +152,18 @@ class Body:
                     continue
                 self._store(stage.name, view, by_region[view.region], handed.get(view.region))
         for name, view in write_views.items():
-            value = by_region.get(name)
+            written: Any = by_region.get(name)  # whatever the call returned for this write (checked below)
             if view.length is None:
-                module_outputs[name] = value
+                module_outputs[name] = written
                 continue
             region = program.regions[name]
-            if not _fits(region, value) or value.shape[region.time_axis] != view.length:  # copy_ would broadcast
+            axis = _time_axis(region)  # a write with a length appends units: its region has a time axis
+            if not _fits(region, written) or written.shape[axis] != view.length:  # copy_ would broadcast
                 raise TypeError(
-                    f"stage '{stage.name}' wrote {describe(value)} to region '{name}', declared "
+                    f"stage '{stage.name}' wrote {describe(written)} to region '{name}', declared "
                     f"{region.dtype}[{_dims(region)}] with {view.length} units at this firing"
                 )
-            self.storage[name].append(view.offset, 0, value)
+            self.storage[name].append(view.offset, 0, written)
             if view.initial:
                 self._copy_first_unit(view)
         for view in firing.views:
@@ -260,8 +261,8 @@ class Body:
                 f"stage '{stage}' gave {describe(version)} as the new version of region "
                 f"'{view.region}', declared {region.dtype}[{_dims(region)}]"
             )
-        units = version.shape[region.time_axis]
-        advance = view.transient - view.length
+        units = version.shape[_time_axis(region)]
+        advance = view.transient - _length(view)
         storage = self.storage[view.region]
         unadvanced = handed is not None and advance > 0 and units == view.length and storage.holds(version)
         if units not in (view.transient, view.kept) or unadvanced:
@@ -276,7 +277,7 @@ class Body:
             return
         raise ValueError(
             f"stage '{stage}' left region '{view.region}' as the {view.length} units it was handed (updated in "
-            f"place, or not at all); the .clock says it advances {view.transient - view.length} per firing and "
+            f"place, or not at all); the .clock says it advances {view.transient - _length(view)} per firing and "
             f"keeps {view.kept} ({region.retention.describe()}): assign the new version to the attribute"
         )
 
@@ -285,12 +286,13 @@ class Body:
         storage = self.storage[view.region]
         if region.fixed:
             return storage.view()
+        length = _length(view)
         if view.kind == "update" or region.retention.kind == "ring":
-            return storage.view(view.length)
-        whole = storage.view(view.start + view.length)
+            return storage.view(length)
+        whole = storage.view(view.start + length)
         if view.start == 0:
             return whole
-        return whole.narrow(region.time_axis, view.start, view.length)
+        return whole.narrow(_time_axis(region), view.start, length)
 
 
 def _length_message(stage: str, view: View, region, units: int, advance: int, returned_handed: bool) -> str:
@@ -305,6 +307,18 @@ def _length_message(stage: str, view: View, region, units: int, advance: int, re
         f"{view.length} and advances {advance} per firing ({region.retention.describe()}), so the version has "
         f"{expected}; check its `start` and `update` declarations"
     )
+
+
+def _time_axis(region: RegionInfo) -> int:
+    """The time axis of a region the caller knows has one (it stores or hands over units of it)."""
+    assert region.time_axis is not None, f"region '{region.name}' has no time axis"
+    return region.time_axis
+
+
+def _length(view: View) -> int:
+    """The units of a view of a region with a time axis, which the trace gives every such read and update."""
+    assert view.length is not None, f"a {view.kind} view of region '{view.region}' with no length"
+    return view.length
 
 
 def _fits(region, value: Any) -> bool:

@@ -96,21 +96,28 @@ def plan_instant(
         raise StepError(f"step() at instant {instant}: {'; '.join(parts)}; this instant takes {_names(expected)}")
     override: dict[str, int] = {}
     probe = simulator.copy()
-    planned = {v.region: v for f in probe.copy().run_instant(instant) for v in f.views if v.kind == "feed"}
+    # each fed input's planned units (a feed's length is always known)
+    planned = {
+        v.region: v.length
+        for f in probe.copy().run_instant(instant)
+        for v in f.views
+        if v.kind == "feed" and v.length is not None
+    }
     for name, tensor in inputs.items():
         region = program.regions[name]
         problem = _input_problem(region, tensor, device)
         if problem:
             raise StepError(
-                f"step() input '{name}': {problem}; expected {_expected(region, planned[name].length)} on {device}"
+                f"step() input '{name}': {problem}; expected {_expected(region, planned[name])} on {device}"
             )
+        assert region.time_axis is not None, "an input region has a time axis"
         units = tensor.shape[region.time_axis]
-        if units == 0 and planned[name].length > 0 and not (last and _lookahead(program, simulator, instant, name)):
+        if units == 0 and planned[name] > 0 and not (last and _lookahead(program, simulator, instant, name)):
             raise StepError(
-                f"step() input '{name}' has no units; this instant takes {_expected(region, planned[name].length)} "
+                f"step() input '{name}' has no units; this instant takes {_expected(region, planned[name])} "
                 f"on {device} (an instant with fewer units, down to 1, is a shorter one)"
             )
-        if units != planned[name].length:
+        if units != planned[name]:
             override[name] = units
     try:
         firings = probe.run_instant(instant, override, last=last)
@@ -127,9 +134,9 @@ def plan_instant(
             if capacity is not None and needed > capacity:
                 region = program.regions[view.region]
                 longer = [
-                    f"'{name}' has {units} units where the plan feeds {planned[name].length}"
+                    f"'{name}' has {units} units where the plan feeds {planned[name]}"
                     for name, units in sorted(override.items())
-                    if units > planned[name].length
+                    if units > planned[name]
                 ]
                 cause = (
                     f"input {', '.join(longer)}: feed at most the planned units an instant"
@@ -159,8 +166,7 @@ def check_initial(program: Program, initial: Mapping[str, torch.Tensor], device:
         raise StepError(f"the session needs initial values for {', '.join(missing)} (declared `start given`)")
     for name, tensor in initial.items():
         region = given[name]
-        length = None if region.fixed else region.start_length
-        want = region.shape if region.fixed else region.shape_at(length)
+        want = region.shape if region.fixed else region.shape_at(region.start_length)
         expected = f"{region.dtype}[{', '.join(map(str, want))}]"
         if isinstance(tensor, torch.Tensor):
             problem = _layout_problem(tensor)

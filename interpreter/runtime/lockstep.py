@@ -209,7 +209,9 @@ class LockstepGroup:
 
     def _zero_row(self, row: int) -> None:
         for name in self.row_state:
-            self.session.region(name).select(self.axes[name], row).zero_()
+            axis = self.axes[name]
+            assert axis is not None, "row state: the persistent regions with a batch axis"
+            self.session.region(name).select(axis, row).zero_()
 
     def _leave(self, member: Member) -> None:
         with self.runtime.lock:

@@ -185,10 +185,13 @@ def whole_input(inputs: Sequence[StepInput], axis: int = -1) -> StepInput:
     """The steps' inputs concatenated along their time axis: what one offline call gets."""
     if not inputs:
         raise ValueError("no input: give at least one step")
-    first = inputs[0]
-    if isinstance(first, Mapping):
-        return {name: torch.cat([item[name] for item in inputs], dim=axis) for name in first}  # type: ignore[index]
-    return torch.cat(list(inputs), dim=axis)  # type: ignore[arg-type]
+    named = [item for item in inputs if isinstance(item, Mapping)]
+    tensors = [item for item in inputs if isinstance(item, torch.Tensor)]
+    if len(named) == len(inputs):
+        return {name: torch.cat([item[name] for item in named], dim=axis) for name in named[0]}
+    if len(tensors) != len(inputs):
+        raise ValueError("give every step's input as a tensor, or every one as a dict of tensors by name")
+    return torch.cat(tensors, dim=axis)
 
 
 def compare_offline(

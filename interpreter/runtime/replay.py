@@ -55,23 +55,24 @@ def resolve_replays(
         return None
     resolved = []
     for run in runs:
+        assert run.key is not None, "a graph run is keyed by its firings' signatures"
         graph = graphs[run.key]
         feeds, outputs = [], []
         for firing in run.firings:
             for view in firing.views:
                 if view.kind == "feed":
+                    assert view.length is not None, "a feed's length is the units it brings"
                     target = storage[view.region].append_target(view.offset, view.length)
                     if target is None:
                         return None
                     feeds.append((view.region, target))
                 elif view.kind == "write" and program.regions[view.region].role == "output":
-                    region = program.regions[view.region]
+                    axis = program.regions[view.region].time_axis
+                    assert axis is not None, "an output region has a time axis"
                     source = (
                         graph.module_outputs[view.region]
                         if view.length is None
-                        else storage[view.region]
-                        .view(view.transient)
-                        .narrow(region.time_axis, view.offset, view.length)
+                        else storage[view.region].view(view.transient).narrow(axis, view.offset, view.length)
                     )
                     outputs.append((view.region, source))
         rng = any(program.stages[f.stage].rng for f in run.firings)

@@ -235,6 +235,7 @@ class Session:
                 self._execute_run(run, step.inputs, outputs, step.off_plan)
         except Exception as error:
             self.failed = error
+            assert firing is not None, "it came from a run, or between two: one has started"
             raise self._stage_failed(firing, error) from error
         except BaseException as error:  # KeyboardInterrupt inside a run, or closed by abandon (which recorded it)
             if self.failed is self._unfinished:
@@ -327,6 +328,7 @@ class Session:
             return self._commit(outputs, last=False, short_path=True)
         except Exception as error:
             self.failed = error
+            assert run is not None, "a short-path step has at least one graph run"
             raise self._stage_failed(run.firings[0], error) from error
         except BaseException as error:  # KeyboardInterrupt: part of the instant ran, or it committed
             if self.failed is self._unfinished:
@@ -344,6 +346,7 @@ class Session:
                     self.storage[view.region].append(view.offset, 0, inputs[view.region].detach())
         uses_rng = any(runtime.program.stages[f.stage].rng for f in run.firings)
         if run.kind == "graph":
+            assert run.key is not None, "a graph run is keyed by its firings' signatures"
             graph = self.graphs[run.key]
             call_in_session(self, uses_rng, graph.graph.replay)
             module_outputs = graph.module_outputs

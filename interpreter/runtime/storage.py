@@ -83,7 +83,9 @@ class RegionStorage:
         self.dtype = TORCH_DTYPES[info.dtype]
         self.flat = flat.view(self.dtype)
         self.double = double.view(self.dtype) if double is not None else None
-        self.unit = info.unit_elements if not info.fixed else math.prod(info.shape)
+        # a fixed region's shape: every dim declared (None for a region with a time axis)
+        self._whole_shape = tuple(d for d in info.shape if d is not None) if info.fixed else None
+        self.unit = info.unit_elements if self._whole_shape is None else math.prod(self._whole_shape)
 
     @property
     def time_axis(self) -> int | None:
@@ -91,8 +93,10 @@ class RegionStorage:
 
     def view(self, length: int | None = None) -> torch.Tensor:
         """The contiguous view of `length` units (the whole shape for a fixed region)."""
-        if self.info.fixed:
-            return self.flat[: self.unit].view(self.info.shape)
+        if self._whole_shape is not None:
+            return self.flat[: self.unit].view(self._whole_shape)
+        if length is None:
+            raise InternalError(f"region '{self.info.name}' has a time axis: its view needs a length")
         shape = self.info.shape_at(length)
         return self.flat[: self.unit * length].view(shape)
 
@@ -107,11 +111,11 @@ class RegionStorage:
         units already held stay where they are); None when that append goes through a staging copy."""
         if current and not self._time_outermost():
             return None
-        return self.view(current + units).narrow(self.time_axis, current, units)
+        return self.view(current + units).narrow(self._axis(), current, units)
 
     def append(self, current: int, keep_from: int, new: torch.Tensor) -> int:
         """Keep units [keep_from, current) and append `new` after them; returns the new length."""
-        axis = self.time_axis
+        axis = self._axis()
         old = current - keep_from
         units = new.shape[axis]
         length = old + units
@@ -130,7 +134,7 @@ class RegionStorage:
         kept = sum(count for _, count in runs)
         if kept == length or kept == 0:
             return kept
-        axis = self.time_axis
+        axis = self._axis()
         staging = self._staging(kept)
         position = 0
         source = self.view(length)
@@ -145,7 +149,7 @@ class RegionStorage:
         if self.info.fixed:
             self.view().copy_(version)
             return 0
-        axis = self.time_axis
+        axis = self._axis()
         if self._aliases(version):
             version = version.clone()
         runs = keep_positions(retention, version.shape[axis])
@@ -175,6 +179,13 @@ class RegionStorage:
         other = tensor.data_ptr()
         other_end = other + (reach + 1) * tensor.element_size()
         return other < end and start < other_end
+
+    def _axis(self) -> int:
+        """The time axis (appending, trimming and storing versions by units need one)."""
+        axis = self.info.time_axis
+        if axis is None:
+            raise InternalError(f"region '{self.info.name}' has no time axis")
+        return axis
 
     def _time_outermost(self) -> bool:
         return all(d == 1 for d in self.info.shape[: self.time_axis])

@@ -47,14 +47,15 @@ class VerifyReport:
     def __str__(self) -> str:
         if self.equal:
             return f"bit-identical: {self.outputs} outputs over {self.ticks} ticks are torch.equal to stock eager"
-        m = self.first
+        m = self.mismatches[0]
         return (
             f"NOT bit-identical: {len(self.mismatches)} of {self.outputs} outputs differ; first at tick {m.tick}, "
             f"output '{m.output}': {m.detail}"
         )
 
 
-def compare(tick: int, name: str, expected: torch.Tensor, actual: torch.Tensor) -> Mismatch | None:
+def compare(tick: int, name: str, expected: torch.Tensor, actual: torch.Tensor | None) -> Mismatch | None:
+    """The mismatch of output `name` at `tick` (None: torch.equal); `actual` None: the output is missing."""
     if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
         return Mismatch(tick, name, float("nan"), None, f"got {type(actual).__name__}, expected a tensor")
     if expected.shape != actual.shape or expected.dtype != actual.dtype:

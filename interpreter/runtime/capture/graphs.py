@@ -138,7 +138,7 @@ def _capture_template(
     while True:
         runs = checked_runs(strategy, template, runtime.blocked)
         for run in runs:
-            if run.kind != "graph" or run.key in session.graphs:
+            if run.key is None or run.key in session.graphs:  # an eager run, or a graph captured already
                 continue
             error = capture(run.key, run.firings)
             if error is None:

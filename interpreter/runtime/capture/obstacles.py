@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -40,6 +40,9 @@ from torch.utils._pytree import tree_flatten
 from duplexcadence.dsl import messages
 from duplexcadence.dsl.diagnostics import Diagnostic
 from duplexcadence.dsl.source import Span
+
+if TYPE_CHECKING:
+    from _collections_abc import dict_items, dict_values  # what dict.items() and dict.values() return
 
 HOST_READ = "reads a device value on the host (aten._local_scalar_dense: .item(), int(), float(), bool(), `if tensor:`, .tolist())"
 DATA_SIZED = "runs an operation whose output size depends on the data ({ops}), which waits for the device"
@@ -122,7 +125,8 @@ class ObstacleCounter(TorchDispatchMode):
             self.counts[(DATA_SIZED, "indexing with a boolean mask")] += 1
         if self.owned:
             for tensor in tensors:
-                path = self.owned.get(_pointer(tensor))
+                pointer = _pointer(tensor)
+                path = self.owned.get(pointer) if pointer is not None else None
                 if path is not None:
                     self.counts[(CALLER_OWNED, path)] += 1
         result = func(*args, **kwargs)
@@ -224,7 +228,7 @@ def find_obstacles(
     return counter.obstacles(max(0, synchronisations - counter.synchronising()))
 
 
-class RecordedCounters(dict):
+class RecordedCounters(dict[str, int]):
     """`firing.counters` during the probe: the counters a hook reads are in `read`."""
 
     def __init__(self, values: dict[str, int]):
@@ -239,11 +243,11 @@ class RecordedCounters(dict):
         self.read.add(key)
         return super().get(key, default)
 
-    def values(self):  # type: ignore[override]
+    def values(self) -> dict_values[str, int]:
         self.read.update(self)
         return super().values()
 
-    def items(self):  # type: ignore[override]
+    def items(self) -> dict_items[str, int]:
         self.read.update(self)
         return super().items()
 

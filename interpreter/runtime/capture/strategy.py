@@ -56,7 +56,8 @@ class StepTemplate:
 
     @classmethod
     def of(cls, firings: list[Firing], graph_key: dict) -> StepTemplate:
-        inputs = {v.region: tuple(v.shape) for f in firings for v in f.views if v.kind == "feed"}
+        # a feed's shape is always known: an input region has a time axis, and a feed a length
+        inputs = {v.region: v.shape for f in firings for v in f.views if v.kind == "feed" and v.shape is not None}
         return cls(tuple(firings), tuple(graph_key.get(f.signature) for f in firings), inputs)
 
 

@@ -62,7 +62,7 @@ class _Stock:
 
 def _compile_step(runner: _Stock, compile_fn):
     tail = runner.tail
-    tail.step = compile_fn(tail.step)
+    vars(tail)["step"] = compile_fn(tail.step)  # shadows the method; the returned undo pops it
     return lambda: vars(tail).pop("step", None)
 
 
@@ -104,7 +104,7 @@ class _Cadence:
 
 
 def subject(
-    device: str = "cpu",
+    device: str | torch.device = "cpu",
     seconds: int = 10,
     batch: int = 1,
     seed: int = 1234,

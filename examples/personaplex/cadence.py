@@ -75,15 +75,15 @@ class PersonaPlexCadenceModel:
     def __init__(self, mimi, batch_size: int = 1) -> None:
         self.decoder = PersonaPlexMimiDecoder(mimi, batch_size, graph_transformer=False)
         self.empty_carries: list[ConvCarry | AddCarry] = list(self.decoder.adds.values())
-        for carry in self.decoder.convs.values():
-            if carry.initial_padding == 0:  # kernel 1: keeps k - 1 = 0 inputs
-                self.empty_carries.append(carry)
-            carry.initial_padding = carry.padding_to_add = 0
+        for conv in self.decoder.convs.values():
+            if conv.initial_padding == 0:  # kernel 1: keeps k - 1 = 0 inputs
+                self.empty_carries.append(conv)
+            conv.initial_padding = conv.padding_to_add = 0
         self.carries: dict = {}
         for name, carry in (*self.decoder.convs.items(), *self.decoder.conv_transposes.items()):
             _insert(self.carries, name, carry)
-        for name, carry in self.decoder.adds.items():
-            _insert(self.carries, f"{name}.add", carry)
+        for name, add in self.decoder.adds.items():
+            _insert(self.carries, f"{name}.add", add)
 
     def clear_empty_carries(self) -> None:
         """Set the always-empty carries back to None; raise if one ever held something."""
@@ -243,8 +243,10 @@ class PersonaPlexCadenceTail:
 
     def step(self, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.group is not None:
-            outputs = self.group.step({self.main: codes, self.other: codes})
-            return outputs[self.main], outputs[self.other]
+            assert isinstance(self.main, Member) and isinstance(self.other, Member)  # the group's two rows
+            rows = self.group.step({self.main: codes, self.other: codes})
+            return rows[self.main], rows[self.other]
+        assert isinstance(self.main, Session) and isinstance(self.other, Session)  # not lockstep: two sessions
         if self.lanes > 1:
             outputs = self.runtime.step_many({self.main: {"codes": codes}, self.other: {"codes": codes}})
             return outputs[self.main], outputs[self.other]
@@ -255,6 +257,7 @@ class PersonaPlexCadenceTail:
         if self.group is not None:
             self.group.reset()
             return
+        assert isinstance(self.main, Session) and isinstance(self.other, Session)  # not lockstep: two sessions
         self.main.reset()
         self.other.reset()
 
@@ -262,5 +265,6 @@ class PersonaPlexCadenceTail:
         if self.group is not None:
             self.group.close()
             return
+        assert isinstance(self.main, Session) and isinstance(self.other, Session)  # not lockstep: two sessions
         self.main.close()
         self.other.close()

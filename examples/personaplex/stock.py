@@ -162,6 +162,10 @@ class TransformerCarry:
         self.offset.zero_()
 
 
+Carry = ConvCarry | ConvTransposeCarry | AddCarry | AttentionCarry | LayerCarry | TransformerCarry
+"""Any of the decoder's state objects (each resets itself as old moshi's ``reset_streaming``)."""
+
+
 @torch_compile_lazy
 def apply_rope_interleaved(
     q: torch.Tensor, k: torch.Tensor, offset: torch.Tensor, max_period: float = 10_000.0
@@ -239,7 +243,7 @@ class PersonaPlexMimiDecoder:
         transformer = mimi.decoder_transformer.transformer
         self.transformer_carry = TransformerCarry(torch.zeros(1, device=self.device, dtype=torch.long))
         self.layer_carries = [LayerCarry() for _ in transformer.layers]
-        self.attention_carries = []
+        self.attention_carries: list[AttentionCarry] = []
         for layer in transformer.layers:
             attn = layer.self_attn
             weight = attn.in_projs[0].weight
@@ -327,8 +331,12 @@ class PersonaPlexMimiDecoder:
     # --- transformer side (the only CUDA-graphed part upstream) --------------------------------
 
     def _attention(self, attn: StreamingMultiheadAttention, carry: AttentionCarry, x: torch.Tensor) -> torch.Tensor:
+        # _check_supported rejected attention without rope positions or a context
+        assert attn.rope is not None and attn.context is not None
         steps = x.shape[1]
-        projected = F.linear(x, attn.in_projs[0].weight)
+        weight = attn.in_projs[0].weight
+        assert isinstance(weight, torch.Tensor)  # the nn.Linear's Parameter
+        projected = F.linear(x, weight)
         q, k, v = rearrange(projected, "b t (p h d) -> p b h t d", p=3, h=attn.num_heads)
         q, k = apply_rope_interleaved(q, k, carry.offset, attn.rope.max_period)
         keys, values, key_positions = carry.kv_cache.complete(k, v)
@@ -349,6 +357,7 @@ class PersonaPlexMimiDecoder:
                 stack.enter_context(no_compile())
             update = self._attention(layer.self_attn, self.attention_carries[index], layer.norm1(x))
             x = x + layer.layer_scale_1(update)
+            assert layer.linear1 is not None and layer.linear2 is not None  # no gating: _check_supported
             update = layer.linear2(layer.activation(layer.linear1(layer.norm2(x))))
             x = x + layer.layer_scale_2(update)
             self.layer_carries[index].offset_cpu += x.shape[1]
@@ -381,26 +390,32 @@ class PersonaPlexMimiDecoder:
 
     def reset(self) -> None:
         """Old moshi's ``reset_streaming``: carries back to ``None``/zero, graphs kept."""
-        for carry in (*self.convs.values(), *self.conv_transposes.values(), *self.adds.values()):
-            carry.reset()
-        for carry in (*self.attention_carries, *self.layer_carries, self.transformer_carry):
+        carries: list[Carry] = [
+            *self.convs.values(),
+            *self.conv_transposes.values(),
+            *self.adds.values(),
+            *self.attention_carries,
+            *self.layer_carries,
+            self.transformer_carry,
+        ]
+        for carry in carries:
             carry.reset()
 
     def state_tensors(self) -> dict[str, torch.Tensor | None]:
         """Every state tensor by name (``None`` where upstream holds ``None``), for address checks."""
         tensors: dict[str, torch.Tensor | None] = {}
-        for name, carry in self.convs.items():
-            tensors[f"{name}.previous"] = carry.previous
-        for name, carry in self.conv_transposes.items():
-            tensors[f"{name}.partial"] = carry.partial
-        for name, carry in self.adds.items():
-            tensors[f"{name}.add.previous_x"] = carry.previous_x
-            tensors[f"{name}.add.previous_y"] = carry.previous_y
-        for index, carry in enumerate(self.attention_carries):
+        for name, conv in self.convs.items():
+            tensors[f"{name}.previous"] = conv.previous
+        for name, conv_transpose in self.conv_transposes.items():
+            tensors[f"{name}.partial"] = conv_transpose.partial
+        for name, add in self.adds.items():
+            tensors[f"{name}.add.previous_x"] = add.previous_x
+            tensors[f"{name}.add.previous_y"] = add.previous_y
+        for index, attention in enumerate(self.attention_carries):
             prefix = f"decoder_transformer.transformer.layers.{index}.self_attn"
-            tensors[f"{prefix}.kv_cache.cache"] = carry.kv_cache.cache
-            tensors[f"{prefix}.kv_cache.end_offset"] = carry.kv_cache.end_offset
-            tensors[f"{prefix}.offset"] = carry.offset
+            tensors[f"{prefix}.kv_cache.cache"] = attention.kv_cache.cache
+            tensors[f"{prefix}.kv_cache.end_offset"] = attention.kv_cache.end_offset
+            tensors[f"{prefix}.offset"] = attention.offset
         tensors["decoder_transformer.transformer.offset"] = self.transformer_carry.offset
         return tensors
 

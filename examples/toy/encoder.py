@@ -56,6 +56,8 @@ class PaddedConv(nn.Module):
 class RotaryWindowAttention(nn.Module):
     """New steps attend over the cached keys (at most `window`) and themselves; rotary positions from `step`."""
 
+    inverse_frequency: torch.Tensor  # a buffer, registered in __init__
+
     def __init__(self, channels: int, heads: int, window: int):
         super().__init__()
         self.qkv = nn.Linear(channels, 3 * channels)

@@ -16,6 +16,8 @@ from duplexcadence.interpreter.cli import serve, serve_ray
 from duplexcadence.interpreter.serve.client import SessionClient
 from duplexcadence.interpreter.serve.tail import served_tail
 
+pytestmark = pytest.mark.own_process  # starts Ray (tests/conftest.py says why)
+
 
 def dsl(capsys, *argv: str) -> tuple[int, str, str]:
     try:

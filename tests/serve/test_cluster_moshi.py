@@ -24,7 +24,7 @@ from duplexcadence.interpreter.serve.loadgen import run_load, verify
 from duplexcadence.interpreter.serve.pool import PoolConfig
 from duplexcadence.interpreter.serve.tail import served_tail
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.own_process]  # own_process: starts Ray (tests/conftest.py)
 
 FRAMES = 3
 # One slot per replica, no calibration (a given tick model), no warm-up: a CPU replica starts in seconds.

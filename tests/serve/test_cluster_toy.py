@@ -31,6 +31,8 @@ from duplexcadence.interpreter.serve.loadgen import SessionLoad, compare_with_st
 from duplexcadence.interpreter.serve.pool import PoolConfig
 from duplexcadence.interpreter.serve.tail import served_tail
 
+pytestmark = pytest.mark.own_process  # starts Ray (tests/conftest.py says why)
+
 TOY = served_tail("toy")
 SLOTS = 3
 # A given tick model (no calibration: capacity is the slots on any machine) and a period long enough that a

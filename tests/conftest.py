@@ -3,8 +3,8 @@
 * GPU tests are skipped cleanly where CUDA is absent.
 * Tests marked `own_process` (those that start a Ray cluster) run in a child pytest, one per module, and
   their results are reported here, test by test. Ray does not survive being started and shut down
-  several times in one process (ray-project/ray issue 31145: its background threads keep pointers into
-  the core worker that `ray.shutdown()` frees), so the suite's own process never starts it.
+  several times in one process (ray-project/ray#31145: its background threads keep pointers into the
+  core worker that `ray.shutdown()` frees), so the suite's own process never starts it.
 """
 
 from __future__ import annotations

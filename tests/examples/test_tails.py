@@ -169,3 +169,27 @@ def test_the_registry_and_the_bench_command_need_no_torch_until_it_runs():
     names, _, help_text = done.stdout.partition("\n")
     assert names == ",".join(NAMES)
     assert f"a registered tail ({', '.join(NAMES)})" in " ".join(help_text.split())
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("name", ["moshi", "personaplex", "qwen3omni"])
+def test_the_capture_probe_finds_nothing_to_block_in_a_shipped_tail(name):
+    """Every stage of these tails is captured on the H200 (docs/benchmarks.md); the probe that runs before each
+    capture (capture/obstacles.py) must not block one. On the CPU every `.item()` and data-sized operation
+    counts (all tensors are on the watched device); host-to-device copies show on CUDA only."""
+    from duplexcadence.interpreter.runtime.capture.graphs import probe_stage
+    from duplexcadence.interpreter.runtime.session import call_in_session
+
+    tail = tails.get(name)
+    if tail.missing():
+        pytest.skip(f"needs duplexcadence[{tail.extra}]")
+    runtime = tail.load_runtime(tail.build_model())
+    session = runtime.session()
+    found = {}
+    for graph_plan in runtime.plan.capture.captured:
+        firing = runtime.first_firing[graph_plan.signature]
+        for storage in session.storage.values():
+            storage.fill_zero()
+        stage = runtime.program.stages[firing.stage]
+        found[firing.stage, graph_plan.signature] = call_in_session(session, stage.rng, probe_stage, session, firing)
+    assert found and all(obstacles == [] for obstacles in found.values()), found

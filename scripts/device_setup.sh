@@ -2,7 +2,12 @@
 # Source this on the GPU machine (no registry there): installs the carried wheels (.whl/) into
 # /tmp/site and makes `duplexcadence` importable from this checkout without building it, with its
 # metadata (the `duplexcadence.tails` entry points of pyproject.toml) so that `dsl bench TAIL` finds the tails.
+# With .raybundle/ray-py312.tar.xz (built by scripts/device_ray_bundle.sh where a registry is reachable) it
+# first unpacks Ray and what Ray Serve needs into /tmp/site; the carried wheels then install over it.
 #   source scripts/device_setup.sh
+if [ -f .raybundle/ray-py312.tar.xz ]; then
+  mkdir -p /tmp/site && tar -xJf .raybundle/ray-py312.tar.xz -C /tmp/site
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 mkdir -p /tmp/pkgs && ln -sfn "$PWD" /tmp/pkgs/duplexcadence
 python3 - <<'PY'

@@ -222,15 +222,23 @@ class Body:
         call = self.callables[stage.name]
         parts = ["model"] if call.is_hook else []
         views = iter(v for v in firing.views if v.kind in ("read", "update"))
-        for access in stage.accesses:
-            if access.kind == "write":
+        for used in in_declared_order(stage):
+            if isinstance(used, ObjectPass):
+                text = f"{used.object} (object {type(self.objects.get(used.object)).__name__})"
+                parts.append(f"{used.alias}={text}" if used.alias else text)
+                continue
+            if used.kind == "write":
                 continue
             view = next(views)
-            if access.region in self.attributes:
+            if used.region in self.attributes:
                 continue
-            shape = view.shape if view.shape is not None else self.program.regions[access.region].shape
-            text = f"{access.region} {self.program.regions[access.region].dtype}[{', '.join(map(str, shape))}]"
-            parts.append(f"{access.alias}={text}" if access.alias else text)
+            region = self.program.regions[used.region]
+            if view.initial and view.kind == "update":
+                text = f"{used.region} None (start {region.start})"
+            else:
+                shape = view.shape if view.shape is not None else region.shape
+                text = f"{used.region} {region.dtype}[{', '.join(map(str, shape))}]"
+            parts.append(f"{used.alias}={text}" if used.alias else text)
         callee = f"hook '{stage.target}'" if call.is_hook else f"module '{stage.target or '(root)'}'"
         return f"{callee} called as ({', '.join(parts)})"
 

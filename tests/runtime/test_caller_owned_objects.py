@@ -162,3 +162,24 @@ def test_an_object_path_follows_the_rules_of_model_paths(tmp_path):
         caught.value.diagnostics[0].message
         == "the binding '_hist' of region 'hist' goes through '_hist', a private attribute"
     )
+
+
+def test_a_failed_call_is_described_as_made_with_the_object_and_the_first_firings_none(tmp_path):
+    clock = tmp_path / "described.clock"
+    clock.write_text(
+        OBJECT.format(factory=" from make_state", path='state "hist"').replace(
+            "    update hist +1\n", "    update hist +1\n    update carry +1\n"
+        )
+        + "region carry : f32[1, time] on frame retain last 2 start first-firing\n"
+    )
+
+    def fails(model, x, state, carry):
+        raise RuntimeError("boom")
+
+    runtime = Runtime.load(clock, None, hooks={"s": fails, "make_state": lambda model: State()}, device="cpu")
+    with pytest.raises(Exception) as caught:
+        runtime.session().step(x=torch.ones(1, 1))
+    assert str(caught.value).startswith(
+        "stage 's' (hook 's' called as (model, x f32[1, 1], state (object State), carry None (start first-firing)))"
+        " raised at instant 0: RuntimeError('boom')"
+    )

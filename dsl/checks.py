@@ -20,7 +20,15 @@ from duplexcadence.dsl import bounds, complete, depgraph, messages
 from duplexcadence.dsl.complete import read_need, units_per_firing
 from duplexcadence.dsl.diagnostics import Diagnostic, Note
 from duplexcadence.dsl.printer import number_text
-from duplexcadence.dsl.program import Access, Program, StageInfo, firings_within, lcm_fractions, session_seconds
+from duplexcadence.dsl.program import (
+    Access,
+    Program,
+    RegionInfo,
+    StageInfo,
+    firings_within,
+    lcm_fractions,
+    session_seconds,
+)
 from duplexcadence.dsl.source import Span
 
 
@@ -343,6 +351,11 @@ def check_boundary_loss(program: Program) -> Iterator[Diagnostic]:
             )
 
 
+def _kind(region: RegionInfo) -> str:
+    """What a region of the program is to its user: a counter's device scalar is the counter."""
+    return "counter" if region.role == "counter" else "region"
+
+
 def check_bindings(program: Program) -> Iterator[Diagnostic]:
     """Two regions bound to one attribute would alias one tensor."""
     bound: dict[tuple[str | None, str], str] = {}
@@ -352,7 +365,9 @@ def check_bindings(program: Program) -> Iterator[Diagnostic]:
         key = (region.bind_object, region.bind)
         if key in bound:
             first = program.regions[bound[key]]
-            yield messages.shared_binding(name, region.bind, bound[key], region.bind_span, first.bind_span)
+            yield messages.shared_binding(
+                name, region.bind, bound[key], region.bind_span, first.bind_span, _kind(region), _kind(first)
+            )
         else:
             bound[key] = name
 
@@ -397,7 +412,7 @@ def check_objects(program: Program) -> Iterator[Diagnostic]:
             continue
         reported.add(key)
         declared = program.objects[region.bind_object].span if region.bind_object in program.objects else None
-        yield messages.object_unpassed(key, region.bind_object, region.bind_span, declared)
+        yield messages.object_unpassed(key, region.bind_object, region.bind_span, declared, _kind(region))
 
 
 RULES = (

@@ -644,26 +644,43 @@ def bad_family(region: str, value: str, span: Span | None) -> Diagnostic:
     )
 
 
-def bad_placeholder(region: str, placeholder: str, known: list[str], span: Span | None) -> Diagnostic:
+def bad_placeholder(
+    region: str, placeholder: str, known: list[str], span: Span | None, kind: str = "region"
+) -> Diagnostic:
+    """`kind`: what `region` is (`region`, or `counter` for a counter's binding)."""
     if known:
         helps = _did_you_mean(placeholder, known) + (
             "the placeholders here are " + ", ".join(f"{{{k}}}" for k in known),
         )
     else:
-        helps = (f"region '{region}' is not a family, so its binding has no placeholders",)
+        helps = (f"{kind} '{region}' is not a family, so its binding has no placeholders",)
     return Diagnostic(
-        BAD_BIND, f"the binding of region '{region}' uses the unknown placeholder {{{placeholder}}}", span, helps=helps
+        BAD_BIND, f"the binding of {kind} '{region}' uses the unknown placeholder {{{placeholder}}}", span, helps=helps
     )
 
 
-def shared_binding(region: str, path: str, other: str, span: Span | None, first: Span | None) -> Diagnostic:
+def shared_binding(
+    region: str,
+    path: str,
+    other: str,
+    span: Span | None,
+    first: Span | None,
+    kind: str = "region",
+    other_kind: str = "region",
+) -> Diagnostic:
+    """`kind`, `other_kind`: what `region` and `other` are (`region`, or `counter`)."""
     return Diagnostic(
         BAD_BIND,
-        f"region '{region}' binds to '{path}', which region '{other}' binds to already",
+        f"{kind} '{region}' binds to '{path}', which {other_kind} '{other}' binds to already",
         span,
         notes=(Note(f"'{other}' binds to it here", first),),
-        helps=("two regions cannot share one tensor: bind one of them elsewhere",),
+        helps=(f"{_pair(kind, other_kind)} cannot share one attribute: bind one of them elsewhere",),
     )
+
+
+def _pair(kind: str, other_kind: str) -> str:
+    """`two regions`, `two counters`, `a region and a counter`."""
+    return f"two {kind}s" if kind == other_kind else f"a {other_kind} and a {kind}"
 
 
 def bad_module_path(stage: str, path: str, problem: str, span: Span | None) -> Diagnostic:
@@ -687,10 +704,11 @@ def family_bind_without_index(region: str, path: str, count: int, index: str, sp
     )
 
 
-def bad_bind(region: str, path: str, problem: str, span: Span | None) -> Diagnostic:
+def bad_bind(region: str, path: str, problem: str, span: Span | None, kind: str = "region") -> Diagnostic:
+    """`kind`: what `region` is (`region`, or `counter` for a counter's binding)."""
     return Diagnostic(
         BAD_BIND,
-        f"the binding '{path}' of region '{region}' {problem}",
+        f"the binding '{path}' of {kind} '{region}' {problem}",
         span,
         helps=(
             "a binding is an attribute path from the model root, e.g. "
@@ -699,13 +717,24 @@ def bad_bind(region: str, path: str, problem: str, span: Span | None) -> Diagnos
     )
 
 
-def unsafe_path(keyword: str, owner: str, path: str, segment: str, dunder: bool, span: Span | None) -> Diagnostic:
-    """`keyword`: `module` (of stage `owner`) or `bind` (of region `owner`)."""
+def unsafe_path(
+    keyword: str,
+    owner: str,
+    path: str,
+    segment: str,
+    dunder: bool,
+    span: Span | None,
+    kind: str = "region",
+    obj: str | None = None,
+) -> Diagnostic:
+    """`keyword`: `module` (of stage `owner`) or `bind` (of `kind` `owner`: a region or a counter), `obj` the
+    object a binding starts at (None: the model root)."""
     what = (
         f"the module path '{path}' of stage '{owner}'"
         if keyword == "module"
-        else f"the binding '{path}' of region '{owner}'"
+        else f"the binding '{path}' of {kind} '{owner}'"
     )
+    opt_in = f"{keyword} private {obj} " if obj is not None else f"{keyword} private "
     legal = (
         "a path names public attributes of the model: child modules, parameters, buffers, tensors and the "
         "lists, dicts and plain objects that hold them"
@@ -723,7 +752,7 @@ def unsafe_path(keyword: str, owner: str, path: str, segment: str, dunder: bool,
         span,
         helps=(
             legal + ". Where the model keeps its state in a private attribute (moshi's `_streaming_state`), "
-            f'opt in: `{keyword} private "{path}"`',
+            f'opt in: `{opt_in}"{path}"`',
         ),
     )
 
@@ -1494,10 +1523,13 @@ def object_misuse(stage: str, obj: str, problem: str, span: Span | None, declare
     )
 
 
-def object_unpassed(region: str, obj: str, span: Span | None, declared: Span | None) -> Diagnostic:
+def object_unpassed(
+    region: str, obj: str, span: Span | None, declared: Span | None, kind: str = "region"
+) -> Diagnostic:
+    """`kind`: what `region` is (`region`, or `counter`)."""
     return Diagnostic(
         BAD_OBJECT,
-        f"region '{region}' binds into object '{obj}', which no stage passes",
+        f"{kind} '{region}' binds into object '{obj}', which no stage passes",
         span,
         notes=(Note(f"'{obj}' is declared here", declared),),
         helps=(f"add `update {obj}` (or `read {obj}`) to the stage whose call takes the object",),

@@ -684,7 +684,7 @@ class _Resolver:
             start, start_length = self._start(node, name, retention, clock, local, role)
             stock_shape = self._stock(node, name, shape, local)
             bind_clause = node.clause(syntax.BindClause)
-            bind = self._bind(node.name, bind_clause, local) if bind_clause else None
+            bind = self._bind(node.name, bind_clause, local, "region") if bind_clause else None
             if bind_clause is not None and bind is None:
                 return None
             bind_object = self._bind_owner(bind_clause) if bind_clause else None
@@ -860,7 +860,7 @@ class _Resolver:
             try:
                 step = self._whole(node.step, name, "step")
                 modulo = self._whole(node.modulo, name, "modulus") if node.modulo is not None else None
-                bind = self._bind(node.name, node.bind, {}) if node.bind is not None else None
+                bind = self._bind(node.name, node.bind, {}, "counter") if node.bind is not None else None
                 if node.bind is not None and bind is None:
                     return None
                 bind_object = self._bind_owner(node.bind) if node.bind is not None else None
@@ -1013,8 +1013,9 @@ class _Resolver:
         capacity = require_int(value, clause.capacity, f"the stock capacity of region '{name}'", 0)
         return tuple(capacity if d is None else d for d in shape)
 
-    def _bind(self, owner: str, clause: syntax.BindClause, local: dict[str, int]) -> str | None:
-        """The binding's path with family indices filled in; None (reported) if it is unsafe or malformed."""
+    def _bind(self, owner: str, clause: syntax.BindClause, local: dict[str, int], kind: str) -> str | None:
+        """The binding's path with family indices filled in; None (reported) if it is unsafe or malformed.
+        `kind`: what `owner` is, `region` or `counter`."""
         unknown: list[str] = []
 
         def fill(match: re.Match) -> str:
@@ -1028,15 +1029,15 @@ class _Resolver:
         if unsafe is not None:
             offset, segment, dunder = unsafe
             where = segment_span(clause.path_span, offset, segment) or clause.span
-            self.bag.add(messages.unsafe_path("bind", owner, clause.path, segment, dunder, where))
+            self.bag.add(messages.unsafe_path("bind", owner, clause.path, segment, dunder, where, kind, clause.owner))
             return None
         path = _PLACEHOLDER.sub(fill, clause.path)
         if unknown:
-            self.bag.add(messages.bad_placeholder(owner, unknown[0], list(local), clause.span))
+            self.bag.add(messages.bad_placeholder(owner, unknown[0], list(local), clause.span, kind))
             return None
         problem = path_problem(path)
         if problem is not None:
-            self.bag.add(messages.bad_bind(owner, path, problem, clause.span))
+            self.bag.add(messages.bad_bind(owner, path, problem, clause.span, kind))
             return None
         return path
 

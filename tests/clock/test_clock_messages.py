@@ -343,3 +343,31 @@ def test_a_loss_must_fit_the_advance_and_belong_to_an_output() -> None:
     )
     state = per_code.replace("on sample output", "on sample retain last 4").replace("WRITE", "+1920 loses 1")
     assert only(state).message == "stage 'decode' writes region 'wav' with `loses`, but 'wav' is not an output"
+
+
+# --- counters and caller-owned objects ---------------------------------------------------------------
+
+COUNTED = HEADER + "object cache\nregion x : f32[1, time] on frame input\n"
+PASSED = "stage s on frame { hook h; read x; update cache; read c }\n"
+
+
+def test_a_counters_binding_is_reported_as_the_counters() -> None:
+    shared = only(
+        COUNTED + 'counter c +1 on frame bind "n"\ncounter d +1 on frame bind "n"\n' + PASSED[:-3] + "; read d }\n"
+    )
+    assert (shared.message, shared.helps) == (
+        "counter 'd' binds to 'n', which counter 'c' binds to already",
+        ("two counters cannot share one attribute: bind one of them elsewhere",),
+    )
+    placeholder = only(COUNTED + 'counter c +1 on frame bind "n.{i}"\n' + PASSED)
+    assert placeholder.message == "the binding of counter 'c' uses the unknown placeholder {i}"
+    empty = only(COUNTED + 'counter c +1 on frame bind "a..b"\n' + PASSED)
+    assert empty.message == "the binding 'a..b' of counter 'c' has an empty part between dots"
+    unpassed = only(COUNTED + 'counter c +1 on frame bind cache "n"\nstage s on frame { hook h; read x; read c }\n')
+    assert unpassed.message == "counter 'c' binds into object 'cache', which no stage passes"
+
+
+def test_a_private_path_into_an_object_opts_in_with_the_object_named() -> None:
+    found = only(COUNTED + 'counter c +1 on frame bind cache "_n"\n' + PASSED)
+    assert found.message == "the binding '_n' of counter 'c' goes through '_n', a private attribute"
+    assert found.helps[0].endswith('opt in: `bind private cache "_n"`')

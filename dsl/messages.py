@@ -363,7 +363,10 @@ def duplicate_name(
         message,
         span,
         notes=(Note(note, first),),
-        helps=("params, clocks, regions and stages share one namespace: rename one of them, or delete the second",),
+        helps=(
+            "params, clocks, regions, counters, objects and stages share one namespace: rename one of them, "
+            "or delete the second",
+        ),
     )
 
 

@@ -106,7 +106,9 @@ def test_unknown_param_override_suggests() -> None:
 
 
 def test_duplicate_names_point_at_both_sites() -> None:
-    assert full("param B = 1\nclock c = 1 Hz\nparam B = 2\n") == textwrap.dedent("""\
+    assert (
+        full("param B = 1\nclock c = 1 Hz\nparam B = 2\n")
+        == textwrap.dedent("""\
         error[duplicate-name]: param 'B' is defined twice
          --> prog.clock:3:7
           |
@@ -115,7 +117,8 @@ def test_duplicate_names_point_at_both_sites() -> None:
           = note: 'B' is first defined here (prog.clock:1:7)
         1 | param B = 1
           |       ^
-          = help: params, clocks, regions and stages share one namespace: rename one of them, or delete the second""")
+          = help: params, clocks, regions, counters, objects and stages share one namespace: rename one of them, or delete the second""")
+    )
 
 
 def test_a_duplicate_of_another_kind_names_both_kinds() -> None:

@@ -1552,6 +1552,19 @@ def object_unavailable(obj: str, problem: str, span: Span | None) -> Diagnostic:
     )
 
 
+def object_given_and_made(obj: str, factory: str, span: Span | None) -> Diagnostic:
+    """At load: an object given in `objects=` that the `.clock` has a factory make per session."""
+    return Diagnostic(
+        BINDING_MISMATCH,
+        f"object '{obj}' is given in objects=, but the .clock has '{factory}' make it for each session",
+        span,
+        helps=(
+            f"leave it out of objects= (each session gets its own from '{factory}'), or declare `object {obj}` "
+            "without `from` to share the one given by every session",
+        ),
+    )
+
+
 def family_alias(stage: str, family: str, alias: str, count: int, span: Span | None) -> Diagnostic:
     """`read kv as cache` where `kv` has several members: one keyword cannot pass them all."""
     return Diagnostic(

@@ -390,6 +390,9 @@ def bind_objects(
         )
     for info in program.objects.values():
         if info.factory is not None:
+            if info.name in given:
+                problems.append(messages.object_given_and_made(info.name, info.factory, info.span))
+                continue
             factory = hooks.get(info.factory)
             if factory is None:
                 problems.append(

@@ -134,6 +134,10 @@ def test_what_loading_an_object_refuses(tmp_path):
     assert expect_load_error(tmp_path, objects={"other": State()}) == (
         "binding-mismatch: object 'other' is given in objects= but the .clock declares no such object (`object NAME`)"
     )
+    assert expect_load_error(tmp_path, objects={"state": State()}) == (
+        "binding-mismatch: object 'state' is given in objects=, but the .clock has 'make_state' make it for each "
+        "session"
+    )
     assert expect_load_error(tmp_path, path='state "history"') == (
         "binding-mismatch: region 'hist' binds to 'state: history', 'State' has no attribute 'history'"
     )

@@ -190,6 +190,7 @@ class Simulator:
         self.override: dict[str, int] = {}
         self.last = False
         self.scale = Fraction(1)
+        self.fed: dict[str, tuple[int, int]] = {}  # input -> (units fed, units planned), at an instant off the plan
         self.pending = {name for name, region in program.regions.items() if region.start in ("first", "first-firing")}
         self.tickers = counter_tickers(program)
         for name, region in program.regions.items():
@@ -260,6 +261,7 @@ class Simulator:
         """The fraction of the planned time an instant covers: fed units (plus the lookahead the reads
         held back, on the last instant) over the planned arrivals; 1 for a planned instant."""
         scales: dict[str, Fraction] = {}
+        self.fed = {}
         for name in stages:
             k = self.counts[name]
             for access in self.program.stages[name].accesses:
@@ -273,6 +275,7 @@ class Simulator:
                         raise ValueError(f"input '{access.region}' gets {units} units at an instant that plans none")
                     continue
                 scales[access.region] = Fraction(units, planned)
+                self.fed[access.region] = (units, planned)
         if len(set(scales.values())) > 1:
             raise ValueError(
                 "the inputs of one instant must cover the same fraction of its planned time, not "
@@ -286,9 +289,16 @@ class Simulator:
         if units.denominator != 1:
             raise ValueError(
                 f"stage '{stage}' advances region '{region}' by {advance} units a planned instant; "
-                f"this instant covers {self.scale} of one, which is not a whole number of units"
+                f"this instant covers {self.scale} of one ({self._fed_text()}), which is not a whole number of units"
             )
         return int(units)
+
+    def _fed_text(self) -> str:
+        """What the inputs of an instant off the plan bring: `input 'pcm' brings 15 of the 16 units planned`."""
+        return ", ".join(
+            f"input '{name}' brings {units} of the {planned} units planned"
+            for name, (units, planned) in sorted(self.fed.items())
+        )
 
     def fire(self, stage_name: str, instant: int, time: Fraction) -> Firing:
         stage = self.program.stages[stage_name]

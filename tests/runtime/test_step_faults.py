@@ -256,7 +256,10 @@ def test_a_bad_call_off_the_plan_and_at_finish_changes_nothing(tmp_path):
     chunks = [[1, 2, 3, 4], [5, 6], [8, 9, 10, 11], [12, 13, 14, 15], [16]]
     expected = chunked.reference(chunks, last_index=4)
     bad = [
-        ({"tokens": torch.tensor([[5]])}, "is not a whole number of units"),  # a quarter chunk: coarse +1/2
+        (  # a quarter chunk: coarse +1/2
+            {"tokens": torch.tensor([[5]])},
+            "covers 1/4 of one (input 'tokens' brings 1 of the 4 units planned), which is not a whole number of units",
+        ),
         ({"tokens": torch.tensor([[5.0, 6.0]])}, "dtype f32[1, 2] on cpu"),
         ({"tokens": torch.tensor([[5, 6]], device="meta")}, "on meta"),
         ({"tokens": torch.zeros(1, 36, dtype=torch.int64)}, "input 'tokens' has 36 units where the plan feeds 4"),

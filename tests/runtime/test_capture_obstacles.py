@@ -118,6 +118,32 @@ def test_the_probe_of_a_session_stage_reports_everything_at_once(tmp_path):
     assert counter.helps[0].startswith("read the counter's device scalar in captured code (`read tick`")
 
 
+@pytest.mark.parametrize(
+    "copied",
+    [
+        lambda counters: dict(counters),
+        lambda counters: {**counters},
+        lambda counters: counters.copy(),
+        lambda counters: counters | {},
+        lambda counters: {} | counters,
+        lambda counters: dict(counters.items()),
+    ],
+    ids=["dict", "unpacked", "copy", "or", "ror", "items"],
+)
+def test_a_hook_that_copies_the_counters_is_seen_using_them(tmp_path, copied):
+    def speak_from_a_copy(model, x, state, firing):
+        return x + copied(firing.counters)["tick"]
+
+    path = tmp_path / "speak.clock"
+    path.write_text(CLOCK)
+    hooks = {"speak": speak_from_a_copy, "make_state": lambda model: State()}
+    runtime = Runtime.load(path, None, hooks=hooks, device="cpu")
+    found = probe_stage(runtime.session(), runtime.plan.trace.firings[0])
+    assert [o.operation for o in found] == [
+        "uses counter 'tick' as a Python int (firing.counters), whose value changes between replays of one graph"
+    ]
+
+
 def test_a_counter_bound_as_a_python_int_where_the_stage_sees_it_is_an_obstacle():
     runtime = Runtime.load("examples/toy/encoder.clock", build_encoder(), hooks={"new_cache": new_cache}, device="cpu")
     session = runtime.session()

@@ -29,8 +29,8 @@ Public: `Obstacle`, `ObstacleCounter`, `RecordedCounters`, `find_obstacles`, `co
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import torch
@@ -228,8 +228,13 @@ def find_obstacles(
     return counter.obstacles(max(0, synchronisations - counter.synchronising()))
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
 class RecordedCounters(dict[str, int]):
-    """`firing.counters` during the probe: the counters a hook reads are in `read`."""
+    """`firing.counters` during the probe: the counters a hook reads are in `read`, also when it copies them
+    (`dict(...)`, `{**...}`, `.copy()`, `|`)."""
 
     def __init__(self, values: dict[str, int]):
         super().__init__(values)
@@ -238,6 +243,21 @@ class RecordedCounters(dict[str, int]):
     def __getitem__(self, key: str) -> int:
         self.read.add(key)
         return super().__getitem__(key)
+
+    def __iter__(self) -> Iterator[str]:
+        # Overriding __iter__ takes CPython's dict copy off its fast path: `dict(...)`, `{**...}` and
+        # `update(...)` then read every value through __getitem__.
+        return super().__iter__()
+
+    def copy(self) -> dict[str, int]:
+        self.read.update(self)
+        return dict(super().items())
+
+    def __or__(self, other: dict[_K, _V]) -> dict[str | _K, int | _V]:
+        return self.copy() | other
+
+    def __ror__(self, other: dict[_K, _V]) -> dict[str | _K, int | _V]:
+        return other | self.copy()
 
     def get(self, key: str, default: Any = None) -> Any:
         self.read.add(key)

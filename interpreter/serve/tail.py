@@ -22,6 +22,7 @@ import torch
 
 import duplexcadence
 from duplexcadence.interpreter import tails
+from duplexcadence.interpreter.runtime.rng import get_rng_state, seeded_rng_state, set_rng_state
 from duplexcadence.interpreter.serve import messages
 
 
@@ -140,24 +141,6 @@ def clock_tail(clock: str, model: Any, params: Mapping[str, str], device: str) -
     return ServedTail(Path(clock).stem, load, device=device, options=dict(params))
 
 
-def rng_state(device: torch.device) -> torch.Tensor:
-    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
-
-
-def set_rng_state(device: torch.device, state: torch.Tensor) -> None:
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(state, device)
-    else:
-        torch.set_rng_state(state)
-
-
-def seeded_state(seed: int, device: torch.device) -> torch.Tensor:
-    """The default generator's state after seeding it with `seed`, from a generator of our own (as the
-    runtime seeds a session: `Runtime.session(seed=...)`)."""
-    generator = torch.Generator(device=device) if device.type == "cuda" else torch.Generator()
-    return generator.manual_seed(seed).get_state()
-
-
 class SeededStock:
     """A stock loop that draws its random numbers from its own generator state, seeded with the session's
     seed at start and at every `reset`, as a runtime session does: its draws never depend on other work."""
@@ -168,20 +151,20 @@ class SeededStock:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.state = seeded_state(seed, self.device)
+        self.state = seeded_rng_state(seed, self.device)
 
     def reset(self) -> None:
         self.stock.reset()
-        self.state = seeded_state(self.seed, self.device)
+        self.state = seeded_rng_state(self.seed, self.device)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        saved = rng_state(self.device)
+        saved = get_rng_state(self.device)
         set_rng_state(self.device, self.state)
         try:
             yield
         finally:
-            self.state = rng_state(self.device)
+            self.state = get_rng_state(self.device)
             set_rng_state(self.device, saved)
 
     @torch.no_grad()

@@ -33,7 +33,6 @@ import contextlib
 import json
 import math
 import platform
-import socket
 import sys
 import time
 from typing import Any
@@ -51,12 +50,6 @@ DEFAULTS = {  # slots, lanes, ticks per load
     "minicpmo45": (24, 4, 12),
     "toy": (3, 1, 12),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def p99(loads: list[SessionLoad]) -> float | None:
@@ -279,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     stock = served_tail(args.tail, params=params, device="cpu" if cpu else "cuda")
     config = PoolConfig(slots=slots, lanes=lanes, enforce_tick_budget=False, idle_timeout_s=600)
     spec = PoolSpec(args.tail, None, params, config, cpu_threads=1 if cpu else None)
-    port = free_port()
+    port = 0  # a free one; the calls that scale the application keep it
     seeds = iter(range(0, 10**9, 1000))
     result: dict[str, Any] = {"tail": args.tail, "device": args.device, "slots": slots, "lanes": lanes, "ticks": ticks}
     result["command"] = " ".join([sys.executable, *sys.argv])
@@ -296,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             started = time.perf_counter()
             cluster = start(spec, cluster_config)  # the second call scales the running application
+            port = cluster.config.port
             capacities = cluster.capacities()
             period = next(iter(capacities.values()))["tick_period_s"]
             deadline = args.deadline or period

@@ -322,3 +322,14 @@ def replicas_not_serving(found: int, wanted: int, timeout_s: float) -> str:
 
 def replicas_failed(reason: str) -> str:
     return f"the replicas did not start: {reason}"
+
+
+def proxy_port_taken(host: str, port: int, tries: int | None = None) -> str:
+    """`tries`: how many free ports were tried (port 0), the last being `port`."""
+    if tries is not None:
+        return f"the Serve proxy could not bind a free port on {host}: each of {tries} was taken first (last {port})"
+    return f"the Serve proxy cannot listen on {host}:{port}: the port is in use (another port, or 0 for a free one)"
+
+
+def no_free_port(host: str, low: int, high: int) -> str:
+    return f"no free port on {host} from {low} to {high - 1} for the Serve proxy"

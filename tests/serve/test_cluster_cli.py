@@ -14,6 +14,7 @@ pytest.importorskip("ray.serve")
 from duplexcadence.interpreter.cli import main as cli
 from duplexcadence.interpreter.cli import serve, serve_ray
 from duplexcadence.interpreter.serve.client import SessionClient
+from duplexcadence.interpreter.serve.cluster import launch
 from duplexcadence.interpreter.serve.tail import served_tail
 
 pytestmark = pytest.mark.own_process  # starts Ray (tests/conftest.py says why)
@@ -57,17 +58,10 @@ def test_what_cannot_be_served_is_a_usage_error_before_ray_starts(capsys, argv, 
     assert err.endswith(says) and "Traceback" not in err
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_dsl_serve_ray_starts_replicas_serves_a_session_and_stops(capsys):
-    port = free_port()
     args = cli.build_parser("serve").parse_args(
         ["serve", "toy", "--ray", "--ray-cpus", "2", "--device", "cpu", "--replicas", "2", "--cpus-per-replica", "0.5"]
-        + ["--slots", "2", "--port", str(port), "--drain-timeout", "30"]
+        + ["--slots", "2", "--port", "0", "--drain-timeout", "30"]
     )
     config = serve_ray.cluster_config(args)
     assert (config.gpus_per_replica, config.replicas, config.local_cpus, config.drain_timeout_s) == (0.0, 2, 2, 30.0)
@@ -81,7 +75,7 @@ def test_dsl_serve_ray_starts_replicas_serves_a_session_and_stops(capsys):
             return client.replica, outputs, closed
 
         served["replica"], served["outputs"], served["closed"] = asyncio.run(asyncio.wait_for(one_session(), 60))
-        served["replicas"] = sorted(cluster.capacities())
+        served["replicas"], served["port"] = sorted(cluster.capacities()), cluster.config.port
         stop.set()
 
     code = serve_ray.serve_cluster(args, serve.pool_config(args), {}, started=started, stop=stop)
@@ -91,7 +85,8 @@ def test_dsl_serve_ray_starts_replicas_serves_a_session_and_stops(capsys):
     assert served["replica"] in served["replicas"] and len(served["replicas"]) == 2
     assert (len(served["outputs"]), served["closed"]["ticks"], served["closed"]["errors"]) == (3, 3, 0)
     assert err[0] == "starting 2 replica(s) of 'toy' on Ray"
-    assert err[1] == f"serving on 2 replica(s) through ws://127.0.0.1:{port}/v1/session"
+    assert served["port"] >= launch.FREE_PORT_LOW
+    assert err[1] == f"serving on 2 replica(s) through ws://127.0.0.1:{served['port']}/v1/session"
     assert sorted(err[2:4]) == [
         f"  replica {name} on cpu: capacity 2 sessions of 2 slots, 0 active" for name in served["replicas"]
     ]
@@ -102,7 +97,7 @@ def test_a_pool_that_cannot_start_on_the_replicas_is_a_usage_error_with_its_reas
     code, out, err = dsl(
         capsys,
         *["serve", "toy", "--ray", "--ray-cpus", "2", "--device", "cpu", "--replicas", "1", "--cpus-per-replica"],
-        *["0.5", "--slots", "2", "--lockstep", "2", "--port", str(free_port())],
+        *["0.5", "--slots", "2", "--lockstep", "2", "--port", "0"],
     )
     # Ray's raylet may print its own line as Serve stops ("Task ServeController.graceful_shutdown failed...")
     assert code == 2 and all("(raylet)" in line for line in out.splitlines())
@@ -110,4 +105,21 @@ def test_a_pool_that_cannot_start_on_the_replicas_is_a_usage_error_with_its_reas
         "dsl serve: error: the replicas did not start: ValueError: --lockstep 2: this plan cannot take a session "
         "into a running group: region(s) cache do not start as zeros, so a zeroed row is not a fresh one; members "
         "join at the group's start"
+    )
+
+
+def test_a_port_in_use_is_a_usage_error_that_names_it(capsys):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        code, out, err = dsl(
+            capsys,
+            *["serve", "toy", "--ray", "--ray-cpus", "2", "--device", "cpu", "--replicas", "1"],
+            *["--cpus-per-replica", "0.5", "--slots", "2", "--port", str(port)],
+        )
+    assert code == 2 and all("(raylet)" in line for line in out.splitlines())
+    assert err.splitlines()[-1] == (
+        f"dsl serve: error: the Serve proxy cannot listen on 127.0.0.1:{port}: the port is in use (another port, "
+        "or 0 for a free one)"
     )

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import socket
 import time
 
 import pytest
@@ -40,12 +39,6 @@ SLOTS = 3
 POOL = PoolConfig(slots=SLOTS, lanes=1, tick_model=TickModel(0.0, 0.001), tick_period_s=0.2, idle_timeout_s=300)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """Stock runs with the replicas' one intra-op thread (`PoolSpec.cpu_threads`): CPU kernels sum in another
@@ -58,7 +51,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def cluster():
-    config = ClusterConfig(replicas=2, cpus_per_replica=0.5, local_cpus=2, port=free_port(), stats_period_s=0.2)
+    config = ClusterConfig(replicas=2, cpus_per_replica=0.5, local_cpus=2, port=0, stats_period_s=0.2)
     running = start(PoolSpec("toy", config=POOL, cpu_threads=1), config)
     try:
         yield running

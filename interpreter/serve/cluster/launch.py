@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import logging
 import os
+import random
+import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -30,6 +33,12 @@ from duplexcadence.interpreter.serve.cluster.replica import DEPLOYMENT, DEPLOYME
 REPLICA_ACTOR_PREFIX = "SERVE_REPLICA::"
 SERVE_NAMESPACE = "serve"
 ROUTER_CLASS = "duplexcadence.interpreter.serve.cluster.router:FreeCapacityRouter"
+PROXY_BIND_FAILURE = "Failed to bind to address"  # the text of the Serve proxy's error when its port is taken
+PROXY_START_ATTEMPTS = 3  # with port 0: how many free ports are tried, should another process take one first
+# A starting Ray binds ports at random from the kernel's ephemeral range and up (as does any bind to port 0), and
+# `ray start` gives its workers 10002-19999: a port from between the two is one that no starting Ray takes.
+FREE_PORT_LOW = 20000
+EPHEMERAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 @attrs.frozen
@@ -40,7 +49,7 @@ class ClusterConfig:
     cluster (`auto`, `HOST:PORT`, `ray://...`; None: a local one with `local_cpus` CPUs (None: every core) and the GPUs it finds);
     `gpus_per_replica`: None takes 1 when the cluster has GPUs, else 0 (a CPU replica with `cpus_per_replica`);
     `runtime_env`: the replicas' Ray runtime environment (a `working_dir` for a model builder of your own);
-    `host`/`port`: the Serve HTTP proxy;
+    `host`/`port`: the Serve HTTP proxy (port 0: a free one, which `DuplexCluster.config.port` then holds);
     `stats_period_s`: how often each replica's capacity is polled for the router; `drain_timeout_s`: how long a
     replica Serve stops (scale-down, redeploy, shutdown) waits for its sessions; `health_check_period_s`: how
     often its device thread is probed; `start_attempts`: how often Serve starts a replica whose pool fails to
@@ -72,6 +81,8 @@ class ClusterConfig:
             found.append("gpus and cpus per replica cannot be negative")
         if self.gpus_per_replica == 0 and self.cpus_per_replica == 0:
             found.append("a replica needs a GPU or a share of a CPU (gpus_per_replica or cpus_per_replica above 0)")
+        if not 0 <= self.port <= 65535:
+            found.append(f"the proxy's port must be 0 (a free one) to 65535, not {self.port}")
         if not self.stats_period_s > 0:
             found.append(f"the routing-stats period must be above 0 s, not {self.stats_period_s}")
         return found
@@ -127,7 +138,49 @@ def init_ray(config: ClusterConfig) -> bool:
 
 
 class ClusterStartError(RuntimeError):
-    """The replicas did not start: the first replica's own error."""
+    """The replicas did not start: the first replica's own error, or the proxy's port was taken."""
+
+
+def ephemeral_port_floor() -> int:
+    """The lowest port the kernel hands out for a bind to port 0 (Linux's default where it cannot be read)."""
+    try:
+        return int(EPHEMERAL_PORT_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_proxy_port(host: str) -> int:
+    """A port on `host` that is free now and that neither the kernel nor a starting Ray hands out."""
+    high = max(ephemeral_port_floor(), FREE_PORT_LOW + 1000)
+    for _ in range(200):
+        port = random.randrange(FREE_PORT_LOW, high)
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise ClusterStartError(messages.no_free_port(host, FREE_PORT_LOW, high))
+
+
+def start_proxy(config: ClusterConfig) -> ClusterConfig:
+    """Start Serve with its HTTP proxy on `config.host:config.port` and return `config` with the port it listens
+    on. Port 0 takes a free port, and another should a process take the first before the proxy binds it."""
+    from ray import serve
+
+    chosen = config
+    for _ in range(PROXY_START_ATTEMPTS if config.port == 0 else 1):
+        if config.port == 0:
+            chosen = attrs.evolve(config, port=free_proxy_port(config.host))
+        try:
+            serve.start(http_options={"host": chosen.host, "port": chosen.port})
+            return chosen
+        except Exception as error:  # a RayTaskError wrapping the proxy's RuntimeError
+            if PROXY_BIND_FAILURE not in str(error):
+                raise
+            serve.shutdown()
+    tries = PROXY_START_ATTEMPTS if config.port == 0 else None
+    raise ClusterStartError(messages.proxy_port_taken(chosen.host, chosen.port, tries))
 
 
 def start_error(app_name: str) -> ClusterStartError:
@@ -266,8 +319,7 @@ def start(spec: PoolSpec, config: ClusterConfig, wait: bool = True) -> DuplexClu
 
     started_ray = init_ray(config)
     try:
-        config = resolve(config)
-        serve.start(http_options={"host": config.host, "port": config.port})
+        config = start_proxy(resolve(config))
         application = DEPLOYMENT.options(**deployment_options(spec, config)).bind(spec)
         try:
             serve.run(application, name=config.app_name, route_prefix="/")

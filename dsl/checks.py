@@ -147,7 +147,7 @@ def check_accesses(program: Program) -> Iterator[Diagnostic]:
                     yield messages.bad_latency(
                         stage.name,
                         access.region,
-                        f"of {access.latency} units, longer than its advance of {access.advance}",
+                        f"of {messages.units(access.latency)}, longer than its advance of {access.advance}",
                         access.span,
                     )
             if access.region in written:

@@ -873,16 +873,17 @@ def advance_mismatch(
 ) -> Diagnostic:
     return Diagnostic(
         RATE_INCONSISTENT,
-        f"stage '{stage}' on clock '{stage_clock}' ({stage_rate} Hz) {verb} {_units(advance)} of region '{region}' "
+        f"stage '{stage}' on clock '{stage_clock}' ({stage_rate} Hz) {verb} {units(advance)} of region '{region}' "
         f"per firing, but '{region}' advances on clock '{region_clock}' ({region_rate} Hz), "
-        f"i.e. {_units(expected)} per firing",
+        f"i.e. {units(expected)} per firing",
         span,
-        helps=(f"write `+{expected}`, or put the region on a clock that advances {_units(advance)} per firing",),
+        helps=(f"write `+{expected}`, or put the region on a clock that advances {units(advance)} per firing",),
     )
 
 
-def _units(count: str) -> str:
-    return f"{count} unit" if count == "1" else f"{count} units"
+def units(count: int | str) -> str:
+    """`1 unit`, `3 units`: a count of a region's units, as every message words it."""
+    return f"{count} unit" if str(count) == "1" else f"{count} units"
 
 
 def fractional_advance(
@@ -963,7 +964,7 @@ def retention_too_short(
         there = f"which keeps {keeps}"
     return Diagnostic(
         RETENTION_TOO_SHORT,
-        f"stage '{stage}' reads {need} units of region '{region}' ({what}), {there}",
+        f"stage '{stage}' reads {units(need)} of region '{region}' ({what}), {there}",
         span,
         notes=(Note(f"'{region}' declares its retention here", declared),),
         helps=(f"raise the retention of '{region}' to at least {need - arriving}, or shorten the read",),
@@ -983,8 +984,8 @@ def lookahead_too_long(stage: str, region: str, lookahead: int, span_units: int,
     """A lookahead longer than the read's window (the whole kept region for a read without window)."""
     return Diagnostic(
         BAD_ACCESS,
-        f"stage '{stage}' reads a lookahead of {lookahead} units of region '{region}', "
-        f"more than the {span_units} units it reads",
+        f"stage '{stage}' reads a lookahead of {units(lookahead)} of region '{region}', "
+        f"more than the {units(span_units)} it reads",
         span,
         helps=("the lookahead is the newest part of the read: make it at most the read's length",),
     )

@@ -272,7 +272,9 @@ class Simulator:
                 units = self.override.get(access.region, planned) + (access.lookahead if self.last else 0)
                 if planned == 0:
                     if units:
-                        raise ValueError(f"input '{access.region}' gets {units} units at an instant that plans none")
+                        raise ValueError(
+                            f"input '{access.region}' gets {messages.units(units)} at an instant that plans none"
+                        )
                     continue
                 scales[access.region] = Fraction(units, planned)
                 self.fed[access.region] = (units, planned)
@@ -288,7 +290,7 @@ class Simulator:
         units = advance * self.scale
         if units.denominator != 1:
             raise ValueError(
-                f"stage '{stage}' advances region '{region}' by {advance} units a planned instant; "
+                f"stage '{stage}' advances region '{region}' by {messages.units(advance)} a planned instant; "
                 f"this instant covers {self.scale} of one ({self._fed_text()}), which is not a whole number of units"
             )
         return int(units)
@@ -296,7 +298,7 @@ class Simulator:
     def _fed_text(self) -> str:
         """What the inputs of an instant off the plan bring: `input 'pcm' brings 15 of the 16 units planned`."""
         return ", ".join(
-            f"input '{name}' brings {units} of the {planned} units planned"
+            f"input '{name}' brings {units} of the {messages.units(planned)} planned"
             for name, (units, planned) in sorted(self.fed.items())
         )
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from duplexcadence.dsl import messages
 from duplexcadence.dsl.program import ObjectPass, Program, RegionInfo
 from duplexcadence.interpreter.plans.trace import Firing, View
 from duplexcadence.interpreter.runtime.binding import (
@@ -161,7 +162,7 @@ class Body:
             if not _fits(region, written) or written.shape[axis] != view.length:  # copy_ would broadcast
                 raise TypeError(
                     f"stage '{stage.name}' wrote {describe(written)} to region '{name}', declared "
-                    f"{region.dtype}[{_dims(region)}] with {view.length} units at this firing"
+                    f"{region.dtype}[{_dims(region)}] with {messages.units(view.length)} at this firing"
                 )
             self.storage[name].append(view.offset, 0, written)
             if view.initial:
@@ -284,7 +285,7 @@ class Body:
         if region.fixed or region.retention.kind == "ring" or view.length == view.kept:
             return
         raise ValueError(
-            f"stage '{stage}' left region '{view.region}' as the {view.length} units it was handed (updated in "
+            f"stage '{stage}' left region '{view.region}' as the {messages.units(view.length)} it was handed (updated in "
             f"place, or not at all); the .clock says it advances {view.transient - _length(view)} per firing and "
             f"keeps {view.kept} ({region.retention.describe()}): assign the new version to the attribute"
         )
@@ -305,11 +306,11 @@ class Body:
 
 def _length_message(stage: str, view: View, region, units: int, advance: int, returned_handed: bool) -> str:
     expected = (
-        f"{view.transient} units"
+        messages.units(view.transient)
         if view.transient == view.kept
-        else f"{view.transient} units (held + advance), or {view.kept} (what the retention keeps of them)"
+        else f"{messages.units(view.transient)} (held + advance), or {view.kept} (what the retention keeps of them)"
     )
-    what = f"the {units} units it was handed" if returned_handed else f"{units} units"
+    what = f"the {messages.units(units)} it was handed" if returned_handed else messages.units(units)
     return (
         f"stage '{stage}' returned {what} as the new version of region '{view.region}'; the .clock says it held "
         f"{view.length} and advances {advance} per firing ({region.retention.describe()}), so the version has "

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from duplexcadence.dsl import messages
 from duplexcadence.dsl.program import Program
 from duplexcadence.interpreter.plans.plan import Plan
 from duplexcadence.interpreter.plans.trace import Firing, Simulator
@@ -134,9 +135,9 @@ def plan_instant(
             if capacity is not None and needed > capacity:
                 region = program.regions[view.region]
                 longer = [
-                    f"'{name}' has {units} units where the plan feeds {planned[name]}"
-                    for name, units in sorted(override.items())
-                    if units > planned[name]
+                    f"'{name}' has {messages.units(count)} where the plan feeds {planned[name]}"
+                    for name, count in sorted(override.items())
+                    if count > planned[name]
                 ]
                 cause = (
                     f"input {', '.join(longer)}: feed at most the planned units an instant"

@@ -85,6 +85,6 @@ def test_a_write_of_the_wrong_length_fails_the_step_with_both_shapes(tmp_path):
     session = runtime.session()
     with pytest.raises(SessionFailed) as caught:
         session.step(x=torch.zeros(1, 1))
-    assert "stage 's' wrote f32[1, 2] on cpu to region 'y', declared f32[1, time] with 1 units at this firing" in str(
+    assert "stage 's' wrote f32[1, 2] on cpu to region 'y', declared f32[1, time] with 1 unit at this firing" in str(
         caught.value.__cause__
     )

@@ -69,12 +69,12 @@ def test_the_well_behaved_hook_runs(tmp_path):
         (
             "y",
             lambda v: v[:, :1],
-            "stage 's' wrote f32[1, 1, 1] on cpu to region 'y', declared f32[1, 2, time] with 1 units at this firing",
+            "stage 's' wrote f32[1, 1, 1] on cpu to region 'y', declared f32[1, 2, time] with 1 unit at this firing",
         ),
         (
             "y",
             lambda v: torch.cat([v, v], dim=2),
-            "stage 's' wrote f32[1, 2, 2] on cpu to region 'y', declared f32[1, 2, time] with 1 units at this firing",
+            "stage 's' wrote f32[1, 2, 2] on cpu to region 'y', declared f32[1, 2, time] with 1 unit at this firing",
         ),
         ("y", lambda v: v[:, :, :0], "stage 's' wrote f32[1, 2, 0] on cpu to region 'y'"),
     ],

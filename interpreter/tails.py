@@ -17,6 +17,9 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import os
+import sys
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,28 @@ class TailError(LookupError):
 
 class TailUnavailable(TailError, ImportError):
     """A registered tail whose optional packages are not installed."""
+
+
+class ImportFailed(LookupError):
+    """A function the user names (`MODULE:FUNCTION` on a command line) that cannot be imported: the message
+    says why."""
+
+
+def import_function(module_name: str, function_name: str) -> Callable[..., Any]:
+    """FUNCTION of MODULE, from the current folder or the installed packages (a user's own model builder,
+    stock loop or bench subject); `ImportFailed` saying why not."""
+    if os.getcwd() not in sys.path:  # a console script does not put the current folder on the path
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ImportFailed(
+            f"cannot import '{module_name}' from the current folder or the installed packages: {error}"
+        ) from error
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ImportFailed(f"'{module_name}' has no function '{function_name}'")
+    return function
 
 
 @attrs.frozen

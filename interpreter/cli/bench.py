@@ -12,8 +12,6 @@ Torch and the bench are imported by `run` only, so that `dsl --help` starts with
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -60,16 +58,10 @@ def subject_function(name: str) -> Callable[..., Any] | str:
     if not sep or not module_name or not function_name:
         registered = ", ".join(tails.available()) or "none registered"
         return f"'{name}' is neither a registered tail ({registered}) nor MODULE:FUNCTION (a subject of your own, e.g. mybench:subject)"
-    if os.getcwd() not in sys.path:  # a console script does not put the current folder on the path
-        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        return f"cannot import '{module_name}' from the current folder or the installed packages: {error}"
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        return f"'{module_name}' has no function '{function_name}'"
-    return function
+        return tails.import_function(module_name, function_name)
+    except tails.ImportFailed as error:
+        return str(error)
 
 
 def run(args: argparse.Namespace) -> int:

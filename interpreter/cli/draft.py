@@ -9,11 +9,10 @@ does not pass `dsl check` (its diagnostics are printed), 2 when the loop cannot 
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 import sys
 from collections.abc import Callable
 
+from duplexcadence.interpreter import tails
 from duplexcadence.interpreter.cli.common import (
     EXIT_CLEAN,
     EXIT_PROBLEMS,
@@ -33,16 +32,10 @@ def _loop_function(spec: str) -> Callable[..., object] | str:
     module_name, sep, function_name = spec.partition(":")
     if not sep or not module_name or not function_name:
         return f"'{spec}' is not MODULE:FUNCTION (a function returning a StockLoop, e.g. mymodel_draft:stock_loop)"
-    if os.getcwd() not in sys.path:  # a console script does not put the current folder on the path
-        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        return f"cannot import '{module_name}' from the current folder or the installed packages: {error}"
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        return f"'{module_name}' has no function '{function_name}'"
-    return function
+        return tails.import_function(module_name, function_name)
+    except tails.ImportFailed as error:
+        return str(error)
 
 
 def _options(pairs: list[str]) -> dict[str, str] | str:

@@ -9,10 +9,7 @@ way the runtime does).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
-import os
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -107,18 +104,10 @@ def import_function(target: str) -> Callable[..., Any]:
     module_name, sep, function_name = target.partition(":")
     if not sep or not module_name or not function_name:
         raise ServeSetupError(f"--model {target!r} is not MODULE:FUNCTION (e.g. mymodel:build)")
-    if os.getcwd() not in sys.path:  # a console script does not put the current folder on the path
-        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ServeSetupError(
-            f"cannot import '{module_name}' from the current folder or the installed packages: {error}"
-        ) from error
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        raise ServeSetupError(f"'{module_name}' has no function '{function_name}'")
-    return function
+        return tails.import_function(module_name, function_name)
+    except tails.ImportFailed as error:
+        raise ServeSetupError(str(error)) from error
 
 
 def clock_tail(clock: str, model: Any, params: Mapping[str, str], device: str) -> ServedTail:

@@ -1270,21 +1270,7 @@ def names_in_order(expr) -> list[str]:
 
 def free_names(node) -> tuple[str, ...]:
     """Every name an AST node's expressions mention, sorted (for the dependency graph)."""
-    found: set[str] = set()
-
-    def walk(value) -> None:
-        if isinstance(value, syntax.Name):
-            found.add(value.id)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                walk(item)
-        elif attrs.has(type(value)):
-            for field in attrs.fields(type(value)):
-                if field.name != "span":
-                    walk(getattr(value, field.name))
-
-    walk(node)
-    return tuple(sorted(found))
+    return tuple(sorted(names_in_order(node)))
 
 
 PythonValue = int | Fraction | list["PythonValue"]

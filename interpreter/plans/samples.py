@@ -189,22 +189,39 @@ def _emitted(part: _Instant, fed_since: int, ratio: Fraction, access: Access) ->
     return int(units) - access.loss if units.denominator == 1 else None
 
 
+def _cadences_within(clocks: ClockPlan, cadence: Fraction, seconds: Fraction, most: int) -> int:
+    """The most whole cadences, up to `seconds`, whose session has at most `most` instants."""
+    low, high = 0, int(seconds / cadence)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if clocks.instants_within(middle * cadence) <= most:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
 def account_samples(
     program: Program, clocks: ClockPlan, trace: Trace, seconds: Fraction | None = None
 ) -> SampleAccount:
-    """Pass 6: every output's units over a session of `seconds` (default: 60 s, whole cadences).
-    Raises SessionLengthError for a session that is not positive or longer than MAX_SESSION_INSTANTS."""
+    """Pass 6: every output's units over a session of `seconds` (default: 60 s, whole cadences, shortened to
+    the whole cadences of MAX_SESSION_INSTANTS instants where 60 s holds more). Raises SessionLengthError for
+    a session given that is not positive or longer than MAX_SESSION_INSTANTS."""
+    asked = seconds
     seconds = session_seconds(program.cadence, seconds)
     if seconds <= 0:
         raise SessionLengthError(f"a session lasts a positive number of seconds, not {number_text(seconds)}")
     instants = clocks.instants_within(seconds)
-    if instants > MAX_SESSION_INSTANTS:
-        raise SessionLengthError(
-            f"a session of {number_text(seconds)} s has {instants} instants; the sample accounting sums at most "
-            f"{MAX_SESSION_INSTANTS}"
-        )
-    traced = len(trace.states)
     clamped = None
+    if instants > MAX_SESSION_INSTANTS:
+        too_long = f"a session of {number_text(seconds)} s has {instants} instants; the sample accounting sums at most {MAX_SESSION_INSTANTS}"
+        fitting = _cadences_within(clocks, program.cadence, seconds, MAX_SESSION_INSTANTS)
+        if asked is not None or fitting == 0:
+            raise SessionLengthError(too_long)
+        seconds = fitting * program.cadence
+        instants = clocks.instants_within(seconds)
+        clamped = f"{too_long}: accounted over the first {number_text(seconds)} s"
+    traced = len(trace.states)
     if not trace.periodic and instants > traced:
         clamped = f"{trace.reason}: accounted over the {traced} instants traced"
         instants = traced

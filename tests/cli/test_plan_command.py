@@ -5,6 +5,8 @@ session the samples are counted over."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from duplexcadence.dsl import loader
@@ -144,3 +146,32 @@ def test_a_session_the_accounting_refuses_is_a_usage_error(capsys, seconds: str,
     assert code == 2
     out, err = capsys.readouterr()
     assert out == "" and f"dsl plan: error: {says}" in err
+
+
+MEGAHERTZ_CLOCK = """\
+cadence 0.001 ms
+clock sample = 1000 kHz
+region x : f32[1, time] on sample input
+region y : f32[1, time] on sample output
+stage s on sample {
+    hook copy
+    read x
+    write y +1
+}
+"""
+
+
+def test_the_default_session_is_shortened_to_what_the_accounting_sums(tmp_path, capsys) -> None:
+    """60 s of a 1 MHz clock are 60 000 000 instants: the default session is cut to the first 10 s, said in
+    the plan; given with --seconds, the same length is refused (above)."""
+    path = tmp_path / "fast.clock"
+    path.write_text(MEGAHERTZ_CLOCK)
+    assert cli.main(["plan", str(path), "--format", "json"]) == 0
+    samples = json.loads(capsys.readouterr().out)["samples"]
+    assert (samples["seconds"], samples["instants"]) == ("10", 10_000_000)
+    assert samples["clamped"] == (
+        "a session of 60 s has 60000000 instants; the sample accounting sums at most 10000000: accounted over "
+        "the first 10 s"
+    )
+    assert cli.main(["plan", str(path), "--seconds", "60"]) == 2
+    assert capsys.readouterr().err.startswith("dsl plan: error: a session of 60 s has 60000000 instants")

@@ -331,19 +331,35 @@ def _account(
         return f"its stage '{stage}' never fires in the trace"
     per_instant = {tick.instant: tick for tick in ticks}
 
-    # every instant of the session, as the traced instant it repeats
+    # every instant of the session, as the traced instant it repeats; past the trace, all hyperperiods but the
+    # last are summed whole (each repeats every traced instant of one period once)
     fed, emitted_total, firings, most_held = given, 0, 0, 0
     last = ticks[0]
-    for instant in range(instants):
-        repeated = trace.planned_index(instant)
-        assert repeated is not None, "instants are clamped to the trace"
-        fed += parts[repeated].fed
-        tick = per_instant.get(repeated)
-        if tick is not None:
-            last = attrs.evolve(tick, firing=firings, time=clocks.instant_time(instant))
-            firings += 1
-            emitted_total += tick.emitted
-            most_held = max(most_held, tick.held_back)
+
+    def visit(instants_visited: range) -> None:
+        nonlocal fed, emitted_total, firings, most_held, last
+        for instant in instants_visited:
+            repeated = trace.planned_index(instant)
+            assert repeated is not None, "instants are clamped to the trace"
+            fed += parts[repeated].fed
+            tick = per_instant.get(repeated)
+            if tick is not None:
+                last = attrs.evolve(tick, firing=firings, time=clocks.instant_time(instant))
+                firings += 1
+                emitted_total += tick.emitted
+                most_held = max(most_held, tick.held_back)
+
+    traced_end = min(instants, trace.end_instant)
+    visit(range(traced_end))
+    whole = (instants - traced_end) // trace.period_instants - 1 if trace.periodic else 0
+    if whole > 0:
+        period = range(trace.warmup_instants, trace.end_instant)
+        repeated_ticks = [per_instant[i] for i in period if i in per_instant]
+        fed += whole * sum(parts[i].fed for i in period)
+        firings += whole * len(repeated_ticks)
+        emitted_total += whole * sum(tick.emitted for tick in repeated_ticks)
+        traced_end += whole * trace.period_instants
+    visit(range(traced_end, instants))
 
     # the end of the stream: an instant of its own with no new input, which releases what was held back
     flushed = 0

@@ -1617,7 +1617,7 @@ def loss_over_advance(stage: str, region: str, loss: int, latency: int, advance:
     held = f" less its latency of {latency}" if latency else ""
     return Diagnostic(
         BAD_ACCESS,
-        f"stage '{stage}' writes region '{region}' with a loss of {loss} units, more than its advance of "
+        f"stage '{stage}' writes region '{region}' with a loss of {units(loss)}, more than its advance of "
         f"{advance}{held}",
         span,
         helps=("a firing cannot emit fewer than no units: the loss is at most the advance (less the latency)",),

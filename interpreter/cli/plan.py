@@ -142,7 +142,7 @@ def register(commands) -> None:
         type=session_length,
         default=None,
         metavar="T",
-        help="count every output's units over a session of T seconds (default 60, whole cadences)",
+        help="count every output's units over a session of T seconds (default 60, whole cadences, fewer where 60 s has over 10 000 000 instants)",
     )
     add_prune_option(plan)
     add_stdin_filename_option(plan)

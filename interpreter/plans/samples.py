@@ -223,7 +223,8 @@ def account_samples(
         clamped = f"{too_long}: accounted over the first {number_text(seconds)} s"
     traced = len(trace.states)
     if not trace.periodic and instants > traced:
-        clamped = f"{trace.reason}: accounted over the {traced} instants traced"
+        horizon = f"{trace.reason}: accounted over the {traced} instants traced"
+        clamped = horizon if clamped is None else f"{clamped}; {horizon}"
         instants = traced
     by_instant = trace.by_instant()
     flush, unflushed = _flush_instant(program, clocks, trace, instants)

@@ -448,7 +448,7 @@ class Simulator:
             units += access.latency  # the end of the stream releases what the latency held back
         if units < 0:
             raise ValueError(
-                f"stage '{stage}' would write {units} units of region '{name}': this instant covers "
+                f"stage '{stage}' would write {messages.units(units)} of region '{name}': this instant covers "
                 f"{self.scale} of a planned one, too little for its loss of {access.loss}"
             )
         return self._append(name, units, "write")

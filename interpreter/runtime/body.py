@@ -285,7 +285,7 @@ class Body:
         if region.fixed or region.retention.kind == "ring" or view.length == view.kept:
             return
         raise ValueError(
-            f"stage '{stage}' left region '{view.region}' as the {messages.units(view.length)} it was handed (updated in "
+            f"stage '{stage}' left region '{view.region}' as the {messages.units(_length(view))} it was handed (updated in "
             f"place, or not at all); the .clock says it advances {view.transient - _length(view)} per firing and "
             f"keeps {view.kept} ({region.retention.describe()}): assign the new version to the attribute"
         )

@@ -7,6 +7,7 @@ has a section for each (tests/serve/test_messages.py checks it).
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterable
 
 # --- websocket close codes (RFC 6455 section 7.4; 4000-4999 are private) ---------------------------------
@@ -333,3 +334,19 @@ def proxy_port_taken(host: str, port: int, tries: int | None = None) -> str:
 
 def no_free_port(host: str, low: int, high: int) -> str:
     return f"no free port on {host} from {low} to {high - 1} for the Serve proxy"
+
+
+def proxy_cannot_bind(host: str, port: int, reason: str, code: int | None) -> str:
+    """`reason`: the OSError's text; `code`: its errno."""
+    hint = {
+        errno.EADDRNOTAVAIL: f" ({host} is not an address of this machine)",
+        errno.EACCES: " (a port below 1024 needs privileges: another port, or 0 for a free one)",
+    }.get(code or 0, "")
+    return f"the Serve proxy cannot listen on {host}:{port}: {reason}{hint}"
+
+
+def serve_already_running(running: int, asked: int) -> str:
+    return (
+        f"Serve already runs on this Ray cluster with its proxies on port {running}, not {asked}: give port "
+        f"{running} (or 0), or stop that Serve first (serve shutdown)"
+    )

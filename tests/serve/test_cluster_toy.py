@@ -24,7 +24,8 @@ pytest.importorskip("ray.serve")
 from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.admission import TickModel
 from duplexcadence.interpreter.serve.client import Refused, ReplicaLost, SessionClient, SessionClosedByServer
-from duplexcadence.interpreter.serve.cluster.launch import ClusterConfig, DuplexCluster, start
+from duplexcadence.interpreter.serve.cluster import launch
+from duplexcadence.interpreter.serve.cluster.launch import ClusterConfig, ClusterStartError, DuplexCluster, start
 from duplexcadence.interpreter.serve.cluster.replica import PoolSpec
 from duplexcadence.interpreter.serve.loadgen import SessionLoad, compare_with_stock, run_load, verify
 from duplexcadence.interpreter.serve.pool import PoolConfig
@@ -77,6 +78,19 @@ def wait_until_idle(cluster: DuplexCluster) -> dict:
             time.sleep(3 * cluster.config.stats_period_s)
             return found
         time.sleep(0.05)
+
+
+def test_with_serve_running_port_0_gives_its_port_and_another_port_is_refused(cluster):
+    """A second start on a cluster whose Serve runs keeps that Serve's proxies (Serve ignores new HTTP options)."""
+    running = cluster.config.port
+    assert launch.running_proxy_port() == running
+    assert launch.start_proxy(ClusterConfig(port=0)).port == running
+    with pytest.raises(ClusterStartError) as refused:
+        launch.start_proxy(ClusterConfig(port=running + 1))
+    assert str(refused.value) == (
+        f"Serve already runs on this Ray cluster with its proxies on port {running}, not {running + 1}: give port "
+        f"{running} (or 0), or stop that Serve first (serve shutdown)"
+    )
 
 
 def test_sessions_through_the_proxy_equal_each_session_alone_on_stock_and_a_burst_is_spread(cluster):

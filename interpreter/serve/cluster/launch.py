@@ -16,6 +16,7 @@ nodes"). Serve is started with the HTTP proxy on `host:port`, and the replicas a
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -33,7 +34,7 @@ from duplexcadence.interpreter.serve.cluster.replica import DEPLOYMENT, DEPLOYME
 REPLICA_ACTOR_PREFIX = "SERVE_REPLICA::"
 SERVE_NAMESPACE = "serve"
 ROUTER_CLASS = "duplexcadence.interpreter.serve.cluster.router:FreeCapacityRouter"
-PROXY_BIND_FAILURE = "Failed to bind to address"  # the text of the Serve proxy's error when its port is taken
+PROXY_BIND_FAILURE = "Failed to bind to address"  # the text of the Serve proxy's error when it cannot bind
 PROXY_START_ATTEMPTS = 3  # with port 0: how many free ports are tried, should another process take one first
 # A starting Ray binds ports at random from the kernel's ephemeral range and up (as does any bind to port 0), and
 # `ray start` gives its workers 10002-19999: a port from between the two is one that no starting Ray takes.
@@ -149,25 +150,67 @@ def ephemeral_port_floor() -> int:
         return 32768
 
 
+def free_port_range() -> range:
+    """Where port 0 draws the proxy's port: from FREE_PORT_LOW to the kernel's ephemeral floor, or, where the
+    kernel's range starts below that, to the last port (a port taken first is then retried)."""
+    floor = ephemeral_port_floor()
+    return range(FREE_PORT_LOW, floor if floor > FREE_PORT_LOW + 1000 else 65536)
+
+
+def bind_error(host: str, port: int) -> OSError | None:
+    """Why a socket cannot bind `host:port` now (None: it can)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            return error
+    return None
+
+
+def cannot_bind(host: str, port: int, error: OSError) -> ClusterStartError:
+    if error.errno == errno.EADDRINUSE:
+        return ClusterStartError(messages.proxy_port_taken(host, port))
+    return ClusterStartError(messages.proxy_cannot_bind(host, port, error.strerror or str(error), error.errno))
+
+
 def free_proxy_port(host: str) -> int:
-    """A port on `host` that is free now and that neither the kernel nor a starting Ray hands out."""
-    high = max(ephemeral_port_floor(), FREE_PORT_LOW + 1000)
+    """A port on `host` that is free now, from `free_port_range()` (ports that neither the kernel nor a
+    starting Ray hands out). The probe binds here: with a remote cluster (`address`) the proxies bind on its
+    nodes, and a port taken there is retried by `start_proxy`."""
+    ports = free_port_range()
     for _ in range(200):
-        port = random.randrange(FREE_PORT_LOW, high)
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-            try:
-                probe.bind((host, port))
-            except OSError:
-                continue
+        port = random.choice(ports)
+        error = bind_error(host, port)
+        if error is None:
             return port
-    raise ClusterStartError(messages.no_free_port(host, FREE_PORT_LOW, high))
+        if error.errno != errno.EADDRINUSE:  # not this port: the host (an address not of this machine, ...)
+            raise cannot_bind(host, port, error)
+    raise ClusterStartError(messages.no_free_port(host, ports.start, ports.stop))
+
+
+def running_proxy_port() -> int | None:
+    """The port of the proxies of a Serve already running on the connected cluster (None without one): a second
+    `serve.start` keeps the first one's HTTP options. Serve has no public call for it; its client holds them."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        client = _get_global_client(raise_if_no_controller_running=False)
+        return None if client is None else int(client.http_config.port)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
 
 
 def start_proxy(config: ClusterConfig) -> ClusterConfig:
     """Start Serve with its HTTP proxy on `config.host:config.port` and return `config` with the port it listens
-    on. Port 0 takes a free port, and another should a process take the first before the proxy binds it."""
+    on. Port 0 takes a free port, and another should a process take the first before the proxy binds it. With
+    Serve already running, its port, or a ClusterStartError if `config.port` names another."""
     from ray import serve
 
+    running = running_proxy_port()
+    if running is not None:
+        if config.port not in (0, running):
+            raise ClusterStartError(messages.serve_already_running(running, config.port))
+        return attrs.evolve(config, port=running)
     chosen = config
     for _ in range(PROXY_START_ATTEMPTS if config.port == 0 else 1):
         if config.port == 0:
@@ -175,12 +218,16 @@ def start_proxy(config: ClusterConfig) -> ClusterConfig:
         try:
             serve.start(http_options={"host": chosen.host, "port": chosen.port})
             return chosen
-        except Exception as error:  # a RayTaskError wrapping the proxy's RuntimeError
+        except Exception as error:  # a RayTaskError wrapping the proxy's RuntimeError, which hides the OSError
             if PROXY_BIND_FAILURE not in str(error):
                 raise
             serve.shutdown()
-    tries = PROXY_START_ATTEMPTS if config.port == 0 else None
-    raise ClusterStartError(messages.proxy_port_taken(chosen.host, chosen.port, tries))
+        why = bind_error(chosen.host, chosen.port)
+        if why is not None and why.errno != errno.EADDRINUSE:
+            raise cannot_bind(chosen.host, chosen.port, why)
+    if config.port != 0:
+        raise ClusterStartError(messages.proxy_port_taken(chosen.host, chosen.port))
+    raise ClusterStartError(messages.proxy_port_taken(chosen.host, chosen.port, PROXY_START_ATTEMPTS))
 
 
 def start_error(app_name: str) -> ClusterStartError:

@@ -13,9 +13,11 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from duplexcadence import Runtime
 from duplexcadence.dsl.frontend import check_file, load_program
 from duplexcadence.interpreter.plans.plan import make_plan, plan_file, to_json
 from duplexcadence.interpreter.plans.plan_text import format_plan
@@ -139,6 +141,22 @@ def test_a_session_length_and_its_limits():
     for seconds in (Fraction(0), Fraction(MAX_SESSION_INSTANTS + 1)):
         with pytest.raises(SessionLengthError):
             make_plan(program, seconds=seconds)
+
+
+def test_a_default_session_with_more_instants_than_the_accounting_sums_is_shortened_and_loads():
+    text = (
+        "cadence 0.001 ms\nclock sample = 1000 kHz\nregion x : f32[1, time] on sample input\n"
+        "region y : f32[1, time] on sample output\nstage s on sample { hook copy; read x; write y +1 }\n"
+    )
+    program = check_file("megahertz.clock", text=text).program
+    samples = make_plan(program).samples
+    assert (samples.seconds, samples.instants, samples.outputs["y"].total) == (10, 10_000_000, 10_000_000)
+    assert samples.clamped == (
+        "a session of 60 s has 60000000 instants; the sample accounting sums at most 10000000: accounted over "
+        "the first 10 s"
+    )
+    runtime = Runtime.load(program, None, hooks={"copy": lambda model, x: x}, device="cpu")
+    assert runtime.session().step(x=torch.ones(1, 1)).tolist() == [[1.0]]
 
 
 def test_a_write_ahead_of_its_input_is_unaccounted_until_a_whole_hyperperiod():

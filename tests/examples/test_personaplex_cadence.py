@@ -334,6 +334,7 @@ def test_two_lanes_step_both_instances_together_bit_identical_to_stock() -> None
         mismatches, tail = _lanes_mismatches("cpu", LANE_FRAMES)
     assert mismatches == []
     report = tail.runtime.report()
+    assert list(tail.runtime.program.stages) == ["audio_tokens", "mimi_upsample", "mimi_transformer", "mimi_seanet"]
     assert report.lanes == 2 and report.arena_bytes == 2 * report.session_bytes + 2 * report.scratch_bytes
 
 
@@ -347,7 +348,9 @@ def test_gpu_two_lanes_concurrent_streams_bit_identical() -> None:
         mismatches, tail = _lanes_mismatches("cuda", FRAMES)
     assert mismatches == []
     report = tail.runtime.report()
-    assert report.replays == 3 * 2 * FRAMES and report.eager_planned == 0 and report.eager_off_plan == 0
+    stages = list(tail.runtime.program.stages)  # audio_tokens and mimi's three; other_mimi's are pruned
+    assert stages == ["audio_tokens", "mimi_upsample", "mimi_transformer", "mimi_seanet"]
+    assert report.replays == len(stages) * 2 * FRAMES and report.eager_planned == 0 and report.eager_off_plan == 0
 
 
 LOCKSTEP_FRAMES = 130

@@ -18,7 +18,7 @@ import torch
 from duplexcadence.examples.toy.encoder import build_encoder, new_cache
 from duplexcadence.interpreter.bench import Subject, Variant, format_table, run
 from duplexcadence.interpreter.runtime.capture.graphs import probe_stage
-from duplexcadence.interpreter.runtime.capture.obstacles import diagnostics_of, find_obstacles
+from duplexcadence.interpreter.runtime.capture.obstacles import diagnostics_of, find_obstacles, sync_warnings_in
 from duplexcadence.interpreter.runtime.errors import CaptureWarning
 from duplexcadence.interpreter.runtime.runtime import Runtime
 
@@ -43,6 +43,18 @@ def test_host_reads_and_data_sized_operations_are_counted_per_call():
         ("runs an operation whose output size depends on the data (nonzero), which waits for the device", 1),
     ]
     assert find_obstacles(lambda: torch.arange(4.0) * 2, "cpu") == []
+
+
+def test_only_sync_debug_reports_count_as_host_synchronisations():
+    """torch warns once per process, when sync-debug mode is first set, that the mode is a prototype; that
+    warning names "synchronizing operations" too, and must not block the first stage probed in a process."""
+    prototype = (
+        "Synchronization debug mode is a prototype feature and does not yet detect all synchronizing operations "
+        "(Triggered internally at /pytorch/torch/csrc/cuda/Module.cpp:1003.)"
+    )
+    assert sync_warnings_in([prototype]) == 0
+    assert sync_warnings_in([prototype, "called a synchronizing CUDA operation", "a UserWarning"]) == 1
+    assert sync_warnings_in(["called a synchronizing CUDA operation"] * 3) == 3
 
 
 def test_host_to_device_copies_are_counted_with_a_fake_device():

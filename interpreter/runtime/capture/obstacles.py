@@ -22,8 +22,8 @@ graph at capture; a graph replays at instants a hyperperiod apart, so a stage th
 value changes between them cannot be captured either (`counter_obstacles`, with `RecordedCounters` telling
 which counters a hook read).
 
-Public: `Obstacle`, `ObstacleCounter`, `RecordedCounters`, `find_obstacles`, `counter_obstacles`,
-`diagnostics_of`.
+Public: `Obstacle`, `ObstacleCounter`, `RecordedCounters`, `find_obstacles`, `sync_warnings_in`,
+`counter_obstacles`, `diagnostics_of`.
 """
 
 from __future__ import annotations
@@ -224,8 +224,19 @@ def find_obstacles(
                 call()
         finally:
             torch.cuda.set_sync_debug_mode(previous)
-    synchronisations = sum(1 for w in caught if "synchronizing" in str(w.message))
+    synchronisations = sync_warnings_in(str(w.message) for w in caught)
     return counter.obstacles(max(0, synchronisations - counter.synchronising()))
+
+
+SYNC_WARNING = "called a synchronizing CUDA operation"
+"""What CUDA's sync-debug "warn" mode says at each host synchronisation (c10/cuda/CUDAFunctions.cpp)."""
+
+
+def sync_warnings_in(messages: Iterable[str]) -> int:
+    """How many of `messages` report a host synchronisation. Other warnings do not count, among them the
+    one torch gives once per process when sync-debug mode is first set ("Synchronization debug mode is a
+    prototype feature and does not yet detect all synchronizing operations")."""
+    return sum(1 for message in messages if SYNC_WARNING in message)
 
 
 _K = TypeVar("_K")

@@ -51,6 +51,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sliding-window", choices=("basic", "off"), default="basic", help="the LLM's KV window")
     parser.add_argument("--window-high", type=int, default=4000, help="basic window: slide above this many tokens")
     parser.add_argument("--window-low", type=int, default=3500, help="basic window: slide down to this many tokens")
+    parser.add_argument(
+        "--ar",
+        choices=("eager", "graphed"),
+        default="eager",
+        help="the LLM and TTS: eager (transformers' modules op by op, default) or graphed (static KV caches, "
+        "one-token steps replayed from CUDA graphs; not bit-identical to eager)",
+    )
     parser.add_argument("--warmup-pattern", default="L1 S2", help="a short conversation run first (not measured)")
     parser.add_argument("--seed", type=int, default=0, help="script, audio, sampling and tail sessions")
     parser.add_argument("--model-seed", type=int, default=4242, help="LLM, audio encoder and TTS weights")
@@ -120,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             tail_seed=args.tail_seed,
             window=window,
             progress=say,
+            ar=args.ar,
         )
         live.warmup(args.warmup_pattern, progress=say)
         scripts = live.scripts(pattern, text_tokens)
@@ -141,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{payload['config']['parameter_bytes'] / 2**30:.2f} GiB); tails resident: stock "
             f"{memory['resident_bytes']['stock_tail'] / 2**20:.0f} MiB, DuplexCadence "
             f"{memory['resident_bytes']['duplexcadence_tail'] / 2**20:.0f} MiB"
+        )
+    for stage, graphs in payload.get("autoregressive_graphs", {}).items():
+        print(
+            f"{stage} steps: {graphs['calls']} calls, {graphs['captures']} graphs captured, {graphs['replays']} "
+            f"replays, static cache of {graphs['cache_capacity']} tokens"
         )
     rt = payload["runtime"]
     print(

@@ -32,9 +32,8 @@ from typing import Any
 
 import torch
 import torch.nn.utils.parametrize as parametrize
-from torch import nn
 
-from duplexcadence.examples.minicpmo45.live_config import DecodeSettings
+from duplexcadence.examples.minicpmo45.live_config import TTS_AUDIO_TOKENS, DecodeSettings
 from duplexcadence.examples.minicpmo45.live_model import (
     LlmStream,
     SpeechTokenModel,
@@ -122,7 +121,7 @@ class StaticKV:
 
 
 def static_forward(
-    model: nn.Module, embeds: torch.Tensor, positions: torch.Tensor, kv: StaticKV, index: torch.Tensor
+    model: Any, embeds: torch.Tensor, positions: torch.Tensor, kv: StaticKV, index: torch.Tensor
 ) -> torch.Tensor:
     """``model``'s decoder layers and final norm on ``embeds`` [1, L, hidden] at RoPE ``positions`` [1, L],
     writing into ``kv`` at the slots ``index`` [L] -> the last hidden states [1, L, hidden]."""
@@ -249,7 +248,7 @@ class StaticSpeechBackbone:
 
     def __init__(self, tts: SpeechTokenModel, capacity: int, capture: bool = True) -> None:
         config = tts.model.config
-        weight = tts.emb_code[0].weight
+        weight = tts.emb_text.weight
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.tts = tts
         self.kv = StaticKV(
@@ -263,7 +262,7 @@ class StaticSpeechBackbone:
         )
         self.step_embeds = torch.zeros(1, 1, config.hidden_size, dtype=weight.dtype, device=weight.device)
         self.step_position = torch.zeros(1, dtype=torch.long, device=weight.device)
-        self.step_logits = torch.zeros(1, weight.shape[0], dtype=torch.float32, device=weight.device)
+        self.step_logits = torch.zeros(1, TTS_AUDIO_TOKENS, dtype=torch.float32, device=weight.device)
         self.graph = StepGraph(self._step, weight.device, capture)
 
     def clear(self) -> None:

@@ -3,6 +3,7 @@
     python scripts/minicpmo45_live_duplex.py --device cuda --out out/minicpmo45_live.json
     python scripts/minicpmo45_live_duplex.py --device cuda --n-timesteps 5 --dtype float16 --out out/live_n5.json
     python scripts/minicpmo45_live_duplex.py --device cuda --conversations 2 --out out/live_c2.json
+    python scripts/minicpmo45_live_duplex.py --device cuda --ar graphed --out out/minicpmo45_live_graphed.json
     python scripts/minicpmo45_live_duplex.py                                  # CPU check: reduced sizes
 
 One unit per second of user audio: LISTEN (log-mel, Whisper encoder with its KV cache, LLM prefill) then
@@ -12,6 +13,10 @@ conversation (--pattern, 64 units by default) at MiniCPM-o 4.5's released sizes 
 unit are fed to two tails built with the same seed: stock `Token2wav.stream` and the DuplexCadence
 runtime. Prints progress, then a table of LISTEN, each SPEAK stage, SPEAK and whole units against the 1 s
 cadence, and whether every chunk of audio of the two tails is `torch.equal` (cuDNN deterministic).
+--ar graphed runs the LLM and the TTS on static KV caches with their one-token steps replayed from CUDA
+graphs (called directly off CUDA; examples/minicpmo45/README.md, "The graphed variant"): close to the
+default eager modules, not bit-identical to them; the tails are compared the same way, and the table's
+title and the JSON's "autoregressive" field say which variant ran.
 Exit status 0 when bit-identical, 1 when not, 2 for a usage error.
 """
 

@@ -27,6 +27,10 @@ such as ``"L4 S8 L5 S1"`` (4 listening units, a speaking turn of 8 units, ...). 
 runs the LLM's full sampling (:meth:`.live_model.LlmStream.decode`); the TTS samples its speech
 tokens itself. The user's audio is seeded noise.
 
+``ar`` picks how the LLM and the TTS run: ``eager`` (:mod:`.live_model`'s ``transformers`` modules with
+growing caches, op by op) or ``graphed`` (:mod:`.live_static`: static KV caches, one-token steps replayed
+from CUDA graphs; close to eager, not bitwise equal). The tails are compared the same way in both.
+
 Timing, per unit, each stage bracketed by a device synchronisation: LISTEN (all of
 ``streaming_prefill``), LLM generate (the text decisions and feeds, ``</unit>``, the window), TTS
 generate (condition and ``generate_chunk``), and the tail of each side (the token buffer's

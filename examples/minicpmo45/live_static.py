@@ -82,9 +82,6 @@ class StaticKV:
             tensor.zero_()
         self.length = 0
 
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.length
-
     def reserve(self, tokens: int) -> None:
         """Check that ``tokens`` more fit."""
         if self.length + tokens > self.capacity:

@@ -75,7 +75,7 @@ def test_static_llm_is_close_to_the_eager_llm_through_window_compactions(model):
     window = live_model.WindowSettings("basic", high=70, low=55)
     settings = live_config.DecodeSettings()
     eager = live_model.LlmStream(model.llm, settings, window)
-    static = live_static.StaticLlmStream(model.llm, settings, window, capacity=70 + 8)
+    static = live_static.StaticLlmStream(model.llm, settings, window, capacity=70 + 9)
     worst_logits = worst_hidden = 0.0
     for (eager_logits, eager_hidden), (static_logits, static_hidden) in _feed_units(
         (eager, static), 24, model.sizes.llm_hidden
@@ -293,8 +293,8 @@ def test_captured_steps_replay_the_static_cache_logits_exactly_on_gpu():
         model = live_model.DuplexModel(live_config.REDUCED, device)
         window = live_model.WindowSettings("basic", high=70, low=55)
         settings = live_config.DecodeSettings()
-        graphed = live_static.StaticLlmStream(model.llm, settings, window, capacity=78, capture=True)
-        direct = live_static.StaticLlmStream(model.llm, settings, window, capacity=78, capture=False)
+        graphed = live_static.StaticLlmStream(model.llm, settings, window, capacity=79, capture=True)
+        direct = live_static.StaticLlmStream(model.llm, settings, window, capacity=79, capture=False)
         for (logits_g, hidden_g), (logits_d, hidden_d) in _feed_units(
             (graphed, direct), 24, model.sizes.llm_hidden, device
         ):

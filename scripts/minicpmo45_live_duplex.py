@@ -3,6 +3,7 @@
     python scripts/minicpmo45_live_duplex.py --device cuda --out out/minicpmo45_live.json
     python scripts/minicpmo45_live_duplex.py --device cuda --n-timesteps 5 --dtype float16 --out out/live_n5.json
     python scripts/minicpmo45_live_duplex.py --device cuda --conversations 2 --out out/live_c2.json
+    python scripts/minicpmo45_live_duplex.py --device cuda --ar graphed --out out/minicpmo45_live_graphed.json
     python scripts/minicpmo45_live_duplex.py                                  # CPU check: reduced sizes
 
 One unit per second of user audio: LISTEN (log-mel, Whisper encoder with its KV cache, LLM prefill) then
@@ -12,6 +13,10 @@ conversation (--pattern, 64 units by default) at MiniCPM-o 4.5's released sizes 
 unit are fed to two tails built with the same seed: stock `Token2wav.stream` and the DuplexCadence
 runtime. Prints progress, then a table of LISTEN, each SPEAK stage, SPEAK and whole units against the 1 s
 cadence, and whether every chunk of audio of the two tails is `torch.equal` (cuDNN deterministic).
+--ar graphed runs the LLM and the TTS on static KV caches with their one-token steps replayed from CUDA
+graphs (called directly off CUDA; examples/minicpmo45/README.md, "The graphed variant"): close to the
+default eager modules, not bit-identical to them; the tails are compared the same way, and the table's
+title and the JSON's "autoregressive" field say which variant ran.
 Exit status 0 when bit-identical, 1 when not, 2 for a usage error.
 """
 
@@ -51,6 +56,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sliding-window", choices=("basic", "off"), default="basic", help="the LLM's KV window")
     parser.add_argument("--window-high", type=int, default=4000, help="basic window: slide above this many tokens")
     parser.add_argument("--window-low", type=int, default=3500, help="basic window: slide down to this many tokens")
+    parser.add_argument(
+        "--ar",
+        choices=("eager", "graphed"),
+        default="eager",
+        help="the LLM and TTS: eager (transformers' modules op by op, default) or graphed (static KV caches, "
+        "one-token steps replayed from CUDA graphs; not bit-identical to eager)",
+    )
     parser.add_argument("--warmup-pattern", default="L1 S2", help="a short conversation run first (not measured)")
     parser.add_argument("--seed", type=int, default=0, help="script, audio, sampling and tail sessions")
     parser.add_argument("--model-seed", type=int, default=4242, help="LLM, audio encoder and TTS weights")
@@ -120,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             tail_seed=args.tail_seed,
             window=window,
             progress=say,
+            ar=args.ar,
         )
         live.warmup(args.warmup_pattern, progress=say)
         scripts = live.scripts(pattern, text_tokens)
@@ -141,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{payload['config']['parameter_bytes'] / 2**30:.2f} GiB); tails resident: stock "
             f"{memory['resident_bytes']['stock_tail'] / 2**20:.0f} MiB, DuplexCadence "
             f"{memory['resident_bytes']['duplexcadence_tail'] / 2**20:.0f} MiB"
+        )
+    for stage, graphs in payload.get("autoregressive_graphs", {}).items():
+        print(
+            f"{stage} steps: {graphs['calls']} calls, {graphs['captures']} graphs captured, {graphs['replays']} "
+            f"replays, static cache of {graphs['cache_capacity']} tokens"
         )
     rt = payload["runtime"]
     print(

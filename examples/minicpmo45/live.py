@@ -27,6 +27,10 @@ such as ``"L4 S8 L5 S1"`` (4 listening units, a speaking turn of 8 units, ...). 
 runs the LLM's full sampling (:meth:`.live_model.LlmStream.decode`); the TTS samples its speech
 tokens itself. The user's audio is seeded noise.
 
+``ar`` picks how the LLM and the TTS run: ``eager`` (:mod:`.live_model`'s ``transformers`` modules with
+growing caches, op by op) or ``graphed`` (:mod:`.live_static`: static KV caches, one-token steps replayed
+from CUDA graphs; close to eager, not bitwise equal). The tails are compared the same way in both.
+
 Timing, per unit, each stage bracketed by a device synchronisation: LISTEN (all of
 ``streaming_prefill``), LLM generate (the text decisions and feeds, ``</unit>``, the window), TTS
 generate (condition and ``generate_chunk``), and the tail of each side (the token buffer's
@@ -75,6 +79,7 @@ from duplexcadence.examples.minicpmo45.live_model import (
     generate_speech_tokens,
     tts_condition,
 )
+from duplexcadence.examples.minicpmo45.live_static import StaticLlmStream, StaticSpeechBackbone, StepGraph
 from duplexcadence.interpreter.bench.timing import percentile, sync
 
 SIDES = ("stock", "duplexcadence")
@@ -90,6 +95,23 @@ SYSTEM_PREFIX = (151644, 9125, 198, 2610, 525, 264, 10950, 17847, 13, 198, 15169
 SYSTEM_SUFFIX = (151699, 151645)
 """``<|audio_end|><|im_end|>``."""
 AUDIO_AMPLITUDE = 0.1
+AUDIO_EMBEDDINGS_PER_SECOND = 10
+AR_VARIANTS = ("eager", "graphed")
+"""How the autoregressive stages run: ``eager``, ``transformers``' modules with growing caches, op by op;
+``graphed``, static KV caches and one-token steps replayed from CUDA graphs (:mod:`.live_static`)."""
+AR_TITLES = {
+    "eager": "autoregressive stages eager: transformers' modules, DynamicCache, launched op by op",
+    "graphed": "autoregressive stages graphed: static KV caches, one-token LLM and TTS steps replayed from CUDA graphs",
+}
+
+
+def llm_cache_capacity(window: WindowSettings, settings: DecodeSettings) -> int:
+    """Slots of the graphed variant's LLM cache: the window's high mark (or the system prompt when longer)
+    plus the longest unit (``<unit>``, a second's audio embeddings, every decode feed, ``</unit>``). With the
+    window off the high mark still sizes it; a feed past it raises :class:`.live_static.CacheFull`."""
+    system = len(SYSTEM_PREFIX) + int(REFERENCE_AUDIO_SECONDS * AUDIO_EMBEDDINGS_PER_SECOND) + len(SYSTEM_SUFFIX)
+    unit = 1 + AUDIO_EMBEDDINGS_PER_SECOND + settings.max_new_speak_tokens_per_chunk + 1
+    return max(window.high, system) + unit
 
 
 # ---------------------------------------------------------------------------------------------- the script
@@ -200,13 +222,21 @@ class Conversation:
         settings: DecodeSettings,
         window: WindowSettings,
         seed: int,
+        ar: str = "eager",
     ) -> None:
         self.index = index
         self.model = model
         self.tails = tails
         self.settings = settings
         self.seed = seed
-        self.llm = LlmStream(model.llm, settings, window)
+        self.speech_backbone: StaticSpeechBackbone | None = None
+        if ar == "graphed":
+            self.llm: LlmStream = StaticLlmStream(model.llm, settings, window, llm_cache_capacity(window, settings))
+            self.speech_backbone = StaticSpeechBackbone(model.tts, model.sizes.tts_max_positions)
+        elif ar == "eager":
+            self.llm = LlmStream(model.llm, settings, window)
+        else:
+            raise ValueError(f"the autoregressive stages run {' or '.join(map(repr, AR_VARIANTS))}, got {ar!r}")
         self.mel = StreamingMel(model.sizes.mel_bins)
         self.tts_temperature = torch.tensor([settings.tts_temperature], dtype=torch.float, device=model.device)
         reference = np.random.default_rng(seed + 1000).standard_normal(int(REFERENCE_AUDIO_SECONDS * SAMPLE_RATE_IN))
@@ -223,6 +253,8 @@ class Conversation:
         self.current_turn_ended = True
         self.tts_past: Any = None
         self.tts_text_start_pos = 0
+        if self.speech_backbone is not None:
+            self.speech_backbone.clear()
 
     @torch.no_grad()
     def prepare(self) -> None:
@@ -311,9 +343,12 @@ class Conversation:
             TTS_TOKENS_PER_UNIT,
             self.tts_temperature,
             self.settings,
+            self.speech_backbone,
         )
         if text.end_of_turn:
             self.tts_past, self.tts_text_start_pos = None, 0
+            if self.speech_backbone is not None:
+                self.speech_backbone.clear()
         else:
             self.tts_past = past
             self.tts_text_start_pos += condition.shape[1] + new.shape[1]
@@ -423,6 +458,7 @@ class LiveDuplex:
         settings: DecodeSettings | None = None,
         window: WindowSettings | None = None,
         progress: Callable[[str], None] | None = None,
+        ar: str = "eager",
     ) -> None:
         from duplexcadence.examples.minicpmo45.cadence import load_runtime
         from duplexcadence.examples.minicpmo45.model import build_tail, random_prompt
@@ -431,6 +467,9 @@ class LiveDuplex:
         say = progress or (lambda message: None)
         if conversations < 1:
             raise ValueError(f"conversations must be at least 1, got {conversations}")
+        if ar not in AR_VARIANTS:
+            raise ValueError(f"the autoregressive stages run {' or '.join(map(repr, AR_VARIANTS))}, got {ar!r}")
+        self.ar = ar
         self.sizes = sizes
         self.device = torch.device(device)
         self.n_timesteps = n_timesteps
@@ -494,6 +533,7 @@ class LiveDuplex:
                 self.settings,
                 self.window,
                 seed + index,
+                ar,
             )
             for index in range(conversations)
         ]
@@ -506,6 +546,26 @@ class LiveDuplex:
     def scripts(self, pattern: str, text_tokens: tuple[int, int] = TEXT_TOKENS_PER_UNIT) -> list[list[UnitPlan]]:
         """Each conversation's script of ``pattern`` (its own seed: its own text tokens)."""
         return [conversation_script(pattern, self.seed + c.index, text_tokens) for c in self.conversations]
+
+    def step_graphs(self) -> dict[str, dict[str, int]]:
+        """The graphed variant's one-token steps, summed over the conversations: cache capacity, calls,
+        captures and replays (CUDA) per stage; empty for ``eager``."""
+        found: dict[str, list[tuple[int, StepGraph]]] = {"llm": [], "tts": []}
+        for conversation in self.conversations:
+            if isinstance(conversation.llm, StaticLlmStream):
+                found["llm"].append((conversation.llm.kv.capacity, conversation.llm.graph))
+            if conversation.speech_backbone is not None:
+                found["tts"].append((conversation.speech_backbone.kv.capacity, conversation.speech_backbone.graph))
+        return {
+            stage: {
+                "cache_capacity": max(capacity for capacity, _ in graphs),
+                "calls": sum(graph.calls for _, graph in graphs),
+                "captures": sum(graph.captures for _, graph in graphs),
+                "replays": sum(graph.replays for _, graph in graphs),
+            }
+            for stage, graphs in found.items()
+            if graphs
+        }
 
     def warmup(self, pattern: str = WARMUP_PATTERN, progress: Callable[[str], None] | None = None) -> None:
         """A short conversation through every stage and both tails, then every session prepared afresh."""
@@ -719,6 +779,8 @@ def result_json(live: LiveDuplex, run: LiveRun, pattern: str, text_tokens: tuple
     payload: dict[str, Any] = {
         "what": "MiniCPM-o 4.5 live duplex unit loop: LISTEN (mel, Whisper encoder, LLM prefill) -> SPEAK (LLM "
         "text, TTS speech tokens, token2wav tail), the tail stock and DuplexCadence on the same tokens",
+        "autoregressive": live.ar,
+        "title": f"MiniCPM-o 4.5 live duplex, {AR_TITLES[live.ar]}",
         "environment": environment(live.device),
         "config": {
             "sizes": sizes,
@@ -782,6 +844,8 @@ def result_json(live: LiveDuplex, run: LiveRun, pattern: str, text_tokens: tuple
             for r in run.records
         ],
     }
+    if live.ar == "graphed":
+        payload["autoregressive_graphs"] = live.step_graphs()
     if live.device.type == "cuda":
         payload["memory"] = {
             "peak_allocated_bytes": run.peak_allocated_bytes,
@@ -810,7 +874,7 @@ def table(payload: dict[str, Any]) -> str:
         f"{'ms per unit':<26} {'n':>4} {'mean':>9} {'p50':>8} {'p99':>8} {'max':>8} {'mean%':>7} {'p99%':>7} {'>1s':>4}"
     )
     stages = payload["stages"]
-    lines = [head, "-" * len(head)]
+    lines = [payload.get("title", f"MiniCPM-o 4.5 live duplex, {AR_TITLES['eager']}"), head, "-" * len(head)]
     lines.append(_row("LISTEN (prefill)", stages["listen"]))
     lines.append(_row("LLM generate, speaking", stages["llm_generate_speaking"]))
     lines.append(_row("TTS generate", stages["tts_generate"]))

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
@@ -472,11 +472,13 @@ class LlmStream:
             return False
         dropped = False
         while self.cache_length() > self.window.low and self.units:
-            self._drop(self.units.pop(0))
+            self.drop_unit(self.units.pop(0))
             dropped = True
         return dropped
 
-    def _drop(self, unit: UnitSpan) -> None:
+    def drop_unit(self, unit: UnitSpan) -> None:
+        """Remove ``unit``'s tokens (the first unit after the system prompt) from the cache, the keys after it
+        re-rotated to their new positions."""
         keep, cut = self.system_length, unit.length
         for layer in self.cache.layers:
             keys, values = layer.keys, layer.values
@@ -529,6 +531,15 @@ def _repetition_penalty(past: torch.Tensor, scores: torch.Tensor, penalty: float
     return torch.where(scores < 0, scores.multiply(alpha), scores.divide(alpha))
 
 
+class SpeechBackbone(Protocol):
+    """The TTS backbone and head behind :func:`generate_speech_tokens` when they keep their own KV cache."""
+
+    def forward(self, inputs_embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Run ``inputs_embeds`` [1, L, tts_hidden] at ``positions`` [L] after the cache -> float32 logits
+        [1, TTS_AUDIO_TOKENS] of the last position."""
+        ...
+
+
 @torch.inference_mode()
 def generate_speech_tokens(
     tts: SpeechTokenModel,
@@ -539,8 +550,10 @@ def generate_speech_tokens(
     max_new_tokens: int,
     temperature: torch.Tensor,
     settings: DecodeSettings,
+    backbone: SpeechBackbone | None = None,
 ) -> tuple[torch.Tensor, Any]:
-    """``generate_chunk`` -> (speech tokens [1, n, 1] int64, the backbone's cache); ``n <= max_new_tokens - 1``."""
+    """``generate_chunk`` -> (speech tokens [1, n, 1] int64, the backbone's cache); ``n <= max_new_tokens - 1``.
+    With ``backbone`` the steps run on it (its own cache; ``past`` is returned as given)."""
     device = condition.device
     eos = TTS_AUDIO_TOKENS - 1
     finished = torch.zeros(1, device=device, dtype=torch.bool)
@@ -555,13 +568,16 @@ def generate_speech_tokens(
         else:
             inputs = tts.emb_code[0](new_tokens[:, step - 1 : step, 0])
             positions = torch.tensor([text_start_pos + condition_length + step - 1], device=device)
-        out = tts.model(position_ids=positions[None], past_key_values=past, inputs_embeds=inputs, use_cache=True)
-        past = out.past_key_values
-        hidden = out.last_hidden_state
-        with parametrize.cached():
-            logits = torch.empty(1, hidden.size(1), TTS_AUDIO_TOKENS, 1, dtype=torch.float, device=device)
-            logits[..., 0] = tts.head_code[0](hidden)
-        logits = logits[:, -1].float().permute(0, 2, 1).reshape(-1, TTS_AUDIO_TOKENS)
+        if backbone is None:
+            out = tts.model(position_ids=positions[None], past_key_values=past, inputs_embeds=inputs, use_cache=True)
+            past = out.past_key_values
+            hidden = out.last_hidden_state
+            with parametrize.cached():
+                logits = torch.empty(1, hidden.size(1), TTS_AUDIO_TOKENS, 1, dtype=torch.float, device=device)
+                logits[..., 0] = tts.head_code[0](hidden)
+            logits = logits[:, -1].float().permute(0, 2, 1).reshape(-1, TTS_AUDIO_TOKENS)
+        else:
+            logits = backbone.forward(inputs, positions)
         logits /= temperature
         if step > 0 and settings.tts_repetition_penalty != 1:
             seen = new_tokens[:, :step].permute(0, 2, 1).reshape(1, -1)

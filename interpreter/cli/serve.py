@@ -36,6 +36,7 @@ from duplexcadence.interpreter.cli.common import (
     status,
 )
 from duplexcadence.interpreter.serve import messages
+from duplexcadence.interpreter.serve.workers import split_problems
 
 DESCRIPTION = "Serve one tail's sessions at the cadence on one device, over websockets (docs/serving.md)."
 
@@ -164,11 +165,15 @@ def serve_workers(
 
 
 def run(args: argparse.Namespace) -> int:
-    if lanes(args) > args.slots:
-        raise UsageError(f"--lanes {lanes(args)} is more than --slots {args.slots}: a lane needs a slot")
     if args.workers > 1:
         if args.ray or args.ray_address:
             raise UsageError(messages.workers_with_ray())
+        problems = split_problems(args.slots, lanes(args), args.workers)
+        if problems:
+            raise UsageError("; ".join(problems))
+    if lanes(args) > args.slots:
+        raise UsageError(f"--lanes {lanes(args)} is more than --slots {args.slots}: a lane needs a slot")
+    if args.workers > 1:
         return serve_workers(args)
     if serve_ray.wants_ray(args):
         return serve_ray.serve_cluster(args, pool_config(args), pairs(args.param))

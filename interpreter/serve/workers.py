@@ -41,6 +41,17 @@ STOP_TIMEOUT_S = 60.0
 """How long a worker may take to close its sessions and exit once told to stop."""
 
 
+def split_problems(slots: int, lanes: int, workers: int) -> list[str]:
+    """Why `slots` and `lanes` (the server's) do not give each of `workers` workers as many, at least 1."""
+    if workers < 1:
+        return [f"workers must be at least 1, not {workers}"]
+    return [
+        messages.uneven_split(option, total, workers)
+        for option, total in (("--slots", slots), ("--lanes", lanes))
+        if total % workers or total < workers
+    ]
+
+
 @attrs.frozen
 class ServeSpec:
     """What `serve_workers` serves: `target`, a registered tail or (with `model`, `MODULE:FUNCTION`) a `.clock`
@@ -59,13 +70,7 @@ class ServeSpec:
 
     def problems(self) -> list[str]:
         """Why the slots or lanes do not split over the workers (empty: they do)."""
-        if self.workers < 1:
-            return [f"workers must be at least 1, not {self.workers}"]
-        found = []
-        for option, total in (("--slots", self.pool.slots), ("--lanes", self.pool.lanes)):
-            if total % self.workers or total < self.workers:
-                found.append(messages.uneven_split(option, total, self.workers))
-        return found
+        return split_problems(self.pool.slots, self.pool.lanes, self.workers)
 
     def worker_pool(self) -> Any:
         """Each worker's `PoolConfig`: 1/N of the slots and of the lanes."""

@@ -298,10 +298,10 @@ def compare_groups_with_stock(served: ServedTail, loads: Sequence[SessionLoad], 
         raise ValueError(f"the '{served.name}' tail has no batched stock loop to verify lockstep rows against")
     inputs = served.inputs
     assert inputs is not None
-    groups: dict[int, list[SessionLoad]] = collections.defaultdict(list)
+    groups: dict[tuple[int | None, int], list[SessionLoad]] = collections.defaultdict(list)
     for load in loads:
         if load.refused is None and load.group is not None and load.row is not None:
-            groups[load.group].append(load)
+            groups[load.worker, load.group].append(load)  # each worker of a server has groups of its own
     sessions = compared = unequal = 0
     for members in groups.values():
         recorded = [load for load in members if load.outputs]

@@ -21,12 +21,23 @@ compared, every tick with `torch.equal`:
   separate count, with a batch-1 decode of the session alone (batch-32 kernels need not match it: reported,
   not required to be 0).
 
-The server's overhead at N is its p50 tick latency less the direct p50 round. A configuration may sweep lanes
+The server's overhead at N is its p50 tick latency less the direct p50 round.
+
+`--server-workers N` runs the server as `dsl serve --workers N` does: N processes on one port (started from
+this process, each with 1/N of the slots and lanes, the slots a multiple of N with one unit more each), their
+sessions retried by the client when one full worker refuses. The direct rounds then run on a reference pool in
+this process holding every slot: one `step_many` over all N sessions, the same total load in one process, so
+the overhead is what the N server processes add over stepping every session in one round. The workers' own
+rounds and ticks come from their summed `/metrics` (`server_rounds`, `server_round_mean_s`,
+`server_tick_mean_s`), and each count records the sessions each worker held (`sessions_per_worker`).
+`--workers` stays the number of load-generator processes. A configuration may sweep lanes
 (each count in its own server per lanes value); `--lanes` and `--counts` override a configuration's.
 
     source scripts/device_setup.sh
     python scripts/serve_bench.py --out $OUT/serve_bench.json                         # every configuration
     python scripts/serve_bench.py --configs moshi-lockstep --out $OUT/serve_mimi.json
+    python scripts/serve_bench.py --configs moshi-lockstep --server-workers 4 --counts 256,384,512,640 \
+        --out $OUT/serve_mimi_w4.json
     python scripts/serve_bench.py --configs minicpmo45-lanes --lanes 8 --out $OUT/serve_minicpmo45_lanes8.json
     python scripts/serve_bench.py --cpu-dry-run --out /tmp/serve_bench.json           # a smoke test, times mean nothing
 
@@ -37,15 +48,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import importlib.util
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -64,6 +80,7 @@ from duplexcadence.interpreter.serve.modes import unit_count
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool, quantile
 from duplexcadence.interpreter.serve.server import ServerThread
 from duplexcadence.interpreter.serve.tail import served_tail
+from duplexcadence.interpreter.serve.workers import ServeSpec, serve_workers, split_problems
 
 HEADROOM = 0.15
 SAMPLE_SEEDS = 900_000
@@ -274,6 +291,7 @@ async def server_pass(
                     entry["refused"],
                     group=entry.get("group"),
                     row=entry.get("row"),
+                    worker=entry.get("worker"),
                 )
             )
     return loads, {"here": here, "workers": len(outputs)}
@@ -293,9 +311,19 @@ async def measure(
         before = await direct_rounds(pool, sessions, rounds)
         rounds_at = len(pool.round_log)
         ticks_at = len(pool.tick_latencies)
+        counted = server_counts(url) if args.server_workers > 1 else None
         loads, where = await server_pass(url, config, sessions, args.sample, args.workers, args.folder)
         server_rounds = [seconds for _, seconds in list(pool.round_log)[rounds_at:]]
         server_ticks = list(pool.tick_latencies)[ticks_at:]
+        across = {}
+        if counted is not None:  # the workers' own numbers: their metrics, summed over them, over this pass
+            after_counts = server_counts(url)
+            rounds_n, rounds_s, ticks_n, ticks_s = (b - a for a, b in zip(counted, after_counts))
+            across = {
+                "server_rounds": int(rounds_n),
+                "server_round_mean_s": rounds_s / rounds_n if rounds_n else None,
+                "server_tick_mean_s": ticks_s / ticks_n if ticks_n else None,
+            }
         after = await direct_rounds(pool, sessions, rounds)
         latencies = [value for load in loads for value in load.latencies]
         errors = sorted({code for load in loads for code in load.errors})
@@ -334,7 +362,9 @@ async def measure(
             "sampled_ticks_differing": unequal,
             "sampled_ticks_compared_with_group": group_compared,
             "sampled_ticks_differing_from_group": group_unequal,
+            "sessions_per_worker": per_worker(loads, args.server_workers),
             **where,
+            **across,
         }
         if row["latency_p50_s"] is not None and row["direct_round_p50_s"] is not None:
             row["overhead_p50_s"] = row["latency_p50_s"] - row["direct_round_p50_s"]
@@ -378,6 +408,58 @@ async def measure(
     }
 
 
+def server_counts(url: str) -> tuple[float, float, float, float]:
+    """Rounds (count, seconds) and ticks (count, seconds) from the server's `/metrics`: with several
+    workers, the sum over them (prometheus-client's multiprocess mode)."""
+    address = url.replace("ws://", "http://", 1).removesuffix("/v1/session") + "/metrics"
+    with urllib.request.urlopen(address, timeout=60) as response:
+        text = response.read().decode()
+
+    def value(name: str) -> float:
+        found = re.search(rf"^{name} (\S+)$", text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    return (
+        value("duplexcadence_round_seconds_count"),
+        value("duplexcadence_round_seconds_sum"),
+        value("duplexcadence_tick_latency_seconds_count"),
+        value("duplexcadence_tick_latency_seconds_sum"),
+    )
+
+
+def per_worker(loads: list[SessionLoad], workers: int) -> list[int] | None:
+    """Sessions opened on each server worker (None for one)."""
+    if workers < 2:
+        return None
+    return [sum(1 for load in loads if load.refused is None and load.worker == index) for index in range(workers)]
+
+
+@contextlib.contextmanager
+def worker_server(spec: ServeSpec) -> Iterator[str]:
+    """`spec`'s server workers (`dsl serve --workers N`), from a thread of this process: their URL."""
+    stop, ready, box = threading.Event(), threading.Event(), {}
+
+    def run() -> None:
+        try:
+            serve_workers(spec, log, lambda group: (box.update(url=group.ws_url), ready.set()), stop)
+        except BaseException as error:
+            box["error"] = error
+        ready.set()
+
+    thread = threading.Thread(target=run, name="serve-bench-workers", daemon=True)
+    thread.start()
+    ready.wait()
+    if "url" not in box:
+        raise RuntimeError(f"the server workers did not start: {box.get('error')}")
+    try:
+        yield box["url"]
+    finally:
+        stop.set()
+        thread.join(120)
+        if "error" in box:
+            raise RuntimeError(f"the server workers failed: {box['error']}")
+
+
 def lanes_of(config: Config, args: argparse.Namespace) -> tuple[int, ...]:
     """The lanes a configuration runs at: `--lanes`, else its sweep, else its own."""
     return args.lanes or config.lane_sweep or (config.lanes,)
@@ -390,26 +472,52 @@ def run_config(config: Config, lanes: int, args: argparse.Namespace) -> dict:
         slots = slots_needed
     else:
         slots = math.ceil(slots_needed / config.lockstep)
-    pool = SessionPool(
-        served,
-        PoolConfig(
-            slots=slots,
-            lanes=min(lanes, slots),
-            lockstep=config.lockstep,
-            headroom=HEADROOM,
-            idle_timeout_s=600,
-            queue_depth=4,
-            enforce_tick_budget=False,
-            calibration_repeats=3 if args.cpu_dry_run else 5,
-            calibration_warmup=1 if args.cpu_dry_run else 2,
-            gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
-        ),
+    workers = args.server_workers
+    if workers > 1:  # a multiple of the workers, and a unit more each: the kernel's spread is not exact
+        slots = workers * (math.ceil(slots / workers) + 1)
+    pool_config = PoolConfig(
+        slots=slots,
+        lanes=min(lanes, slots),
+        lockstep=config.lockstep,
+        headroom=HEADROOM,
+        idle_timeout_s=600,
+        queue_depth=4,
+        enforce_tick_budget=False,
+        calibration_repeats=3 if args.cpu_dry_run else 5,
+        calibration_warmup=1 if args.cpu_dry_run else 2,
+        gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
     )
+    pool = SessionPool(served, pool_config)
     started = time.perf_counter()
-    with ServerThread(make_app(pool), log_level="warning") as server:
-        log(f"{config.name} ({lanes} lanes): ready in {time.perf_counter() - started:.1f} s\n{pool.describe()}")
-        result = asyncio.run(measure(pool, server.ws_url(), config, lanes, args, served))
-        result["start_seconds"] = time.perf_counter() - started
+    if workers == 1:
+        with ServerThread(make_app(pool), log_level="warning") as server:
+            log(f"{config.name} ({lanes} lanes): ready in {time.perf_counter() - started:.1f} s\n{pool.describe()}")
+            result = asyncio.run(measure(pool, server.ws_url(), config, lanes, args, served))
+    else:
+        # `pool` is the in-process reference at the same total load (the direct rounds); the server is
+        # `workers` processes, each with 1/N of the slots and lanes
+        spec = ServeSpec(
+            target=config.tail,
+            pool=pool_config,
+            workers=workers,
+            params=tuple(config.options.items()),
+            device=args.device,
+            port=0,
+            log_level="warning",
+        )
+
+        async def with_workers(pool: SessionPool, served: Any) -> dict:
+            await pool.start()
+            log(f"{config.name} ({lanes} lanes): reference pool ready\n{pool.describe()}")
+            try:
+                with worker_server(spec) as url:
+                    return await measure(pool, url, config, lanes, args, served)
+            finally:
+                await pool.stop()
+
+        result = asyncio.run(with_workers(pool, served))
+    result["server_workers"] = workers
+    result["start_seconds"] = time.perf_counter() - started
     del pool, served
     gc.collect()  # runtimes hold their CUDA graphs in reference cycles: free them before the next server
     if torch.cuda.is_available():
@@ -428,6 +536,8 @@ def table(results: list[dict]) -> str:
             lines.append(f"| {result['config']} | skipped: {result['skipped']} | | | | | |")
             continue
         label = result["config"] if not result.get("lane_sweep") else f"{result['config']} ({result['lanes']} lanes)"
+        if result.get("server_workers", 1) > 1:
+            label = f"{label}, {result['server_workers']} server workers"
         best = result["max_sessions_p99_under_period"]
         row = next((r for r in result["sweep"] if r["sessions"] == best), None)
         differing = sum(r["sampled_ticks_differing"] for r in result["sweep"])
@@ -468,6 +578,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default=None, help=f"comma-separated, of {', '.join(GPU_CONFIGS)} (default all)")
     parser.add_argument("--workers", type=int, default=None, help="load-generator processes (0: all in this process)")
+    parser.add_argument(
+        "--server-workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="server processes on the one port (dsl serve --workers N), each with 1/N of the slots and lanes",
+    )
     parser.add_argument("--sample", type=int, default=2, help="sessions recorded and compared with stock per count")
     parser.add_argument(
         "--direct-rounds", type=int, default=None, help="timed rounds per direct pass (default: the configuration's)"
@@ -502,6 +619,19 @@ def main() -> int:
     if unknown:
         print(f"unknown configuration(s) {', '.join(unknown)}; they are {', '.join(configs)}", file=sys.stderr)
         return 2
+    for name in chosen:
+        problems = (
+            []
+            if args.server_workers < 2
+            else [
+                problem
+                for lanes in lanes_of(configs[name], args)
+                for problem in split_problems(slots=args.server_workers, lanes=lanes, workers=args.server_workers)
+            ]
+        )
+        if args.server_workers < 1 or problems:
+            print(f"{name}: {'; '.join(problems) or '--server-workers must be at least 1'}", file=sys.stderr)
+            return 2
     args.folder = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(args.folder, exist_ok=True)
     payload: dict = {
@@ -509,6 +639,7 @@ def main() -> int:
         "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
         "device": args.device,
         "workers": args.workers,
+        "server_workers": args.server_workers,
         "event_loop": event_loop(),
         "command": " ".join(sys.argv),
         "results": [],

@@ -5,6 +5,8 @@ TAIL_OR_CLOCK is a registered tail (its `Tail.serve` adapter; `--param K=V` are 
 params). The pool loads the runtime with `--slots` session slots in `--lanes` lanes (or `--slots` lockstep
 groups of `--lockstep` rows), opens every slot once, calibrates its tick model, prints it, and serves on
 `--host` (loopback unless given) and `--port` until interrupted. docs/serving.md has the protocol.
+`--workers N` runs N such servers as processes on the one port, the slots and lanes split evenly over them
+(`interpreter/serve/workers.py`).
 
 Torch, the pool and the web packages are imported by `run` only (`pip install "duplexcadence[serve]"`).
 """
@@ -13,13 +15,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
+
+import attrs
 
 from duplexcadence.interpreter import tails
 from duplexcadence.interpreter.cli import serve_ray
 from duplexcadence.interpreter.cli.common import (
     EXIT_CLEAN,
+    EXIT_PROBLEMS,
     UsageError,
     device_name,
     non_negative,
@@ -28,6 +35,8 @@ from duplexcadence.interpreter.cli.common import (
     resolve_device,
     status,
 )
+from duplexcadence.interpreter.serve import messages
+from duplexcadence.interpreter.serve.workers import split_problems
 
 DESCRIPTION = "Serve one tail's sessions at the cadence on one device, over websockets (docs/serving.md)."
 
@@ -53,13 +62,18 @@ def pairs(values: list[str]) -> dict[str, str]:
     return found
 
 
+def lanes(args: argparse.Namespace) -> int:
+    """`--lanes`, by default one for each worker."""
+    return args.lanes if args.lanes is not None else args.workers
+
+
 def pool_config(args: argparse.Namespace) -> Any:
     """The `PoolConfig` the arguments ask for (a pool here, or each replica's with --ray)."""
     from duplexcadence.interpreter.serve.pool import PoolConfig
 
     return PoolConfig(
         slots=args.slots,
-        lanes=args.lanes,
+        lanes=lanes(args),
         lockstep=args.lockstep,
         headroom=args.headroom,
         idle_timeout_s=args.idle_timeout,
@@ -117,9 +131,50 @@ async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None 
     return EXIT_CLEAN
 
 
+def serve_workers(
+    args: argparse.Namespace, started: Callable[[Any], None] | None = None, stop: threading.Event | None = None
+) -> int:
+    """`--workers N`: N server processes on the one port until interrupted; 1 when a worker exits unasked or
+    fails to start (said on stderr, `-q` or not)."""
+    from duplexcadence.interpreter.serve import workers
+
+    params = pairs(args.param)
+    config = pool_config(args)
+    spec = workers.ServeSpec(
+        target=args.target,
+        pool=config,
+        workers=args.workers,
+        model=args.model,
+        params=tuple(params.items()),
+        device=resolve_device(args.device),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+    )
+    problems = spec.problems()
+    if problems:
+        raise UsageError("; ".join(problems))
+    spec = attrs.evolve(spec, target=serve_ray.checked_target(args, config, params))
+    try:
+        return workers.serve_workers(spec, lambda line: status(args, line), started, stop)
+    except workers.WorkersFailed as failure:
+        if failure.usage:
+            raise UsageError(failure.message) from None
+        print(f"dsl serve: error: {failure.message}", file=sys.stderr)
+        return EXIT_PROBLEMS
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.lanes > args.slots:
-        raise UsageError(f"--lanes {args.lanes} is more than --slots {args.slots}: a lane needs a slot")
+    if args.workers > 1:
+        if args.ray or args.ray_address:
+            raise UsageError(messages.workers_with_ray())
+        problems = split_problems(args.slots, lanes(args), args.workers)
+        if problems:
+            raise UsageError("; ".join(problems))
+    if lanes(args) > args.slots:
+        raise UsageError(f"--lanes {lanes(args)} is more than --slots {args.slots}: a lane needs a slot")
+    if args.workers > 1:
+        return serve_workers(args)
     if serve_ray.wants_ray(args):
         return serve_ray.serve_cluster(args, pool_config(args), pairs(args.param))
     return asyncio.run(serve(args))
@@ -142,7 +197,20 @@ def register(commands) -> None:
         help="a tail's option (e.g. steps=5 for minicpmo45), or a .clock param with --model",
     )
     parser.add_argument("--slots", type=positive, default=1, help="session slots (lockstep: groups) (default 1)")
-    parser.add_argument("--lanes", type=positive, default=1, help="sessions stepped concurrently (default 1)")
+    parser.add_argument(
+        "--lanes",
+        type=positive,
+        default=None,
+        help="sessions stepped concurrently (default 1; with --workers, 1 a worker)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=positive,
+        default=1,
+        metavar="N",
+        help="server processes on the one host and port, each with its own pool of 1/N of --slots and --lanes "
+        "on the same device (default 1)",
+    )
     parser.add_argument(
         "--lockstep", type=positive, default=None, metavar="ROWS", help="sessions in lockstep groups of ROWS rows"
     )

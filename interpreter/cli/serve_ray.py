@@ -77,6 +77,14 @@ def pool_spec(args: argparse.Namespace, pool: Any, params: dict[str, str]) -> An
     """The `PoolSpec` of the arguments, `pool` (a `PoolConfig`) and the tail's `params`, checked here before any
     replica starts."""
     from duplexcadence.interpreter.serve.cluster.replica import PoolSpec
+
+    target = checked_target(args, pool, params)
+    return PoolSpec(target, args.model, params, pool, cpu_threads=None)
+
+
+def checked_target(args: argparse.Namespace, pool: Any, params: dict[str, str]) -> str:
+    """The tail or `.clock` file (its absolute path) to serve in other processes, with `pool` (a `PoolConfig`)
+    and `params` checked here first, without loading the model; UsageError for what cannot be served."""
     from duplexcadence.interpreter.serve.tail import ServeSetupError, import_function, served_tail
 
     try:
@@ -93,7 +101,7 @@ def pool_spec(args: argparse.Namespace, pool: Any, params: dict[str, str]) -> An
     problems = pool.problems()
     if problems:
         raise UsageError("; ".join(problems))
-    return PoolSpec(target, args.model, params, pool, cpu_threads=None)
+    return target
 
 
 def cluster_config(args: argparse.Namespace) -> Any:

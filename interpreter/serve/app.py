@@ -50,9 +50,10 @@ def error_frame(code: str, message: str, tick: int | None = None) -> dict:
     return frame
 
 
-def ready_frame(pool: SessionPool, session: PooledSession) -> dict:
+def ready_frame(pool: SessionPool, session: PooledSession, worker: tuple[int, int] | None = None) -> dict:
+    """The `ready` frame; `worker` (its index, the server's workers) adds `worker` and `workers` to it."""
     served = pool.served
-    return {
+    frame: dict[str, Any] = {
         "type": "ready",
         "protocol": PROTOCOL,
         **session.info(),
@@ -66,12 +67,16 @@ def ready_frame(pool: SessionPool, session: PooledSession) -> dict:
         "queue_depth": pool.config.queue_depth,
         "idle_timeout_s": pool.config.idle_timeout_s,
     }
+    if worker is not None:
+        frame["worker"], frame["workers"] = worker
+    return frame
 
 
-def make_app(pool: SessionPool, manage_pool: bool = True) -> Starlette:
+def make_app(pool: SessionPool, manage_pool: bool = True, worker: tuple[int, int] | None = None) -> Starlette:
     """The ASGI app of `pool`. With `manage_pool` the app's lifespan starts the pool (load, warm-up,
     calibration: the server accepts connections once it is ready) and stops it at shutdown; without, the
-    caller does both."""
+    caller does both. `worker`: (this process's index, the server's workers) for one of several server
+    processes on one port; its `ready` frames and `/healthz` say which."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -89,7 +94,10 @@ def make_app(pool: SessionPool, manage_pool: bool = True) -> Starlette:
             return JSONResponse({"status": "starting"}, status_code=503)
         if pool.stopping:
             return JSONResponse({"status": "stopping"}, status_code=503)
-        return JSONResponse({"status": "ok", "tail": pool.served.name, "sessions": len(pool.sessions)})
+        health: dict[str, Any] = {"status": "ok", "tail": pool.served.name, "sessions": len(pool.sessions)}
+        if worker is not None:
+            health["worker"], health["workers"] = worker
+        return JSONResponse(health)
 
     async def capacity(request: Request) -> Response:
         return JSONResponse(pool.capacity().to_json())
@@ -102,7 +110,7 @@ def make_app(pool: SessionPool, manage_pool: bool = True) -> Starlette:
         return Response(pool.metrics.exposition(), media_type=CONTENT_TYPE)
 
     async def session_socket(websocket: WebSocket) -> None:
-        await SocketSession(pool, websocket).run()
+        await SocketSession(pool, websocket, worker).run()
 
     routes = [
         Route("/healthz", healthz),
@@ -121,9 +129,10 @@ class SocketSession:
     order; when the pool closes the session (asked to, idle, shutting down) the socket closes after the
     answers."""
 
-    def __init__(self, pool: SessionPool, websocket: WebSocket):
+    def __init__(self, pool: SessionPool, websocket: WebSocket, worker: tuple[int, int] | None = None):
         self.pool = pool
         self.websocket = websocket
+        self.worker = worker
         self.answers: asyncio.Queue = asyncio.Queue()
         self.session: PooledSession | None = None
         self.frames = 0
@@ -140,7 +149,7 @@ class SocketSession:
         try:
             session = await self.pool.open(seed)
         except AdmissionRefused as refusal:
-            await self._refuse(refusal.reason, refusal.message, messages.CLOSE_TRY_AGAIN_LATER)
+            await self._refuse(refusal.reason, refusal.message, messages.CLOSE_TRY_AGAIN_LATER, self.worker)
             return
         except Exception as error:  # a fault of the pool (a bug): say so, never a silent drop
             LOG.exception("opening a session failed")
@@ -148,7 +157,7 @@ class SocketSession:
             return
         self.session = session
         try:
-            await websocket.send_json(ready_frame(self.pool, session))
+            await websocket.send_json(ready_frame(self.pool, session, self.worker))
         except (WebSocketDisconnect, RuntimeError, OSError):
             session.abort(messages.DISCONNECTED, messages.disconnected())
             return
@@ -164,9 +173,14 @@ class SocketSession:
             await sender
         await self._close(session)
 
-    async def _refuse(self, code: str, message: str, close_code: int) -> None:
+    async def _refuse(self, code: str, message: str, close_code: int, worker: tuple[int, int] | None = None) -> None:
+        """Send the error frame and close; `worker` (an admission refusal by one of several workers) adds
+        `worker` and `workers`, so that a client knows another worker of the port may have room."""
+        frame = error_frame(code, message)
+        if worker is not None:
+            frame["worker"], frame["workers"] = worker
         with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-            await self.websocket.send_json(error_frame(code, message))
+            await self.websocket.send_json(frame)
             await self.websocket.close(close_code, messages.close_reason(message))
 
     async def _receive(self) -> None:

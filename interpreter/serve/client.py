@@ -8,7 +8,9 @@
 `send` and `receive` pipeline ticks (the server answers in order). An error frame raises `ServerError` (its
 code and message); a refused session raises `Refused` from `connect` (the reason, with the numbers). Through a
 cluster (`interpreter/serve/cluster`), `replica` names the replica that holds the session (the accept's
-`x-duplexcadence-replica` header), and a session whose replica stops raises `ReplicaLost` naming it.
+`x-duplexcadence-replica` header), and a session whose replica stops raises `ReplicaLost` naming it. From a
+server of several workers (`dsl serve --workers N`), `worker` is the one that holds it, and `connect` retries a
+refusal by one full worker (another may have room).
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ class ServerError(Exception):
 
 
 class Refused(ServerError):
-    """The server did not open the session (at capacity, draining...): its error frame and close code."""
+    """The server did not open the session (at capacity, draining...): its error frame and close code, and
+    the workers of a server of several on one port (None: a single server)."""
 
-    def __init__(self, code: str, message: str, close_code: int | None):
+    def __init__(self, code: str, message: str, close_code: int | None, workers: int | None = None):
         super().__init__(code, message)
         self.close_code = close_code
+        self.workers = workers
 
 
 class SessionClosedByServer(ServerError):
@@ -72,10 +76,31 @@ class SessionClient:
         response = connection.response
         self.replica: str | None = response.headers.get(messages.REPLICA_HEADER) if response is not None else None
         """The replica that holds the session (a cluster), None for a single server."""
+        self.worker: int | None = ready.get("worker")
+        """The worker process that holds the session (a server of several on one port), None for one."""
 
     @classmethod
-    async def connect(cls, url: str, seed: int = 0, open_timeout: float = 600.0) -> SessionClient:
-        """Open a session; `Refused` when the server does not admit it."""
+    async def connect(
+        cls, url: str, seed: int = 0, open_timeout: float = 600.0, retries: int | None = None
+    ) -> SessionClient:
+        """Open a session; `Refused` when the server does not admit it. A server of several workers on one
+        port (`dsl serve --workers N`) says so in its refusal: one worker may be full while another has room,
+        and each new connection may reach another, so such a refusal is retried with a new connection up to
+        `retries` times (None: 8 times the workers). A single server's refusal is final."""
+        attempt = 0
+        while True:
+            try:
+                return await cls.connect_once(url, seed, open_timeout)
+            except Refused as refusal:
+                workers = refusal.workers or 1
+                allowed = 8 * workers if retries is None else retries
+                if workers < 2 or refusal.close_code != messages.CLOSE_TRY_AGAIN_LATER or attempt >= allowed:
+                    raise
+                attempt += 1
+
+    @classmethod
+    async def connect_once(cls, url: str, seed: int = 0, open_timeout: float = 600.0) -> SessionClient:
+        """One connection: the session, or `Refused`."""
         separator = "&" if "?" in url else "?"
         connection = await connect(
             f"{url}{separator}seed={seed}",
@@ -96,7 +121,7 @@ class SessionClient:
                 await connection.recv()
             except ConnectionClosed as closed:
                 close_code = closed.rcvd.code if closed.rcvd else None
-            raise Refused(first.get("code", "?"), first.get("message", ""), close_code)
+            raise Refused(first.get("code", "?"), first.get("message", ""), close_code, first.get("workers"))
         return cls(connection, first)
 
     @property

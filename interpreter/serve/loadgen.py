@@ -36,8 +36,9 @@ Inputs = Callable[[int, int], Mapping[str, torch.Tensor]]
 @attrs.frozen
 class SessionLoad:
     """One driven session: its seed, ticks answered with outputs, error codes, latencies (seconds), blocked
-    sends, whether it was refused (with the reason), its recorded outputs (`record`), the replica that held
-    it (through a cluster; None for a single server), and its lockstep group and row (None in lanes)."""
+        sends, whether it was refused (with the reason), its recorded outputs (`record`), the replica that held
+        it (through a cluster; None for a single server), its lockstep group and row (None in lanes), and the worker
+    that held it (a server of several workers on one port; None for one)."""
 
     seed: int
     ticks: int
@@ -49,6 +50,7 @@ class SessionLoad:
     replica: str | None = None
     group: int | None = None
     row: int | None = None
+    worker: int | None = None
 
 
 @attrs.frozen
@@ -92,6 +94,7 @@ class LoadReport:
                 "replica": s.replica,
                 "group": s.group,
                 "row": s.row,
+                "worker": s.worker,
             }
             for s in self.per_session
         ]
@@ -208,6 +211,7 @@ async def drive_session(
         client.replica,
         client.ready.get("group"),
         client.ready.get("row"),
+        client.worker,
     )
 
 
@@ -294,10 +298,10 @@ def compare_groups_with_stock(served: ServedTail, loads: Sequence[SessionLoad], 
         raise ValueError(f"the '{served.name}' tail has no batched stock loop to verify lockstep rows against")
     inputs = served.inputs
     assert inputs is not None
-    groups: dict[int, list[SessionLoad]] = collections.defaultdict(list)
+    groups: dict[tuple[int | None, int], list[SessionLoad]] = collections.defaultdict(list)
     for load in loads:
         if load.refused is None and load.group is not None and load.row is not None:
-            groups[load.group].append(load)
+            groups[load.worker, load.group].append(load)  # each worker of a server has groups of its own
     sessions = compared = unequal = 0
     for members in groups.values():
         recorded = [load for load in members if load.outputs]

@@ -8,6 +8,7 @@ has a section for each (tests/serve/test_messages.py checks it).
 from __future__ import annotations
 
 import errno
+import signal
 from collections.abc import Iterable
 
 # --- websocket close codes (RFC 6455 section 7.4; 4000-4999 are private) ---------------------------------
@@ -350,3 +351,74 @@ def serve_already_running(running: int, asked: int) -> str:
         f"Serve already runs on this Ray cluster with its proxies on port {running}, not {asked}: give port "
         f"{running} (or 0), or stop that Serve first (serve shutdown)"
     )
+
+
+# --- several server processes on one host and port (`workers.py`) ------------------------------------
+
+
+def uneven_split(option: str, total: int, workers: int) -> str:
+    """`option` (`--slots`, `--lanes`) of `total` that does not give each of `workers` workers the same number
+    of at least 1: the legal totals either side, with what each worker would get."""
+    lower = total // workers * workers
+    upper = lower + workers
+    legal = [count for count in (lower, upper) if count >= workers]
+    each = " or ".join(str(count // workers) for count in legal)
+    return (
+        f"{option} {total} does not split evenly over --workers {workers}: give a multiple of {workers} "
+        f"({' or '.join(map(str, legal))}: {each} a worker)"
+    )
+
+
+def workers_with_ray() -> str:
+    return (
+        "--workers runs several server processes on this host and port; with --ray each replica is one server "
+        "process: give --replicas instead"
+    )
+
+
+def workers_need_reuseport(platform: str) -> str:
+    return f"--workers needs the kernel to spread one port's connections over processes (SO_REUSEPORT on Linux), not {platform}"
+
+
+def workers_cannot_bind(host: str, port: int, reason: str) -> str:
+    return f"the workers cannot listen on {host}:{port}: {reason}"
+
+
+def worker_split(workers: int, slots: int, lanes: int, lockstep: int | None) -> str:
+    what = f"{plural(slots, 'session slot')}" if lockstep is None else f"{plural(slots, 'lockstep group')}"
+    return f"{workers} workers on one port, each with its own pool of {what} in {lanes} lane(s)"
+
+
+def worker_ready(index: int, pid: int) -> str:
+    return f"worker {index} (pid {pid}):"
+
+
+def serving_on_workers(workers: int, url: str) -> str:
+    return f"serving on {workers} worker(s) through {url}"
+
+
+def worker_died(index: int, pid: int | None, exitcode: int | None, starting: bool) -> str:
+    """A worker that exited without being asked to (`exitcode` negative: the signal that ended it)."""
+    how = f"exited with code {exitcode}"
+    if exitcode is not None and exitcode < 0:
+        how = f"was ended by signal {-exitcode} ({signal_name(-exitcode)})"
+    when = "while starting" if starting else "while serving"
+    return (
+        f"worker {index} (pid {pid}) {how} {when}; its sessions are lost and the server stops its other workers "
+        "rather than serve with fewer"
+    )
+
+
+def worker_failed(index: int, reason: str) -> str:
+    return f"worker {index} did not start: {reason}"
+
+
+def workers_stopping(workers: int) -> str:
+    return f"stopping: {workers} worker(s) close their sessions (1001) and exit"
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown"

@@ -4,54 +4,33 @@ never share a series). `/metrics` serves `exposition()`.
 Tick latency is per session tick, from the tick's arrival at the pool to its outputs on the host; a tick
 whose latency passes the tick period is missed. The histogram's buckets are fractions of the period, so
 p50 and p99 read off it in periods. The runtime's counters (graph replays, eager firings) and the arena's
-bytes come from `Runtime.report()`, taken on the device thread after a round at most once a second.
+bytes come from `Runtime.report()`, taken on the device thread after a round at most once a second
+(`take_report`). In prometheus-client's multiprocess mode (`MULTIPROCESS_DIR` set: the workers of one
+server) `exposition()` is the sum over the server's processes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.multiprocess import MultiProcessCollector
 
 PERIOD_FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0)
 """The latency histograms' bucket bounds, in tick periods."""
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+"""The variable that puts prometheus-client in its multiprocess mode (read when prometheus-client is first
+imported): every process of a `dsl serve --workers N` server writes its series to files in that folder, and
+`exposition()` in any of them reads them all. Counters and histograms are summed over the processes; each
+gauge says how (its `multiprocess_mode`: `livesum`, or `livemax` where a sum means nothing)."""
 
-class RuntimeReportCollector(Collector):
-    """The runtime's own counters, from the last `RuntimeReport` the pool took (none before the first)."""
 
-    def __init__(self) -> None:
-        self.report: Any = None
-
-    def collect(self) -> Iterator[Metric]:
-        report = self.report
-        if report is None:
-            return
-        arena = GaugeMetricFamily("duplexcadence_arena_bytes", "Bytes of the runtime's arena (one device allocation)")
-        arena.add_metric([], report.arena_bytes)
-        yield arena
-        session = GaugeMetricFamily("duplexcadence_arena_session_bytes", "Arena bytes per session slot (the plan's)")
-        session.add_metric([], report.session_bytes)
-        yield session
-        replays = CounterMetricFamily("duplexcadence_graph_replays", "Stage firings replayed from CUDA graphs")
-        replays.add_metric([], report.replays)
-        yield replays
-        eager = CounterMetricFamily(
-            "duplexcadence_eager_firings",
-            "Stage firings run eagerly: planned (over budget, blocked) or off the plan",
-            labels=["kind"],
-        )
-        eager.add_metric(["planned"], report.eager_planned)
-        eager.add_metric(["off_plan"], report.eager_off_plan)
-        yield eager
-        graphs = GaugeMetricFamily("duplexcadence_graphs_captured", "Instant graphs captured (fused stage graphs)")
-        graphs.add_metric([], report.graphs_captured)
-        yield graphs
+def multiprocess_dir() -> str | None:
+    return os.environ.get(MULTIPROCESS_DIR) or None
 
 
 class PoolMetrics:
@@ -61,7 +40,9 @@ class PoolMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
         buckets = tuple(round(fraction * tick_period_s, 9) for fraction in PERIOD_FRACTIONS)
-        self.sessions_active = Gauge("duplexcadence_sessions_active", "Sessions open in the pool", registry=registry)
+        self.sessions_active = Gauge(
+            "duplexcadence_sessions_active", "Sessions open in the pool", registry=registry, multiprocess_mode="livesum"
+        )
         self.admitted = Counter("duplexcadence_sessions_admitted", "Sessions admitted", registry=registry)
         self.refused = Counter(
             "duplexcadence_sessions_refused", "Sessions refused, by reason", ["reason"], registry=registry
@@ -95,21 +76,82 @@ class PoolMetrics:
             registry=registry,
         )
         self.tick_period = Gauge(
-            "duplexcadence_tick_period_seconds", "The tick period: cadence over instants", registry=registry
+            "duplexcadence_tick_period_seconds",
+            "The tick period: cadence over instants",
+            registry=registry,
+            multiprocess_mode="livemax",
         )
         self.tick_period.set(tick_period_s)
         self.predicted_tick = Gauge(
             "duplexcadence_predicted_tick_seconds",
-            "The admission model's tick with the active sessions",
+            "The admission model's tick with the active sessions (several workers: the largest)",
             registry=registry,
+            multiprocess_mode="livemax",
         )
         self.capacity = Gauge(
-            "duplexcadence_capacity_sessions", "Sessions the pool admits (slots, or the tick budget)", registry=registry
+            "duplexcadence_capacity_sessions",
+            "Sessions the pool admits (slots, or the tick budget)",
+            registry=registry,
+            multiprocess_mode="livesum",
         )
-        self.slots = Gauge("duplexcadence_session_slots", "Sessions the arena holds", registry=registry)
-        self.draining = Gauge("duplexcadence_draining", "1 while the pool admits nothing new", registry=registry)
-        self.runtime = RuntimeReportCollector()
-        registry.register(self.runtime)
+        self.slots = Gauge(
+            "duplexcadence_session_slots", "Sessions the arena holds", registry=registry, multiprocess_mode="livesum"
+        )
+        self.draining = Gauge(
+            "duplexcadence_draining",
+            "1 while the pool admits nothing new",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.arena_bytes = Gauge(
+            "duplexcadence_arena_bytes",
+            "Bytes of the runtime's arena (one device allocation)",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.arena_session_bytes = Gauge(
+            "duplexcadence_arena_session_bytes",
+            "Arena bytes per session slot (the plan's)",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.graph_replays = Counter(
+            "duplexcadence_graph_replays", "Stage firings replayed from CUDA graphs", registry=registry
+        )
+        self.eager_firings = Counter(
+            "duplexcadence_eager_firings",
+            "Stage firings run eagerly: planned (over budget, blocked) or off the plan",
+            ["kind"],
+            registry=registry,
+        )
+        self.graphs_captured = Gauge(
+            "duplexcadence_graphs_captured",
+            "Instant graphs captured (fused stage graphs)",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.report: Any = None
+        """The last `RuntimeReport` taken (None before the first)."""
+
+    def take_report(self, report: Any) -> None:
+        """The runtime's numbers from `report` (a `RuntimeReport`): its counters advance by what they gained
+        since the last one."""
+        last = self.report
+        self.report = report
+        self.arena_bytes.set(report.arena_bytes)
+        self.arena_session_bytes.set(report.session_bytes)
+        self.graphs_captured.set(report.graphs_captured)
+        self.graph_replays.inc(max(0, report.replays - (last.replays if last is not None else 0)))
+        for kind, now, before in (
+            ("planned", report.eager_planned, last.eager_planned if last is not None else 0),
+            ("off_plan", report.eager_off_plan, last.eager_off_plan if last is not None else 0),
+        ):
+            self.eager_firings.labels(kind).inc(max(0, now - before))
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        folder = multiprocess_dir()
+        if folder is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=folder)
+        return generate_latest(merged)

@@ -380,7 +380,7 @@ class SessionPool:
         self.metrics = PoolMetrics(self.tick_period_s)
         self.metrics.slots.set(self.mode.session_slots)
         assert self.loaded is not None
-        self.metrics.runtime.report = await self.run_on_device(self.loaded.runtime.report)
+        self.metrics.take_report(await self.run_on_device(self.loaded.runtime.report))
         self._refresh_gauges()
         self._tasks = [
             self.loop.create_task(self._schedule(), name="duplexcadence-scheduler"),
@@ -705,7 +705,7 @@ class SessionPool:
             units = len({getattr(session.handle, "group", session.handle) for session, _ in work.ticks})
         done_at = time.perf_counter()
         if done_at - self._report_at > REPORT_EVERY_S and self.metrics is not None and self.loaded is not None:
-            self.metrics.runtime.report = self.loaded.runtime.report()
+            self.metrics.take_report(self.loaded.runtime.report())
             self._report_at = time.perf_counter()
         return RoundOutcome(controls, ticks, failed, done_at - started, done_at, units)
 
@@ -826,7 +826,7 @@ class SessionPool:
     def describe(self) -> str:
         """The start-up lines: the tail, the mode, the arena, the tick model, the capacity."""
         assert self.rule is not None and self.loaded is not None
-        report = self.metrics.runtime.report if self.metrics is not None else None
+        report = self.metrics.report if self.metrics is not None else None
         mode = (
             f"{self.config.slots} session slots in {self.config.lanes} lane(s)"
             if self.config.lockstep is None

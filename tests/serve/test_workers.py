@@ -1,0 +1,182 @@
+"""`dsl serve --workers N`: the command run as a process of its own (`python -m duplexcadence`) on a free
+port with 2 workers of the toy tail on the CPU. Sessions land on both workers and equal each session alone on
+stock, `/metrics` on any worker is the sum over both, a slot or lane count that does not split is refused
+with its exact text, a killed worker stops the server with exit 1 and a message naming it, and an interrupt
+stops everything with exit 0 and no traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from duplexcadence.interpreter.cli import main as cli
+from duplexcadence.interpreter.serve.client import Refused, SessionClient
+from duplexcadence.interpreter.serve.loadgen import compare_with_stock, run_load
+from duplexcadence.interpreter.serve.tail import served_tail
+
+TOY = served_tail("toy")
+SERVING_ON = re.compile(r"^serving on 2 worker\(s\) through (ws://127\.0\.0\.1:(\d+)/v1/session)$", re.M)
+WORKER = re.compile(r"^worker (\d) \(pid (\d+)\):$", re.M)
+
+
+class Workers:
+    """`dsl serve toy --workers 2 --slots 4` in a process of its own; `url`, `port`, `pids` once it serves."""
+
+    def __init__(self, *extra: str):
+        command = [sys.executable, "-m", "duplexcadence", "serve", "toy", "--workers", "2", "--slots", "4"]
+        command += ["--device", "cpu", "--port", "0", "--log-level", "warning", *extra]
+        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        self.lines: list[str] = []
+        assert self.process.stderr is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = self.process.stderr.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            found = SERVING_ON.search(line)
+            if found:
+                self.url, self.port = found.group(1), int(found.group(2))
+                self.pids = {int(index): int(pid) for index, pid in WORKER.findall("".join(self.lines))}
+                return
+        self.process.kill()
+        raise AssertionError(f"the workers did not serve:\n{''.join(self.lines)}")
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=30) as response:
+            return response.read().decode()
+
+    def finish(self, timeout: float = 60) -> tuple[int, str]:
+        assert self.process.stderr is not None
+        rest = self.process.stderr.read()
+        return self.process.wait(timeout), "".join(self.lines) + rest
+
+
+@pytest.fixture(scope="module")
+def workers():
+    server = Workers()
+    yield server
+    if server.process.poll() is None:
+        server.process.kill()
+        server.process.wait(30)
+
+
+def run(coroutine):
+    return asyncio.run(asyncio.wait_for(coroutine, timeout=120))
+
+
+def test_the_start_up_lines_say_the_split_and_each_worker(workers):
+    text = "".join(workers.lines)
+    assert text.startswith("2 workers on one port, each with its own pool of 2 session slots in 1 lane(s)\n")
+    assert sorted(workers.pids) == [0, 1] and len(set(workers.pids.values())) == 2
+    assert text.count("serving 'toy' on cpu: 2 session slots in 1 lane(s); tick period 80.0 ms") == 2
+
+
+def test_sessions_open_on_both_workers_and_equal_each_session_alone_on_stock(workers):
+    report = run(run_load(workers.url, 4, 5, TOY.inputs, paced=False, record=4, first_seed=20))
+    assert (report.opened, report.errors) == (4, {})
+    assert sorted(load.worker for load in report.per_session) == [0, 0, 1, 1]  # 2 slots each: both full
+    for load in report.per_session:
+        assert compare_with_stock(TOY, load) == (5, 0)
+
+
+def test_a_ready_frame_names_its_worker_and_a_full_server_refuses(workers):
+    async def fill():
+        clients = [await SessionClient.connect(workers.url, seed=seed) for seed in range(4)]
+        try:
+            with pytest.raises(Refused) as refused:
+                await SessionClient.connect(workers.url, seed=9, retries=3)
+        finally:
+            for client in clients:
+                await client.close()
+        return [(c.ready["worker"], c.ready["workers"]) for c in clients], refused.value
+
+    frames, refusal = run(fill())
+    assert sorted(frames) == [(0, 2), (0, 2), (1, 2), (1, 2)]
+    assert (refusal.code, refusal.close_code, refusal.workers) == ("at-capacity", 1013, 2)
+    assert refusal.message.endswith("all 2 session slots are taken")
+
+
+def metric(text: str, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert found, f"{name} not in /metrics"
+    return float(found.group(1))
+
+
+def test_metrics_on_any_worker_are_the_sum_over_the_workers(workers):
+    for _ in range(6):  # new connections: the kernel spreads them over both workers
+        text = workers.get("/metrics")
+        assert metric(text, "duplexcadence_session_slots") == 4.0
+        assert metric(text, "duplexcadence_sessions_admitted_total") >= 8.0  # both tests' sessions above
+        assert metric(text, "duplexcadence_tick_period_seconds") == 0.08
+        assert metric(text, "duplexcadence_ticks_total") >= 20.0
+
+
+def test_an_interrupt_stops_every_worker_without_a_traceback(workers):
+    workers.process.send_signal(signal.SIGINT)
+    code, text = workers.finish()
+    assert code == 0, text
+    assert "Traceback" not in text
+    assert text.rstrip().endswith("stopping: 2 worker(s) close their sessions (1001) and exit")
+    for pid in workers.pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_killed_worker_stops_the_server_with_exit_1_naming_it():
+    server = Workers()
+    os.kill(server.pids[1], signal.SIGKILL)
+    code, text = server.finish()
+    assert code == 1
+    assert text.rstrip().endswith(
+        f"dsl serve: error: worker 1 (pid {server.pids[1]}) was ended by signal 9 (SIGKILL) while serving; its "
+        "sessions are lost and the server stops its other workers rather than serve with fewer"
+    )
+    with pytest.raises(ProcessLookupError):
+        os.kill(server.pids[0], 0)
+
+
+def dsl(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as stop:
+        code = stop.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ["--workers", "2", "--slots", "3"],
+            "--slots 3 does not split evenly over --workers 2: give a multiple of 2 (2 or 4: 1 or 2 a worker)",
+        ),
+        (
+            ["--workers", "4", "--slots", "2"],
+            "--slots 2 does not split evenly over --workers 4: give a multiple of 4 (4: 1 a worker)",
+        ),
+        (
+            ["--workers", "2", "--slots", "4", "--lanes", "3"],
+            "--lanes 3 does not split evenly over --workers 2: give a multiple of 2 (2 or 4: 1 or 2 a worker)",
+        ),
+        (
+            ["--workers", "2", "--slots", "2", "--ray"],
+            "--workers runs several server processes on this host and port; with --ray each replica is one server "
+            "process: give --replicas instead",
+        ),
+        (["--workers", "0"], "argument --workers: must be >= 1, not 0"),
+    ],
+)
+def test_workers_that_do_not_split_the_slots_or_lanes_are_refused(capsys, argv, says):
+    code, out, err = dsl(capsys, "serve", "toy", "--device", "cpu", *argv)
+    assert (code, out) == (2, "")
+    assert err.endswith(f"dsl serve: error: {says}\n") and err.count("error:") == 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from duplexcadence.interpreter import tails
@@ -108,8 +108,7 @@ def select_variants(subject: Subject, names: str) -> list[Variant] | str:
     """`--variants A,B`: the subject's reference variant (stock eager, which bit-identity is checked
     against), then A and B in that order; or an error message naming the variants there are."""
     by_name = {variant.name: variant for variant in subject.variants}
-    wanted = [name.strip() for name in names.split(",") if name.strip()]
-    unknown = [name for name in wanted if name not in by_name]
+    wanted, unknown = split_variant_names(names, by_name)
     if unknown or not wanted:
         return (
             f"--variants {names!r}: {'no variant named ' + repr(unknown[0]) if unknown else 'names no variant'}; "
@@ -117,6 +116,34 @@ def select_variants(subject: Subject, names: str) -> list[Variant] | str:
         )
     reference = [variant for variant in subject.variants if variant.reference]
     return reference + [by_name[name] for name in dict.fromkeys(wanted) if not by_name[name].reference]
+
+
+def split_variant_names(names: str, known: Iterable[str]) -> tuple[list[str], list[str]]:
+    """`names` split at its commas into known variant names -> (the names, the pieces that name none).
+    A variant's own name may hold commas (`duplexcadence, 2 lanes`): at each piece the longest run of
+    pieces that spells a known name (spaces around the commas aside) is taken."""
+    spelled = {_comma_key(name): name for name in known}
+    longest = max((key.count(",") + 1 for key in spelled), default=1)
+    pieces = [piece.strip() for piece in names.split(",")]
+    wanted: list[str] = []
+    unknown: list[str] = []
+    start = 0
+    while start < len(pieces):
+        for count in range(min(longest, len(pieces) - start), 0, -1):
+            name = spelled.get(",".join(pieces[start : start + count]))
+            if name is not None:
+                wanted.append(name)
+                start += count
+                break
+        else:
+            if pieces[start]:
+                unknown.append(pieces[start])
+            start += 1
+    return wanted, unknown
+
+
+def _comma_key(name: str) -> str:
+    return ",".join(part.strip() for part in name.split(","))
 
 
 def register(commands) -> None:
@@ -166,7 +193,8 @@ def register(commands) -> None:
         default=None,
         metavar="NAME,NAME",
         help="run only these variants, in this order, after the reference (stock eager, always "
-        "first): the order matters on a GPU, see docs/benchmarks.md",
+        "first): the order matters on a GPU, see docs/benchmarks.md; a name may hold commas "
+        "('duplexcadence, 2 lanes')",
     )
     parser.add_argument(
         "--trace",

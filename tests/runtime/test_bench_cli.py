@@ -385,6 +385,30 @@ def test_variants_puts_them_in_the_order_given():
     )
 
 
+def test_variants_whose_names_hold_commas_are_selected_whole():
+    """The shipped tails name variants like `duplexcadence, 2 lanes`: `--variants` splits at the commas
+    that separate names, not at those inside one."""
+    from duplexcadence.interpreter.cli.bench import split_variant_names
+
+    known = ["stock eager", "duplexcadence", "duplexcadence, 2 lanes", "duplexcadence, other_mimi pruned"]
+    assert split_variant_names("duplexcadence, other_mimi pruned", known) == (["duplexcadence, other_mimi pruned"], [])
+    assert split_variant_names("duplexcadence,2 lanes,duplexcadence", known) == (
+        ["duplexcadence, 2 lanes", "duplexcadence"],
+        [],
+    )
+    assert split_variant_names("duplexcadence, 3 lanes", known) == (["duplexcadence"], ["3 lanes"])
+    assert split_variant_names(" , ", known) == ([], [])
+
+
+def test_variants_with_commas_on_the_command_line():
+    from duplexcadence.examples.personaplex.bench import subject
+    from duplexcadence.interpreter.cli import bench as bench_cli
+
+    made = subject(device="cpu", seconds=1, batch=1)
+    chosen = bench_cli.select_variants(made, "duplexcadence, other_mimi pruned,duplexcadence, 2 lanes")
+    assert [v.name for v in chosen] == ["stock eager", "duplexcadence, other_mimi pruned", "duplexcadence, 2 lanes"]
+
+
 def test_without_profile_run_leaves_the_busy_pass_to_a_later_profile_all(user_folder, profiled):
     """Several subjects timed in one process: each `run(..., profile=False)`, then `profile_all` for each
     once everything is timed, so no timed tick follows a profile."""

@@ -164,6 +164,8 @@ def short_config(run: dict, variant: dict) -> str:
             words.append(part)
         elif match := re.fullmatch(r"n_timesteps=(\d+)", part):
             words.append(f"n={match.group(1)}")
+        elif part == "eager rope":  # moshi's rope with its compile switched off (NO_TORCH_COMPILE=1)
+            words.append(part)
     qualifier = variant["name"].partition(",")[2].strip()
     if qualifier:
         words.append(qualifier)

@@ -59,6 +59,8 @@ COLOURS = {
     "duplexcadence, 4 lanes": "#2ca02c",
     "duplexcadence, voice base on host": "#17becf",
     "duplexcadence, lockstep B=2": "#98df8a",
+    "duplexcadence, other_mimi pruned": "#e377c2",
+    "duplexcadence, both instances in one session": "#c5b0d5",
     "streaming under DuplexCadence (opt-in)": "#aec7e8",
 }
 OTHER_COLOURS = ("#e377c2", "#7b4173", "#637939", "#843c39")

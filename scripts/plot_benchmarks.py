@@ -106,9 +106,9 @@ def size_text(count: float) -> str:
 
 
 def shown_run(tail, json_dir: Path) -> dict | None:
-    """The run of the tail's first settled table row, else its latest current run."""
+    """The run of the tail's first settled table row (a bit-identical one first), else its latest current run."""
     rows = results_table.rows(tail, json_dir)
-    settled = [row for row in rows if row.settled]
+    settled = sorted((row for row in rows if row.settled), key=lambda row: row.cadence.get("bit_identical") is not True)
     if settled:
         return settled[0].run
     return rows[-1].run if rows else None

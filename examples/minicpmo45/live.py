@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from duplexcadence.examples.minicpmo45.live_config import (
+    AUDIO_POOL_STEP,
     CHUNK_EOS_TOKEN,
     CHUNK_TERMINATORS,
     LISTEN_TOKEN,
@@ -72,6 +73,7 @@ from duplexcadence.examples.minicpmo45.live_config import (
     LiveSizes,
 )
 from duplexcadence.examples.minicpmo45.live_model import (
+    HOP,
     DuplexModel,
     LlmStream,
     StreamingMel,
@@ -95,7 +97,8 @@ SYSTEM_PREFIX = (151644, 9125, 198, 2610, 525, 264, 10950, 17847, 13, 198, 15169
 SYSTEM_SUFFIX = (151699, 151645)
 """``<|audio_end|><|im_end|>``."""
 AUDIO_AMPLITUDE = 0.1
-AUDIO_EMBEDDINGS_PER_SECOND = 10
+AUDIO_EMBEDDINGS_PER_SECOND = SAMPLE_RATE_IN // HOP // 2 // AUDIO_POOL_STEP
+"""10: mel frames a second, halved by the encoder's strided conv, pooled by ``audio_pool_step``."""
 AR_VARIANTS = ("eager", "graphed")
 """How the autoregressive stages run: ``eager``, ``transformers``' modules with growing caches, op by op;
 ``graphed``, static KV caches and one-token steps replayed from CUDA graphs (:mod:`.live_static`)."""
@@ -103,6 +106,13 @@ AR_TITLES = {
     "eager": "autoregressive stages eager: transformers' modules, DynamicCache, launched op by op",
     "graphed": "autoregressive stages graphed: static KV caches, one-token LLM and TTS steps replayed from CUDA graphs",
 }
+
+
+def check_ar(ar: str) -> str:
+    """``ar`` when it names a variant of :data:`AR_VARIANTS`, else a ValueError saying which there are."""
+    if ar not in AR_VARIANTS:
+        raise ValueError(f"the autoregressive stages run {' or '.join(map(repr, AR_VARIANTS))}, got {ar!r}")
+    return ar
 
 
 def llm_cache_capacity(window: WindowSettings, settings: DecodeSettings) -> int:
@@ -230,13 +240,11 @@ class Conversation:
         self.settings = settings
         self.seed = seed
         self.speech_backbone: StaticSpeechBackbone | None = None
-        if ar == "graphed":
+        if check_ar(ar) == "graphed":
             self.llm: LlmStream = StaticLlmStream(model.llm, settings, window, llm_cache_capacity(window, settings))
             self.speech_backbone = StaticSpeechBackbone(model.tts, model.sizes.tts_max_positions)
-        elif ar == "eager":
-            self.llm = LlmStream(model.llm, settings, window)
         else:
-            raise ValueError(f"the autoregressive stages run {' or '.join(map(repr, AR_VARIANTS))}, got {ar!r}")
+            self.llm = LlmStream(model.llm, settings, window)
         self.mel = StreamingMel(model.sizes.mel_bins)
         self.tts_temperature = torch.tensor([settings.tts_temperature], dtype=torch.float, device=model.device)
         reference = np.random.default_rng(seed + 1000).standard_normal(int(REFERENCE_AUDIO_SECONDS * SAMPLE_RATE_IN))
@@ -467,9 +475,7 @@ class LiveDuplex:
         say = progress or (lambda message: None)
         if conversations < 1:
             raise ValueError(f"conversations must be at least 1, got {conversations}")
-        if ar not in AR_VARIANTS:
-            raise ValueError(f"the autoregressive stages run {' or '.join(map(repr, AR_VARIANTS))}, got {ar!r}")
-        self.ar = ar
+        self.ar = check_ar(ar)
         self.sizes = sizes
         self.device = torch.device(device)
         self.n_timesteps = n_timesteps

@@ -45,6 +45,36 @@ def test_host_reads_and_data_sized_operations_are_counted_per_call():
     assert find_obstacles(lambda: torch.arange(4.0) * 2, "cpu") == []
 
 
+def test_a_compiled_function_stays_compiled_after_the_probe_calls_it():
+    """Under the probe's TorchDispatchMode every guard of a compiled function fails (the mode adds `Python` to
+    each tensor's dispatch key set), and dynamo, refusing to compile under a dispatch mode, marked the code
+    object skipped for good: every later call in the process ran eagerly (PersonaPlex's graphs baked the eager
+    rope, the stock reference before them used the compiled one). The probe runs it eagerly and leaves dynamo
+    as it was."""
+    torch._dynamo.reset()
+    compiled_calls = []
+
+    def counting(graph, example_inputs):
+        def run(*args):
+            compiled_calls.append(1)
+            return graph(*args)
+
+        return run
+
+    def rotate(x, offset):
+        return torch.sin(x + offset) * torch.cos(x - offset)
+
+    rotate_compiled = torch.compile(rotate, backend=counting)
+    x, offset = torch.arange(4.0), torch.ones(1)
+    rotate_compiled(x, offset)
+    assert len(compiled_calls) == 1
+    assert find_obstacles(lambda: rotate_compiled(x, offset), "cpu") == []
+    assert len(compiled_calls) == 1  # the probe ran it eagerly
+    rotate_compiled(x, offset)
+    assert len(compiled_calls) == 2  # and it is still compiled after the probe
+    torch._dynamo.reset()
+
+
 def test_only_sync_debug_reports_count_as_host_synchronisations():
     """torch warns once per process, when sync-debug mode is first set, that the mode is a prototype; that
     warning names "synchronizing operations" too, and must not block the first stage probed in a process."""

@@ -17,12 +17,20 @@ so), instead of stopping at the first. `find_obstacles` takes the device type to
 is the same on a CPU (where `.item()` of a CPU tensor counts, and a copy to the `meta` device stands for a
 host-to-device copy) as on CUDA.
 
+Inside the probe, `torch.compile`'d functions run their Python eagerly (`torch.compiler.set_stance("force_eager")`,
+`eager_compiled_code`). Under a `TorchDispatchMode` every tensor's dispatch key set gains `Python` and
+`PythonTLSSnapshot`, so every guard of a compiled function fails; dynamo then refuses to compile under the mode
+and marks the function's code object to be skipped for good: from then on the function runs eagerly in the
+whole process, for the stock code too, with other rounding than its compiled kernel (moshi's `torch_compile_lazy`
+rope: PersonaPlex's graphs baked the eager rope while the stock reference before them ran the compiled one).
+With the stance, dynamo never sees the frame and its cache is untouched.
+
 A counter's host value (`firing.counters`, or a bound attribute that holds a Python int) is baked into a
 graph at capture; a graph replays at instants a hyperperiod apart, so a stage that uses a counter whose
 value changes between them cannot be captured either (`counter_obstacles`, with `RecordedCounters` telling
 which counters a hook read).
 
-Public: `Obstacle`, `ObstacleCounter`, `RecordedCounters`, `find_obstacles`, `sync_warnings_in`,
+Public: `Obstacle`, `ObstacleCounter`, `RecordedCounters`, `find_obstacles`, `eager_compiled_code`, `sync_warnings_in`,
 `counter_obstacles`, `diagnostics_of`.
 """
 
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -202,6 +211,13 @@ def owned_pointers(
     return found
 
 
+def eager_compiled_code() -> AbstractContextManager:
+    """`torch.compile`'d functions called inside run their Python eagerly, and dynamo's caches and skip marks
+    stay as they were (see the module docstring: a compiled function called under a `TorchDispatchMode`
+    would otherwise be left uncompiled for the rest of the process)."""
+    return torch.compiler.set_stance("force_eager")
+
+
 def find_obstacles(
     call: Callable[[], Any], device_type: str, owned: dict[int, str] | None = None, sync_warnings: bool = False
 ) -> list[Obstacle]:
@@ -210,7 +226,7 @@ def find_obstacles(
     counted operator explains."""
     counter = ObstacleCounter(device_type, owned)
     if not sync_warnings:
-        with counter:
+        with eager_compiled_code(), counter:
             call()
         return counter.obstacles()
     import warnings
@@ -220,7 +236,7 @@ def find_obstacles(
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            with counter:
+            with eager_compiled_code(), counter:
                 call()
         finally:
             torch.cuda.set_sync_debug_mode(previous)

@@ -22,8 +22,8 @@ Inside the probe, `torch.compile`'d functions run their Python eagerly (`torch.c
 `PythonTLSSnapshot`, so every guard of a compiled function fails; dynamo then refuses to compile under the mode
 and marks the function's code object to be skipped for good: from then on the function runs eagerly in the
 whole process, for the stock code too, with other rounding than its compiled kernel (moshi's `torch_compile_lazy`
-rope: PersonaPlex's graphs baked the eager rope while the stock reference before them ran the compiled one).
-With the stance, dynamo never sees the frame and its cache is untouched.
+rope: PersonaPlex's graphs would bake the eager rope while a stock reference run before them used the compiled
+one). With the stance, dynamo never sees the frame and its cache is untouched.
 
 A counter's host value (`firing.counters`, or a bound attribute that holds a Python int) is baked into a
 graph at capture; a graph replays at instants a hyperperiod apart, so a stage that uses a counter whose

@@ -5,6 +5,7 @@
   their results are reported here, test by test. Ray does not survive being started and shut down
   several times in one process (ray-project/ray#31145: its background threads keep pointers into the
   core worker that `ray.shutdown()` frees), so the suite's own process never starts it.
+* `counting_backend`: a `torch.compile` backend that counts the calls of what it compiled.
 * Hypothesis explores new examples on every run; with `HYPOTHESIS_PROFILE=ci` (set by `.ci/run`) it draws the
   same examples every time, so a landing run passes or fails on the code alone.
 """
@@ -135,3 +136,21 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
+
+
+@pytest.fixture
+def counting_backend():
+    """(backend, calls): a `torch.compile` backend whose compiled code appends 1 to `calls` each time it runs;
+    dynamo's caches are reset before and after."""
+    torch._dynamo.reset()
+    calls: list[int] = []
+
+    def backend(graph, example_inputs):
+        def run(*args):
+            calls.append(1)
+            return graph(*args)
+
+        return run
+
+    yield backend, calls
+    torch._dynamo.reset()

@@ -230,26 +230,17 @@ def test_server_tail_without_pruning_decodes_with_both_instances() -> None:
     assert session.region("other_kv_end[0]").item() == 2 * SERVER_FRAMES
 
 
-def test_the_capture_probe_leaves_the_compiled_rope_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The probe before each capture runs the transformer stage under a TorchDispatchMode; moshi's compiled
-    rope called there was marked skipped by dynamo for the rest of the process, so on CUDA the graphs baked
-    the eager rope while the stock reference before them had used the compiled kernel (PCM off by 4.9e-05 on
-    the H200). On the CPU the rope is compiled here with a backend that counts its calls: after the probes,
-    a tick runs it compiled in all 8 layers."""
+def test_the_capture_probe_leaves_the_compiled_rope_compiled(monkeypatch: pytest.MonkeyPatch, counting_backend) -> None:
+    """The probe before each capture runs the transformer stage under a TorchDispatchMode; a compiled rope
+    called there by dynamo would be marked skipped for the rest of the process, and graphs captured after it
+    would bake the eager rope while a stock reference before them used the compiled kernel. On the CPU the
+    rope is compiled here with a backend that counts its calls: after the probes, a tick runs it compiled in
+    all 8 layers, and the PCM equals stock's."""
     from duplexcadence.examples.personaplex import stock as stock_module
     from duplexcadence.interpreter.runtime.capture.graphs import probe_stage
     from duplexcadence.interpreter.runtime.session import call_in_session
 
-    torch._dynamo.reset()
-    compiled_calls = []
-
-    def counting(graph, example_inputs):
-        def run(*args):
-            compiled_calls.append(1)
-            return graph(*args)
-
-        return run
-
+    counting, compiled_calls = counting_backend
     rope = stock_module.apply_rope_interleaved
     # under moshi's torch_compile_lazy wrapper (the bare function when NO_TORCH_COMPILE is set)
     eager_rope = getattr(rope, "__wrapped__", rope)
@@ -259,21 +250,18 @@ def test_the_capture_probe_leaves_the_compiled_rope_compiled(monkeypatch: pytest
     stock = PersonaPlexTail(mimi)
     server = PersonaPlexServerTail(mimi)
     session, runtime = server.session, server.runtime
-    try:
-        with torch.no_grad():
-            main, _ = stock.step(codes[:, :, :1])
-        assert len(compiled_calls) == 16  # both stock instances, 8 layers each
-        for graph_plan in runtime.plan.capture.captured:  # capture_slot's probes (the CUDA capture aside)
-            firing = runtime.first_firing[graph_plan.signature]
-            for storage in session.storage.values():
-                storage.fill_zero()
-            call_in_session(session, runtime.program.stages[firing.stage].rng, probe_stage, session, firing)
-        session.reset()
-        before = len(compiled_calls)
-        assert torch.equal(server.step(codes[:, :, :1])[0], main)
-        assert len(compiled_calls) - before == 8
-    finally:
-        torch._dynamo.reset()
+    with torch.no_grad():
+        main, _ = stock.step(codes[:, :, :1])
+    assert len(compiled_calls) == 16  # both stock instances, 8 layers each
+    for graph_plan in runtime.plan.capture.captured:  # capture_slot's probes (the CUDA capture aside)
+        firing = runtime.first_firing[graph_plan.signature]
+        for storage in session.storage.values():
+            storage.fill_zero()
+        call_in_session(session, runtime.program.stages[firing.stage].rng, probe_stage, session, firing)
+    session.reset()
+    before = len(compiled_calls)
+    assert torch.equal(server.step(codes[:, :, :1])[0], main)
+    assert len(compiled_calls) - before == 8
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -45,21 +45,12 @@ def test_host_reads_and_data_sized_operations_are_counted_per_call():
     assert find_obstacles(lambda: torch.arange(4.0) * 2, "cpu") == []
 
 
-def test_a_compiled_function_stays_compiled_after_the_probe_calls_it():
+def test_a_compiled_function_stays_compiled_after_the_probe_calls_it(counting_backend):
     """Under the probe's TorchDispatchMode every guard of a compiled function fails (the mode adds `Python` to
-    each tensor's dispatch key set), and dynamo, refusing to compile under a dispatch mode, marked the code
-    object skipped for good: every later call in the process ran eagerly (PersonaPlex's graphs baked the eager
-    rope, the stock reference before them used the compiled one). The probe runs it eagerly and leaves dynamo
-    as it was."""
-    torch._dynamo.reset()
-    compiled_calls = []
-
-    def counting(graph, example_inputs):
-        def run(*args):
-            compiled_calls.append(1)
-            return graph(*args)
-
-        return run
+    each tensor's dispatch key set), and dynamo, which does not compile under a dispatch mode, would mark the
+    code object skipped for good: every later call in the process would run eagerly. The probe runs it
+    eagerly and leaves dynamo as it was."""
+    counting, compiled_calls = counting_backend
 
     def rotate(x, offset):
         return torch.sin(x + offset) * torch.cos(x - offset)
@@ -72,7 +63,6 @@ def test_a_compiled_function_stays_compiled_after_the_probe_calls_it():
     assert len(compiled_calls) == 1  # the probe ran it eagerly
     rotate_compiled(x, offset)
     assert len(compiled_calls) == 2  # and it is still compiled after the probe
-    torch._dynamo.reset()
 
 
 def test_only_sync_debug_reports_count_as_host_synchronisations():

@@ -380,8 +380,15 @@ def workers_need_reuseport(platform: str) -> str:
     return f"--workers needs the kernel to spread one port's connections over processes (SO_REUSEPORT on Linux), not {platform}"
 
 
-def workers_cannot_bind(host: str, port: int, reason: str) -> str:
-    return f"the workers cannot listen on {host}:{port}: {reason}"
+def workers_cannot_bind(host: str, port: int, reason: str, code: int | None) -> str:
+    """`reason`: the OSError's text; `code`: its errno (EADDRINUSE: worded as the Serve proxy's taken port)."""
+    if code == errno.EADDRINUSE:
+        return f"the workers cannot listen on {host}:{port}: the port is in use (another port, or 0 for a free one)"
+    hint = {
+        errno.EADDRNOTAVAIL: f" ({host} is not an address of this machine)",
+        errno.EACCES: " (a port below 1024 needs privileges: another port, or 0 for a free one)",
+    }.get(code or 0, "")
+    return f"the workers cannot listen on {host}:{port}: {reason}{hint}"
 
 
 def worker_split(workers: int, slots: int, lanes: int, lockstep: int | None) -> str:

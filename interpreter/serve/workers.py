@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -39,6 +40,9 @@ from duplexcadence.interpreter.serve import messages
 
 STOP_TIMEOUT_S = 60.0
 """How long a worker may take to close its sessions and exit once told to stop."""
+
+BIND_TRIES = 5
+"""How many free ports port 0 tries, each taken by another process between its probe and the shared binds."""
 
 
 def split_problems(slots: int, lanes: int, workers: int) -> list[str]:
@@ -103,10 +107,31 @@ class WorkersFailed(Exception):
 
 
 def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
-    """`count` sockets bound to `host`:`port` (0: a free port, the same for all), not yet listening."""
+    """`count` sockets bound to `host`:`port` (0: a free port, the same for all), not yet listening. The port
+    is first bound alone, without SO_REUSEPORT, so that a port another server holds is refused rather than
+    shared; with port 0 the shared sockets then take the port that bind got, and a port taken in between is
+    tried again with another."""
     if not sys.platform.startswith("linux") or not hasattr(socket, "SO_REUSEPORT"):
         raise WorkersFailed(messages.workers_need_reuseport(sys.platform), usage=True)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(BIND_TRIES if port == 0 else 1):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((host, port))
+                free = probe.getsockname()[1]
+        except OSError as error:
+            raise cannot_bind(host, port, error) from None
+        try:
+            return shared_sockets(family, host, free, count)
+        except OSError as error:
+            if port != 0 or error.errno != errno.EADDRINUSE:
+                raise cannot_bind(host, free, error) from None
+    raise cannot_bind(host, 0, OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE)))
+
+
+def shared_sockets(family: int, host: str, port: int, count: int) -> list[socket.socket]:
+    """`count` sockets bound to `host`:`port` with SO_REUSEPORT; OSError (none left open) when one cannot."""
     sockets: list[socket.socket] = []
     try:
         for _ in range(count):
@@ -115,14 +140,15 @@ def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((host, port))
-            port = sock.getsockname()[1]
-    except OSError as error:
+    except OSError:
         for sock in sockets:
             sock.close()
-        raise WorkersFailed(
-            messages.workers_cannot_bind(host, port, error.strerror or str(error)), usage=True
-        ) from None
+        raise
     return sockets
+
+
+def cannot_bind(host: str, port: int, error: OSError) -> WorkersFailed:
+    return WorkersFailed(messages.workers_cannot_bind(host, port, error.strerror or str(error), error.errno), True)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from duplexcadence.interpreter.cli import main as cli
 from duplexcadence.interpreter.serve.client import Refused, SessionClient
 from duplexcadence.interpreter.serve.loadgen import compare_with_stock, run_load
 from duplexcadence.interpreter.serve.tail import served_tail
+from duplexcadence.interpreter.serve.workers import bind_sockets
 
 TOY = served_tail("toy")
 SERVING_ON = re.compile(r"^serving on 2 worker\(s\) through (ws://127\.0\.0\.1:(\d+)/v1/session)$", re.M)
@@ -180,3 +182,28 @@ def test_workers_that_do_not_split_the_slots_or_lanes_are_refused(capsys, argv, 
     code, out, err = dsl(capsys, "serve", "toy", "--device", "cpu", *argv)
     assert (code, out) == (2, "")
     assert err.endswith(f"dsl serve: error: {says}\n") and err.count("error:") == 1
+
+
+def test_a_port_another_server_holds_is_refused_not_shared(capsys):
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        code, out, err = dsl(
+            capsys, "serve", "toy", "--device", "cpu", "--workers", "2", "--slots", "2", "--port", str(port)
+        )
+    assert (code, out) == (2, "")
+    assert err.endswith(
+        f"dsl serve: error: the workers cannot listen on 127.0.0.1:{port}: the port is in use (another port, or 0 "
+        "for a free one)\n"
+    )
+
+
+def test_port_0_binds_every_worker_to_one_free_port():
+    sockets = bind_sockets("127.0.0.1", 0, 3)
+    try:
+        assert len({sock.getsockname()[1] for sock in sockets}) == 1
+    finally:
+        for sock in sockets:
+            sock.close()

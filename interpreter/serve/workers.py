@@ -10,8 +10,8 @@ listens on it once its pool has started. The kernel then hashes each new connect
 sockets, so a burst of connections spreads over the workers whatever each is doing, and a session lives in
 the worker that accepted its websocket. The parent starts the pools one at a time (each calibrates its tick
 model with the device otherwise idle), prints each worker's start-up lines and one `serving on` line once
-all serve, forwards SIGINT and SIGTERM to them as SIGTERM, and stops them all, exiting non-zero, when one
-exits without being asked to.
+all serve, forwards SIGINT, SIGTERM and SIGHUP (a closed terminal) to them as SIGTERM, and stops them all,
+exiting non-zero, when one exits without being asked to.
 
 Metrics: the parent makes a folder for prometheus-client's multiprocess mode (`metrics.MULTIPROCESS_DIR`) and
 removes it at the end, so `/metrics` on any worker is the sum over the workers.
@@ -40,6 +40,9 @@ from duplexcadence.interpreter.serve import messages
 
 STOP_TIMEOUT_S = 60.0
 """How long a worker may take to close its sessions and exit once told to stop."""
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What stops the parent, and with it the workers."""
 
 BIND_TRIES = 5
 """How many free ports port 0 tries, each taken by another process between its probe and the shared binds."""
@@ -153,8 +156,8 @@ def cannot_bind(host: str, port: int, error: OSError) -> WorkersFailed:
 
 @contextlib.contextmanager
 def signals_ignored(numbers: tuple[int, ...]) -> Iterator[None]:
-    """SIG_IGN for `numbers` while started children inherit it (a Ctrl-C reaches the whole process group;
-    the parent alone takes it and stops the workers). Only from the main thread; elsewhere nothing."""
+    """SIG_IGN for `numbers` while started children inherit it (a Ctrl-C, or the hang-up of a closed terminal,
+    reaches the whole process group; the parent alone takes it and stops the workers). Only from the main thread; elsewhere nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -201,7 +204,7 @@ class WorkerGroup:
         previous = os.environ.get(MULTIPROCESS_DIR)
         os.environ[MULTIPROCESS_DIR] = self.metrics_dir
         try:
-            with signals_ignored((signal.SIGINT,)):
+            with signals_ignored((signal.SIGINT, signal.SIGHUP)):
                 for index, sock in enumerate(sockets):
                     receiver, sender = context.Pipe(duplex=False)
                     process = context.Process(
@@ -257,7 +260,7 @@ class WorkerGroup:
         sentinels = {process.sentinel: index for index, process in enumerate(self.processes)}
         while not stop.is_set():
             ended = multiprocessing.connection.wait(list(sentinels), timeout=0.2)
-            if ended:
+            if ended and not stop.is_set():
                 index = sentinels[ended[0]]
                 self.processes[index].join(5)
                 return self.died(index, starting=False)
@@ -287,15 +290,15 @@ def serve_workers(
     started: Callable[[WorkerGroup], None] | None = None,
     stop: threading.Event | None = None,
 ) -> int:
-    """Serve `spec` from `spec.workers` processes until SIGINT or SIGTERM (or `stop` is set), then stop them: 0.
-    WorkersFailed when they cannot start, or when one exits unasked (the others are stopped first).
+    """Serve `spec` from `spec.workers` processes until SIGINT, SIGTERM or SIGHUP (or `stop` is set), then stop
+    them: 0. WorkersFailed when they cannot start, or when one exits unasked (the others are stopped first).
     `say` gets the start-up lines (each worker's, then `serving on N worker(s) through URL`); `started(group)`
     is called once all serve."""
     stop = stop or threading.Event()
     group = WorkerGroup(spec, say)
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {number: signal.signal(number, lambda *_: stop.set()) for number in (signal.SIGINT, signal.SIGTERM)}
+        previous = {number: signal.signal(number, lambda *_: stop.set()) for number in STOP_SIGNALS}
     try:
         say(spec.describe())
         if not group.start(stop):

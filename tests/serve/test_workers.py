@@ -32,10 +32,13 @@ WORKER = re.compile(r"^worker (\d) \(pid (\d+)\):$", re.M)
 class Workers:
     """`dsl serve toy --workers 2 --slots 4` in a process of its own; `url`, `port`, `pids` once it serves."""
 
-    def __init__(self, *extra: str):
+    def __init__(self, *extra: str, tmp: str | None = None):
+        """`tmp`: the server's TMPDIR, where its metrics folder is made."""
         command = [sys.executable, "-m", "duplexcadence", "serve", "toy", "--workers", "2", "--slots", "4"]
         command += ["--device", "cpu", "--port", "0", "--log-level", "warning", *extra]
-        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        self.process = subprocess.Popen(
+            command, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **({"TMPDIR": tmp} if tmp else {}))
+        )
         self.lines: list[str] = []
         assert self.process.stderr is not None
         deadline = time.monotonic() + 120
@@ -61,14 +64,31 @@ class Workers:
         rest = self.process.stderr.read()
         return self.process.wait(timeout), "".join(self.lines) + rest
 
+    def stop(self) -> None:
+        """SIGINT, and wait for it to end (killed only if it does not)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
+
+
+def metrics_folders(tmp) -> list[str]:
+    return [path.name for path in tmp.glob("duplexcadence-metrics-*")]
+
 
 @pytest.fixture(scope="module")
-def workers():
-    server = Workers()
+def tmp(tmp_path_factory):
+    return tmp_path_factory.mktemp("workers")
+
+
+@pytest.fixture(scope="module")
+def workers(tmp):
+    server = Workers(tmp=str(tmp))
     yield server
-    if server.process.poll() is None:
-        server.process.kill()
-        server.process.wait(30)
+    server.stop()
 
 
 def run(coroutine):
@@ -113,24 +133,43 @@ def metric(text: str, name: str) -> float:
     return float(found.group(1))
 
 
-def test_metrics_on_any_worker_are_the_sum_over_the_workers(workers):
+def test_metrics_on_any_worker_are_the_sum_over_the_workers(workers, tmp):
+    before = metric(workers.get("/metrics"), "duplexcadence_sessions_admitted_total")
+    report = run(run_load(workers.url, 4, 5, TOY.inputs, paced=False, first_seed=40))
+    assert sorted(load.worker for load in report.per_session) == [0, 0, 1, 1]
     for _ in range(6):  # new connections: the kernel spreads them over both workers
         text = workers.get("/metrics")
         assert metric(text, "duplexcadence_session_slots") == 4.0
-        assert metric(text, "duplexcadence_sessions_admitted_total") >= 8.0  # both tests' sessions above
+        assert metric(text, "duplexcadence_sessions_admitted_total") == before + 4.0
         assert metric(text, "duplexcadence_tick_period_seconds") == 0.08
         assert metric(text, "duplexcadence_ticks_total") >= 20.0
+    assert len(metrics_folders(tmp)) == 1
 
 
-def test_an_interrupt_stops_every_worker_without_a_traceback(workers):
+def test_an_interrupt_stops_every_worker_without_a_traceback_and_removes_the_metrics_folder(workers, tmp):
     workers.process.send_signal(signal.SIGINT)
     code, text = workers.finish()
+    assert metrics_folders(tmp) == []
     assert code == 0, text
     assert "Traceback" not in text
     assert text.rstrip().endswith("stopping: 2 worker(s) close their sessions (1001) and exit")
     for pid in workers.pids.values():
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_hang_up_stops_every_worker_like_an_interrupt(tmp_path):
+    server = Workers(tmp=str(tmp_path))
+    assert len(metrics_folders(tmp_path)) == 1
+    server.process.send_signal(signal.SIGHUP)
+    code, text = server.finish()
+    assert code == 0, text
+    assert "Traceback" not in text
+    assert text.rstrip().endswith("stopping: 2 worker(s) close their sessions (1001) and exit")
+    for pid in server.pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert metrics_folders(tmp_path) == []
 
 
 def test_a_killed_worker_stops_the_server_with_exit_1_naming_it():

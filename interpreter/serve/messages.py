@@ -409,10 +409,11 @@ def worker_died(index: int, pid: int | None, exitcode: int | None, starting: boo
     how = f"exited with code {exitcode}"
     if exitcode is not None and exitcode < 0:
         how = f"was ended by signal {-exitcode} ({signal_name(-exitcode)})"
-    when = "while starting" if starting else "while serving"
+    if starting:
+        return f"worker {index} (pid {pid}) {how} while starting; the server stops its other workers and does not serve"
     return (
-        f"worker {index} (pid {pid}) {how} {when}; its sessions are lost and the server stops its other workers "
-        "rather than serve with fewer"
+        f"worker {index} (pid {pid}) {how} while serving; its sessions are lost and the server stops its other "
+        "workers rather than serve with fewer"
     )
 
 

@@ -19,6 +19,7 @@ import urllib.request
 import pytest
 
 from duplexcadence.interpreter.cli import main as cli
+from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.client import Refused, SessionClient
 from duplexcadence.interpreter.serve.loadgen import compare_with_stock, run_load
 from duplexcadence.interpreter.serve.tail import served_tail
@@ -246,3 +247,13 @@ def test_port_0_binds_every_worker_to_one_free_port():
     finally:
         for sock in sockets:
             sock.close()
+
+
+def test_a_worker_that_dies_while_starting_has_no_sessions_to_lose():
+    assert messages.worker_died(1, 42, -9, starting=True) == (
+        "worker 1 (pid 42) was ended by signal 9 (SIGKILL) while starting; the server stops its other workers and "
+        "does not serve"
+    )
+    assert messages.worker_died(0, 7, 3, starting=False).startswith(
+        "worker 0 (pid 7) exited with code 3 while serving; its sessions are lost"
+    )

@@ -111,7 +111,7 @@ async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None 
     try:
         await pool.start()
     except ClockError as error:
-        raise UsageError(f"{args.target}: {error.diagnostics[0].message}") from None
+        raise UsageError(messages.clock_problem(args.target, error.diagnostics[0].message)) from None
     except ValueError as error:  # a lockstep the plan cannot take, a bad tail option
         raise UsageError(str(error)) from None
     status(args, pool.describe())
@@ -160,7 +160,7 @@ def serve_workers(
     except workers.WorkersFailed as failure:
         if failure.usage:
             raise UsageError(failure.message) from None
-        print(f"dsl serve: error: {failure.message}", file=sys.stderr)
+        print(messages.serve_error(failure.message), file=sys.stderr)
         return EXIT_PROBLEMS
 
 
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         if problems:
             raise UsageError("; ".join(problems))
     if lanes(args) > args.slots:
-        raise UsageError(f"--lanes {lanes(args)} is more than --slots {args.slots}: a lane needs a slot")
+        raise UsageError(messages.lanes_over_slots(lanes(args), args.slots))
     if args.workers > 1:
         return serve_workers(args)
     if serve_ray.wants_ray(args):

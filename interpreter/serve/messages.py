@@ -376,6 +376,24 @@ def workers_with_ray() -> str:
     )
 
 
+def too_few_workers(workers: int) -> str:
+    return f"workers must be at least 1, not {workers}"
+
+
+def lanes_over_slots(lanes: int, slots: int) -> str:
+    return f"--lanes {lanes} is more than --slots {slots}: a lane needs a slot"
+
+
+def clock_problem(target: str, problem: str) -> str:
+    """A `.clock` file's first problem (its diagnostic's message), naming the file `target`."""
+    return f"{target}: {problem}"
+
+
+def serve_error(message: str) -> str:
+    """A `dsl serve --workers N` failure that is not the command line's fault, on stderr."""
+    return f"dsl serve: error: {message}"
+
+
 def workers_need_reuseport(platform: str) -> str:
     return f"--workers needs the kernel to spread one port's connections over processes (SO_REUSEPORT on Linux), not {platform}"
 

@@ -32,11 +32,14 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from duplexcadence.interpreter.serve import messages
+
+if TYPE_CHECKING:  # the pool imports torch; `dsl serve` imports this module before it needs torch
+    from duplexcadence.interpreter.serve.pool import PoolConfig
 
 STOP_TIMEOUT_S = 60.0
 """How long a worker may take to close its sessions and exit once told to stop."""
@@ -51,7 +54,7 @@ BIND_TRIES = 5
 def split_problems(slots: int, lanes: int, workers: int) -> list[str]:
     """Why `slots` and `lanes` (the server's) do not give each of `workers` workers as many, at least 1."""
     if workers < 1:
-        return [f"workers must be at least 1, not {workers}"]
+        return [messages.too_few_workers(workers)]
     return [
         messages.uneven_split(option, total, workers)
         for option, total in (("--slots", slots), ("--lanes", lanes))
@@ -66,7 +69,7 @@ class ServeSpec:
     split evenly over `workers`; `host` and `port` (0: a free one) where every worker listens."""
 
     target: str
-    pool: Any
+    pool: PoolConfig
     workers: int = 1
     model: str | None = None
     params: tuple[tuple[str, str], ...] = ()
@@ -79,7 +82,7 @@ class ServeSpec:
         """Why the slots or lanes do not split over the workers (empty: they do)."""
         return split_problems(self.pool.slots, self.pool.lanes, self.workers)
 
-    def worker_pool(self) -> Any:
+    def worker_pool(self) -> PoolConfig:
         """Each worker's `PoolConfig`: 1/N of the slots and of the lanes."""
         return attrs.evolve(self.pool, slots=self.pool.slots // self.workers, lanes=self.pool.lanes // self.workers)
 
@@ -90,10 +93,21 @@ class ServeSpec:
 
 @attrs.frozen
 class WorkerStarted:
+    """A worker's word to the parent once it serves."""
+
     index: int
     pid: int
-    describe: str
+    pool_lines: str
     """The worker's pool's start-up lines (`SessionPool.describe()`)."""
+
+
+@attrs.frozen
+class WorkerFailed:
+    """A worker's word to the parent when it cannot start: `reason`; `usage` when it is the command line's
+    fault (a lockstep the plan refuses, a bad tail option, a `.clock` problem)."""
+
+    reason: str
+    usage: bool
 
 
 class WorkersFailed(Exception):
@@ -234,14 +248,14 @@ class WorkerGroup:
                 if receiver not in ready:
                     continue
                 try:
-                    kind, *rest = receiver.recv()
+                    said = receiver.recv()
                 except EOFError:  # the worker ended without a word: its sentinel says how
                     self.processes[index].join(5)
                     raise WorkersFailed(self.died(index, starting=True)) from None
-                if kind == "failed":
-                    reason, usage = rest
-                    raise WorkersFailed(reason if usage else messages.worker_failed(index, reason), usage)
-                started[index] = WorkerStarted(index, *rest)
+                if isinstance(said, WorkerFailed):
+                    reason = said.reason if said.usage else messages.worker_failed(index, said.reason)
+                    raise WorkersFailed(reason, said.usage)
+                started[index] = said
                 self.ready.add(index)
                 del waiting[index]
             for sentinel, index in sentinels.items():
@@ -305,7 +319,7 @@ def serve_workers(
             return 0
         for worker in group.started:
             say(messages.worker_ready(worker.index, worker.pid))
-            for line in worker.describe.splitlines():
+            for line in worker.pool_lines.splitlines():
                 say(f"  {line}")
         say(messages.serving_on_workers(spec.workers, group.ws_url))
         if started is not None:
@@ -331,7 +345,7 @@ def worker_main(spec: ServeSpec, index: int, sock: socket.socket, parent: Any, t
         code = asyncio.run(serve_one(spec, index, sock, parent, turn))
     except Exception as error:  # a fault (a bug): say it to the parent, whose message names this worker
         with contextlib.suppress(OSError):
-            parent.send(("failed", messages.internal(error), False))
+            parent.send(WorkerFailed(messages.internal(error), usage=False))
         raise
     sys.exit(code)
 
@@ -368,7 +382,7 @@ async def serve_one(spec: ServeSpec, index: int, sock: socket.socket, parent: An
             if not (isinstance(error, ValueError) or hasattr(error, "diagnostics")):
                 raise
             # a lockstep the plan refuses, a bad tail option, a .clock problem (ClockError): a usage error
-            parent.send(("failed", start_problem(spec, error), True))
+            parent.send(WorkerFailed(start_problem(spec, error), usage=True))
             return 2
     try:
         server = WorkerServer(
@@ -379,7 +393,7 @@ async def serve_one(spec: ServeSpec, index: int, sock: socket.socket, parent: An
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started:
-            parent.send(("ready", os.getpid(), pool.describe()))
+            parent.send(WorkerStarted(index, os.getpid(), pool.describe()))
         await task
     finally:
         await pool.stop()
@@ -390,5 +404,5 @@ def start_problem(spec: ServeSpec, error: Exception) -> str:
     """A pool's start-up refusal as `dsl serve` words it: a `.clock` problem names the file."""
     diagnostics = getattr(error, "diagnostics", None)
     if diagnostics:
-        return f"{spec.target}: {diagnostics[0].message}"
+        return messages.clock_problem(spec.target, diagnostics[0].message)
     return str(error)

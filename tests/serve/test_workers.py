@@ -257,3 +257,12 @@ def test_a_worker_that_dies_while_starting_has_no_sessions_to_lose():
     assert messages.worker_died(0, 7, 3, starting=False).startswith(
         "worker 0 (pid 7) exited with code 3 while serving; its sessions are lost"
     )
+
+
+def test_a_worker_that_cannot_start_its_pool_is_a_usage_error_worded_as_one_server(capsys):
+    code, out, err = dsl(
+        capsys, "serve", "toy", "--device", "cpu", "--workers", "2", "--slots", "2", "--lockstep", "2", "--port", "0"
+    )
+    assert (code, out) == (2, "")
+    assert "dsl serve: error: --lockstep 2: this plan cannot take a session into a running group: " in err
+    assert err.count("error:") == 1

@@ -363,7 +363,7 @@ async def serve_one(spec: ServeSpec, index: int, sock: socket.socket, parent: An
 
     from duplexcadence.interpreter.serve.app import make_app
     from duplexcadence.interpreter.serve.pool import SessionPool
-    from duplexcadence.interpreter.serve.server import server_config
+    from duplexcadence.interpreter.serve.server import serve_pool, server_config, start_problem
     from duplexcadence.interpreter.serve.tail import served_tail
 
     class WorkerServer(uvicorn.Server):
@@ -379,30 +379,14 @@ async def serve_one(spec: ServeSpec, index: int, sock: socket.socket, parent: An
             pool = SessionPool(served, spec.worker_pool())
             await pool.start()
         except Exception as error:
-            if not (isinstance(error, ValueError) or hasattr(error, "diagnostics")):
+            problem = start_problem(spec.target, error)
+            if problem is None:
                 raise
-            # a lockstep the plan refuses, a bad tail option, a .clock problem (ClockError): a usage error
-            parent.send(WorkerFailed(start_problem(spec, error), usage=True))
+            parent.send(WorkerFailed(problem, usage=True))
             return 2
-    try:
-        server = WorkerServer(
-            server_config(make_app(pool, manage_pool=False, worker=(index, spec.workers)), log_level=spec.log_level)
-        )
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
-        if server.started:
-            parent.send(WorkerStarted(index, os.getpid(), pool.describe()))
-        await task
-    finally:
-        await pool.stop()
+    server = WorkerServer(
+        server_config(make_app(pool, manage_pool=False, worker=(index, spec.workers)), log_level=spec.log_level)
+    )
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))
+    await serve_pool(pool, server, lambda _: parent.send(WorkerStarted(index, os.getpid(), pool.describe())), [sock])
     return 0
-
-
-def start_problem(spec: ServeSpec, error: Exception) -> str:
-    """A pool's start-up refusal as `dsl serve` words it: a `.clock` problem names the file."""
-    diagnostics = getattr(error, "diagnostics", None)
-    if diagnostics:
-        return messages.clock_problem(spec.target, diagnostics[0].message)
-    return str(error)

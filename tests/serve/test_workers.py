@@ -1,8 +1,9 @@
 """`dsl serve --workers N`: the command run as a process of its own (`python -m duplexcadence`) on a free
 port with 2 workers of the toy tail on the CPU. Sessions land on both workers and equal each session alone on
 stock, `/metrics` on any worker is the sum over both, a slot or lane count that does not split is refused
-with its exact text, a killed worker stops the server with exit 1 and a message naming it, and an interrupt
-stops everything with exit 0 and no traceback."""
+with its exact text, as is a port another server holds, a killed worker stops the server with exit 1 and a
+message naming it, and an interrupt or a hang-up stops everything with exit 0, no traceback and the metrics
+folder removed."""
 
 from __future__ import annotations
 

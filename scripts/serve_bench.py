@@ -315,11 +315,17 @@ async def measure(
         loads, where = await server_pass(url, config, sessions, args.sample, args.workers, args.folder)
         server_rounds = [seconds for _, seconds in list(pool.round_log)[rounds_at:]]
         server_ticks = list(pool.tick_latencies)[ticks_at:]
-        across = {}
-        if counted is not None:  # the workers' own numbers: their metrics, summed over them, over this pass
+        if counted is None:  # the server runs in this process: its pool's own rounds and ticks
+            server_numbers = {
+                "server_tick_p50_s": quantile(server_ticks, 0.5),
+                "server_tick_p99_s": quantile(server_ticks, 0.99),
+                "server_rounds": len(server_rounds),
+                "server_round_p50_s": quantile(server_rounds, 0.5),
+            }
+        else:  # the workers' own numbers: their metrics, summed over them, over this pass
             after_counts = server_counts(url)
             rounds_n, rounds_s, ticks_n, ticks_s = (b - a for a, b in zip(counted, after_counts))
-            across = {
+            server_numbers = {
                 "server_rounds": int(rounds_n),
                 "server_round_mean_s": rounds_s / rounds_n if rounds_n else None,
                 "server_tick_mean_s": ticks_s / ticks_n if ticks_n else None,
@@ -348,10 +354,6 @@ async def measure(
             "latency_max_s": max(latencies) if latencies else None,
             "missed": sum(1 for value in latencies if value > period),
             "blocked_sends": sum(load.blocked for load in loads),
-            "server_tick_p50_s": quantile(server_ticks, 0.5),
-            "server_tick_p99_s": quantile(server_ticks, 0.99),
-            "server_rounds": len(server_rounds),
-            "server_round_p50_s": quantile(server_rounds, 0.5),
             "direct_round_p50_s": statistics.median(direct) if direct else None,
             "direct_round_p99_s": quantile(direct, 0.99),
             "direct_round_p50_before_s": statistics.median(before) if before else None,
@@ -364,7 +366,7 @@ async def measure(
             "sampled_ticks_differing_from_group": group_unequal,
             "sessions_per_worker": per_worker(loads, args.server_workers),
             **where,
-            **across,
+            **server_numbers,
         }
         if row["latency_p50_s"] is not None and row["direct_round_p50_s"] is not None:
             row["overhead_p50_s"] = row["latency_p50_s"] - row["direct_round_p50_s"]

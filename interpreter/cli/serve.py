@@ -103,31 +103,20 @@ async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None 
     `started(server)` is called once it listens."""
     import uvicorn
 
-    from duplexcadence.dsl.diagnostics import ClockError
     from duplexcadence.interpreter.serve.app import make_app
-    from duplexcadence.interpreter.serve.server import server_config
+    from duplexcadence.interpreter.serve.server import serve_pool, server_config, start_problem
 
     pool = make_pool(args)
     try:
         await pool.start()
-    except ClockError as error:
-        raise UsageError(f"{args.target}: {error.diagnostics[0].message}") from None
-    except ValueError as error:  # a lockstep the plan cannot take, a bad tail option
-        raise UsageError(str(error)) from None
+    except Exception as error:
+        problem = start_problem(args.target, error)
+        if problem is None:
+            raise
+        raise UsageError(problem) from None
     status(args, pool.describe())
     server = uvicorn.Server(server_config(make_app(pool, manage_pool=False), args.host, args.port, args.log_level))
-    try:
-        if started is None:
-            await server.serve()
-        else:
-            task = asyncio.create_task(server.serve())
-            while not server.started and not task.done():
-                await asyncio.sleep(0.01)
-            if server.started:
-                started(server)
-            await task
-    finally:
-        await pool.stop()
+    await serve_pool(pool, server, started)
     return EXIT_CLEAN
 
 
@@ -160,7 +149,7 @@ def serve_workers(
     except workers.WorkersFailed as failure:
         if failure.usage:
             raise UsageError(failure.message) from None
-        print(f"dsl serve: error: {failure.message}", file=sys.stderr)
+        print(messages.serve_error(failure.message), file=sys.stderr)
         return EXIT_PROBLEMS
 
 
@@ -172,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         if problems:
             raise UsageError("; ".join(problems))
     if lanes(args) > args.slots:
-        raise UsageError(f"--lanes {lanes(args)} is more than --slots {args.slots}: a lane needs a slot")
+        raise UsageError(messages.lanes_over_slots(lanes(args), args.slots))
     if args.workers > 1:
         return serve_workers(args)
     if serve_ray.wants_ray(args):

@@ -67,6 +67,12 @@ def ready_frame(pool: SessionPool, session: PooledSession, worker: tuple[int, in
         "queue_depth": pool.config.queue_depth,
         "idle_timeout_s": pool.config.idle_timeout_s,
     }
+    return with_worker(frame, worker)
+
+
+def with_worker(frame: dict, worker: tuple[int, int] | None) -> dict:
+    """`frame` with `worker` and `workers` (`worker`: this process's index, the server's workers) when one of
+    several server processes answers; unchanged for a single server."""
     if worker is not None:
         frame["worker"], frame["workers"] = worker
     return frame
@@ -95,8 +101,7 @@ def make_app(pool: SessionPool, manage_pool: bool = True, worker: tuple[int, int
         if pool.stopping:
             return JSONResponse({"status": "stopping"}, status_code=503)
         health: dict[str, Any] = {"status": "ok", "tail": pool.served.name, "sessions": len(pool.sessions)}
-        if worker is not None:
-            health["worker"], health["workers"] = worker
+        with_worker(health, worker)
         return JSONResponse(health)
 
     async def capacity(request: Request) -> Response:
@@ -176,9 +181,7 @@ class SocketSession:
     async def _refuse(self, code: str, message: str, close_code: int, worker: tuple[int, int] | None = None) -> None:
         """Send the error frame and close; `worker` (an admission refusal by one of several workers) adds
         `worker` and `workers`, so that a client knows another worker of the port may have room."""
-        frame = error_frame(code, message)
-        if worker is not None:
-            frame["worker"], frame["workers"] = worker
+        frame = with_worker(error_frame(code, message), worker)
         with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
             await self.websocket.send_json(frame)
             await self.websocket.close(close_code, messages.close_reason(message))

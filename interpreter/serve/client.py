@@ -10,11 +10,12 @@ code and message); a refused session raises `Refused` from `connect` (the reason
 cluster (`interpreter/serve/cluster`), `replica` names the replica that holds the session (the accept's
 `x-duplexcadence-replica` header), and a session whose replica stops raises `ReplicaLost` naming it. From a
 server of several workers (`dsl serve --workers N`), `worker` is the one that holds it, and `connect` retries a
-refusal by one full worker (another may have room).
+refusal by one full worker (another may have room), not a draining or stopping one's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -66,6 +67,23 @@ class ReplicaLost(SessionClosedByServer):
         self.replica = replica
 
 
+RETRY_PAUSE_S = 0.01
+"""The pause before `connect`'s first retry; each next one doubles, up to `RETRY_PAUSE_MOST_S`."""
+
+RETRY_PAUSE_MOST_S = 0.2
+
+
+def retry_pause(refusal: Refused, attempt: int, retries: int | None) -> float | None:
+    """How long `connect` waits before retrying after `refusal`, its `attempt`th retry (0: the first); None:
+    it does not retry (not a full worker of several, or `retries`, None: 8 times the workers, are spent)."""
+    workers = refusal.workers or 1
+    allowed = 8 * workers if retries is None else retries
+    full = refusal.code == messages.AT_CAPACITY and refusal.close_code == messages.CLOSE_TRY_AGAIN_LATER
+    if workers < 2 or not full or attempt >= allowed:
+        return None
+    return min(RETRY_PAUSE_S * 2**attempt, RETRY_PAUSE_MOST_S)
+
+
 class SessionClient:
     """One session over one websocket (see the module docstring)."""
 
@@ -85,17 +103,18 @@ class SessionClient:
     ) -> SessionClient:
         """Open a session; `Refused` when the server does not admit it. A server of several workers on one
         port (`dsl serve --workers N`) says so in its refusal: one worker may be full while another has room,
-        and each new connection may reach another, so such a refusal is retried with a new connection up to
-        `retries` times (None: 8 times the workers). A single server's refusal is final."""
+        and each new connection may reach another, so an `at-capacity` refusal from such a server is retried
+        with a new connection up to `retries` times (None: 8 times the workers), after a short growing pause
+        (`retry_pause`). A single server's refusal, and a draining or stopping worker's, is final."""
         attempt = 0
         while True:
             try:
                 return await cls.connect_once(url, seed, open_timeout)
             except Refused as refusal:
-                workers = refusal.workers or 1
-                allowed = 8 * workers if retries is None else retries
-                if workers < 2 or refusal.close_code != messages.CLOSE_TRY_AGAIN_LATER or attempt >= allowed:
+                pause = retry_pause(refusal, attempt, retries)
+                if pause is None:
                     raise
+                await asyncio.sleep(pause)
                 attempt += 1
 
     @classmethod

@@ -36,8 +36,8 @@ Inputs = Callable[[int, int], Mapping[str, torch.Tensor]]
 @attrs.frozen
 class SessionLoad:
     """One driven session: its seed, ticks answered with outputs, error codes, latencies (seconds), blocked
-        sends, whether it was refused (with the reason), its recorded outputs (`record`), the replica that held
-        it (through a cluster; None for a single server), its lockstep group and row (None in lanes), and the worker
+    sends, whether it was refused (with the reason), its recorded outputs (`record`), the replica that held
+    it (through a cluster; None for a single server), its lockstep group and row (None in lanes), and the worker
     that held it (a server of several workers on one port; None for one)."""
 
     seed: int

@@ -376,12 +376,37 @@ def workers_with_ray() -> str:
     )
 
 
+def too_few_workers(workers: int) -> str:
+    return f"workers must be at least 1, not {workers}"
+
+
+def lanes_over_slots(lanes: int, slots: int) -> str:
+    return f"--lanes {lanes} is more than --slots {slots}: a lane needs a slot"
+
+
+def clock_problem(target: str, problem: str) -> str:
+    """A `.clock` file's first problem (its diagnostic's message), naming the file `target`."""
+    return f"{target}: {problem}"
+
+
+def serve_error(message: str) -> str:
+    """A `dsl serve --workers N` failure that is not the command line's fault, on stderr."""
+    return f"dsl serve: error: {message}"
+
+
 def workers_need_reuseport(platform: str) -> str:
     return f"--workers needs the kernel to spread one port's connections over processes (SO_REUSEPORT on Linux), not {platform}"
 
 
-def workers_cannot_bind(host: str, port: int, reason: str) -> str:
-    return f"the workers cannot listen on {host}:{port}: {reason}"
+def workers_cannot_bind(host: str, port: int, reason: str, code: int | None) -> str:
+    """`reason`: the OSError's text; `code`: its errno (EADDRINUSE: worded as the Serve proxy's taken port)."""
+    if code == errno.EADDRINUSE:
+        return f"the workers cannot listen on {host}:{port}: the port is in use (another port, or 0 for a free one)"
+    hint = {
+        errno.EADDRNOTAVAIL: f" ({host} is not an address of this machine)",
+        errno.EACCES: " (a port below 1024 needs privileges: another port, or 0 for a free one)",
+    }.get(code or 0, "")
+    return f"the workers cannot listen on {host}:{port}: {reason}{hint}"
 
 
 def worker_split(workers: int, slots: int, lanes: int, lockstep: int | None) -> str:
@@ -402,10 +427,11 @@ def worker_died(index: int, pid: int | None, exitcode: int | None, starting: boo
     how = f"exited with code {exitcode}"
     if exitcode is not None and exitcode < 0:
         how = f"was ended by signal {-exitcode} ({signal_name(-exitcode)})"
-    when = "while starting" if starting else "while serving"
+    if starting:
+        return f"worker {index} (pid {pid}) {how} while starting; the server stops its other workers and does not serve"
     return (
-        f"worker {index} (pid {pid}) {how} {when}; its sessions are lost and the server stops its other workers "
-        "rather than serve with fewer"
+        f"worker {index} (pid {pid}) {how} while serving; its sessions are lost and the server stops its other "
+        "workers rather than serve with fewer"
     )
 
 

@@ -1,5 +1,6 @@
 """A pool's metrics with prometheus-client, in a `CollectorRegistry` of its own (several pools in one process
-never share a series). `/metrics` serves `exposition()`.
+do not share a series; the workers of one server do, summed, in multiprocess mode below). `/metrics` serves
+`exposition()`.
 
 Tick latency is per session tick, from the tick's arrival at the pool to its outputs on the host; a tick
 whose latency passes the tick period is missed. The histogram's buckets are fractions of the period, so

@@ -1,13 +1,18 @@
-"""uvicorn around the app: the configuration `dsl serve` runs, and a server on a thread of its own (its own
-event loop) for tests and benchmarks that drive it from the same process."""
+"""uvicorn around the app: the configuration `dsl serve` runs, how it (or each of its workers) starts its pool
+and serves it, and a server on a thread of its own (its own event loop) for tests and benchmarks that drive it
+from the same process."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
+
+from duplexcadence.interpreter.serve import messages
 
 MAX_FRAME_BYTES = 64 * 2**20
 """The largest websocket message the server reads (a tick's tensors)."""
@@ -32,6 +37,37 @@ def server_config(
         access_log=False,
         timeout_graceful_shutdown=30,
     )
+
+
+def start_problem(target: str, error: Exception) -> str | None:
+    """A pool's start-up `error` as `dsl serve` words a command line it cannot serve: a `.clock` problem
+    (ClockError) naming the file `target`, a lockstep the plan refuses or a bad tail option (ValueError).
+    None: another error, a fault."""
+    diagnostics = getattr(error, "diagnostics", None)
+    if diagnostics:
+        return messages.clock_problem(target, diagnostics[0].message)
+    if isinstance(error, ValueError):
+        return str(error)
+    return None
+
+
+async def serve_pool(
+    pool: Any,
+    server: uvicorn.Server,
+    started: Callable[[uvicorn.Server], None] | None = None,
+    sockets: list[Any] | None = None,
+) -> None:
+    """Serve the started `pool` with `server` (its app made with `manage_pool=False`), on `sockets` if given,
+    until the server exits; `started(server)` once it listens. The pool is stopped at the end."""
+    try:
+        task = asyncio.create_task(server.serve(sockets=sockets))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started and started is not None:
+            started(server)
+        await task
+    finally:
+        await pool.stop()
 
 
 class ServerThread:

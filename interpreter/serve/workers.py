@@ -10,8 +10,8 @@ listens on it once its pool has started. The kernel then hashes each new connect
 sockets, so a burst of connections spreads over the workers whatever each is doing, and a session lives in
 the worker that accepted its websocket. The parent starts the pools one at a time (each calibrates its tick
 model with the device otherwise idle), prints each worker's start-up lines and one `serving on` line once
-all serve, forwards SIGINT and SIGTERM to them as SIGTERM, and stops them all, exiting non-zero, when one
-exits without being asked to.
+all serve, forwards SIGINT, SIGTERM and SIGHUP (a closed terminal) to them as SIGTERM, and stops them all,
+exiting non-zero, when one exits without being asked to.
 
 Metrics: the parent makes a folder for prometheus-client's multiprocess mode (`metrics.MULTIPROCESS_DIR`) and
 removes it at the end, so `/metrics` on any worker is the sum over the workers.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -31,20 +32,29 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from duplexcadence.interpreter.serve import messages
 
+if TYPE_CHECKING:  # the pool imports torch; `dsl serve` imports this module before it needs torch
+    from duplexcadence.interpreter.serve.pool import PoolConfig
+
 STOP_TIMEOUT_S = 60.0
 """How long a worker may take to close its sessions and exit once told to stop."""
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What stops the parent, and with it the workers."""
+
+BIND_TRIES = 5
+"""How many free ports port 0 tries, each taken by another process between its probe and the shared binds."""
 
 
 def split_problems(slots: int, lanes: int, workers: int) -> list[str]:
     """Why `slots` and `lanes` (the server's) do not give each of `workers` workers as many, at least 1."""
     if workers < 1:
-        return [f"workers must be at least 1, not {workers}"]
+        return [messages.too_few_workers(workers)]
     return [
         messages.uneven_split(option, total, workers)
         for option, total in (("--slots", slots), ("--lanes", lanes))
@@ -59,7 +69,7 @@ class ServeSpec:
     split evenly over `workers`; `host` and `port` (0: a free one) where every worker listens."""
 
     target: str
-    pool: Any
+    pool: PoolConfig
     workers: int = 1
     model: str | None = None
     params: tuple[tuple[str, str], ...] = ()
@@ -72,7 +82,7 @@ class ServeSpec:
         """Why the slots or lanes do not split over the workers (empty: they do)."""
         return split_problems(self.pool.slots, self.pool.lanes, self.workers)
 
-    def worker_pool(self) -> Any:
+    def worker_pool(self) -> PoolConfig:
         """Each worker's `PoolConfig`: 1/N of the slots and of the lanes."""
         return attrs.evolve(self.pool, slots=self.pool.slots // self.workers, lanes=self.pool.lanes // self.workers)
 
@@ -83,10 +93,21 @@ class ServeSpec:
 
 @attrs.frozen
 class WorkerStarted:
+    """A worker's word to the parent once it serves."""
+
     index: int
     pid: int
-    describe: str
+    pool_lines: str
     """The worker's pool's start-up lines (`SessionPool.describe()`)."""
+
+
+@attrs.frozen
+class WorkerFailed:
+    """A worker's word to the parent when it cannot start: `reason`; `usage` when it is the command line's
+    fault (a lockstep the plan refuses, a bad tail option, a `.clock` problem)."""
+
+    reason: str
+    usage: bool
 
 
 class WorkersFailed(Exception):
@@ -103,10 +124,31 @@ class WorkersFailed(Exception):
 
 
 def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
-    """`count` sockets bound to `host`:`port` (0: a free port, the same for all), not yet listening."""
+    """`count` sockets bound to `host`:`port` (0: a free port, the same for all), not yet listening. The port
+    is first bound alone, without SO_REUSEPORT, so that a port another server holds is refused rather than
+    shared; with port 0 the shared sockets then take the port that bind got, and a port taken in between is
+    tried again with another."""
     if not sys.platform.startswith("linux") or not hasattr(socket, "SO_REUSEPORT"):
         raise WorkersFailed(messages.workers_need_reuseport(sys.platform), usage=True)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(BIND_TRIES if port == 0 else 1):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((host, port))
+                free = probe.getsockname()[1]
+        except OSError as error:
+            raise cannot_bind(host, port, error) from None
+        try:
+            return shared_sockets(family, host, free, count)
+        except OSError as error:
+            if port != 0 or error.errno != errno.EADDRINUSE:
+                raise cannot_bind(host, free, error) from None
+    raise cannot_bind(host, 0, OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE)))
+
+
+def shared_sockets(family: int, host: str, port: int, count: int) -> list[socket.socket]:
+    """`count` sockets bound to `host`:`port` with SO_REUSEPORT; OSError (none left open) when one cannot."""
     sockets: list[socket.socket] = []
     try:
         for _ in range(count):
@@ -115,20 +157,21 @@ def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((host, port))
-            port = sock.getsockname()[1]
-    except OSError as error:
+    except OSError:
         for sock in sockets:
             sock.close()
-        raise WorkersFailed(
-            messages.workers_cannot_bind(host, port, error.strerror or str(error)), usage=True
-        ) from None
+        raise
     return sockets
+
+
+def cannot_bind(host: str, port: int, error: OSError) -> WorkersFailed:
+    return WorkersFailed(messages.workers_cannot_bind(host, port, error.strerror or str(error), error.errno), True)
 
 
 @contextlib.contextmanager
 def signals_ignored(numbers: tuple[int, ...]) -> Iterator[None]:
-    """SIG_IGN for `numbers` while started children inherit it (a Ctrl-C reaches the whole process group;
-    the parent alone takes it and stops the workers). Only from the main thread; elsewhere nothing."""
+    """SIG_IGN for `numbers` while started children inherit it (a Ctrl-C, or the hang-up of a closed terminal,
+    reaches the whole process group; the parent alone takes it and stops the workers). Only from the main thread; elsewhere nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -175,7 +218,7 @@ class WorkerGroup:
         previous = os.environ.get(MULTIPROCESS_DIR)
         os.environ[MULTIPROCESS_DIR] = self.metrics_dir
         try:
-            with signals_ignored((signal.SIGINT,)):
+            with signals_ignored((signal.SIGINT, signal.SIGHUP)):
                 for index, sock in enumerate(sockets):
                     receiver, sender = context.Pipe(duplex=False)
                     process = context.Process(
@@ -205,14 +248,14 @@ class WorkerGroup:
                 if receiver not in ready:
                     continue
                 try:
-                    kind, *rest = receiver.recv()
+                    said = receiver.recv()
                 except EOFError:  # the worker ended without a word: its sentinel says how
                     self.processes[index].join(5)
                     raise WorkersFailed(self.died(index, starting=True)) from None
-                if kind == "failed":
-                    reason, usage = rest
-                    raise WorkersFailed(reason if usage else messages.worker_failed(index, reason), usage)
-                started[index] = WorkerStarted(index, *rest)
+                if isinstance(said, WorkerFailed):
+                    reason = said.reason if said.usage else messages.worker_failed(index, said.reason)
+                    raise WorkersFailed(reason, said.usage)
+                started[index] = said
                 self.ready.add(index)
                 del waiting[index]
             for sentinel, index in sentinels.items():
@@ -231,7 +274,7 @@ class WorkerGroup:
         sentinels = {process.sentinel: index for index, process in enumerate(self.processes)}
         while not stop.is_set():
             ended = multiprocessing.connection.wait(list(sentinels), timeout=0.2)
-            if ended:
+            if ended and not stop.is_set():
                 index = sentinels[ended[0]]
                 self.processes[index].join(5)
                 return self.died(index, starting=False)
@@ -261,22 +304,22 @@ def serve_workers(
     started: Callable[[WorkerGroup], None] | None = None,
     stop: threading.Event | None = None,
 ) -> int:
-    """Serve `spec` from `spec.workers` processes until SIGINT or SIGTERM (or `stop` is set), then stop them: 0.
-    WorkersFailed when they cannot start, or when one exits unasked (the others are stopped first).
+    """Serve `spec` from `spec.workers` processes until SIGINT, SIGTERM or SIGHUP (or `stop` is set), then stop
+    them: 0. WorkersFailed when they cannot start, or when one exits unasked (the others are stopped first).
     `say` gets the start-up lines (each worker's, then `serving on N worker(s) through URL`); `started(group)`
     is called once all serve."""
     stop = stop or threading.Event()
     group = WorkerGroup(spec, say)
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {number: signal.signal(number, lambda *_: stop.set()) for number in (signal.SIGINT, signal.SIGTERM)}
+        previous = {number: signal.signal(number, lambda *_: stop.set()) for number in STOP_SIGNALS}
     try:
         say(spec.describe())
         if not group.start(stop):
             return 0
         for worker in group.started:
             say(messages.worker_ready(worker.index, worker.pid))
-            for line in worker.describe.splitlines():
+            for line in worker.pool_lines.splitlines():
                 say(f"  {line}")
         say(messages.serving_on_workers(spec.workers, group.ws_url))
         if started is not None:
@@ -302,7 +345,7 @@ def worker_main(spec: ServeSpec, index: int, sock: socket.socket, parent: Any, t
         code = asyncio.run(serve_one(spec, index, sock, parent, turn))
     except Exception as error:  # a fault (a bug): say it to the parent, whose message names this worker
         with contextlib.suppress(OSError):
-            parent.send(("failed", messages.internal(error), False))
+            parent.send(WorkerFailed(messages.internal(error), usage=False))
         raise
     sys.exit(code)
 
@@ -320,7 +363,7 @@ async def serve_one(spec: ServeSpec, index: int, sock: socket.socket, parent: An
 
     from duplexcadence.interpreter.serve.app import make_app
     from duplexcadence.interpreter.serve.pool import SessionPool
-    from duplexcadence.interpreter.serve.server import server_config
+    from duplexcadence.interpreter.serve.server import serve_pool, server_config, start_problem
     from duplexcadence.interpreter.serve.tail import served_tail
 
     class WorkerServer(uvicorn.Server):
@@ -336,30 +379,14 @@ async def serve_one(spec: ServeSpec, index: int, sock: socket.socket, parent: An
             pool = SessionPool(served, spec.worker_pool())
             await pool.start()
         except Exception as error:
-            if not (isinstance(error, ValueError) or hasattr(error, "diagnostics")):
+            problem = start_problem(spec.target, error)
+            if problem is None:
                 raise
-            # a lockstep the plan refuses, a bad tail option, a .clock problem (ClockError): a usage error
-            parent.send(("failed", start_problem(spec, error), True))
+            parent.send(WorkerFailed(problem, usage=True))
             return 2
-    try:
-        server = WorkerServer(
-            server_config(make_app(pool, manage_pool=False, worker=(index, spec.workers)), log_level=spec.log_level)
-        )
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
-        if server.started:
-            parent.send(("ready", os.getpid(), pool.describe()))
-        await task
-    finally:
-        await pool.stop()
+    server = WorkerServer(
+        server_config(make_app(pool, manage_pool=False, worker=(index, spec.workers)), log_level=spec.log_level)
+    )
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))
+    await serve_pool(pool, server, lambda _: parent.send(WorkerStarted(index, os.getpid(), pool.describe())), [sock])
     return 0
-
-
-def start_problem(spec: ServeSpec, error: Exception) -> str:
-    """A pool's start-up refusal as `dsl serve` words it: a `.clock` problem names the file."""
-    diagnostics = getattr(error, "diagnostics", None)
-    if diagnostics:
-        return f"{spec.target}: {diagnostics[0].message}"
-    return str(error)

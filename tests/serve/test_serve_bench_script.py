@@ -88,5 +88,6 @@ def test_server_workers_run_the_server_as_processes_on_one_port(tmp_path):
     assert row["opened"] == 2 and sum(row["sessions_per_worker"]) == 2
     assert (row["sampled_ticks_compared"], row["sampled_ticks_differing"]) == (6, 0)
     assert row["server_rounds"] > 0 and row["overhead_p50_s"] is not None
+    assert not {"server_tick_p50_s", "server_tick_p99_s", "server_round_p50_s"} & set(row)  # the workers' own
     assert "serving on 2 worker(s) through ws://127.0.0.1:" in done.stderr
     assert done.stdout.strip().splitlines()[2].startswith("| toy, 2 server workers | ")

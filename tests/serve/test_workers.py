@@ -1,8 +1,9 @@
 """`dsl serve --workers N`: the command run as a process of its own (`python -m duplexcadence`) on a free
 port with 2 workers of the toy tail on the CPU. Sessions land on both workers and equal each session alone on
 stock, `/metrics` on any worker is the sum over both, a slot or lane count that does not split is refused
-with its exact text, a killed worker stops the server with exit 1 and a message naming it, and an interrupt
-stops everything with exit 0 and no traceback."""
+with its exact text, as is a port another server holds, a killed worker stops the server with exit 1 and a
+message naming it, and an interrupt or a hang-up stops everything with exit 0, no traceback and the metrics
+folder removed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,9 +20,11 @@ import urllib.request
 import pytest
 
 from duplexcadence.interpreter.cli import main as cli
+from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.client import Refused, SessionClient
 from duplexcadence.interpreter.serve.loadgen import compare_with_stock, run_load
 from duplexcadence.interpreter.serve.tail import served_tail
+from duplexcadence.interpreter.serve.workers import bind_sockets
 
 TOY = served_tail("toy")
 SERVING_ON = re.compile(r"^serving on 2 worker\(s\) through (ws://127\.0\.0\.1:(\d+)/v1/session)$", re.M)
@@ -30,10 +34,13 @@ WORKER = re.compile(r"^worker (\d) \(pid (\d+)\):$", re.M)
 class Workers:
     """`dsl serve toy --workers 2 --slots 4` in a process of its own; `url`, `port`, `pids` once it serves."""
 
-    def __init__(self, *extra: str):
+    def __init__(self, *extra: str, tmp: str | None = None):
+        """`tmp`: the server's TMPDIR, where its metrics folder is made."""
         command = [sys.executable, "-m", "duplexcadence", "serve", "toy", "--workers", "2", "--slots", "4"]
         command += ["--device", "cpu", "--port", "0", "--log-level", "warning", *extra]
-        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        self.process = subprocess.Popen(
+            command, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **({"TMPDIR": tmp} if tmp else {}))
+        )
         self.lines: list[str] = []
         assert self.process.stderr is not None
         deadline = time.monotonic() + 120
@@ -59,14 +66,31 @@ class Workers:
         rest = self.process.stderr.read()
         return self.process.wait(timeout), "".join(self.lines) + rest
 
+    def stop(self) -> None:
+        """SIGINT, and wait for it to end (killed only if it does not)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
+
+
+def metrics_folders(tmp) -> list[str]:
+    return [path.name for path in tmp.glob("duplexcadence-metrics-*")]
+
 
 @pytest.fixture(scope="module")
-def workers():
-    server = Workers()
+def tmp(tmp_path_factory):
+    return tmp_path_factory.mktemp("workers")
+
+
+@pytest.fixture(scope="module")
+def workers(tmp):
+    server = Workers(tmp=str(tmp))
     yield server
-    if server.process.poll() is None:
-        server.process.kill()
-        server.process.wait(30)
+    server.stop()
 
 
 def run(coroutine):
@@ -111,24 +135,43 @@ def metric(text: str, name: str) -> float:
     return float(found.group(1))
 
 
-def test_metrics_on_any_worker_are_the_sum_over_the_workers(workers):
+def test_metrics_on_any_worker_are_the_sum_over_the_workers(workers, tmp):
+    before = metric(workers.get("/metrics"), "duplexcadence_sessions_admitted_total")
+    report = run(run_load(workers.url, 4, 5, TOY.inputs, paced=False, first_seed=40))
+    assert sorted(load.worker for load in report.per_session) == [0, 0, 1, 1]
     for _ in range(6):  # new connections: the kernel spreads them over both workers
         text = workers.get("/metrics")
         assert metric(text, "duplexcadence_session_slots") == 4.0
-        assert metric(text, "duplexcadence_sessions_admitted_total") >= 8.0  # both tests' sessions above
+        assert metric(text, "duplexcadence_sessions_admitted_total") == before + 4.0
         assert metric(text, "duplexcadence_tick_period_seconds") == 0.08
         assert metric(text, "duplexcadence_ticks_total") >= 20.0
+    assert len(metrics_folders(tmp)) == 1
 
 
-def test_an_interrupt_stops_every_worker_without_a_traceback(workers):
+def test_an_interrupt_stops_every_worker_without_a_traceback_and_removes_the_metrics_folder(workers, tmp):
     workers.process.send_signal(signal.SIGINT)
     code, text = workers.finish()
+    assert metrics_folders(tmp) == []
     assert code == 0, text
     assert "Traceback" not in text
     assert text.rstrip().endswith("stopping: 2 worker(s) close their sessions (1001) and exit")
     for pid in workers.pids.values():
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_hang_up_stops_every_worker_like_an_interrupt(tmp_path):
+    server = Workers(tmp=str(tmp_path))
+    assert len(metrics_folders(tmp_path)) == 1
+    server.process.send_signal(signal.SIGHUP)
+    code, text = server.finish()
+    assert code == 0, text
+    assert "Traceback" not in text
+    assert text.rstrip().endswith("stopping: 2 worker(s) close their sessions (1001) and exit")
+    for pid in server.pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert metrics_folders(tmp_path) == []
 
 
 def test_a_killed_worker_stops_the_server_with_exit_1_naming_it():
@@ -180,3 +223,47 @@ def test_workers_that_do_not_split_the_slots_or_lanes_are_refused(capsys, argv, 
     code, out, err = dsl(capsys, "serve", "toy", "--device", "cpu", *argv)
     assert (code, out) == (2, "")
     assert err.endswith(f"dsl serve: error: {says}\n") and err.count("error:") == 1
+
+
+def test_a_port_another_server_holds_is_refused_not_shared(capsys):
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        code, out, err = dsl(
+            capsys, "serve", "toy", "--device", "cpu", "--workers", "2", "--slots", "2", "--port", str(port)
+        )
+    assert (code, out) == (2, "")
+    assert err.endswith(
+        f"dsl serve: error: the workers cannot listen on 127.0.0.1:{port}: the port is in use (another port, or 0 "
+        "for a free one)\n"
+    )
+
+
+def test_port_0_binds_every_worker_to_one_free_port():
+    sockets = bind_sockets("127.0.0.1", 0, 3)
+    try:
+        assert len({sock.getsockname()[1] for sock in sockets}) == 1
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_a_worker_that_dies_while_starting_has_no_sessions_to_lose():
+    assert messages.worker_died(1, 42, -9, starting=True) == (
+        "worker 1 (pid 42) was ended by signal 9 (SIGKILL) while starting; the server stops its other workers and "
+        "does not serve"
+    )
+    assert messages.worker_died(0, 7, 3, starting=False).startswith(
+        "worker 0 (pid 7) exited with code 3 while serving; its sessions are lost"
+    )
+
+
+def test_a_worker_that_cannot_start_its_pool_is_a_usage_error_worded_as_one_server(capsys):
+    code, out, err = dsl(
+        capsys, "serve", "toy", "--device", "cpu", "--workers", "2", "--slots", "2", "--lockstep", "2", "--port", "0"
+    )
+    assert (code, out) == (2, "")
+    assert "dsl serve: error: --lockstep 2: this plan cannot take a session into a running group: " in err
+    assert err.count("error:") == 1

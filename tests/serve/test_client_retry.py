@@ -1,0 +1,35 @@
+"""`SessionClient.connect`'s retry policy (`retry_pause`): only a full worker of several is retried, after a
+pause of 10 ms doubling up to 200 ms, until the retries are spent."""
+
+from __future__ import annotations
+
+import pytest
+
+from duplexcadence.interpreter.serve import messages
+from duplexcadence.interpreter.serve.client import Refused, retry_pause
+
+
+def refusal(code: str, workers: int | None = 2, close_code: int = messages.CLOSE_TRY_AGAIN_LATER) -> Refused:
+    return Refused(code, "", close_code, workers)
+
+
+def test_a_full_worker_of_several_is_retried_after_a_growing_pause():
+    full = refusal(messages.AT_CAPACITY)
+    assert [retry_pause(full, attempt, None) for attempt in range(7)] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.2, 0.2]
+    assert retry_pause(full, 15, None) == 0.2
+    assert retry_pause(full, 16, None) is None  # 8 times the 2 workers
+    assert retry_pause(full, 2, 3) == 0.04 and retry_pause(full, 3, 3) is None
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        refusal(messages.DRAINING),
+        refusal(messages.SHUTTING_DOWN),
+        refusal(messages.AT_CAPACITY, workers=None),
+        refusal(messages.AT_CAPACITY, workers=1),
+        refusal(messages.AT_CAPACITY, close_code=messages.CLOSE_POLICY),
+    ],
+)
+def test_a_draining_or_stopping_worker_or_a_single_server_is_not_retried(refused):
+    assert retry_pause(refused, 0, None) is None

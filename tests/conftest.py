@@ -5,6 +5,7 @@
   their results are reported here, test by test. Ray does not survive being started and shut down
   several times in one process (ray-project/ray#31145: its background threads keep pointers into the
   core worker that `ray.shutdown()` frees), so the suite's own process never starts it.
+* `dsl`: the `dsl` command run in the test's process -> (exit code, stdout, stderr).
 * `counting_backend`: a `torch.compile` backend that counts the calls of what it compiled.
 * Hypothesis explores new examples on every run; with `HYPOTHESIS_PROFILE=ci` (set by `.ci/run`) it draws the
   same examples every time, so a landing run passes or fails on the code alone.
@@ -154,3 +155,19 @@ def counting_backend():
 
     yield backend, calls
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def dsl(capsys):
+    """`dsl(*argv)` -> (exit code, stdout, stderr): `dsl` run in this process, its output taken from capsys."""
+    from duplexcadence.interpreter.cli import main as cli
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        try:
+            code = cli.main(list(argv))
+        except SystemExit as stop:
+            code = stop.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

@@ -18,15 +18,6 @@ from duplexcadence.interpreter.cli.loadgen import session_url
 from duplexcadence.interpreter.cli.serve import serve
 
 
-def dsl(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as stop:
-        code = stop.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_the_help_of_serve_and_loadgen_needs_no_torch():
     script = (
         "import sys; sys.modules['torch'] = None\n"
@@ -43,9 +34,9 @@ def test_the_help_of_serve_and_loadgen_needs_no_torch():
     assert "usage: dsl loadgen" in done.stdout and "--verify" in done.stdout and "--sessions" in done.stdout
 
 
-def test_a_missing_serving_package_names_the_extra(capsys, monkeypatch):
+def test_a_missing_serving_package_names_the_extra(monkeypatch, dsl):
     monkeypatch.setitem(sys.modules, "uvicorn", None)
-    assert dsl(capsys, "serve", "toy", "--device", "cpu") == (
+    assert dsl("serve", "toy", "--device", "cpu") == (
         2,
         "",
         "dsl serve: error: dsl serve needs the package 'uvicorn', which is not installed\n"
@@ -53,17 +44,17 @@ def test_a_missing_serving_package_names_the_extra(capsys, monkeypatch):
     )
 
 
-def test_what_cannot_be_served_is_a_usage_error(capsys, tmp_path, monkeypatch):
-    code, _, err = dsl(capsys, "serve", "nosuch", "--device", "cpu")
+def test_what_cannot_be_served_is_a_usage_error(tmp_path, monkeypatch, dsl):
+    code, _, err = dsl("serve", "nosuch", "--device", "cpu")
     assert code == 2 and err.startswith("dsl serve: error: 'nosuch' is not a registered tail (")
-    assert dsl(capsys, "serve", "toy", "--lanes", "3", "--slots", "2") == (
+    assert dsl("serve", "toy", "--lanes", "3", "--slots", "2") == (
         2,
         "",
         "dsl serve: error: --lanes 3 is more than --slots 2: a lane needs a slot\n",
     )
     monkeypatch.chdir(tmp_path)
     code, _, err = dsl(
-        capsys, "serve", "nosuch.clock", "--model", "duplexcadence.examples.toy.model:build_toy", "--device", "cpu"
+        "serve", "nosuch.clock", "--model", "duplexcadence.examples.toy.model:build_toy", "--device", "cpu"
     )
     assert (code, err) == (
         2,
@@ -71,15 +62,13 @@ def test_what_cannot_be_served_is_a_usage_error(capsys, tmp_path, monkeypatch):
     )
     from duplexcadence.examples.toy.cadence import CLOCK
 
-    code, _, err = dsl(
-        capsys, "serve", str(CLOCK), "--model", "duplexcadence.examples.toy.model:build_toy", "--device", "cpu"
-    )
+    code, _, err = dsl("serve", str(CLOCK), "--model", "duplexcadence.examples.toy.model:build_toy", "--device", "cpu")
     assert (code, err) == (
         2,
         "dsl serve: error: the .clock declares region(s) cache `start given`: a session needs initial values, which "
         "a bare model builder does not give; make MODULE:FUNCTION return a ServedTail (docs/serving.md)\n",
     )
-    code, _, err = dsl(capsys, "serve", "toy", "--model", "nowhere:build", "--device", "cpu")
+    code, _, err = dsl("serve", "toy", "--model", "nowhere:build", "--device", "cpu")
     assert code == 2 and "cannot import 'nowhere'" in err
 
 
@@ -131,9 +120,9 @@ class Serving:
         self.thread.join(60)
 
 
-def test_dsl_serve_a_registered_tail_and_dsl_loadgen_verify_against_it(capsys):
+def test_dsl_serve_a_registered_tail_and_dsl_loadgen_verify_against_it(dsl):
     with Serving(serve_args("toy", "--slots", "2", "--lanes", "2")) as url:
-        code, out, err = dsl(capsys, "loadgen", url, "--sessions", "2", "--ticks", "5", "--no-pace", "--verify")
+        code, out, err = dsl("loadgen", url, "--sessions", "2", "--ticks", "5", "--no-pace", "--verify")
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert lines[0] == "serving 'toy' on cpu: a tick every 80 ms of codes i64[1, 1]"
@@ -174,16 +163,14 @@ stage scale on frame {
 """
 
 
-def test_dsl_serve_a_clock_with_a_model_builder(capsys, tmp_path, monkeypatch):
+def test_dsl_serve_a_clock_with_a_model_builder(tmp_path, monkeypatch, dsl):
     (tmp_path / "scaled.py").write_text(textwrap.dedent(MODEL))
     (tmp_path / "scaled.clock").write_text(textwrap.dedent(CLOCK))
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     with Serving(serve_args("scaled.clock", "--model", "scaled:build", "--slots", "2")) as url:
-        code, out, _ = dsl(
-            capsys, "loadgen", url, "--sessions", "2", "--ticks", "3", "--no-pace", "--json", "load.json"
-        )
-        verify_code, _, verify_err = dsl(capsys, "loadgen", url, "--sessions", "1", "--ticks", "1", "--verify")
+        code, out, _ = dsl("loadgen", url, "--sessions", "2", "--ticks", "3", "--no-pace", "--json", "load.json")
+        verify_code, _, verify_err = dsl("loadgen", url, "--sessions", "1", "--ticks", "1", "--verify")
     sys.modules.pop("scaled", None)
     assert code == 0, out
     assert out.splitlines()[0] == "serving 'scaled' on cpu: a tick every 80 ms of x f32[1, 1]"

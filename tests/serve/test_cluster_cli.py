@@ -20,15 +20,6 @@ from duplexcadence.interpreter.serve.tail import served_tail
 pytestmark = pytest.mark.own_process  # starts Ray (tests/conftest.py says why)
 
 
-def dsl(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as stop:
-        code = stop.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -52,8 +43,8 @@ def dsl(capsys, *argv: str) -> tuple[int, str, str]:
         ),
     ],
 )
-def test_what_cannot_be_served_is_a_usage_error_before_ray_starts(capsys, argv, says):
-    code, out, err = dsl(capsys, *argv)
+def test_what_cannot_be_served_is_a_usage_error_before_ray_starts(argv, says, dsl):
+    code, out, err = dsl(*argv)
     assert (code, out) == (2, "")
     assert err.endswith(says) and "Traceback" not in err
 
@@ -93,9 +84,8 @@ def test_dsl_serve_ray_starts_replicas_serves_a_session_and_stops(capsys):
     assert len(err) == 5 and err[-1] == "stopping: each replica admits nothing new and waits up to 30 s"
 
 
-def test_a_pool_that_cannot_start_on_the_replicas_is_a_usage_error_with_its_reason(capsys):
+def test_a_pool_that_cannot_start_on_the_replicas_is_a_usage_error_with_its_reason(dsl):
     code, out, err = dsl(
-        capsys,
         *["serve", "toy", "--ray", "--ray-cpus", "2", "--device", "cpu", "--replicas", "1", "--cpus-per-replica"],
         *["0.5", "--slots", "2", "--lockstep", "2", "--port", "0"],
     )
@@ -108,13 +98,12 @@ def test_a_pool_that_cannot_start_on_the_replicas_is_a_usage_error_with_its_reas
     )
 
 
-def test_a_port_in_use_is_a_usage_error_that_names_it(capsys):
+def test_a_port_in_use_is_a_usage_error_that_names_it(dsl):
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
         code, out, err = dsl(
-            capsys,
             *["serve", "toy", "--ray", "--ray-cpus", "2", "--device", "cpu", "--replicas", "1"],
             *["--cpus-per-replica", "0.5", "--slots", "2", "--port", str(port)],
         )

@@ -19,7 +19,6 @@ import urllib.request
 
 import pytest
 
-from duplexcadence.interpreter.cli import main as cli
 from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.client import Refused, SessionClient
 from duplexcadence.interpreter.serve.loadgen import compare_with_stock, run_load
@@ -187,15 +186,6 @@ def test_a_killed_worker_stops_the_server_with_exit_1_naming_it():
         os.kill(server.pids[0], 0)
 
 
-def dsl(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as stop:
-        code = stop.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -219,21 +209,19 @@ def dsl(capsys, *argv: str) -> tuple[int, str, str]:
         (["--workers", "0"], "argument --workers: must be >= 1, not 0"),
     ],
 )
-def test_workers_that_do_not_split_the_slots_or_lanes_are_refused(capsys, argv, says):
-    code, out, err = dsl(capsys, "serve", "toy", "--device", "cpu", *argv)
+def test_workers_that_do_not_split_the_slots_or_lanes_are_refused(argv, says, dsl):
+    code, out, err = dsl("serve", "toy", "--device", "cpu", *argv)
     assert (code, out) == (2, "")
     assert err.endswith(f"dsl serve: error: {says}\n") and err.count("error:") == 1
 
 
-def test_a_port_another_server_holds_is_refused_not_shared(capsys):
+def test_a_port_another_server_holds_is_refused_not_shared(dsl):
     with socket.socket() as held:
         held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        code, out, err = dsl(
-            capsys, "serve", "toy", "--device", "cpu", "--workers", "2", "--slots", "2", "--port", str(port)
-        )
+        code, out, err = dsl("serve", "toy", "--device", "cpu", "--workers", "2", "--slots", "2", "--port", str(port))
     assert (code, out) == (2, "")
     assert err.endswith(
         f"dsl serve: error: the workers cannot listen on 127.0.0.1:{port}: the port is in use (another port, or 0 "
@@ -260,9 +248,9 @@ def test_a_worker_that_dies_while_starting_has_no_sessions_to_lose():
     )
 
 
-def test_a_worker_that_cannot_start_its_pool_is_a_usage_error_worded_as_one_server(capsys):
+def test_a_worker_that_cannot_start_its_pool_is_a_usage_error_worded_as_one_server(dsl):
     code, out, err = dsl(
-        capsys, "serve", "toy", "--device", "cpu", "--workers", "2", "--slots", "2", "--lockstep", "2", "--port", "0"
+        "serve", "toy", "--device", "cpu", "--workers", "2", "--slots", "2", "--lockstep", "2", "--port", "0"
     )
     assert (code, out) == (2, "")
     assert "dsl serve: error: --lockstep 2: this plan cannot take a session into a running group: " in err

@@ -169,22 +169,9 @@ def test_metrics_on_any_worker_are_the_sum_over_the_workers(workers, tmp):
     assert len(metrics_folders(tmp)) == 1
 
 
-def test_an_interrupt_stops_every_worker_without_a_traceback_and_removes_the_metrics_folder(workers, tmp):
-    workers.process.send_signal(signal.SIGINT)
-    code, text = workers.finish()
-    assert metrics_folders(tmp) == []
-    assert code == 0, text
-    assert "Traceback" not in text
-    assert text.rstrip().endswith("stopping: 2 worker(s) close their sessions (1001) and exit")
-    for pid in workers.pids.values():
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
-
-
-def test_a_hang_up_stops_every_worker_like_an_interrupt(tmp_path):
-    server = Workers(tmp=str(tmp_path))
-    assert len(metrics_folders(tmp_path)) == 1
-    server.process.send_signal(signal.SIGHUP)
+def assert_stopped_in_order(server: Workers, number: int) -> None:
+    """`number` sent to the server: exit 0, no traceback, the stopping line, every worker gone."""
+    server.process.send_signal(number)
     code, text = server.finish()
     assert code == 0, text
     assert "Traceback" not in text
@@ -192,6 +179,17 @@ def test_a_hang_up_stops_every_worker_like_an_interrupt(tmp_path):
     for pid in server.pids.values():
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_an_interrupt_stops_every_worker_without_a_traceback_and_removes_the_metrics_folder(workers, tmp):
+    assert_stopped_in_order(workers, signal.SIGINT)
+    assert metrics_folders(tmp) == []
+
+
+def test_a_hang_up_stops_every_worker_like_an_interrupt(tmp_path):
+    server = Workers(tmp=str(tmp_path))
+    assert len(metrics_folders(tmp_path)) == 1
+    assert_stopped_in_order(server, signal.SIGHUP)
     assert metrics_folders(tmp_path) == []
 
 

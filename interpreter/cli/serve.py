@@ -52,6 +52,20 @@ def headroom(text: str) -> float:
     return value
 
 
+def tick_model(text: str) -> tuple[float, float]:
+    """An argparse type: `FIXED_MS+PER_UNIT_MS`, the numbers of a `calibrated tick` line; seconds."""
+    fixed, plus, per_unit = text.partition("+")
+    try:
+        numbers = (float(fixed), float(per_unit)) if plus else None
+    except ValueError:
+        numbers = None
+    if numbers is None or not all(0.0 <= value < float("inf") for value in numbers):
+        raise argparse.ArgumentTypeError(
+            f"must be FIXED_MS+PER_UNIT_MS, two numbers >= 0 (a calibrated tick line's, e.g. 5.9+8.4), not {text!r}"
+        )
+    return numbers[0] / 1000, numbers[1] / 1000
+
+
 def pairs(values: list[str]) -> dict[str, str]:
     found = {}
     for pair in values:
@@ -69,9 +83,11 @@ def lanes(args: argparse.Namespace) -> int:
 
 def pool_config(args: argparse.Namespace) -> Any:
     """The `PoolConfig` the arguments ask for (a pool here, or each replica's with --ray)."""
+    from duplexcadence.interpreter.serve.admission import TickModel
     from duplexcadence.interpreter.serve.pool import PoolConfig
 
     return PoolConfig(
+        tick_model=None if args.tick_model is None else TickModel(*args.tick_model),
         slots=args.slots,
         lanes=lanes(args),
         lockstep=args.lockstep,
@@ -221,6 +237,13 @@ def register(commands) -> None:
         default=None,
         metavar="MS",
         help="how long a round may wait for the other sessions' ticks (default: 5%% of the tick period; 0: none)",
+    )
+    parser.add_argument(
+        "--tick-model",
+        type=tick_model,
+        default=None,
+        metavar="FIXED_MS+PER_UNIT_MS",
+        help="admission's tick model instead of a calibration at start-up, e.g. 5.9+8.4 (a calibrated tick line's)",
     )
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     serve_ray.add_ray_options(parser)

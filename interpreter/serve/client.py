@@ -10,12 +10,14 @@ code and message); a refused session raises `Refused` from `connect` (the reason
 cluster (`interpreter/serve/cluster`), `replica` names the replica that holds the session (the accept's
 `x-duplexcadence-replica` header), and a session whose replica stops raises `ReplicaLost` naming it. From a
 server of several workers (`dsl serve --workers N`), `worker` is the one that holds it, and `connect` retries a
-refusal by one full worker (another may have room), not a draining or stopping one's.
+refusal by one full worker (another may have room) or by one that leaves the session to another worker, not
+a draining or stopping one's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -68,18 +70,26 @@ class ReplicaLost(SessionClosedByServer):
 
 
 RETRY_PAUSE_S = 0.01
-"""The pause before `connect`'s first retry; each next one doubles, up to `RETRY_PAUSE_MOST_S`."""
+"""The pause before `connect`'s first retry of a full worker; each next one doubles, up to `RETRY_PAUSE_MOST_S`."""
 
 RETRY_PAUSE_MOST_S = 0.2
 
+OTHER_WORKER_PAUSE_S = 0.001
+"""The pause before reconnecting when a worker left the session to another: that worker has room now."""
+
 
 def retry_pause(refusal: Refused, attempt: int, retries: int | None) -> float | None:
-    """How long `connect` waits before retrying after `refusal`, its `attempt`th retry (0: the first); None:
-    it does not retry (not a full worker of several, or `retries`, None: 8 times the workers, are spent)."""
+    """How long `connect` waits before retrying after `refusal`, its `attempt`th retry of that refusal's code
+    (0: the first); None: it does not retry. Only a server of several workers is retried: a full worker's
+    `at-capacity` up to `retries` times (None: 8 times the workers) after a pause of 10 ms that doubles up to
+    200 ms; a worker's `other-worker` (another worker takes the session at a lower cost) up to 64 times the
+    workers (or `retries`) after 1 ms, each new connection hashed to a worker anew."""
     workers = refusal.workers or 1
-    allowed = 8 * workers if retries is None else retries
-    full = refusal.code == messages.AT_CAPACITY and refusal.close_code == messages.CLOSE_TRY_AGAIN_LATER
-    if workers < 2 or not full or attempt >= allowed:
+    if workers < 2 or refusal.close_code != messages.CLOSE_TRY_AGAIN_LATER:
+        return None
+    if refusal.code == messages.OTHER_WORKER:
+        return OTHER_WORKER_PAUSE_S if attempt < (64 * workers if retries is None else retries) else None
+    if refusal.code != messages.AT_CAPACITY or attempt >= (8 * workers if retries is None else retries):
         return None
     return min(RETRY_PAUSE_S * 2**attempt, RETRY_PAUSE_MOST_S)
 
@@ -103,19 +113,20 @@ class SessionClient:
     ) -> SessionClient:
         """Open a session; `Refused` when the server does not admit it. A server of several workers on one
         port (`dsl serve --workers N`) says so in its refusal: one worker may be full while another has room,
-        and each new connection may reach another, so an `at-capacity` refusal from such a server is retried
-        with a new connection up to `retries` times (None: 8 times the workers), after a short growing pause
-        (`retry_pause`). A single server's refusal, and a draining or stopping worker's, is final."""
-        attempt = 0
+        or leave the session to a worker that takes it at a lower cost, and each new connection may reach
+        another, so such a worker's `at-capacity` and `other-worker` refusals are retried with a new
+        connection (`retry_pause` says how often and after what pause). A single server's refusal, and a
+        draining or stopping worker's, is final."""
+        attempts: collections.Counter = collections.Counter()
         while True:
             try:
                 return await cls.connect_once(url, seed, open_timeout)
             except Refused as refusal:
-                pause = retry_pause(refusal, attempt, retries)
+                pause = retry_pause(refusal, attempts[refusal.code], retries)
                 if pause is None:
                     raise
                 await asyncio.sleep(pause)
-                attempt += 1
+                attempts[refusal.code] += 1
 
     @classmethod
     async def connect_once(cls, url: str, seed: int = 0, open_timeout: float = 600.0) -> SessionClient:

@@ -49,6 +49,7 @@ QUEUE_FULL = "queue-full"
 BAD_CONTROL = "bad-control"
 AT_CAPACITY = "at-capacity"
 DRAINING = "draining"
+OTHER_WORKER = "other-worker"
 IDLE_TIMEOUT = "idle-timeout"
 SHUTTING_DOWN = "shutting-down"
 INTERNAL = "internal"
@@ -77,6 +78,7 @@ ERROR_CODES: dict[str, str] = {
     BAD_CONTROL: "a text frame that is not a control frame this server knows",
     AT_CAPACITY: "admission refused: no slot, or the predicted tick would pass the budget",
     DRAINING: "admission refused: the pool is draining",
+    OTHER_WORKER: "admission left to another worker of the port, which takes the session at a lower cost",
     IDLE_TIMEOUT: "the session sent nothing for the idle timeout and was closed",
     SHUTTING_DOWN: "the server is stopping; the session is closed",
     INTERNAL: "a server fault (a bug): the session is closed",
@@ -124,6 +126,19 @@ def at_capacity(
 
 def draining(active: int) -> str:
     return f"draining: this pool admits no new session while its {plural(active, 'session')} finish"
+
+
+def other_worker(
+    here: int, other: int, cost_here: tuple[int, int], cost_there: tuple[int, int], unit: str, workers: int
+) -> str:
+    """A worker of several on one port leaves a new session to `other`; a cost is (1 if the session starts a
+    unit there, the units stepped then), `unit` a lockstep "group" or a "session"."""
+    units = "lockstep group" if unit == "group" else unit
+    if cost_there[0] < cost_here[0]:
+        why = f"which has a free row in a running {units} (this worker would start a new one)"
+    else:
+        why = f"which would step {plural(cost_there[1], units)} with it (this worker {cost_here[1]})"
+    return f"worker {here} of {workers} leaves this session to worker {other}, {why}: connect again"
 
 
 def shutting_down() -> str:

@@ -39,6 +39,7 @@ from duplexcadence.interpreter.serve import codec, messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, Capacity, TickModel, fit
 from duplexcadence.interpreter.serve.metrics import PoolMetrics
 from duplexcadence.interpreter.serve.modes import MODES, StepResult, TensorSpec, TickError
+from duplexcadence.interpreter.serve.placement import BoardSeat, WorkerLoad
 from duplexcadence.interpreter.serve.tail import LoadedTail, ServedTail
 
 REPORT_EVERY_S = 1.0
@@ -302,9 +303,12 @@ class RoundOutcome:
 class SessionPool:
     """Sessions of one tail on one device (see the module docstring)."""
 
-    def __init__(self, served: ServedTail, config: PoolConfig | None = None):
+    def __init__(self, served: ServedTail, config: PoolConfig | None = None, placement: BoardSeat | None = None):
+        """`placement`: this pool's seat on the board of the workers of one port (`placement.PlacementBoard`):
+        the pool publishes its load there and leaves a new session to a worker that takes it at a lower cost."""
         self.served = served
         self.config = config or PoolConfig()
+        self.placement = placement
         problems = self.config.problems()
         if problems:
             raise ValueError("; ".join(problems))
@@ -441,6 +445,7 @@ class SessionPool:
         if self.stopping:
             return
         self.stopping = True
+        self._publish()
         for session in list(self.sessions.values()):
             session.abort(messages.SHUTTING_DOWN, messages.shutting_down())
         if self.sessions and self._empty is not None:
@@ -499,7 +504,7 @@ class SessionPool:
                 self.config.headroom,
             )
         else:
-            refusal = self.rule.refusal(active, self.draining)
+            refusal = self.rule.refusal(active, self.draining) or self._placed_elsewhere(active)
         if refusal is not None:
             self.metrics.refused.labels(refusal.reason).inc()
             raise refusal
@@ -507,12 +512,14 @@ class SessionPool:
         self._opening += 1
         if group is not None:
             self._opening_groups[group] += 1
+        self._publish()
         try:
             handle = await self.run_on_device(self.mode.join, seed, group)
-        finally:
-            self._opening -= 1
-            if group is not None:
-                self._opening_groups[group] -= 1
+        except BaseException:
+            self._opened(group)
+            self._publish()
+            raise
+        self._opened(group)
         session = PooledSession(self, next(self._ids), seed, handle, group)
         self.sessions[session.id] = session
         assert self._empty is not None
@@ -521,14 +528,61 @@ class SessionPool:
         self._refresh_gauges()
         return session
 
+    def _opened(self, group: int | None) -> None:
+        self._opening -= 1
+        if group is not None:
+            self._opening_groups[group] -= 1
+
+    def _rows_taken(self) -> collections.Counter:
+        """Rows taken in each lockstep group, the sessions being opened included."""
+        return collections.Counter(s.group for s in self.sessions.values()) + self._opening_groups
+
     def _group_for_new_session(self) -> int | None:
-        if self.config.lockstep is None:
+        """The fullest group that has members and a free row, else the first empty one: sessions fill the
+        groups already stepped before another group is stepped."""
+        rows = self.config.lockstep
+        if rows is None:
             return None
-        taken = collections.Counter(s.group for s in self.sessions.values()) + self._opening_groups
+        taken = self._rows_taken()
+        running = [group for group in range(self.config.slots) if 0 < taken[group] < rows]
+        if running:
+            return max(running, key=lambda group: (taken[group], -group))
         for group in range(self.config.slots):
-            if taken[group] < self.config.lockstep:
+            if taken[group] == 0:
                 return group
         raise AssertionError("admission let in a session with every row taken")
+
+    def load(self) -> WorkerLoad:
+        """This pool's load as a placement board holds it: whether it admits a session now, the units it
+        steps (groups with members, or sessions) and the free rows of its groups with members."""
+        assert self.rule is not None, "start() the pool first"
+        active = len(self.sessions) + self._opening
+        admits = not self.stopping and self.rule.refusal(active, self.draining) is None
+        rows = self.config.lockstep
+        if rows is None:
+            return WorkerLoad(admits, active)
+        running = [count for count in self._rows_taken().values() if count > 0]
+        return WorkerLoad(admits, len(running), sum(rows - count for count in running))
+
+    def _placed_elsewhere(self, active: int) -> AdmissionRefused | None:
+        """The refusal of a session another worker of the port takes at a lower cost (None: it is taken here)."""
+        if self.placement is None:
+            return None
+        assert self.rule is not None
+        here = self.load()
+        other = self.placement.better_worker(here)
+        if other is None:
+            return None
+        there = self.placement.board.loads()[other]
+        message = messages.other_worker(
+            self.placement.index, other, here.cost(), there.cost(), self.mode.unit, self.placement.workers
+        )
+        numbers = (self.rule.capacity(), self.rule.slots, self.rule.predict(active + 1))
+        return AdmissionRefused(messages.OTHER_WORKER, message, active, *numbers, self.tick_period_s, self.config.headroom)
+
+    def _publish(self) -> None:
+        if self.placement is not None and self.rule is not None:
+            self.placement.publish(self.load())
 
     # --- inputs ----------------------------------------------------------------------------------
 
@@ -787,6 +841,7 @@ class SessionPool:
     def _refresh_gauges(self) -> None:
         if self.metrics is None or self.rule is None:
             return
+        self._publish()
         snapshot = self.capacity()
         self.metrics.sessions_active.set(snapshot.sessions)
         self.metrics.predicted_tick.set(snapshot.predicted_tick_s)

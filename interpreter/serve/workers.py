@@ -13,6 +13,10 @@ model with the device otherwise idle), prints each worker's start-up lines and o
 all serve, forwards SIGINT, SIGTERM and SIGHUP (a closed terminal) to them as SIGTERM, and stops them all,
 exiting non-zero, when one exits without being asked to.
 
+Placement: the workers share a board of their loads (`placement.PlacementBoard`), and a worker leaves a new
+session to another that takes it at a lower cost (a free row in a running lockstep group, or fewer units to
+step), refusing it with `other-worker`; the client connects again.
+
 Metrics: the parent makes a folder for prometheus-client's multiprocess mode (`metrics.MULTIPROCESS_DIR`) and
 removes it at the end, so `/metrics` on any worker is the sum over the workers.
 """
@@ -37,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from duplexcadence.interpreter.serve import messages
+from duplexcadence.interpreter.serve.placement import PlacementBoard
 
 if TYPE_CHECKING:  # the pool imports torch; `dsl serve` imports this module before it needs torch
     from duplexcadence.interpreter.serve.pool import PoolConfig
@@ -214,6 +219,7 @@ class WorkerGroup:
         self.metrics_dir = tempfile.mkdtemp(prefix="duplexcadence-metrics-")
         context = multiprocessing.get_context("spawn")
         turn = context.Lock()
+        board = PlacementBoard(spec.workers, context)
         receivers = []
         previous = os.environ.get(MULTIPROCESS_DIR)
         os.environ[MULTIPROCESS_DIR] = self.metrics_dir
@@ -223,7 +229,7 @@ class WorkerGroup:
                     receiver, sender = context.Pipe(duplex=False)
                     process = context.Process(
                         target=worker_main,
-                        args=(spec, index, sock, sender, turn),
+                        args=(spec, index, sock, sender, turn, board),
                         name=f"duplexcadence-worker-{index}",
                     )
                     process.start()
@@ -338,11 +344,14 @@ def serve_workers(
 # --- a worker -------------------------------------------------------------------------------------
 
 
-def worker_main(spec: ServeSpec, index: int, sock: socket.socket, parent: Any, turn: Any) -> None:
-    """A worker process: its pool (started in its turn), then uvicorn on `sock` until SIGTERM."""
+def worker_main(
+    spec: ServeSpec, index: int, sock: socket.socket, parent: Any, turn: Any, board: PlacementBoard
+) -> None:
+    """A worker process: its pool (started in its turn, seated on the workers' placement `board`), then
+    uvicorn on `sock` until SIGTERM."""
     threading.Thread(target=exit_with_parent, name="duplexcadence-parent-watch", daemon=True).start()
     try:
-        code = asyncio.run(serve_one(spec, index, sock, parent, turn))
+        code = asyncio.run(serve_one(spec, index, sock, parent, turn, board))
     except Exception as error:  # a fault (a bug): say it to the parent, whose message names this worker
         with contextlib.suppress(OSError):
             parent.send(WorkerFailed(messages.internal(error), usage=False))
@@ -358,7 +367,9 @@ def exit_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-async def serve_one(spec: ServeSpec, index: int, sock: socket.socket, parent: Any, turn: Any) -> int:
+async def serve_one(
+    spec: ServeSpec, index: int, sock: socket.socket, parent: Any, turn: Any, board: PlacementBoard
+) -> int:
     import uvicorn
 
     from duplexcadence.interpreter.serve.app import make_app
@@ -376,7 +387,7 @@ async def serve_one(spec: ServeSpec, index: int, sock: socket.socket, parent: An
     with turn:
         try:
             served = served_tail(spec.target, spec.model, dict(spec.params), spec.device)
-            pool = SessionPool(served, spec.worker_pool())
+            pool = SessionPool(served, spec.worker_pool(), placement=board.seat(index))
             await pool.start()
         except Exception as error:
             problem = start_problem(spec.target, error)

@@ -1,5 +1,6 @@
-"""`SessionClient.connect`'s retry policy (`retry_pause`): only a full worker of several is retried, after a
-pause of 10 ms doubling up to 200 ms, until the retries are spent."""
+"""`SessionClient.connect`'s retry policy (`retry_pause`): only a worker of several is retried: a full one
+after a pause of 10 ms doubling up to 200 ms, one that leaves the session to another worker after 1 ms, each
+until its retries are spent."""
 
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ def test_a_full_worker_of_several_is_retried_after_a_growing_pause():
     assert retry_pause(full, 15, None) == 0.2
     assert retry_pause(full, 16, None) is None  # 8 times the 2 workers
     assert retry_pause(full, 2, 3) == 0.04 and retry_pause(full, 3, 3) is None
+
+
+def test_a_session_left_to_another_worker_is_retried_at_once_many_times():
+    elsewhere = refusal(messages.OTHER_WORKER, workers=4)
+    assert [retry_pause(elsewhere, attempt, None) for attempt in (0, 1, 255)] == [0.001] * 3
+    assert retry_pause(elsewhere, 256, None) is None  # 64 times the 4 workers
+    assert retry_pause(elsewhere, 4, 5) == 0.001 and retry_pause(elsewhere, 5, 5) is None
+    assert retry_pause(refusal(messages.OTHER_WORKER, close_code=messages.CLOSE_POLICY), 0, None) is None
 
 
 @pytest.mark.parametrize(

@@ -34,9 +34,9 @@ WORKER = re.compile(r"^worker (\d) \(pid (\d+)\):$", re.M)
 class Workers:
     """`dsl serve toy --workers 2 --slots 4` in a process of its own; `url`, `port`, `pids` once it serves."""
 
-    def __init__(self, *extra: str, tmp: str | None = None):
-        """`tmp`: the server's TMPDIR, where its metrics folder is made."""
-        command = [sys.executable, "-m", "duplexcadence", "serve", "toy", "--workers", "2", "--slots", "4"]
+    def __init__(self, *extra: str, tmp: str | None = None, served: tuple[str, ...] = ("toy", "--slots", "4")):
+        """`tmp`: the server's TMPDIR, where its metrics folder is made; `served`: the tail and its options."""
+        command = [sys.executable, "-m", "duplexcadence", "serve", *served, "--workers", "2"]
         command += ["--device", "cpu", "--port", "0", "--log-level", "warning", *extra]
         self.process = subprocess.Popen(
             command, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **({"TMPDIR": tmp} if tmp else {}))
@@ -275,3 +275,32 @@ def test_a_worker_that_cannot_start_its_pool_is_a_usage_error_worded_as_one_serv
     assert (code, out) == (2, "")
     assert "dsl serve: error: --lockstep 2: this plan cannot take a session into a running group: " in err
     assert err.count("error:") == 1
+
+
+@pytest.mark.models
+def test_lockstep_sessions_fill_a_running_group_before_a_worker_starts_another():
+    """Moshi's Mimi decoder in groups of 2 rows, 2 groups a worker: whichever worker each connection reaches,
+    the second session joins the first one's group, the third starts a group on the other worker, and a
+    session that comes after a close takes the freed row."""
+    pytest.importorskip("moshi")
+    server = Workers("--tick-model", "1+1", served=("moshi", "--slots", "4", "--lockstep", "2"))
+
+    async def scenario():
+        clients = [await SessionClient.connect(server.url, seed=seed) for seed in range(4)]
+        placed = [(c.ready["worker"], c.ready["group"]) for c in clients]
+        await clients[0].close()
+        clients[0] = await SessionClient.connect(server.url, seed=9)
+        again = (clients[0].ready["worker"], clients[0].ready["group"])
+        for client in clients:
+            await client.close()
+        return placed, again
+
+    try:
+        placed, again = run(scenario())
+        metrics = server.get("/metrics")
+    finally:
+        server.stop()
+    first, third = placed[0][0], placed[2][0]
+    assert placed == [(first, 0), (first, 0), (third, 0), (third, 0)] and first != third
+    assert again == (first, 0)
+    assert metric(metrics, "duplexcadence_sessions_admitted_total") == 5

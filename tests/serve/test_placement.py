@@ -1,0 +1,120 @@
+"""Placement over the workers of one port: the rule (`better_worker`) on loads given as data, the board in
+shared memory across a spawned process, a simulated burst of lockstep sessions hashed at random to workers
+that ends in the fewest groups spread evenly, and a toy pool seated on a board: it publishes its load and
+leaves a session to a worker that takes it at a lower cost, with the exact refusal and its metric."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import multiprocessing
+import random
+
+import pytest
+
+from duplexcadence.interpreter.serve import messages
+from duplexcadence.interpreter.serve.admission import AdmissionRefused, TickModel
+from duplexcadence.interpreter.serve.placement import PlacementBoard, WorkerLoad, better_worker
+from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
+from duplexcadence.interpreter.serve.tail import served_tail
+
+W = WorkerLoad
+
+
+@pytest.mark.parametrize(
+    ("loads", "expected"),
+    [
+        # lockstep: a free row in a running group beats starting a group
+        ([W(True, 1, 31), W(True, 0, 0)], [None, 0]),
+        # every worker would start a group: the one stepping the fewest takes it
+        ([W(True, 2, 0), W(True, 1, 0), W(True, 2, 0)], [1, None, 1]),
+        # equal costs: any of them admits
+        ([W(True, 1, 0), W(True, 1, 0)], [None, None]),
+        ([W(True, 2, 3), W(True, 5, 1)], [None, 0]),
+        # a worker that admits nothing (full, draining, not started) is not a place (its own pool refuses
+        # before it asks the board)
+        ([W(True, 3, 0), W(False, 0, 0)], [None, None]),
+        ([W(False, 0, 0), W(False, 0, 0)], [None, None]),
+        # lanes: every session is a unit; the least loaded, the lowest index among equals
+        ([W(True, 5), W(True, 2), W(True, 2)], [1, None, None]),
+        ([W(True, 97), W(True, 95)], [1, None]),
+    ],
+)
+def test_the_worker_that_takes_a_session_at_a_lower_cost(loads, expected):
+    assert [better_worker(here, loads) for here in range(len(loads))] == expected
+
+
+def publish_from_a_child(board: PlacementBoard) -> None:
+    board.seat(1).publish(WorkerLoad(True, 7, 5))
+
+
+def test_a_load_published_in_another_process_is_read_from_the_board():
+    context = multiprocessing.get_context("spawn")
+    board = PlacementBoard(2, context)
+    assert board.loads() == [W(False, 0, 0), W(False, 0, 0)]  # not published yet: admits nothing
+    board.seat(0).publish(W(True, 2, 0))
+    child = context.Process(target=publish_from_a_child, args=(board,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert board.loads() == [W(True, 2, 0), W(True, 7, 5)]
+    assert board.seat(0).better_worker(W(True, 2, 0)) == 1  # a free row there
+    assert board.seat(1).better_worker(W(True, 7, 5)) is None
+
+
+@pytest.mark.parametrize(("sessions", "groups"), [(512, [4, 4, 4, 4]), (448, [4, 4, 3, 3]), (100, [1, 1, 1, 1])])
+def test_a_burst_hashed_at_random_fills_the_fewest_groups_spread_evenly(sessions, groups):
+    """Each connection reaches a random worker of 4; a worker admits when no other takes the session at a
+    lower cost, else the client connects again. Groups of 32 rows; each worker has 8."""
+    rows, workers, draw = 32, 4, random.Random(5)
+    held = [0] * workers
+
+    def load(count: int) -> WorkerLoad:
+        running = math.ceil(count / rows)
+        return WorkerLoad(count < 8 * rows, running, running * rows - count)
+
+    connections = 0
+    for _ in range(sessions):
+        while True:
+            connections += 1
+            here = draw.randrange(workers)
+            if better_worker(here, [load(count) for count in held]) is None:
+                held[here] += 1
+                break
+    assert sorted((math.ceil(count / rows) for count in held), reverse=True) == groups
+    assert sum(math.ceil(count / rows) for count in held) == math.ceil(sessions / rows)
+    assert connections < 8 * sessions
+
+
+def test_a_pool_on_a_board_publishes_its_load_and_leaves_a_session_to_a_cheaper_worker():
+    board = PlacementBoard(2, multiprocessing.get_context("spawn"))
+    toy = served_tail("toy")
+
+    async def scenario():
+        pool = SessionPool(toy, PoolConfig(slots=3, lanes=1, tick_model=TickModel(0.001, 0.001)), board.seat(1))
+        await pool.start()
+        published = [board.loads()[1]]
+        board.seat(0).publish(W(True, 0))
+        first = await pool.open(seed=1)  # equal costs: taken here
+        published.append(board.loads()[1])
+        with pytest.raises(AdmissionRefused) as refused:
+            await pool.open(seed=2)  # worker 0 steps 0 sessions, this one 1
+        board.seat(0).publish(W(False, 3))
+        second = await pool.open(seed=2)  # worker 0 is full
+        published.append(board.loads()[1])
+        await first.close()
+        published.append(board.loads()[1])
+        exposition = pool.metrics.exposition().decode()
+        await second.close()
+        await pool.stop()
+        published.append(board.loads()[1])
+        return published, refused.value, exposition
+
+    published, refused, exposition = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert published == [W(True, 0), W(True, 1), W(True, 2), W(True, 1), W(False, 0)]
+    assert (refused.reason, refused.sessions, refused.capacity, refused.slots) == (messages.OTHER_WORKER, 1, 3, 3)
+    assert refused.message == (
+        "worker 1 of 2 leaves this session to worker 0, which would step 1 session with it (this worker 2): "
+        "connect again"
+    )
+    assert 'duplexcadence_sessions_refused_total{reason="other-worker"} 1.0' in exposition

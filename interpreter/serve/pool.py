@@ -578,7 +578,9 @@ class SessionPool:
             self.placement.index, other, here.cost(), there.cost(), self.mode.unit, self.placement.workers
         )
         numbers = (self.rule.capacity(), self.rule.slots, self.rule.predict(active + 1))
-        return AdmissionRefused(messages.OTHER_WORKER, message, active, *numbers, self.tick_period_s, self.config.headroom)
+        return AdmissionRefused(
+            messages.OTHER_WORKER, message, active, *numbers, self.tick_period_s, self.config.headroom
+        )
 
     def _publish(self) -> None:
         if self.placement is not None and self.rule is not None:

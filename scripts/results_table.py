@@ -164,7 +164,7 @@ def short_config(run: dict, variant: dict) -> str:
             words.append(part)
         elif match := re.fullmatch(r"n_timesteps=(\d+)", part):
             words.append(f"n={match.group(1)}")
-        elif part == "eager rope":  # moshi's rope with its compile switched off (NO_TORCH_COMPILE=1)
+        elif part in ("eager rope", "compiled rope"):  # moshi's rope, compiled by default (NO_TORCH_COMPILE=1: eager)
             words.append(part)
     qualifier = variant["name"].partition(",")[2].strip()
     if qualifier:

@@ -122,7 +122,7 @@ def test_the_latest_full_run_with_per_second_series_is_the_current_one(tmp_path)
         "| config | stock (shipped path), ms/s | DuplexCadence, ms/s | speed-up | peak memory, stock → DuplexCadence "
         "| bit-identical |",
         "| --- | --- | --- | --- | --- | --- |",
-        "| fp32, B=1 | 28.0 | **21.0** | **1.33x** | 500 → 500 MiB | yes |",
+        "| fp32, B=1, compiled rope | 28.0 | **21.0** | **1.33x** | 500 → 500 MiB | yes |",
     ]
     text = "\n".join(lines)
     assert "`bench newer`: " + B1 in text and "bench older" not in text and "--variants" not in text
@@ -140,7 +140,10 @@ def test_an_interleaved_run_gives_the_interleaved_pass(tmp_path):
         ],
     )
     row = moshi(write(tmp_path / "json", [interleaved]))[2]
-    assert row == "| fp32, B=1 (interleaved pass) | 30.0 | **20.0** | **1.50x** | 481 MiB → 3.00 GiB | **no** |"
+    assert (
+        row
+        == "| fp32, B=1, compiled rope (interleaved pass) | 30.0 | **20.0** | **1.50x** | 481 MiB → 3.00 GiB | **no** |"
+    )
 
 
 def test_a_row_that_has_not_settled_is_left_out_and_named_with_its_seconds(tmp_path):
@@ -164,13 +167,15 @@ def test_a_row_that_has_not_settled_is_left_out_and_named_with_its_seconds(tmp_p
     )
     json_dir = write(tmp_path / "json", [settled, short])
     lines = moshi(json_dir)
-    assert lines[2].startswith("| fp32, B=1 |") and not any(line.startswith("| fp32, B=8") for line in lines)
+    assert lines[2].startswith("| fp32, B=1, compiled rope |") and not any(
+        line.startswith("| fp32, B=8") for line in lines
+    )
     assert lines[4] == (
-        "Left out, not settled in their run: fp32, B=8 (`bench b8 --seconds 6`: steady seconds of moshi stock "
+        "Left out, not settled in their run: fp32, B=8, compiled rope (`bench b8 --seconds 6`: steady seconds of moshi stock "
         "(own graphs) 193, 185, 35, 40 ms)."
     )
     table = results_table.readme_block(json_dir)
-    assert [line.split(" | ")[1] for line in table[2:] if line.startswith("| Moshi")] == ["fp32, B=1"]
+    assert [line.split(" | ")[1] for line in table[2:] if line.startswith("| Moshi")] == ["fp32, B=1, compiled rope"]
 
 
 @pytest.mark.parametrize(

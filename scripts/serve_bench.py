@@ -31,13 +31,15 @@ the overhead is what the N server processes add over stepping every session in o
 rounds and ticks come from their summed `/metrics` (`server_rounds`, `server_round_mean_s`,
 `server_tick_mean_s`), and each count records the sessions each worker held (`sessions_per_worker`).
 `--workers` stays the number of load-generator processes. A configuration may sweep lanes
-(each count in its own server per lanes value); `--lanes` and `--counts` override a configuration's.
+(each count in its own server per lanes value); `--lanes`, `--counts` and `--option K=V` (a tail option, as
+`dsl serve --param`) override a configuration's.
 
     source scripts/device_setup.sh
     python scripts/serve_bench.py --out $OUT/serve_bench.json                         # every configuration
     python scripts/serve_bench.py --configs moshi-lockstep --out $OUT/serve_mimi.json
-    python scripts/serve_bench.py --configs moshi-lockstep --server-workers 4 --counts 256,384,512,640 \
+    python scripts/serve_bench.py --configs moshi-lockstep --server-workers 4 --counts 384,448,512,576 \
         --out $OUT/serve_mimi_w4.json
+    python scripts/serve_bench.py --configs minicpmo45 --option istft=captured --counts 26 --out $OUT/captured.json
     python scripts/serve_bench.py --configs minicpmo45-lanes --lanes 8 --out $OUT/serve_minicpmo45_lanes8.json
     python scripts/serve_bench.py --cpu-dry-run --out /tmp/serve_bench.json           # a smoke test, times mean nothing
 
@@ -601,6 +603,13 @@ def main() -> int:
         "--counts", type=counts, default=None, help="session counts, comma-separated (default: each configuration's)"
     )
     parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="a tail option over the configuration's (the serving adapter's --param, e.g. istft=captured)",
+    )
+    parser.add_argument(
         "--cpu-dry-run", action="store_true", help="CPU, tiny counts: checks the script (times mean nothing)"
     )
     default_out = os.path.join(os.environ["OUT"], "serve_bench.json") if os.environ.get("OUT") else "serve_bench.json"
@@ -634,6 +643,13 @@ def main() -> int:
         if args.server_workers < 1 or problems:
             print(f"{name}: {'; '.join(problems) or '--server-workers must be at least 1'}", file=sys.stderr)
             return 2
+    options = {}
+    for option in args.option:
+        key, sep, value = option.partition("=")
+        if not sep or not key:
+            print(f"--option {option!r} is not K=V", file=sys.stderr)
+            return 2
+        options[key] = value
     args.folder = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(args.folder, exist_ok=True)
     payload: dict = {
@@ -648,7 +664,7 @@ def main() -> int:
     }
     started = time.perf_counter()
     for name in chosen:
-        config = configs[name]
+        config = attrs.evolve(configs[name], options={**configs[name].options, **options})
         tail = tails.get(config.tail)
         if tail.missing():
             payload["results"].append({"config": name, "skipped": f"needs {', '.join(tail.missing())}"})

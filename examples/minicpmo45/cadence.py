@@ -73,6 +73,9 @@ from duplexcadence.interpreter.runtime.runtime import Runtime
 from duplexcadence.interpreter.runtime.session import Session
 from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES, RegionStorage
 
+ISTFT_CHOICES = ("captured", "torch")
+"""How ``hift_back`` runs HiFT's iSTFT (:class:`Token2wavHooks`)."""
+
 if TYPE_CHECKING:
     from duplexcadence.examples.minicpmo45.stepaudio2_types import HiFTGenerator
 
@@ -151,7 +154,13 @@ def _view(firing: Firing, region: str) -> View:
 class Token2wavHooks:
     """The stage hooks of ``step_audio2_token2wav.clock`` for one tail (see the module docstring)."""
 
-    def __init__(self, tail: Token2wavTail):
+    def __init__(self, tail: Token2wavTail, istft: str = "captured"):
+        """`istft`: "captured" runs HiFT's iSTFT as :class:`.istft.InverseStft` (``hift_back`` is captured
+        with the flow); "torch" calls HiFT's own ``_istft`` (``torch.istft``, whose window check reads a
+        value back to the host, so ``hift_back`` runs eagerly after the graph). Both give the same samples."""
+        if istft not in ISTFT_CHOICES:
+            raise ValueError(f"istft must be one of {', '.join(ISTFT_CHOICES)}, not {istft!r}")
+        self.istft = istft
         self.device = tail.device
         self.float16 = tail.float16
         self.speech_window = torch.from_numpy(np.hamming(2 * SOURCE_CACHE_SAMPLES)).to(tail.device)
@@ -220,9 +229,12 @@ class Token2wavHooks:
         parts[1].copy_(phase)
         return mel, source, spectrum
 
-    def hift_istft(self, magnitude: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
+    def hift_istft(self, magnitude: torch.Tensor, phase: torch.Tensor, hift: Any) -> torch.Tensor:
         """``HiFTGenerator._istft``, op for op, with :class:`.istft.InverseStft` for its ``torch.istft``: the
-        same values, without the host read-back of the window check (so ``hift_back`` is captured)."""
+        same values, without the host read-back of the window check (so ``hift_back`` is captured); with
+        ``istft="torch"``, HiFT's own ``_istft``."""
+        if self.istft == "torch":
+            return hift._istft(magnitude, phase)
         magnitude = torch.clip(magnitude, max=1e2)
         real = magnitude * torch.cos(phase)
         imaginary = magnitude * torch.sin(phase)
@@ -239,7 +251,7 @@ class Token2wavHooks:
         frames = samples // hift.istft_params["hop_len"] + 1
         parts = spectrum[: 2 * bins * frames].view(2, 1, bins, frames)
         with torch.inference_mode():
-            speech = self.hift_istft(parts[0], parts[1])
+            speech = self.hift_istft(parts[0], parts[1], hift)
             speech = torch.clamp(speech, -hift.audio_limit, hift.audio_limit)  # as HiFTGenerator.decode
             if hift_speech.shape[-1] > 0:
                 speech = self.fade_in_out(speech, hift_speech, self.speech_window)
@@ -327,10 +339,14 @@ def load_runtime(
     graphs: bool | str = "auto",
     max_graphs: int | None = None,
     lanes: int = 1,
+    istft: str = "captured",
 ) -> Token2wavRuntime:
     """Bind ``step_audio2_token2wav.clock`` to ``tail`` (see the module docstring); the tail is the runtime's now.
 
-    ``lanes``: sessions that :meth:`Token2wavRuntime.step_new_many` can run concurrently (see ``Runtime.load``)."""
+    ``lanes``: sessions that :meth:`Token2wavRuntime.step_new_many` can run concurrently (see ``Runtime.load``).
+    ``istft``: how ``hift_back`` runs HiFT's iSTFT (:class:`Token2wavHooks`)."""
+    if istft not in ISTFT_CHOICES:
+        raise ValueError(f"istft must be one of {', '.join(ISTFT_CHOICES)}, not {istft!r}")
     if "timestep_embedding" not in vars(tail.flow.decoder.estimator.t_embedder):  # not patched yet
         apply_constant_patches(tail)
     decoder = tail.flow.decoder
@@ -348,7 +364,7 @@ def load_runtime(
         owners[owner]._buffers[attribute] = torch.empty(
             _fixed_shape(region), dtype=TORCH_DTYPES[region.dtype], device="meta"
         )
-    hooks = Token2wavHooks(tail)
+    hooks = Token2wavHooks(tail, istft)
     try:
         runtime = Runtime.load(
             program,

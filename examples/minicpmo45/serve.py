@@ -4,7 +4,9 @@ not copied per session), seeded tokens per session (25 new speech tokens a 1 s t
 `Token2wav.stream` (`StockToken2wavSession`) as the stock loop.
 
 Options (`--param K=V`): `steps` (10), `prompt` (150), `dtype` (fp32 or fp16), `reduced` (1: the CI tail's
-sizes, for a quick CPU run).
+sizes, for a quick CPU run), `istft` (`torch`, the default: HiFT's own `torch.istft`, `hift_back` eager after
+the graph; `captured`: `hift_back` captured with the flow). Both give the same samples; across lanes the
+eager `hift_back` serves more sessions (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 import torch
 
 from duplexcadence.examples.minicpmo45.bench import REDUCED
-from duplexcadence.examples.minicpmo45.cadence import load_runtime
+from duplexcadence.examples.minicpmo45.cadence import ISTFT_CHOICES, load_runtime
 from duplexcadence.examples.minicpmo45.model import RELEASED, build_tail, random_prompt
 from duplexcadence.examples.minicpmo45.stock import CHUNK_TOKENS, StockToken2wavSession
 from duplexcadence.interpreter.serve.tail import LoadedTail, ServedTail
@@ -48,10 +50,13 @@ def served(
     prompt: int | str = 150,
     dtype: str = "fp32",
     reduced: int | str = 0,
+    istft: str = "torch",
 ) -> ServedTail:
     n_timesteps, prompt_frames = int(steps), int(prompt)
     if dtype not in ("fp32", "fp16"):
         raise ValueError(f"the token2wav tail runs in fp32 or fp16, not {dtype}")
+    if istft not in ISTFT_CHOICES:
+        raise ValueError(f"istft is one of {', '.join(ISTFT_CHOICES)}, not {istft}")
     float16 = dtype == "fp16"
     config = REDUCED if int(reduced) else RELEASED
     stock_state: dict[str, Any] = {}
@@ -62,7 +67,7 @@ def served(
                 "the token2wav tail streams one session per call: its .clock has no batch param to lockstep"
             )
         tail = build_tail(config, seed=WEIGHTS_SEED, device=device, float16=float16)
-        bound = load_runtime(tail, prompt_frames, n_timesteps, sessions=sessions, lanes=lanes)
+        bound = load_runtime(tail, prompt_frames, n_timesteps, sessions=sessions, lanes=lanes, istft=istft)
         voice = random_prompt(prompt_frames, seed=VOICE_SEED, device=device)
         return LoadedTail(bound.runtime, bound.voice_initial(voice))
 
@@ -79,5 +84,11 @@ def served(
         )
         return Token2wavStock(session)
 
-    options = {"steps": str(n_timesteps), "prompt": str(prompt_frames), "dtype": dtype, "reduced": str(int(reduced))}
+    options = {
+        "steps": str(n_timesteps),
+        "prompt": str(prompt_frames),
+        "dtype": dtype,
+        "reduced": str(int(reduced)),
+        "istft": istft,
+    }
     return ServedTail("minicpmo45", load, device=device, inputs=tokens, stock=stock, options=options)

@@ -197,6 +197,26 @@ def test_sessions_served_in_turn_each_equal_their_solo_stock_run(bound, tail, pr
         b.close()
 
 
+def test_hift_s_own_istft_gives_the_same_chunks(build_reduced_tail, prompt, reference, spec):
+    """`istft="torch"` (HiFT's own `torch.istft`, `hift_back` eager on a GPU) equals stock as the captured
+    iSTFT does; an unknown choice is refused with the legal ones."""
+    from duplexcadence.examples.minicpmo45.cadence import load_runtime
+
+    tail = build_reduced_tail()
+    with pytest.raises(ValueError, match=r"^istft must be one of captured, torch, not 'fft'$"):
+        load_runtime(tail, spec.prompt_frames, spec.n_timesteps, istft="fft")  # before the tail is touched
+    tokens = spec.tokens()
+    driver = load_runtime(tail, spec.prompt_frames, spec.n_timesteps, istft="torch").session(
+        prompt, seed=spec.session_seed
+    )
+    try:
+        for index in range(3):
+            (chunk,) = driver.push_tokens(tokens[25 * index : 25 * index + 25])
+            assert torch.equal(chunk, reference.chunks[index]), f"chunk {index}"
+    finally:
+        driver.close()
+
+
 def test_a_turn_must_be_reset_after_it_ended(bound, prompt, spec):
     driver = bound.session(prompt, seed=spec.session_seed)
     try:

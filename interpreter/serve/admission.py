@@ -10,6 +10,10 @@ rows hold). `fixed` and `per_unit` come from a calibration at start-up (rounds t
 several units, a least-squares line through their medians) or are given. A session is admitted while a slot
 is free and `tick(n + 1) <= period x (1 - headroom)`, the period being the plan's time per instant (the
 cadence over its instants: 1000 ms for a 1 s chunk, 80 ms for a 12.5 Hz frame).
+
+Pools that share one device (the workers of `dsl serve --workers N`) take turns on it, so a round waits for
+the others' work as well as its own: each pool then counts the units the others step (`shared_units`, read
+from their placement board) in its predicted tick, `tick(units(n) + shared_units)`.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ class Capacity:
     `sessions`: active sessions; `slots`: the most sessions the arena holds (session slots, or groups x rows);
     `capacity`: the most the pool admits (`slots`, or fewer where the tick budget binds); `free`: how many
     more it admits now (0 while draining); `predicted_tick_s`: the model's tick with `sessions` active;
-    `budget_s` = `tick_period_s` x (1 - `headroom`).
+    `budget_s` = `tick_period_s` x (1 - `headroom`); `shared_units`: the other pools' units on the device,
+    counted in the predictions.
     """
 
     sessions: int
@@ -84,6 +89,8 @@ class Capacity:
     lanes: int
     lockstep_rows: int | None
     model: TickModel
+    shared_units: int = 0
+    """Units other pools on the same device step, counted in the predicted ticks (0: the device is this pool's)."""
 
     def to_json(self) -> dict:
         data = attrs.asdict(self, recurse=False)
@@ -149,29 +156,31 @@ class AdmissionRule:
     def units(self, sessions: int) -> int:
         return sessions if self.rows is None else math.ceil(sessions / self.rows)
 
-    def predict(self, sessions: int) -> float:
-        return self.model.predict(self.units(sessions))
+    def predict(self, sessions: int, shared_units: int = 0) -> float:
+        """The tick with `sessions` here and `shared_units` of other pools on the device."""
+        own = self.units(sessions)
+        return self.model.predict(own + shared_units) if own else 0.0
 
-    def capacity(self) -> int:
+    def capacity(self, shared_units: int = 0) -> int:
         """The most sessions admitted: every slot, unless the budget binds first."""
         if not self.enforce_budget:
             return self.slots
         best = 0
         for count in range(1, self.slots + 1):
-            if self.predict(count) > self.budget_s:
+            if self.predict(count, shared_units) > self.budget_s:
                 break
             best = count
         return best
 
-    def snapshot(self, sessions: int, draining: bool, lanes: int) -> Capacity:
-        capacity = self.capacity()
+    def snapshot(self, sessions: int, draining: bool, lanes: int, shared_units: int = 0) -> Capacity:
+        capacity = self.capacity(shared_units)
         return Capacity(
             sessions=sessions,
             slots=self.slots,
             capacity=capacity,
             free=0 if draining else max(capacity - sessions, 0),
-            predicted_tick_s=self.predict(sessions),
-            predicted_tick_at_capacity_s=self.predict(capacity),
+            predicted_tick_s=self.predict(sessions, shared_units),
+            predicted_tick_at_capacity_s=self.predict(capacity, shared_units),
             tick_period_s=self.tick_period_s,
             headroom=self.headroom,
             budget_s=self.budget_s,
@@ -179,12 +188,14 @@ class AdmissionRule:
             lanes=lanes,
             lockstep_rows=self.rows,
             model=self.model,
+            shared_units=shared_units,
         )
 
-    def refusal(self, sessions: int, draining: bool) -> AdmissionRefused | None:
-        """Why one more session is not admitted (None: it is)."""
-        capacity = self.capacity()
-        predicted = self.predict(sessions + 1)
+    def refusal(self, sessions: int, draining: bool, shared_units: int = 0) -> AdmissionRefused | None:
+        """Why one more session is not admitted (None: it is), with `shared_units` of other pools on the
+        device."""
+        capacity = self.capacity(shared_units)
+        predicted = self.predict(sessions + 1, shared_units)
         numbers = (sessions, capacity, self.slots, predicted, self.tick_period_s, self.headroom)
         if draining:
             return AdmissionRefused(messages.DRAINING, messages.draining(sessions), *numbers)
@@ -199,5 +210,6 @@ class AdmissionRule:
             sessions >= self.slots,
             self.slots,
             self.budget_s,
+            shared=messages.plural(shared_units, self.model.unit) if shared_units else None,
         )
         return AdmissionRefused(messages.AT_CAPACITY, message, *numbers)

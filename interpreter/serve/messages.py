@@ -113,12 +113,16 @@ def at_capacity(
     slots_full: bool,
     session_slots: int,
     budget_s: float,
+    shared: str | None = None,
 ) -> str:
-    """The refusal of a session the pool has no room for. `predicted_s`: the tick predicted with it admitted."""
+    """The refusal of a session the pool has no room for. `predicted_s`: the tick predicted with it admitted;
+    `shared`: the other pools' units on the device it counts ("12 groups"), None when there are none."""
     head = (
         f"at capacity: {active} of {capacity} sessions, predicted tick {milliseconds(predicted_s)} of "
         f"{milliseconds(period_s)} (headroom {percent(headroom)})"
     )
+    if shared is not None:
+        head = f"{head}, the other workers' {shared} on the device included"
     if slots_full:
         return f"{head}; all {session_slots} session slots are taken"
     return f"{head}; one more session would pass the budget of {milliseconds(budget_s)}"

@@ -9,6 +9,9 @@ is whether it starts a new unit there (a lockstep group, or in lanes a session: 
 and how many units that worker then steps. A worker that leaves a session to another refuses it with
 `other-worker` (close 1013), and the client connects again; each new connection is hashed anew.
 
+The workers share the device too, so each counts the units the others step in its predicted tick
+(`BoardSeat.shared_units`, admission.py).
+
 The rule needs no lock: two workers that admit at the same moment from the same board each take one session,
 which at worst leaves the spread one session from the best, as without the board.
 """
@@ -86,6 +89,10 @@ class BoardSeat:
     def publish(self, load: WorkerLoad) -> None:
         at = self.index * FIELDS
         self.board.numbers[at : at + FIELDS] = [int(load.admits), load.units, load.open_rows]
+
+    def shared_units(self) -> int:
+        """The units the other workers step on the device (their published loads)."""
+        return sum(load.units for index, load in enumerate(self.board.loads()) if index != self.index)
 
     def better_worker(self, load: WorkerLoad) -> int | None:
         """The worker that should take a new session instead of this one (None: this one), with this

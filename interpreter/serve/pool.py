@@ -475,7 +475,9 @@ class SessionPool:
     def capacity(self) -> Capacity:
         """The snapshot a router places sessions by: sessions, slots, capacity, free, predicted tick..."""
         assert self.rule is not None, "start() the pool first"
-        return self.rule.snapshot(len(self.sessions), self.draining or self.stopping, self.config.lanes)
+        return self.rule.snapshot(
+            len(self.sessions), self.draining or self.stopping, self.config.lanes, self._shared_units()
+        )
 
     def drain(self) -> None:
         """Admit no new session; the open ones keep their ticks until they close."""
@@ -504,7 +506,7 @@ class SessionPool:
                 self.config.headroom,
             )
         else:
-            refusal = self.rule.refusal(active, self.draining) or self._placed_elsewhere(active)
+            refusal = self.rule.refusal(active, self.draining, self._shared_units()) or self._placed_elsewhere(active)
         if refusal is not None:
             self.metrics.refused.labels(refusal.reason).inc()
             raise refusal
@@ -557,7 +559,7 @@ class SessionPool:
         steps (groups with members, or sessions) and the free rows of its groups with members."""
         assert self.rule is not None, "start() the pool first"
         active = len(self.sessions) + self._opening
-        admits = not self.stopping and self.rule.refusal(active, self.draining) is None
+        admits = not self.stopping and self.rule.refusal(active, self.draining, self._shared_units()) is None
         rows = self.config.lockstep
         if rows is None:
             return WorkerLoad(admits, active)
@@ -577,10 +579,15 @@ class SessionPool:
         message = messages.other_worker(
             self.placement.index, other, here.cost(), there.cost(), self.mode.unit, self.placement.workers
         )
-        numbers = (self.rule.capacity(), self.rule.slots, self.rule.predict(active + 1))
+        shared = self._shared_units()
+        numbers = (self.rule.capacity(shared), self.rule.slots, self.rule.predict(active + 1, shared))
         return AdmissionRefused(
             messages.OTHER_WORKER, message, active, *numbers, self.tick_period_s, self.config.headroom
         )
+
+    def _shared_units(self) -> int:
+        """The units other pools step on this pool's device (0 without a placement board)."""
+        return 0 if self.placement is None else self.placement.shared_units()
 
     def _publish(self) -> None:
         if self.placement is not None and self.rule is not None:

@@ -13,7 +13,7 @@ import random
 import pytest
 
 from duplexcadence.interpreter.serve import messages
-from duplexcadence.interpreter.serve.admission import AdmissionRefused, TickModel
+from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, TickModel
 from duplexcadence.interpreter.serve.placement import PlacementBoard, WorkerLoad, better_worker
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
 from duplexcadence.interpreter.serve.tail import served_tail
@@ -118,3 +118,45 @@ def test_a_pool_on_a_board_publishes_its_load_and_leaves_a_session_to_a_cheaper_
         "connect again"
     )
     assert 'duplexcadence_sessions_refused_total{reason="other-worker"} 1.0' in exposition
+
+
+def test_admission_counts_the_units_the_other_workers_step_on_the_device():
+    rule = AdmissionRule(192, 32, TickModel(0.0005, 0.0033, "group"), 0.08, 0.15)  # one worker's 6 groups
+    assert (rule.capacity(), rule.capacity(shared_units=16)) == (192, 128)  # 20 groups fit the 68 ms budget
+    assert str(rule.refusal(128, False, shared_units=16)) == (
+        "at capacity: 128 of 128 sessions, predicted tick 69.8 ms of 80.0 ms (headroom 15%), the other workers' "
+        "16 groups on the device included; one more session would pass the budget of 68.0 ms"
+    )
+    snapshot = rule.snapshot(96, False, 1, shared_units=16)
+    assert (snapshot.free, snapshot.shared_units, snapshot.predicted_tick_s) == (
+        32,
+        16,
+        pytest.approx(0.0632),
+    )  # 3 + 16 groups
+
+
+def test_a_pool_on_a_board_admits_by_the_device_time_of_every_worker():
+    board = PlacementBoard(2, multiprocessing.get_context("spawn"))
+    toy = served_tail("toy")
+
+    async def scenario():  # 10 ms + 20 ms a session: 2 sessions fit the 68 ms budget, wherever they are
+        pool = SessionPool(toy, PoolConfig(slots=3, lanes=1, tick_model=TickModel(0.010, 0.020)), board.seat(0))
+        await pool.start()
+        board.seat(1).publish(W(True, 1))
+        session = await pool.open(seed=1)
+        with pytest.raises(AdmissionRefused) as refused:
+            await pool.open(seed=2)
+        snapshot = pool.capacity()
+        published = board.loads()[0]
+        await session.close()
+        await pool.stop()
+        return refused.value, snapshot, published
+
+    refused, snapshot, published = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert (refused.reason, refused.capacity) == (messages.AT_CAPACITY, 1)
+    assert refused.message == (
+        "at capacity: 1 of 1 sessions, predicted tick 70.0 ms of 80.0 ms (headroom 15%), the other workers' "
+        "1 session on the device included; one more session would pass the budget of 68.0 ms"
+    )
+    assert (snapshot.capacity, snapshot.free, snapshot.shared_units) == (1, 0, 1)
+    assert published == W(False, 1)  # full: the other worker's session counts against this one's budget

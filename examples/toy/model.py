@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from duplexcadence.interpreter.runtime.rng import RNG_LOCK
+
 
 class CausalConv(nn.Module):
     """A causal conv whose carry `self.carry` is None at start and rebuilt by torch.cat every call."""
@@ -101,8 +103,9 @@ class ToyTail(nn.Module):
 
 def build_toy(seed: int = 0, device: str | torch.device = "cpu", batch: int = 1, **sizes) -> ToyTail:
     """The toy tail with weights drawn under `torch.manual_seed(seed)`; the caller's global RNG state is
-    left as it was (the tail's random draw at each step reads it)."""
-    with torch.random.fork_rng(devices=[]):
+    left as it was (the tail's random draw at each step reads it). The runtime's `RNG_LOCK` is held meanwhile,
+    so that a runtime stepped by another thread does not draw from the generator while it is reseeded."""
+    with RNG_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = ToyTail(**sizes)
     model = model.to(device).eval()

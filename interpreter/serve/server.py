@@ -107,8 +107,12 @@ class ServerThread:
         return self
 
     def stop(self, timeout: float = 60.0) -> None:
+        """Ask uvicorn to exit (the app's shutdown stops the pool) and wait for the thread; TimeoutError when
+        it is still running after `timeout` seconds (its sessions would go on being stepped)."""
         self.server.should_exit = True
         self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise TimeoutError(f"the server thread did not stop within {timeout:g} s")
 
     def __enter__(self) -> ServerThread:
         return self.start()

@@ -19,7 +19,7 @@ import torch
 
 import duplexcadence
 from duplexcadence.interpreter import tails
-from duplexcadence.interpreter.runtime.rng import get_rng_state, seeded_rng_state, set_rng_state
+from duplexcadence.interpreter.runtime.rng import RNG_LOCK, get_rng_state, seeded_rng_state, set_rng_state
 from duplexcadence.interpreter.serve import messages
 
 
@@ -148,13 +148,17 @@ class SeededStock:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        saved = get_rng_state(self.device)
-        set_rng_state(self.device, self.state)
-        try:
-            yield
-        finally:
-            self.state = get_rng_state(self.device)
-            set_rng_state(self.device, saved)
+        """This stock loop's generator state in the device's default generator, under the runtime's
+        `RNG_LOCK`: a runtime stepped by another thread of the process (a pool's device thread) takes turns
+        with it rather than draw from the same generator meanwhile."""
+        with RNG_LOCK:
+            saved = get_rng_state(self.device)
+            set_rng_state(self.device, self.state)
+            try:
+                yield
+            finally:
+                self.state = get_rng_state(self.device)
+                set_rng_state(self.device, saved)
 
     @torch.no_grad()
     def step(self, **inputs: torch.Tensor) -> Any:

@@ -118,6 +118,7 @@ class Serving:
         if self.server is not None:
             self.server.should_exit = True
         self.thread.join(60)
+        assert not self.thread.is_alive(), "the server did not stop within 60 s"
 
 
 def test_dsl_serve_a_registered_tail_and_dsl_loadgen_verify_against_it(dsl):

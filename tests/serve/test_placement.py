@@ -6,9 +6,11 @@ leaves a session to a worker that takes it at a lower cost, with the exact refus
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import multiprocessing
 import random
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -19,6 +21,17 @@ from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
 from duplexcadence.interpreter.serve.tail import served_tail
 
 W = WorkerLoad
+
+
+@contextlib.asynccontextmanager
+async def seated_pool(served, model: TickModel, seat) -> AsyncIterator[SessionPool]:
+    """A started pool of 3 slots in 1 lane on `seat`, stopped at the end whatever happened."""
+    pool = SessionPool(served, PoolConfig(slots=3, lanes=1, tick_model=model), seat)
+    await pool.start()
+    try:
+        yield pool
+    finally:
+        await pool.stop()
 
 
 @pytest.mark.parametrize(
@@ -91,22 +104,20 @@ def test_a_pool_on_a_board_publishes_its_load_and_leaves_a_session_to_a_cheaper_
     toy = served_tail("toy")
 
     async def scenario():
-        pool = SessionPool(toy, PoolConfig(slots=3, lanes=1, tick_model=TickModel(0.001, 0.001)), board.seat(1))
-        await pool.start()
-        published = [board.loads()[1]]
-        board.seat(0).publish(W(True, 0))
-        first = await pool.open(seed=1)  # equal costs: taken here
-        published.append(board.loads()[1])
-        with pytest.raises(AdmissionRefused) as refused:
-            await pool.open(seed=2)  # worker 0 steps 0 sessions, this one 1
-        board.seat(0).publish(W(False, 3))
-        second = await pool.open(seed=2)  # worker 0 is full
-        published.append(board.loads()[1])
-        await first.close()
-        published.append(board.loads()[1])
-        exposition = pool.metrics.exposition().decode()
-        await second.close()
-        await pool.stop()
+        async with seated_pool(toy, TickModel(0.001, 0.001), board.seat(1)) as pool:
+            published = [board.loads()[1]]
+            board.seat(0).publish(W(True, 0))
+            first = await pool.open(seed=1)  # equal costs: taken here
+            published.append(board.loads()[1])
+            with pytest.raises(AdmissionRefused) as refused:
+                await pool.open(seed=2)  # worker 0 steps 0 sessions, this one 1
+            board.seat(0).publish(W(False, 3))
+            second = await pool.open(seed=2)  # worker 0 is full
+            published.append(board.loads()[1])
+            await first.close()
+            published.append(board.loads()[1])
+            exposition = pool.metrics.exposition().decode()
+            await second.close()
         published.append(board.loads()[1])
         return published, refused.value, exposition
 
@@ -140,16 +151,14 @@ def test_a_pool_on_a_board_admits_by_the_device_time_of_every_worker():
     toy = served_tail("toy")
 
     async def scenario():  # 10 ms + 20 ms a session: 2 sessions fit the 68 ms budget, wherever they are
-        pool = SessionPool(toy, PoolConfig(slots=3, lanes=1, tick_model=TickModel(0.010, 0.020)), board.seat(0))
-        await pool.start()
-        board.seat(1).publish(W(True, 1))
-        session = await pool.open(seed=1)
-        with pytest.raises(AdmissionRefused) as refused:
-            await pool.open(seed=2)
-        snapshot = pool.capacity()
-        published = board.loads()[0]
-        await session.close()
-        await pool.stop()
+        async with seated_pool(toy, TickModel(0.010, 0.020), board.seat(0)) as pool:
+            board.seat(1).publish(W(True, 1))
+            session = await pool.open(seed=1)
+            with pytest.raises(AdmissionRefused) as refused:
+                await pool.open(seed=2)
+            snapshot = pool.capacity()
+            published = board.loads()[0]
+            await session.close()
         return refused.value, snapshot, published
 
     refused, snapshot, published = asyncio.run(asyncio.wait_for(scenario(), 120))

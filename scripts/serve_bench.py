@@ -108,7 +108,7 @@ GPU_CONFIGS = {
     "minicpmo45": Config(
         "minicpmo45",
         "minicpmo45",
-        {"steps": "10", "prompt": "150", "dtype": "fp32"},
+        {"steps": "10", "prompt": "150", "dtype": "fp32", "istft": "torch"},
         4,
         None,
         (8, 12, 16, 18, 20, 22, 24, 26, 28, 32),
@@ -119,7 +119,7 @@ GPU_CONFIGS = {
     "minicpmo45-lanes": Config(
         "minicpmo45-lanes",
         "minicpmo45",
-        {"steps": "10", "prompt": "150", "dtype": "fp32"},
+        {"steps": "10", "prompt": "150", "dtype": "fp32", "istft": "torch"},
         4,
         None,
         (26, 28, 30, 32, 34, 36, 38, 40),

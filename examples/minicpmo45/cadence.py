@@ -15,7 +15,8 @@ modules through the hooks of :class:`Token2wavHooks`:
   :class:`.istft.InverseStft` (the same ATen operations without the window check's read-back to the
   host; the fixed window is checked once at load), the clamp of ``HiFTGenerator.decode``,
   ``token2wav.fade_in_out`` with the held-back speech, and the output without the 3840 samples held
-  back for the next cross-fade. Graphable.
+  back for the next cross-fade. Graphable. With ``istft="torch"`` it calls HiFT's own ``_istft``
+  (``torch.istft``, whose window check reads a value back to the host), and runs eagerly after the graph.
 
 The arithmetic is stock's, op for op; the split only moves where the tensors live.
 
@@ -75,6 +76,13 @@ from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES, RegionStorag
 
 ISTFT_CHOICES = ("captured", "torch")
 """How ``hift_back`` runs HiFT's iSTFT (:class:`Token2wavHooks`)."""
+
+
+def check_istft(istft: str) -> None:
+    """ValueError for an ``istft`` choice that is not one of :data:`ISTFT_CHOICES`."""
+    if istft not in ISTFT_CHOICES:
+        raise ValueError(f"istft must be one of {', '.join(ISTFT_CHOICES)}, not {istft!r}")
+
 
 if TYPE_CHECKING:
     from duplexcadence.examples.minicpmo45.stepaudio2_types import HiFTGenerator
@@ -158,8 +166,7 @@ class Token2wavHooks:
         """`istft`: "captured" runs HiFT's iSTFT as :class:`.istft.InverseStft` (``hift_back`` is captured
         with the flow); "torch" calls HiFT's own ``_istft`` (``torch.istft``, whose window check reads a
         value back to the host, so ``hift_back`` runs eagerly after the graph). Both give the same samples."""
-        if istft not in ISTFT_CHOICES:
-            raise ValueError(f"istft must be one of {', '.join(ISTFT_CHOICES)}, not {istft!r}")
+        check_istft(istft)
         self.istft = istft
         self.device = tail.device
         self.float16 = tail.float16
@@ -345,8 +352,7 @@ def load_runtime(
 
     ``lanes``: sessions that :meth:`Token2wavRuntime.step_new_many` can run concurrently (see ``Runtime.load``).
     ``istft``: how ``hift_back`` runs HiFT's iSTFT (:class:`Token2wavHooks`)."""
-    if istft not in ISTFT_CHOICES:
-        raise ValueError(f"istft must be one of {', '.join(ISTFT_CHOICES)}, not {istft!r}")
+    check_istft(istft)
     if "timestep_embedding" not in vars(tail.flow.decoder.estimator.t_embedder):  # not patched yet
         apply_constant_patches(tail)
     decoder = tail.flow.decoder

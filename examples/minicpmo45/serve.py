@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from duplexcadence.examples.minicpmo45.bench import REDUCED
-from duplexcadence.examples.minicpmo45.cadence import ISTFT_CHOICES, load_runtime
+from duplexcadence.examples.minicpmo45.cadence import check_istft, load_runtime
 from duplexcadence.examples.minicpmo45.model import RELEASED, build_tail, random_prompt
 from duplexcadence.examples.minicpmo45.stock import CHUNK_TOKENS, StockToken2wavSession
 from duplexcadence.interpreter.serve.tail import LoadedTail, ServedTail
@@ -55,8 +55,7 @@ def served(
     n_timesteps, prompt_frames = int(steps), int(prompt)
     if dtype not in ("fp32", "fp16"):
         raise ValueError(f"the token2wav tail runs in fp32 or fp16, not {dtype}")
-    if istft not in ISTFT_CHOICES:
-        raise ValueError(f"istft is one of {', '.join(ISTFT_CHOICES)}, not {istft}")
+    check_istft(istft)
     float16 = dtype == "fp16"
     config = REDUCED if int(reduced) else RELEASED
     stock_state: dict[str, Any] = {}

@@ -114,7 +114,8 @@ class Capacity:
 
 
 class AdmissionRefused(Exception):
-    """A session the pool does not admit. `reason`: "at-capacity" or "draining"; the numbers as attributes."""
+    """A session the pool does not admit. `reason`: "at-capacity", "draining", "shutting-down" or (a worker of
+    several on one port) "other-worker"; the numbers as attributes."""
 
     def __init__(
         self,

@@ -83,12 +83,12 @@ def retry_pause(refusal: Refused, attempt: int, retries: int | None) -> float | 
     (0: the first); None: it does not retry. Only a server of several workers is retried: a full worker's
     `at-capacity` up to `retries` times (None: 8 times the workers) after a pause of 10 ms that doubles up to
     200 ms; a worker's `other-worker` (another worker takes the session at a lower cost) up to 64 times the
-    workers (or `retries`) after 1 ms, each new connection hashed to a worker anew."""
+    workers after 1 ms, each new connection hashed to a worker anew."""
     workers = refusal.workers or 1
     if workers < 2 or refusal.close_code != messages.CLOSE_TRY_AGAIN_LATER:
         return None
     if refusal.code == messages.OTHER_WORKER:
-        return OTHER_WORKER_PAUSE_S if attempt < (64 * workers if retries is None else retries) else None
+        return OTHER_WORKER_PAUSE_S if attempt < 64 * workers else None
     if refusal.code != messages.AT_CAPACITY or attempt >= (8 * workers if retries is None else retries):
         return None
     return min(RETRY_PAUSE_S * 2**attempt, RETRY_PAUSE_MOST_S)

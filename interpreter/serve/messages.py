@@ -117,8 +117,9 @@ def at_capacity(
 ) -> str:
     """The refusal of a session the pool has no room for. `predicted_s`: the tick predicted with it admitted;
     `shared`: the other pools' units on the device it counts ("12 groups"), None when there are none."""
+    held = f"{active} of {capacity} sessions" if active <= capacity else f"{active} sessions open (room for {capacity})"
     head = (
-        f"at capacity: {active} of {capacity} sessions, predicted tick {milliseconds(predicted_s)} of "
+        f"at capacity: {held}, predicted tick {milliseconds(predicted_s)} of "
         f"{milliseconds(period_s)} (headroom {percent(headroom)})"
     )
     if shared is not None:
@@ -141,7 +142,7 @@ def other_worker(
     if cost_there[0] < cost_here[0]:
         why = f"which has a free row in a running {units} (this worker would start a new one)"
     else:
-        why = f"which would step {plural(cost_there[1], units)} with it (this worker {cost_here[1]})"
+        why = f"which would then step {plural(cost_there[1], units)} (this worker would step {cost_here[1]})"
     return f"worker {here} of {workers} leaves this session to worker {other}, {why}: connect again"
 
 

@@ -43,6 +43,8 @@ from duplexcadence.interpreter.serve.placement import BoardSeat, WorkerLoad
 from duplexcadence.interpreter.serve.tail import LoadedTail, ServedTail
 
 REPORT_EVERY_S = 1.0
+PUBLISH_EVERY_S = 0.1
+"""How often a pool on a placement board publishes its load, besides at each open, close and refusal."""
 GATHER_FRACTION = 0.05
 LATENCY_WINDOW = 65536
 ACCEPTED_KINDS = 1024
@@ -390,6 +392,8 @@ class SessionPool:
             self.loop.create_task(self._schedule(), name="duplexcadence-scheduler"),
             self.loop.create_task(self._reap(), name="duplexcadence-idle-reaper"),
         ]
+        if self.placement is not None:
+            self._tasks.append(self.loop.create_task(self._republish(), name="duplexcadence-placement"))
 
     def _load(self) -> TickModel:
         config = self.config
@@ -509,6 +513,7 @@ class SessionPool:
             refusal = self.rule.refusal(active, self.draining, self._shared_units()) or self._placed_elsewhere(active)
         if refusal is not None:
             self.metrics.refused.labels(refusal.reason).inc()
+            self._publish()  # whether it admits depends on the other workers' units too: say it as it is now
             raise refusal
         group = self._group_for_new_session()
         self._opening += 1
@@ -554,7 +559,7 @@ class SessionPool:
                 return group
         raise AssertionError("admission let in a session with every row taken")
 
-    def load(self) -> WorkerLoad:
+    def placement_load(self) -> WorkerLoad:
         """This pool's load as a placement board holds it: whether it admits a session now, the units it
         steps (groups with members, or sessions) and the free rows of its groups with members."""
         assert self.rule is not None, "start() the pool first"
@@ -571,7 +576,7 @@ class SessionPool:
         if self.placement is None:
             return None
         assert self.rule is not None
-        here = self.load()
+        here = self.placement_load()
         other = self.placement.better_worker(here)
         if other is None:
             return None
@@ -589,9 +594,16 @@ class SessionPool:
         """The units other pools step on this pool's device (0 without a placement board)."""
         return 0 if self.placement is None else self.placement.shared_units()
 
+    async def _republish(self) -> None:
+        """Publish this pool's load every `PUBLISH_EVERY_S`: whether it admits changes with the other workers'
+        units as well as with its own sessions."""
+        while True:
+            await asyncio.sleep(PUBLISH_EVERY_S)
+            self._publish()
+
     def _publish(self) -> None:
         if self.placement is not None and self.rule is not None:
-            self.placement.publish(self.load())
+            self.placement.publish(self.placement_load())
 
     # --- inputs ----------------------------------------------------------------------------------
 

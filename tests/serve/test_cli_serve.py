@@ -15,7 +15,8 @@ import pytest
 
 from duplexcadence.interpreter.cli import main as cli
 from duplexcadence.interpreter.cli.loadgen import session_url
-from duplexcadence.interpreter.cli.serve import serve
+from duplexcadence.interpreter.cli.serve import pool_config, serve
+from duplexcadence.interpreter.serve.admission import TickModel
 
 
 def test_the_help_of_serve_and_loadgen_needs_no_torch():
@@ -188,3 +189,19 @@ def test_lockstep_that_the_plan_does_not_allow_is_a_usage_error(capsys):
     with pytest.raises(Exception) as raised:
         asyncio.run(serve(args))
     assert str(raised.value).startswith("--lockstep 2: this plan cannot take a session into a running group: ")
+
+
+@pytest.mark.parametrize("given", ["3", "1+x", "1+-2", "nan+1", "2+inf"])
+def test_a_tick_model_that_is_not_two_numbers_is_refused(given, dsl):
+    code, _, err = dsl("serve", "toy", "--device", "cpu", "--tick-model", given)
+    assert code == 2
+    assert err.splitlines()[-1] == (
+        "dsl serve: error: argument --tick-model: must be FIXED_MS+PER_UNIT_MS, two numbers >= 0 (a calibrated "
+        f"tick line's, e.g. 5.9+8.4), not {given!r}"
+    )
+
+
+def test_a_given_tick_model_replaces_the_calibration():
+    args = serve_args("toy", "--tick-model", "5.9+8.4")
+    model = pool_config(args).tick_model
+    assert isinstance(model, TickModel) and (model.fixed_s, model.per_unit_s) == pytest.approx((0.0059, 0.0084))

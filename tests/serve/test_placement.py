@@ -17,7 +17,7 @@ import pytest
 from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, TickModel
 from duplexcadence.interpreter.serve.placement import PlacementBoard, WorkerLoad, better_worker
-from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
+from duplexcadence.interpreter.serve.pool import PUBLISH_EVERY_S, PoolConfig, SessionPool
 from duplexcadence.interpreter.serve.tail import served_tail
 
 W = WorkerLoad
@@ -125,7 +125,7 @@ def test_a_pool_on_a_board_publishes_its_load_and_leaves_a_session_to_a_cheaper_
     assert published == [W(True, 0), W(True, 1), W(True, 2), W(True, 1), W(False, 0)]
     assert (refused.reason, refused.sessions, refused.capacity, refused.slots) == (messages.OTHER_WORKER, 1, 3, 3)
     assert refused.message == (
-        "worker 1 of 2 leaves this session to worker 0, which would step 1 session with it (this worker 2): "
+        "worker 1 of 2 leaves this session to worker 0, which would then step 1 session (this worker would step 2): "
         "connect again"
     )
     assert 'duplexcadence_sessions_refused_total{reason="other-worker"} 1.0' in exposition
@@ -137,6 +137,10 @@ def test_admission_counts_the_units_the_other_workers_step_on_the_device():
     assert str(rule.refusal(128, False, shared_units=16)) == (
         "at capacity: 128 of 128 sessions, predicted tick 69.8 ms of 80.0 ms (headroom 15%), the other workers' "
         "16 groups on the device included; one more session would pass the budget of 68.0 ms"
+    )
+    assert str(rule.refusal(64, False, shared_units=19)) == (  # the others took the room of a group open here
+        "at capacity: 64 sessions open (room for 32), predicted tick 73.1 ms of 80.0 ms (headroom 15%), the other "
+        "workers' 19 groups on the device included; one more session would pass the budget of 68.0 ms"
     )
     snapshot = rule.snapshot(96, False, 1, shared_units=16)
     assert (snapshot.free, snapshot.shared_units, snapshot.predicted_tick_s) == (
@@ -169,3 +173,38 @@ def test_a_pool_on_a_board_admits_by_the_device_time_of_every_worker():
     )
     assert (snapshot.capacity, snapshot.free, snapshot.shared_units) == (1, 0, 1)
     assert published == W(False, 1)  # full: the other worker's session counts against this one's budget
+
+
+def test_a_worker_s_word_that_it_admits_is_corrected_when_the_others_fill_the_device():
+    """Two pools on one board with their own models (A: 4 ms + 12 ms a session, B: 10 ms + 20 ms; 68 ms of
+    budget). B published that it admits while A held nothing; once A steps 2 sessions B cannot take one more,
+    and its word is corrected by its own refusal or its periodic publish, so that A is not kept sending
+    sessions to B."""
+    board = PlacementBoard(2, multiprocessing.get_context("spawn"))
+    toy = served_tail("toy")
+
+    async def scenario():
+        async with (
+            seated_pool(toy, TickModel(0.004, 0.012), board.seat(0)) as a,
+            seated_pool(toy, TickModel(0.010, 0.020), board.seat(1)) as b,
+        ):
+            opened = [await b.open(seed=1), await a.open(seed=2), await a.open(seed=3)]
+            tries = []
+            for pool in (a, b, a):
+                try:
+                    opened.append(await pool.open(seed=4))
+                    tries.append("admitted")
+                    break
+                except AdmissionRefused as refused:
+                    tries.append(refused.reason)
+            held = (len(a.sessions), len(b.sessions))
+            await asyncio.sleep(3 * PUBLISH_EVERY_S)
+            published = board.loads()
+            for session in opened:
+                await session.close()
+        return tries, held, published
+
+    tries, held, published = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert tries in (["admitted"], [messages.OTHER_WORKER, messages.AT_CAPACITY, "admitted"])
+    assert held == (3, 1)
+    assert published == [W(False, 3), W(False, 1)]  # A: its 3 slots taken; B: 10 + 20 x 4 = 90 ms with A's 3

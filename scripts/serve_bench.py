@@ -29,7 +29,9 @@ sessions retried by the client when one full worker refuses. The direct rounds t
 this process holding every slot: one `step_many` over all N sessions, the same total load in one process, so
 the overhead is what the N server processes add over stepping every session in one round. The workers' own
 rounds and ticks come from their summed `/metrics` (`server_rounds`, `server_round_mean_s`,
-`server_tick_mean_s`), and each count records the sessions each worker held (`sessions_per_worker`).
+`server_tick_mean_s`), and each count records the sessions each worker held (`sessions_per_worker`). The
+workers' tick models are kept (`worker_tick_models`), and admission's limit is theirs: every worker counts
+the others' units on the device, so the limit is the units the most lenient model keeps under the budget.
 `--workers` stays the number of load-generator processes. A configuration may sweep lanes
 (each count in its own server per lanes value); `--lanes`, `--counts` and `--option K=V` (a tail option, as
 `dsl serve --param`) override a configuration's.
@@ -70,7 +72,7 @@ import attrs
 import torch
 
 from duplexcadence.interpreter import tails
-from duplexcadence.interpreter.serve.admission import AdmissionRule
+from duplexcadence.interpreter.serve.admission import AdmissionRule, TickModel, shared_device_capacity
 from duplexcadence.interpreter.serve.app import make_app
 from duplexcadence.interpreter.serve.loadgen import (
     SessionLoad,
@@ -300,13 +302,25 @@ async def server_pass(
 
 
 async def measure(
-    pool: SessionPool, url: str, config: Config, lanes: int, args: argparse.Namespace, served: Any
+    pool: SessionPool,
+    url: str,
+    config: Config,
+    lanes: int,
+    args: argparse.Namespace,
+    served: Any,
+    worker_models: list[TickModel] | None = None,
 ) -> dict:
+    """The sweep of one server; `worker_models`: the tick models of its workers (several on one port), whose
+    admission counts every worker's units on the device (`shared_device_capacity`)."""
     period = pool.tick_period_s
     label = f"{config.name} ({lanes} lanes)"
     rule = pool.rule
     assert rule is not None
-    admission = AdmissionRule(rule.slots, rule.rows, rule.model, period, HEADROOM).capacity()
+    if worker_models:
+        units_held = rule.slots // (rule.rows or 1)
+        admission = shared_device_capacity(worker_models, units_held, rule.rows, period, HEADROOM)
+    else:
+        admission = AdmissionRule(rule.slots, rule.rows, rule.model, period, HEADROOM).capacity()
     rows, best = [], 0
     for sessions in args.counts or config.counts:
         rounds = args.direct_rounds or config.direct_rounds
@@ -406,6 +420,7 @@ async def measure(
             "points": [list(point) for point in rule.model.points],
         },
         "admission_capacity_sessions": admission,
+        "worker_tick_models": [[m.fixed_s, m.per_unit_s] for m in worker_models or []],
         "headroom": HEADROOM,
         "max_sessions_p99_under_period": best,
         "sweep": rows,
@@ -439,13 +454,18 @@ def per_worker(loads: list[SessionLoad], workers: int) -> list[int] | None:
 
 
 @contextlib.contextmanager
-def worker_server(spec: ServeSpec) -> Iterator[str]:
-    """`spec`'s server workers (`dsl serve --workers N`), from a thread of this process: their URL."""
+def worker_server(spec: ServeSpec) -> Iterator[tuple[str, list[TickModel]]]:
+    """`spec`'s server workers (`dsl serve --workers N`), from a thread of this process: their URL and their
+    tick models."""
     stop, ready, box = threading.Event(), threading.Event(), {}
+
+    def started(group: Any) -> None:
+        box.update(url=group.ws_url, models=[worker.model for worker in group.started])
+        ready.set()
 
     def run() -> None:
         try:
-            serve_workers(spec, log, lambda group: (box.update(url=group.ws_url), ready.set()), stop)
+            serve_workers(spec, log, started, stop)
         except BaseException as error:
             box["error"] = error
         ready.set()
@@ -456,7 +476,7 @@ def worker_server(spec: ServeSpec) -> Iterator[str]:
     if "url" not in box:
         raise RuntimeError(f"the server workers did not start: {box.get('error')}")
     try:
-        yield box["url"]
+        yield box["url"], box["models"]
     finally:
         stop.set()
         thread.join(120)
@@ -514,8 +534,8 @@ def run_config(config: Config, lanes: int, args: argparse.Namespace) -> dict:
             await pool.start()
             log(f"{config.name} ({lanes} lanes): reference pool ready\n{pool.describe()}")
             try:
-                with worker_server(spec) as url:
-                    return await measure(pool, url, config, lanes, args, served)
+                with worker_server(spec) as (url, models):
+                    return await measure(pool, url, config, lanes, args, served, models)
             finally:
                 await pool.stop()
 

@@ -65,6 +65,23 @@ def fit(points: Sequence[tuple[int, float]], unit: str = "session") -> TickModel
     return TickModel(fixed, slope, unit, tuple(points))
 
 
+def shared_device_capacity(
+    models: Sequence[TickModel], units_held: int, rows: int | None, tick_period_s: float, headroom: float
+) -> int:
+    """The most sessions pools with these tick models admit together on one device when each counts every
+    pool's units (the workers of one port): the units the most lenient model keeps under the budget, at most
+    `units_held` (their slots, or lockstep groups), in sessions (`rows` a unit in lockstep)."""
+    budget = tick_period_s * (1.0 - headroom)
+    most = 0
+    for model in models:
+        if model.per_unit_s <= 0:
+            units = units_held if model.fixed_s <= budget else 0
+        else:
+            units = max(int((budget - model.fixed_s) // model.per_unit_s), 0)
+        most = max(most, min(units, units_held))
+    return most * (rows or 1)
+
+
 @attrs.frozen
 class Capacity:
     """A pool's capacity now (a record a router reads: place a new session where `free` is largest).

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from duplexcadence.interpreter.serve import messages
+from duplexcadence.interpreter.serve.admission import TickModel
 from duplexcadence.interpreter.serve.placement import PlacementBoard
 
 if TYPE_CHECKING:  # the pool imports torch; `dsl serve` imports this module before it needs torch
@@ -104,6 +105,8 @@ class WorkerStarted:
     pid: int
     pool_lines: str
     """The worker's pool's start-up lines (`SessionPool.describe()`)."""
+    model: TickModel | None = None
+    """The worker's tick model (its calibration, or the one given)."""
 
 
 @attrs.frozen
@@ -399,5 +402,6 @@ async def serve_one(
         server_config(make_app(pool, manage_pool=False, worker=(index, spec.workers)), log_level=spec.log_level)
     )
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))
-    await serve_pool(pool, server, lambda _: parent.send(WorkerStarted(index, os.getpid(), pool.describe())), [sock])
+    started = WorkerStarted(index, os.getpid(), pool.describe(), pool.model)
+    await serve_pool(pool, server, lambda _: parent.send(started), [sock])
     return 0

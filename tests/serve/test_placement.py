@@ -15,7 +15,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 from duplexcadence.interpreter.serve import messages
-from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, TickModel
+from duplexcadence.interpreter.serve.admission import (
+    AdmissionRefused,
+    AdmissionRule,
+    TickModel,
+    shared_device_capacity,
+)
 from duplexcadence.interpreter.serve.placement import PlacementBoard, WorkerLoad, better_worker
 from duplexcadence.interpreter.serve.pool import PUBLISH_EVERY_S, PoolConfig, SessionPool
 from duplexcadence.interpreter.serve.tail import served_tail
@@ -148,6 +153,14 @@ def test_admission_counts_the_units_the_other_workers_step_on_the_device():
         16,
         pytest.approx(0.0632),
     )  # 3 + 16 groups
+
+
+def test_workers_sharing_a_device_admit_what_the_most_lenient_model_keeps_under_the_budget():
+    models = [TickModel(0.0005, 0.0033, "group"), TickModel(0.0002, 0.0034, "group")]  # 20 and 19 groups
+    assert shared_device_capacity(models, 24, 32, 0.08, 0.15) == 640
+    assert shared_device_capacity(models, 12, 32, 0.08, 0.15) == 384  # every group held
+    assert shared_device_capacity([TickModel(0.010, 0.020)], 5, None, 0.08, 0.15) == 2
+    assert shared_device_capacity([TickModel(0.070, 0.0)], 5, None, 0.08, 0.15) == 0  # fixed cost over budget
 
 
 def test_a_pool_on_a_board_admits_by_the_device_time_of_every_worker():

@@ -4,9 +4,11 @@ until its retries are spent."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from duplexcadence.interpreter.serve import messages
+from duplexcadence.interpreter.serve import client, messages
 from duplexcadence.interpreter.serve.client import Refused, retry_pause
 
 
@@ -42,3 +44,23 @@ def test_a_session_left_to_another_worker_is_retried_at_once_many_times():
 )
 def test_a_draining_or_stopping_worker_or_a_single_server_is_not_retried(refused):
     assert retry_pause(refused, 0, None) is None
+
+
+def test_connect_counts_each_refusal_code_on_its_own(monkeypatch):
+    """Five reconnects to reach the worker that places the session do not spend the full workers' retries."""
+    answers = [messages.OTHER_WORKER] * 5 + [messages.AT_CAPACITY, messages.OTHER_WORKER, messages.AT_CAPACITY]
+    calls, pauses = [], []
+
+    async def connect_once(url, seed=0, open_timeout=600.0):
+        calls.append(seed)
+        raise refusal(answers[len(calls) - 1], workers=4)
+
+    async def sleep(seconds):
+        pauses.append(seconds)
+
+    monkeypatch.setattr(client.SessionClient, "connect_once", staticmethod(connect_once))
+    monkeypatch.setattr(client.asyncio, "sleep", sleep)
+    with pytest.raises(Refused) as refused:
+        asyncio.run(client.SessionClient.connect("ws://127.0.0.1:1/v1/session", seed=3, retries=1))
+    assert refused.value.code == messages.AT_CAPACITY and len(calls) == 8
+    assert pauses == [0.001] * 5 + [0.01, 0.001]

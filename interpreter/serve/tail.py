@@ -83,7 +83,7 @@ def served_tail(
             raise ServeSetupError(messages.no_serve_adapter(target))
         try:
             served = tail.serve(device=device, **params)
-        except TypeError as error:  # an option the adapter does not take
+        except (TypeError, ValueError) as error:  # an option the adapter does not take, or a value it refuses
             raise ServeSetupError(f"tail '{target}': {error}") from error
         if not isinstance(served, ServedTail):
             raise ServeSetupError(

@@ -205,3 +205,22 @@ def test_a_given_tick_model_replaces_the_calibration():
     args = serve_args("toy", "--tick-model", "5.9+8.4")
     model = pool_config(args).tick_model
     assert isinstance(model, TickModel) and (model.fixed_s, model.per_unit_s) == pytest.approx((0.0059, 0.0084))
+
+
+@pytest.mark.parametrize(
+    ("param", "says"),
+    [
+        ("istft=fft", "istft must be one of captured, torch, not 'fft'"),
+        ("dtype=bf32", "the token2wav tail runs in fp32 or fp16, not bf32"),
+    ],
+)
+def test_a_tail_option_value_the_adapter_refuses_is_a_usage_error(param, says, dsl):
+    from duplexcadence.interpreter import tails
+
+    if tails.get("minicpmo45").missing():
+        pytest.skip("needs the minicpmo45 tail's packages")
+    assert dsl("serve", "minicpmo45", "--param", param, "--device", "cpu") == (
+        2,
+        "",
+        f"dsl serve: error: tail 'minicpmo45': {says}\n",
+    )

@@ -21,7 +21,10 @@ compared, every tick with `torch.equal`:
   separate count, with a batch-1 decode of the session alone (batch-32 kernels need not match it: reported,
   not required to be 0).
 
-The server's overhead at N is its p50 tick latency less the direct p50 round.
+The server's overhead at N is its p50 tick latency less the direct p50 round. The server's own numbers over
+the pass come from its `/metrics`: its rounds (`server_rounds`, `server_round_mean_s`), its tick latency
+(`server_tick_mean_s`, arrival at the pool to outputs on the host) and the part of it before the tick's round
+starts (`server_wait_mean_s`: the gather, the rest of a lockstep group, the round before it).
 
 `--server-workers N` runs the server as `dsl serve --workers N` does: N processes on one port (started from
 this process, each with 1/N of the slots and lanes, the slots a multiple of N with one unit more each), their
@@ -327,24 +330,30 @@ async def measure(
         before = await direct_rounds(pool, sessions, rounds)
         rounds_at = len(pool.round_log)
         ticks_at = len(pool.tick_latencies)
-        counted = server_counts(url) if args.server_workers > 1 else None
+        counted = server_counts(url)
         loads, where = await server_pass(url, config, sessions, args.sample, args.workers, args.folder)
         server_rounds = [seconds for _, seconds in list(pool.round_log)[rounds_at:]]
         server_ticks = list(pool.tick_latencies)[ticks_at:]
-        if counted is None:  # the server runs in this process: its pool's own rounds and ticks
-            server_numbers = {
+        # the server's own rounds, ticks and waits over this pass, from its /metrics (summed over its workers)
+        gained = {name: value - counted[name] for name, value in server_counts(url).items()}
+        server_numbers = {
+            "server_rounds": int(gained["round_seconds_count"]),
+            **{
+                f"server_{name}_mean_s": gained[f"{series}_sum"] / gained[f"{series}_count"]
+                if gained[f"{series}_count"]
+                else None
+                for name, series in (
+                    ("round", "round_seconds"),
+                    ("tick", "tick_latency_seconds"),
+                    ("wait", "tick_wait_seconds"),
+                )
+            },
+        }
+        if args.server_workers == 1:  # the server runs in this process: its pool's own quantiles too
+            server_numbers |= {
                 "server_tick_p50_s": quantile(server_ticks, 0.5),
                 "server_tick_p99_s": quantile(server_ticks, 0.99),
-                "server_rounds": len(server_rounds),
                 "server_round_p50_s": quantile(server_rounds, 0.5),
-            }
-        else:  # the workers' own numbers: their metrics, summed over them, over this pass
-            after_counts = server_counts(url)
-            rounds_n, rounds_s, ticks_n, ticks_s = (b - a for a, b in zip(counted, after_counts))
-            server_numbers = {
-                "server_rounds": int(rounds_n),
-                "server_round_mean_s": rounds_s / rounds_n if rounds_n else None,
-                "server_tick_mean_s": ticks_s / ticks_n if ticks_n else None,
             }
         after = await direct_rounds(pool, sessions, rounds)
         latencies = [value for load in loads for value in load.latencies]
@@ -397,7 +406,9 @@ async def measure(
             )
         log(
             f"{label}: {sessions} sessions: p50 {ms(row['latency_p50_s'])} ms, p99 {ms(p99)} ms of "
-            f"{ms(period)} ms; direct round {ms(row['direct_round_p50_s'])} ms; {bits}; {'pass' if passed else 'FAIL'}"
+            f"{ms(period)} ms; direct round {ms(row['direct_round_p50_s'])} ms; server: {row['server_rounds']} rounds "
+            f"of {ms(row['server_round_mean_s'])} ms, a tick waits {ms(row['server_wait_mean_s'])} ms and takes "
+            f"{ms(row['server_tick_mean_s'])} ms (means); {bits}; {'pass' if passed else 'FAIL'}"
         )
         if not passed and not args.cpu_dry_run:
             break
@@ -427,23 +438,19 @@ async def measure(
     }
 
 
-def server_counts(url: str) -> tuple[float, float, float, float]:
-    """Rounds (count, seconds) and ticks (count, seconds) from the server's `/metrics`: with several
-    workers, the sum over them (prometheus-client's multiprocess mode)."""
+def server_counts(url: str) -> dict[str, float]:
+    """The sums and counts of the server's round, tick latency and tick wait histograms from its `/metrics`
+    (by series name less `duplexcadence_`): with several workers, the sum over them (prometheus-client's
+    multiprocess mode)."""
     address = url.replace("ws://", "http://", 1).removesuffix("/v1/session") + "/metrics"
     with urllib.request.urlopen(address, timeout=60) as response:
         text = response.read().decode()
-
-    def value(name: str) -> float:
-        found = re.search(rf"^{name} (\S+)$", text, re.M)
-        return float(found.group(1)) if found else 0.0
-
-    return (
-        value("duplexcadence_round_seconds_count"),
-        value("duplexcadence_round_seconds_sum"),
-        value("duplexcadence_tick_latency_seconds_count"),
-        value("duplexcadence_tick_latency_seconds_sum"),
-    )
+    counts = {}
+    for series in ("round_seconds", "tick_latency_seconds", "tick_wait_seconds"):
+        for part in ("sum", "count"):
+            found = re.search(rf"^duplexcadence_{series}_{part} (\S+)$", text, re.M)
+            counts[f"{series}_{part}"] = float(found.group(1)) if found else 0.0
+    return counts
 
 
 def per_worker(loads: list[SessionLoad], workers: int) -> list[int] | None:

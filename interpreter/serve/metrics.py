@@ -3,7 +3,7 @@ do not share a series; the workers of one server do, summed, in multiprocess mod
 `exposition()`.
 
 Tick latency is per session tick, from the tick's arrival at the pool to its outputs on the host; a tick
-whose latency passes the tick period is missed. The histogram's buckets are fractions of the period, so
+whose latency passes the tick period is missed. Its wait is the part before its round starts on the device. The histogram's buckets are fractions of the period, so
 p50 and p99 read off it in periods. The runtime's counters (graph replays, eager firings) and the arena's
 bytes come from `Runtime.report()`, taken on the device thread after a round at most once a second
 (`take_report`). In prometheus-client's multiprocess mode (`MULTIPROCESS_DIR` set: the workers of one
@@ -61,6 +61,13 @@ class PoolMetrics:
         self.tick_latency = Histogram(
             "duplexcadence_tick_latency_seconds",
             "Per session tick: arrival at the pool to outputs on the host",
+            buckets=buckets,
+            registry=registry,
+        )
+        self.tick_wait = Histogram(
+            "duplexcadence_tick_wait_seconds",
+            "Per session tick: arrival at the pool to the start of its round on the device (the gather, the rest"
+            " of its lockstep group, the round before it)",
             buckets=buckets,
             registry=registry,
         )

@@ -300,6 +300,7 @@ class RoundOutcome:
     round_s: float
     done_at: float
     units: int
+    started_at: float
 
 
 class SessionPool:
@@ -782,7 +783,7 @@ class SessionPool:
         if done_at - self._report_at > REPORT_EVERY_S and self.metrics is not None and self.loaded is not None:
             self.metrics.take_report(self.loaded.runtime.report())
             self._report_at = time.perf_counter()
-        return RoundOutcome(controls, ticks, failed, done_at - started, done_at, units)
+        return RoundOutcome(controls, ticks, failed, done_at - started, done_at, units, started)
 
     def _deliver(self, outcome: RoundOutcome) -> None:
         metrics = self.metrics
@@ -813,6 +814,7 @@ class SessionPool:
             late += missed
             self.tick_latencies.append(latency)
             metrics.tick_latency.observe(latency)
+            metrics.tick_wait.observe(outcome.started_at - item.queued_at)
             if item.last:
                 session.finished = True
             if not item.future.done():

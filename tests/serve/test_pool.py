@@ -273,6 +273,7 @@ def test_deadline_accounting_counts_the_ticks_over_the_period(period, missed):
     assert f"duplexcadence_ticks_missed_total {missed:.1f}" in exposition
     assert "duplexcadence_ticks_total 5.0" in exposition
     assert "duplexcadence_tick_latency_seconds_count 5.0" in exposition
+    assert "duplexcadence_tick_wait_seconds_count 5.0" in exposition
     assert f"duplexcadence_tick_period_seconds {period}" in exposition
 
 
@@ -327,9 +328,12 @@ def test_a_round_gathers_the_ticks_of_every_session_paced_by_the_cadence():
         second = b.submit(TOY.inputs(2, 0))
         outputs = [await first, await second]
         rounds = [units for units, _ in pool.round_log]
+        wait = pool.metrics.tick_wait.collect()[0].samples
         await pool.stop()
-        return outputs, rounds
+        return outputs, rounds, {sample.name: sample.value for sample in wait if not sample.labels}
 
-    outputs, rounds = run(scenario())
+    outputs, rounds, wait = run(scenario())
     assert rounds == [2]  # one step_many for both sessions
+    # both ticks' waits are counted; a's includes the 50 ms the round was held for b
+    assert wait["duplexcadence_tick_wait_seconds_count"] == 2 and wait["duplexcadence_tick_wait_seconds_sum"] >= 0.05
     assert equal_to_stock(1, outputs[:1]) and equal_to_stock(2, outputs[1:])

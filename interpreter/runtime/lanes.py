@@ -3,7 +3,9 @@
 A runtime's session slots are dealt to lanes round-robin; each lane has its own scratch block, graph
 memory pool, generator state (rng.py) and CUDA stream, so sessions of different lanes can be stepped
 concurrently. `step_many` begins every session's step (all inputs checked before any session moves),
-then runs them run by run, the lanes' current sessions in turn, each on its lane's stream.
+then either steps each lane from a worker thread of its own (`Runtime.lane_threads`) or runs the
+sessions run by run on the caller's thread, the lanes' current sessions in turn; each lane on its
+stream.
 
 Public: `capture_stream`, `lane_stream`, `step_many`.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Generator, Mapping
+from concurrent.futures import Executor, wait
 from typing import Any
 
 import torch
@@ -44,9 +47,13 @@ def lane_stream(device: torch.device, lane: int) -> torch.cuda.Stream:
 
 
 def step_many(
-    runtime: object, device: torch.device, steps: Mapping[Session, Mapping[str, torch.Tensor] | torch.Tensor]
+    runtime: object,
+    device: torch.device,
+    steps: Mapping[Session, Mapping[str, torch.Tensor] | torch.Tensor],
+    workers: Executor | None = None,
 ) -> dict[Session, Any]:
-    """`Runtime.step_many` of `runtime` (its sessions on `device`; see there); the caller holds its lock."""
+    """`Runtime.step_many` of `runtime` (its sessions on `device`; see there); the caller holds its lock.
+    With `workers` (the runtime's lane threads) and more than one lane to step, each lane runs on one."""
     pending: dict[Session, PendingStep] = {}
     for session, inputs in steps.items():
         if not isinstance(session, Session) or session.runtime is not runtime:
@@ -71,10 +78,13 @@ def step_many(
     outputs: dict[Session, Any] = {}
     failures: dict[Session, SessionFailed] = {}
     try:
-        while lanes:
-            for lane in list(lanes):
-                with torch.cuda.stream(streams[lane]) if streams else contextlib.nullcontext():
-                    _advance_lane(lanes, lane, pending, running, outputs, failures)
+        if workers is not None and len(lanes) > 1:
+            _step_lanes_on_threads(workers, device, lanes, streams, pending, outputs, failures)
+        else:
+            while lanes:
+                for lane in list(lanes):
+                    with torch.cuda.stream(streams[lane]) if streams else contextlib.nullcontext():
+                        _advance_lane(lanes, lane, pending, running, outputs, failures)
     except BaseException as error:  # not a stage's (those fail their session): e.g. KeyboardInterrupt
         for session, runs in running.items():
             session.abandon(runs, error)
@@ -117,3 +127,48 @@ def _advance_lane(
             failures[session] = error
         queue.popleft()
     del lanes[lane]
+
+
+def _step_lanes_on_threads(
+    workers: Executor,
+    device: torch.device,
+    lanes: dict[int, deque[Session]],
+    streams: dict[int, Any],
+    pending: dict,
+    outputs: dict,
+    failures: dict,
+) -> None:
+    """Every lane's sessions, one after another, on a worker thread per lane (on the lane's stream);
+    returns once every lane is done. An exception that is not a stage's (those fail their session) stops
+    its lane, the others complete, and the first such is raised here."""
+    jobs = [
+        workers.submit(_step_lane, device, streams.get(lane), queue, pending, outputs, failures)
+        for lane, queue in lanes.items()
+    ]
+    try:
+        wait(jobs)
+    except BaseException:  # interrupted while waiting: the lanes still finish before the caller goes on
+        wait(jobs)
+        raise
+    for job in jobs:
+        job.result()
+
+
+def _step_lane(
+    device: torch.device, stream: Any, queue: deque[Session], pending: dict, outputs: dict, failures: dict
+) -> None:
+    """One lane's sessions, one after another, on `stream` (a lane thread's current stream)."""
+    placed = torch.cuda.device(device) if stream is not None else contextlib.nullcontext()
+    with placed, torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        for session in queue:
+            runs = session.execute(pending[session])
+            try:
+                while True:
+                    next(runs)
+            except StopIteration as done:
+                outputs[session] = done.value
+            except SessionFailed as error:
+                failures[session] = error
+            except BaseException as error:  # not a stage's: the session is left part-way, the lane stops
+                session.abandon(runs, error)
+                raise

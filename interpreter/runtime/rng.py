@@ -6,8 +6,13 @@ advanced state back, so interleaved sessions each draw the numbers of their solo
 after the first have a generator state of their own (`lane_rng_states`), installed around their stages
 first.
 
+A graph replay of such a lane reads its seed and offset from the lane's state alone (the state its graph
+was captured with), so `replay_with_lane_rng` sets the session's state there and replays without the
+default generator or `RNG_LOCK`: lanes stepped from threads of their own (`Runtime.lane_threads`) replay
+concurrently.
+
 Public: `RNG_LOCK`, `seeded_rng_state`, `get_rng_state`, `set_rng_state`, `lane_rng_states`,
-`default_generator`, `call_with_rng`.
+`default_generator`, `call_with_rng`, `replay_with_lane_rng`.
 """
 
 from __future__ import annotations
@@ -106,4 +111,21 @@ def call_with_rng(
         finally:
             if original is not None:
                 generator.graphsafe_set_state(original)
+    return result, state
+
+
+def replay_with_lane_rng(
+    state: torch.Tensor, lane_state: Any, replay: Callable[[], Result]
+) -> tuple[Result, torch.Tensor]:
+    """`replay()` (a graph captured with `lane_state`, from `lane_rng_states`) drawing from `state`: (what it
+    returned, the state it left). The replay's prologue takes the seed and offset from `lane_state` and
+    advances it there; the default generator is not touched, so no lock is taken. `lane_state` is back as
+    it was whatever happens (one thread steps a lane at a time)."""
+    saved = lane_state.get_state()
+    try:
+        lane_state.set_state(state)
+        result = replay()
+        state = lane_state.get_state()
+    finally:
+        lane_state.set_state(saved)
     return result, state

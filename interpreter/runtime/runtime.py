@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,7 @@ class Runtime:
         capture: CaptureStrategy | None = None,
         object_sources: dict[str, ObjectSource] | None = None,
         check_finite: bool = False,
+        lane_threads: bool | None = None,
     ):
         self.plan = plan
         self.program: Program = plan.program
@@ -221,6 +223,12 @@ class Runtime:
                 ]
             ) from None
         self.lock = threading.RLock()
+        self.eager_lock = threading.Lock()
+        """Held around every eager firing: the binding sets the model's attributes, so eager firings of
+        lanes stepped from threads of their own take turns (graph replays do not need it)."""
+        self.lane_threads = device.type == "cuda" and lanes > 1 if lane_threads is None else bool(lane_threads)
+        """Whether `step_many` steps each lane from a thread of its own (see there)."""
+        self.lane_workers: ThreadPoolExecutor | None = None
         self.free_slots = list(range(sessions))
         self.blocked: dict[str, Diagnostic] = {}
         self.obstacles: dict[str, tuple[Diagnostic, ...]] = {}
@@ -294,6 +302,7 @@ class Runtime:
         objects: Mapping[str, Any] | None = None,
         check_finite: bool = False,
         prune: bool = True,
+        lane_threads: bool | None = None,
     ) -> Runtime:
         """Check the `.clock` file, plan it, bind it to `model`, and allocate the arena.
 
@@ -304,6 +313,9 @@ class Runtime:
         `graphs`: False (or "off", "never") is `capture="eager"`; "auto" follows `capture`.
         `lanes`: how many sessions `step_many` can run at once (1 to `sessions`); each lane adds one
         copy of the scratch block to the arena and has its own graph pool and CUDA stream.
+        `lane_threads`: `step_many` steps each lane from a thread of its own (default: on CUDA with more
+        than one lane), so that one lane's graph launches and host waits overlap the others'; False
+        interleaves the lanes run by run on the caller's thread.
         `objects`: the caller-owned objects the `.clock` declares without a factory (`object NAME`), by name.
         `check_finite`: refuse step inputs with NaN or infinite values (StepError); by default they propagate.
         `prune`: leave out the stages no output sees, and the regions, counters and objects only they touch
@@ -343,6 +355,7 @@ class Runtime:
             strategy,
             sources,
             bool(check_finite),
+            lane_threads,
         )
 
     def session(
@@ -376,19 +389,23 @@ class Runtime:
 
         `steps` maps each session of this runtime to its inputs by name (or to its one input tensor).
         Every session's inputs are checked first: a bad one raises StepError (naming the session's
-        slot) and no session changes. The host then interleaves the sessions run by run: the first
-        run (a fused graph replay or an eager firing) of every lane's session, then the second, and
-        so on, each on its lane's CUDA stream, so a host synchronisation inside one session's eager
-        stage (`torch.istft`) waits while the other lanes' work is already queued. Sessions of one
-        lane share its scratch block: they run one after another in the lane. Each lane's stream
-        first waits on the caller's current stream, and the caller's current stream waits on every
-        lane before this returns, so the inputs may come from, and the outputs be used on, the
-        current stream. A stage that raises fails its session only: the others complete their
-        instant and `SessionsFailed` is raised with their outputs. Off the CUDA device the sessions
-        run interleaved the same way on the host, one run at a time.
+        slot) and no session changes. Sessions of one lane share its scratch block: they run one after
+        another in the lane, on its CUDA stream. With `lane_threads` (on CUDA with lanes, by default)
+        each lane is stepped from a thread of its own, so one lane's graph launches (a launch of a large
+        graph holds the host for milliseconds) and host waits (`torch.istft`'s check) overlap the other
+        lanes'; eager firings take turns (`eager_lock`: the binding sets the model's attributes) and graph
+        replays do not. Otherwise the host interleaves the sessions run by run: the first run (a fused
+        graph replay or an eager firing) of every lane's session, then the second, and so on, so a host
+        wait in one lane comes after the other lanes' work is queued; off the CUDA device, one run at a
+        time. Each lane's stream first waits on the caller's current stream, and the caller's current
+        stream waits on every lane before this returns, so the inputs may come from, and the outputs be
+        used on, the current stream. A stage that raises fails its session only: the others complete
+        their instant and `SessionsFailed` is raised with their outputs.
         """
         with self.lock:
-            return step_many(self, self.device, steps)
+            if self.lane_threads and self.lane_workers is None:
+                self.lane_workers = ThreadPoolExecutor(self.lanes, thread_name_prefix="duplexcadence-lane")
+            return step_many(self, self.device, steps, self.lane_workers if self.lane_threads else None)
 
     # --- reporting -------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ KeyboardInterrupt or what a signal handler raises included, leaves it failed (`r
 one that arrives after finds the step committed, its outputs in `last_outputs`; one that arrives
 before finds the session as it was.
 
-Public: `Session`, `PendingStep`, `call_in_session`.
+Public: `Session`, `PendingStep`, `call_in_session`, `replay_in_session`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from duplexcadence.interpreter.runtime.errors import SessionFailed, StepError
 from duplexcadence.interpreter.runtime.inputs import check_initial, plan_instant, refuse_non_finite, template_index
 from duplexcadence.interpreter.runtime.replay import GraphReplay, StageGraph, matching_runs
 from duplexcadence.interpreter.runtime.reports import Counters
-from duplexcadence.interpreter.runtime.rng import call_with_rng, seeded_rng_state
+from duplexcadence.interpreter.runtime.rng import call_with_rng, replay_with_lane_rng, seeded_rng_state
 from duplexcadence.interpreter.runtime.storage import RegionStorage
 
 Result = TypeVar("Result")
@@ -320,7 +320,7 @@ class Session:
                 for name, target in run.feeds:
                     tensor = inputs[name]
                     target.copy_(tensor.detach() if tensor.requires_grad else tensor)
-                call_in_session(self, run.rng, run.graph.graph.replay)
+                replay_in_session(self, run.rng, run.graph.graph.replay)
                 counters.replays += len(run.firings)
                 counters.per_graph[run.graph.key] += 1
                 for name, source in run.outputs:
@@ -348,7 +348,7 @@ class Session:
         if run.kind == "graph":
             assert run.key is not None, "a graph run is keyed by its firings' signatures"
             graph = self.graphs[run.key]
-            call_in_session(self, uses_rng, graph.graph.replay)
+            replay_in_session(self, uses_rng, graph.graph.replay)
             module_outputs = graph.module_outputs
             self.counters.replays += len(run.firings)
             self.counters.per_graph[graph.key] += 1
@@ -363,7 +363,8 @@ class Session:
                     time=runtime.plan.clocks.instant_time(self._instant),
                     counters=counter_values(runtime.program, counts),
                 )
-            module_outputs = call_in_session(self, uses_rng, self.body.run, firing)
+            with runtime.eager_lock:  # the binding sets the model's attributes: one eager firing at a time
+                module_outputs = call_in_session(self, uses_rng, self.body.run, firing)
             if not off_plan and firing.signature in runtime.first_firing:
                 self.counters.eager_planned += 1
             else:
@@ -438,4 +439,18 @@ def call_in_session(session: Session, uses_rng: bool, fn: Callable[..., Result],
     runtime = session.runtime
     lane_state = runtime.lane_rng_states[session.lane]
     result, session.rng_state = call_with_rng(runtime.device, session.rng_state, lane_state, fn, *args)
+    return result
+
+
+def replay_in_session(session: Session, uses_rng: bool, replay: Callable[[], Result]) -> Result:
+    """A graph `replay()` of `session`'s slot: as `call_in_session`, except that on a lane with a generator
+    state of its own the session's state is set there alone (rng.replay_with_lane_rng), without the lock
+    the default generator needs."""
+    if not uses_rng:
+        return replay()
+    runtime = session.runtime
+    lane_state = runtime.lane_rng_states[session.lane]
+    if lane_state is None:
+        return call_in_session(session, uses_rng, replay)
+    result, session.rng_state = replay_with_lane_rng(session.rng_state, lane_state, replay)
     return result

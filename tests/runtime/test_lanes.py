@@ -1,13 +1,17 @@
 """Lanes and `Runtime.step_many` on the toy tail: concurrent sessions, each bit-identical to its solo stock run.
 
 With `lanes=K` the arena holds K scratch blocks; slot i is in lane i % K. `step_many` interleaves the
-sessions of different lanes run by run (on CPU on the host, on CUDA each lane on its own stream) and
-runs the sessions of one lane one after another. CPU tests run in CI; the `gpu` tests add streams,
-graph replay and per-lane graph pools and generator states.
+sessions of different lanes run by run on the caller's thread (on CPU on the host, on CUDA each lane on its
+own stream), or with `lane_threads` (the default on CUDA) steps each lane from a thread of its own; the
+sessions of one lane run one after another. CPU tests run in CI (`lane_threads=True` forced there); the
+`gpu` tests add streams, graph replay and per-lane graph pools and generator states.
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
 from pathlib import Path
 
 import attrs
@@ -24,9 +28,11 @@ PROMPT, WINDOW = 6, 20
 TICKS = 300
 
 
-def make(device="cpu", sessions=4, lanes=2, graphs="auto"):
+def make(device="cpu", sessions=4, lanes=2, graphs="auto", lane_threads=None):
     model = build_toy(device=device)
-    runtime = Runtime.load(CLOCK, model, device=device, sessions=sessions, lanes=lanes, graphs=graphs)
+    runtime = Runtime.load(
+        CLOCK, model, device=device, sessions=sessions, lanes=lanes, graphs=graphs, lane_threads=lane_threads
+    )
     return runtime, make_prompt(model, PROMPT).to(device)
 
 
@@ -70,12 +76,99 @@ def serve(runtime, prompt, count: int, ticks: int = TICKS, device="cpu"):
     return sessions
 
 
+@pytest.mark.parametrize("lane_threads", [False, True])
 @pytest.mark.parametrize("count,lanes", [(4, 2), (3, 2), (3, 3)])
-def test_step_many_each_session_equals_its_solo_stock_run(count, lanes):
-    runtime, prompt = make(sessions=count, lanes=lanes)
-    sessions = serve(runtime, prompt, count)
+def test_step_many_each_session_equals_its_solo_stock_run(count, lanes, lane_threads):
+    runtime, prompt = make(sessions=count, lanes=lanes, lane_threads=lane_threads)
+    assert runtime.lane_threads is lane_threads
+    sessions = serve(runtime, prompt, count, ticks=TICKS if not lane_threads else 100)
     assert [s.lane for s in sessions] == [i % lanes for i in range(count)]
-    assert all(s.counters.steps == TICKS and s.counters.eager_off_plan == 0 for s in sessions)
+    ticks = TICKS if not lane_threads else 100
+    assert all(s.counters.steps == ticks and s.counters.eager_off_plan == 0 for s in sessions)
+
+
+def test_lane_threads_are_on_by_default_only_for_cuda_lanes():
+    assert make(sessions=2, lanes=2)[0].lane_threads is False  # the CPU: interleaved on the caller's thread
+    assert make(sessions=2, lanes=1, lane_threads=True)[0].lane_threads is True
+
+
+def test_lane_threads_step_each_lane_on_a_thread_of_its_own_and_eager_firings_take_turns():
+    runtime, prompt = make(sessions=4, lanes=2, lane_threads=True)
+    sessions = [runtime.session(initial={"cache": prompt}, seed=s) for s in range(4)]  # lanes 0, 1, 0, 1
+    calls = []
+    original = runtime.callables["attend"]
+
+    def record(*args, **kwargs):
+        began = time.perf_counter()
+        time.sleep(0.02)  # without the eager lock the other lane's firing would start in here
+        out = original.fn(*args, **kwargs)
+        calls.append((args[0].data_ptr(), threading.current_thread().name, began, time.perf_counter()))
+        return out
+
+    runtime.callables["attend"] = attrs.evolve(original, fn=record)
+    codes = {"codes": codes_of(1)[:, :1]}
+    runtime.step_many({session: codes for session in sessions})
+    runtime.callables["attend"] = original
+    scratch = {session.storage["hidden"].flat.data_ptr(): session.lane for session in sessions}
+    threads = {}
+    for pointer, thread, _, _ in calls:
+        threads.setdefault(scratch[pointer], set()).add(thread)
+    assert len(calls) == 4 and all(len(names) == 1 for names in threads.values())
+    assert threads[0] != threads[1] and all(name.startswith("duplexcadence-lane") for (name,) in threads.values())
+    spans = sorted((began, ended) for _, _, began, ended in calls)
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))  # never two at once
+
+
+def test_lane_threads_a_stage_raising_fails_its_session_only():
+    runtime, prompt = make(sessions=3, lanes=2, lane_threads=True)
+    sessions = [runtime.session(initial={"cache": prompt}, seed=s) for s in range(3)]
+    solo = [SoloStock(prompt, s) for s in range(3)]
+    codes = codes_of(30, 3)
+    original = runtime.callables["attend"]
+    victim = sessions[1]
+
+    def explode_for_the_victim(*args, **kwargs):
+        if args[0].data_ptr() == victim.storage["hidden"].flat.data_ptr():
+            raise RuntimeError("injected fault")
+        return original.fn(*args, **kwargs)
+
+    runtime.callables["attend"] = attrs.evolve(original, fn=explode_for_the_victim)
+    with pytest.raises(SessionsFailed, match=r"the session\(s\) in slot 1 failed; the others completed") as caught:
+        runtime.step_many({s: {"codes": codes[:, :1]} for s in sessions})
+    runtime.callables["attend"] = original
+    assert list(caught.value.failures) == [victim] and list(caught.value.outputs) == [sessions[0], sessions[2]]
+    for index in (0, 2):
+        assert torch.equal(caught.value.outputs[sessions[index]], solo[index].step(codes[:, :1]))
+
+
+def test_lane_threads_an_interrupt_stops_its_lane_and_the_other_lanes_complete():
+    runtime, prompt = make(sessions=4, lanes=2, lane_threads=True)
+    sessions = [runtime.session(initial={"cache": prompt}, seed=s) for s in range(4)]  # lanes 0, 1, 0, 1
+    solo = [SoloStock(prompt, s) for s in range(4)]
+    codes = codes_of(50, 4)
+    original = runtime.callables["attend"]
+    victim = sessions[1]
+
+    def interrupt_the_victim(*args, **kwargs):
+        if args[0].data_ptr() == victim.storage["hidden"].flat.data_ptr():
+            raise Interrupt()
+        return original.fn(*args, **kwargs)
+
+    runtime.callables["attend"] = attrs.evolve(original, fn=interrupt_the_victim)
+    with pytest.raises(Interrupt):
+        runtime.step_many({s: {"codes": codes[:, :1]} for s in sessions})
+    runtime.callables["attend"] = original
+    with pytest.raises(SessionFailed, match=r"the session failed at instant 0 \(Interrupt\(\)\)"):
+        victim.step(codes=codes[:, :1])
+    # lane 0 completed its instant (sessions 0 and 2); session 3, after the victim in lane 1, had not started
+    assert [s.instant for s in sessions] == [1, 0, 1, 0]
+    for index in (0, 2):
+        solo[index].step(codes[:, :1])
+    for tick in range(1, 4):
+        outputs = runtime.step_many({s: {"codes": codes[:, tick : tick + 1]} for s in (sessions[0], sessions[2])})
+        for index in (0, 2):
+            assert torch.equal(outputs[sessions[index]], solo[index].step(codes[:, tick : tick + 1]))
+    assert torch.equal(sessions[3].step(codes=codes[:, :1]), solo[3].step(codes[:, :1]))
 
 
 def test_each_lane_has_its_own_scratch_and_the_arena_reports_it():
@@ -226,10 +319,12 @@ def test_a_stage_raising_fails_its_session_only_and_the_others_complete():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("lane_threads", [None, False])  # None: the default on CUDA, a thread per lane
 @pytest.mark.parametrize("count,lanes", [(2, 2), (4, 2)])
-def test_gpu_step_many_on_streams_equals_solo_stock(count, lanes):
+def test_gpu_step_many_on_streams_equals_solo_stock(count, lanes, lane_threads):
     torch.backends.cudnn.deterministic = True
-    runtime, prompt = make(device="cuda", sessions=count, lanes=lanes)
+    runtime, prompt = make(device="cuda", sessions=count, lanes=lanes, lane_threads=lane_threads)
+    assert runtime.lane_threads is (lane_threads is None)
     sessions = serve(runtime, prompt, count, device="cuda")
     report = runtime.report()
     assert report.eager_off_plan == 0 and report.eager_planned == 0 and report.replays == 3 * TICKS * count

@@ -141,8 +141,9 @@ def _step_lanes_on_threads(
     """Every lane's sessions, one after another, on a worker thread per lane (on the lane's stream);
     returns once every lane is done. An exception that is not a stage's (those fail their session) stops
     its lane, the others complete, and the first such is raised here."""
+    inference = torch.is_inference_mode_enabled()  # thread-local: the lanes run in the caller's mode
     jobs = [
-        workers.submit(_step_lane, device, streams.get(lane), queue, pending, outputs, failures)
+        workers.submit(_step_lane, device, streams.get(lane), queue, pending, outputs, failures, inference)
         for lane, queue in lanes.items()
     ]
     try:
@@ -155,11 +156,19 @@ def _step_lanes_on_threads(
 
 
 def _step_lane(
-    device: torch.device, stream: Any, queue: deque[Session], pending: dict, outputs: dict, failures: dict
+    device: torch.device,
+    stream: Any,
+    queue: deque[Session],
+    pending: dict,
+    outputs: dict,
+    failures: dict,
+    inference: bool,
 ) -> None:
-    """One lane's sessions, one after another, on `stream` (a lane thread's current stream)."""
+    """One lane's sessions, one after another, on `stream` (a lane thread's current stream), in inference
+    mode when the caller is."""
     placed = torch.cuda.device(device) if stream is not None else contextlib.nullcontext()
-    with placed, torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+    on_stream = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+    with placed, on_stream, torch.inference_mode(inference):
         for session in queue:
             runs = session.execute(pending[session])
             try:

@@ -119,6 +119,20 @@ def test_lane_threads_step_each_lane_on_a_thread_of_its_own_and_eager_firings_ta
     assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))  # never two at once
 
 
+def test_lane_threads_step_in_the_caller_s_inference_mode():
+    """Grad and inference modes are per thread: a runtime loaded and stepped under inference_mode has an
+    arena of inference tensors, which its lane threads may write only in that mode too."""
+    with torch.inference_mode():
+        runtime, prompt = make(sessions=2, lanes=2, lane_threads=True)
+        sessions = [runtime.session(initial={"cache": prompt}, seed=s) for s in range(2)]
+        solo = [SoloStock(prompt, s) for s in range(2)]
+        codes = codes_of(7, 5)
+        for tick in range(5):
+            outputs = runtime.step_many({s: {"codes": codes[:, tick : tick + 1]} for s in sessions})
+            for index, session in enumerate(sessions):
+                assert torch.equal(outputs[session], solo[index].step(codes[:, tick : tick + 1])), (index, tick)
+
+
 def test_lane_threads_a_stage_raising_fails_its_session_only():
     runtime, prompt = make(sessions=3, lanes=2, lane_threads=True)
     sessions = [runtime.session(initial={"cache": prompt}, seed=s) for s in range(3)]

@@ -45,7 +45,7 @@ the others' units on the device, so the limit is the units the most lenient mode
     python scripts/serve_bench.py --configs moshi-lockstep --server-workers 4 --counts 384,448,512,576 \
         --out $OUT/serve_mimi_w4.json
     python scripts/serve_bench.py --configs minicpmo45 --option istft=captured --counts 26 --out $OUT/captured.json
-    python scripts/serve_bench.py --configs minicpmo45-lanes --lanes 8 --out $OUT/serve_minicpmo45_lanes8.json
+    python scripts/serve_bench.py --configs minicpmo45-lanes --lanes 8 --out $OUT/serve_minicpmo45_lanes.json
     python scripts/serve_bench.py --cpu-dry-run --out /tmp/serve_bench.json           # a smoke test, times mean nothing
 
 `--loadgen-worker` is the mode the script starts its load-generator processes in.

@@ -76,6 +76,18 @@ def serve(runtime, prompt, count: int, ticks: int = TICKS, device="cpu"):
     return sessions
 
 
+def attend_failing_for(runtime, victim, error):
+    """The runtime's 'attend' stage, raising `error()` in `victim`'s firings (found by its lane's scratch)."""
+    original = runtime.callables["attend"]
+
+    def attend(*args, **kwargs):
+        if args[0].data_ptr() == victim.storage["hidden"].flat.data_ptr():
+            raise error()
+        return original.fn(*args, **kwargs)
+
+    return attrs.evolve(original, fn=attend)
+
+
 @pytest.mark.parametrize("lane_threads", [False, True])
 @pytest.mark.parametrize("count,lanes", [(4, 2), (3, 2), (3, 3)])
 def test_step_many_each_session_equals_its_solo_stock_run(count, lanes, lane_threads):
@@ -140,13 +152,7 @@ def test_lane_threads_a_stage_raising_fails_its_session_only():
     codes = codes_of(30, 3)
     original = runtime.callables["attend"]
     victim = sessions[1]
-
-    def explode_for_the_victim(*args, **kwargs):
-        if args[0].data_ptr() == victim.storage["hidden"].flat.data_ptr():
-            raise RuntimeError("injected fault")
-        return original.fn(*args, **kwargs)
-
-    runtime.callables["attend"] = attrs.evolve(original, fn=explode_for_the_victim)
+    runtime.callables["attend"] = attend_failing_for(runtime, victim, lambda: RuntimeError("injected fault"))
     with pytest.raises(SessionsFailed, match=r"the session\(s\) in slot 1 failed; the others completed") as caught:
         runtime.step_many({s: {"codes": codes[:, :1]} for s in sessions})
     runtime.callables["attend"] = original
@@ -162,13 +168,7 @@ def test_lane_threads_an_interrupt_stops_its_lane_and_the_other_lanes_complete()
     codes = codes_of(50, 4)
     original = runtime.callables["attend"]
     victim = sessions[1]
-
-    def interrupt_the_victim(*args, **kwargs):
-        if args[0].data_ptr() == victim.storage["hidden"].flat.data_ptr():
-            raise Interrupt()
-        return original.fn(*args, **kwargs)
-
-    runtime.callables["attend"] = attrs.evolve(original, fn=interrupt_the_victim)
+    runtime.callables["attend"] = attend_failing_for(runtime, victim, Interrupt)
     with pytest.raises(Interrupt):
         runtime.step_many({s: {"codes": codes[:, :1]} for s in sessions})
     runtime.callables["attend"] = original
@@ -376,16 +376,12 @@ def test_an_interrupt_fails_the_sessions_it_left_half_stepped_and_no_other():
     codes = codes_of(50, 10)
     original = runtime.callables["attend"]
     victim = sessions[1]
-
-    def interrupt_the_victim(*args, **kwargs):
-        if args[0].data_ptr() == victim.storage["hidden"].flat.data_ptr():
-            raise Interrupt()
-        return original.fn(*args, **kwargs)
+    interrupt_the_victim = attend_failing_for(runtime, victim, Interrupt)
 
     for tick in range(2):
         outputs = runtime.step_many({s: {"codes": codes[:, tick : tick + 1]} for s in sessions})
         assert all(torch.equal(outputs[s], solo[i].step(codes[:, tick : tick + 1])) for i, s in enumerate(sessions))
-    runtime.callables["attend"] = attrs.evolve(original, fn=interrupt_the_victim)
+    runtime.callables["attend"] = interrupt_the_victim
     with pytest.raises(Interrupt):  # session 0 ran 'encode', then session 1 was interrupted in 'attend'
         runtime.step_many({s: {"codes": codes[:, 2:3]} for s in sessions})
     runtime.callables["attend"] = original
@@ -395,7 +391,7 @@ def test_an_interrupt_fails_the_sessions_it_left_half_stepped_and_no_other():
     for tick in range(2, 10):  # session 2 (lane 0, after session 0) had not started: it goes on
         assert torch.equal(sessions[2].step(codes=codes[:, tick : tick + 1]), solo[2].step(codes[:, tick : tick + 1]))
 
-    runtime.callables["attend"] = attrs.evolve(original, fn=interrupt_the_victim)
+    runtime.callables["attend"] = interrupt_the_victim
     victim.reset()
     with pytest.raises(Interrupt):  # step: 'encode' ran, 'attend' was interrupted
         victim.step(codes=codes[:, :1])

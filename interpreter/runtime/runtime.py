@@ -223,7 +223,7 @@ class Runtime:
                 ]
             ) from None
         self.lock = threading.RLock()
-        self.eager_lock = threading.Lock()
+        self.eager_lock = threading.RLock()
         """Held around every eager firing: the binding sets the model's attributes, so eager firings of
         lanes stepped from threads of their own take turns (graph replays do not need it)."""
         self.lane_threads = device.type == "cuda" and lanes > 1 if lane_threads is None else bool(lane_threads)

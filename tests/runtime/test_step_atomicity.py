@@ -222,7 +222,7 @@ def test_an_interrupt_at_every_line_of_a_step_commits_it_or_fails_the_session(ki
         state = process_state()
         returned, interrupted = traced(act(toy, kind), LineInterrupt(at))
         assert interrupted, f"line {at} of {lines} was not reached"
-        release_held(RNG_LOCK, toy.runtime.lock)
+        release_held(RNG_LOCK, toy.runtime.lock, toy.runtime.eager_lock)
         check_process_state(state, outcomes, f"line {at}")
         for session in sessions:
             outcome = outcomes.judge(toy, session, before[session], interrupted, returned, last)
@@ -331,7 +331,8 @@ def test_interrupts_at_random_moments_of_20000_steps_leave_no_bad_outcome():
     assert outcomes.bad[:5] == []
     assert sum(outcomes.counts.values()) == 25_000
     assert interrupted_calls > 0
-    assert all(free(lock) for lock in (RNG_LOCK, general.runtime.lock, short.runtime.lock, many.runtime.lock))
+    runtimes = (general.runtime, short.runtime, many.runtime)
+    assert all(free(lock) for lock in (RNG_LOCK, *(r.lock for r in runtimes), *(r.eager_lock for r in runtimes)))
     for toy in (general, short, many):  # every session still steps like the reference
         for index, session in enumerate(toy.sessions):
             toy.restart(session, 3)

@@ -58,8 +58,9 @@ class PoolConfig:
     stepped concurrently (see `Runtime.load`); `headroom`: the fraction of the tick period admission keeps free;
     `idle_timeout_s`: a session that sends nothing this long is closed; `queue_depth`: ticks a session may
     have queued beside the one in flight. `tick_period_s`: None takes the plan's (cadence over instants).
-    `tick_model`: None calibrates one at start (`calibration_sizes` units, after `calibration_warmup` rounds,
-    the median of `calibration_repeats`); a given model skips the calibration. `enforce_tick_budget`: False
+    `tick_model`: None calibrates one at start (`calibration_sizes` units, None: 1, min(units, 2 x lanes) and
+    every unit; after `calibration_warmup` rounds, the median of `calibration_repeats`); a given model skips
+    the calibration. `enforce_tick_budget`: False
     admits up to the slots whatever the model predicts (a benchmark that finds the limit itself).
     `warm_slots`: open every slot once at start (on CUDA: capture its graphs before any session waits).
     `deterministic`: cuDNN's deterministic algorithms while the pool runs (outputs equal to stock eager).
@@ -421,7 +422,9 @@ class SessionPool:
     def _calibrate(self) -> TickModel:
         config, mode = self.config, self.mode
         units = mode.units()
-        sizes = config.calibration_sizes or tuple(sorted({1, min(units, max(2, 2 * config.lanes))}))
+        # the full pool too: past a few units a round can cost more per unit (the device saturates), and
+        # admission decides at the top of the range
+        sizes = config.calibration_sizes or tuple(sorted({1, min(units, max(2, 2 * config.lanes)), units}))
         sizes = tuple(sorted({min(max(size, 1), units) for size in sizes}))
         opened = mode.calibration_units(max(sizes))
         samples: dict[int, list[float]] = {size: [] for size in sizes}

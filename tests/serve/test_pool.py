@@ -279,20 +279,20 @@ def test_deadline_accounting_counts_the_ticks_over_the_period(period, missed):
 
 def test_a_calibrated_pool_reports_its_tick_model_and_the_runtime_s_numbers():
     async def scenario():
-        pool = SessionPool(TOY, PoolConfig(slots=4, lanes=2, calibration_warmup=1, calibration_repeats=2))
+        pool = SessionPool(TOY, PoolConfig(slots=6, lanes=2, calibration_warmup=1, calibration_repeats=2))
         await pool.start()
         text, model, exposition = pool.describe(), pool.model, pool.metrics.exposition().decode()
         await pool.stop()
         return text, model, exposition
 
     text, model, exposition = run(scenario())
-    assert [units for units, _ in model.points] == [1, 4]  # 1 and min(slots, 2 x lanes) sessions
+    assert [units for units, _ in model.points] == [1, 4, 6]  # 1, min(slots, 2 x lanes) and every slot
     assert model.fixed_s >= 0 and model.per_unit_s >= 0 and model.unit == "session"
     lines = text.splitlines()
-    assert lines[0] == "serving 'toy' on cpu: 4 session slots in 2 lane(s); tick period 80.0 ms"
-    assert lines[1] == "arena 32768 bytes (7680 per slot + 2 x 1024 scratch); 0 graphs captured"
+    assert lines[0] == "serving 'toy' on cpu: 6 session slots in 2 lane(s); tick period 80.0 ms"
+    assert lines[1] == "arena 48128 bytes (7680 per slot + 2 x 1024 scratch); 0 graphs captured"
     assert lines[2] == model.describe() and lines[2].startswith("calibrated tick: ")
-    assert "duplexcadence_arena_bytes 32768.0" in exposition
+    assert "duplexcadence_arena_bytes 48128.0" in exposition
     assert 'duplexcadence_eager_firings_total{kind="planned"}' in exposition
 
 

@@ -44,8 +44,8 @@ the others' units on the device, so the limit is the units the most lenient mode
     python scripts/serve_bench.py --configs moshi-lockstep --out $OUT/serve_mimi.json
     python scripts/serve_bench.py --configs moshi-lockstep --server-workers 4 --counts 384,448,512,576 \
         --out $OUT/serve_mimi_w4.json
-    python scripts/serve_bench.py --configs minicpmo45 --option istft=captured --counts 26 --out $OUT/captured.json
-    python scripts/serve_bench.py --configs minicpmo45-lanes --lanes 8 --out $OUT/serve_minicpmo45_lanes.json
+    python scripts/serve_bench.py --configs minicpmo45 --option istft=torch --counts 28 --out $OUT/eager_istft.json
+    python scripts/serve_bench.py --configs minicpmo45-lanes --out $OUT/serve_minicpmo45_lanes.json
     python scripts/serve_bench.py --cpu-dry-run --out /tmp/serve_bench.json           # a smoke test, times mean nothing
 
 `--loadgen-worker` is the mode the script starts its load-generator processes in.
@@ -113,21 +113,21 @@ GPU_CONFIGS = {
     "minicpmo45": Config(
         "minicpmo45",
         "minicpmo45",
-        {"steps": "10", "prompt": "150", "dtype": "fp32", "istft": "torch"},
-        4,
+        {"steps": "10", "prompt": "150", "dtype": "fp32", "istft": "captured"},
+        8,
         None,
-        (8, 12, 16, 18, 20, 22, 24, 26, 28, 32),
+        (16, 24, 32, 34, 36, 38, 40, 42),
         10,
-        "MiniCPM-o 4.5 token2wav, fp32, n=10, P=150, 4 lanes; a tick is a 1 s chunk of 25 tokens",
+        "MiniCPM-o 4.5 token2wav, fp32, n=10, P=150, 8 lanes; a tick is a 1 s chunk of 25 tokens",
         direct_rounds=5,
     ),
     "minicpmo45-lanes": Config(
         "minicpmo45-lanes",
         "minicpmo45",
-        {"steps": "10", "prompt": "150", "dtype": "fp32", "istft": "torch"},
+        {"steps": "10", "prompt": "150", "dtype": "fp32", "istft": "captured"},
         4,
         None,
-        (26, 28, 30, 32, 34, 36, 38, 40),
+        (32, 34, 36, 38, 40, 42),
         10,
         "MiniCPM-o 4.5 token2wav, fp32, n=10, P=150, at 4 and at 8 lanes; a tick is a 1 s chunk of 25 tokens",
         direct_rounds=3,

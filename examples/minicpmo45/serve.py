@@ -4,9 +4,10 @@ not copied per session), seeded tokens per session (25 new speech tokens a 1 s t
 `Token2wav.stream` (`StockToken2wavSession`) as the stock loop.
 
 Options (`--param K=V`): `steps` (10), `prompt` (150), `dtype` (fp32 or fp16), `reduced` (1: the CI tail's
-sizes, for a quick CPU run), `istft` (`torch`, the default: HiFT's own `torch.istft`, `hift_back` eager after
-the graph; `captured`: `hift_back` captured with the flow). Both give the same samples; across lanes the
-eager `hift_back` serves more sessions (docs/serving.md).
+sizes, for a quick CPU run), `istft` (`captured`, the default: `hift_back` captured with the flow, so a lane
+never waits for the device between chunks; `torch`: HiFT's own `torch.istft`, whose window check reads a value
+back, so `hift_back` runs eagerly after the graph). Both give the same samples; the captured one serves more
+sessions (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def served(
     prompt: int | str = 150,
     dtype: str = "fp32",
     reduced: int | str = 0,
-    istft: str = "torch",
+    istft: str = "captured",
 ) -> ServedTail:
     n_timesteps, prompt_frames = int(steps), int(prompt)
     if dtype not in ("fp32", "fp16"):

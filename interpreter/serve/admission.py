@@ -14,6 +14,11 @@ cadence over its instants: 1000 ms for a 1 s chunk, 80 ms for a 12.5 Hz frame).
 Pools that share one device (the workers of `dsl serve --workers N`) take turns on it, so a round waits for
 the others' work as well as its own: each pool then counts the units the others step (`shared_units`, read
 from their placement board) in its predicted tick, `tick(units(n) + shared_units)`.
+
+The model predicts the device's round, not the time around it (a websocket front's receive, decode, encode
+and send, the wait for the round before). So admission also watches the ticks themselves: while the p99
+latency of the ticks the pool answered in the last `LATENCY_GUARD_PERIODS` tick periods is over the budget, it
+admits nothing new, whatever the model says, and it admits again once that p99 is back under the budget.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from collections.abc import Sequence
 import attrs
 
 from duplexcadence.interpreter.serve import messages
+
+LATENCY_GUARD_PERIODS = 5
+"""How many tick periods of answered ticks the observed-latency guard looks back over."""
 
 
 @attrs.frozen
@@ -108,6 +116,9 @@ class Capacity:
     model: TickModel
     shared_units: int = 0
     """Units other pools on the same device step, counted in the predicted ticks (0: the device is this pool's)."""
+    observed_tick_p99_s: float | None = None
+    """The p99 latency of the ticks answered in the guard's window (None: none answered there); over
+    `budget_s`, the pool admits nothing new."""
 
     def to_json(self) -> dict:
         data = attrs.asdict(self, recurse=False)
@@ -171,6 +182,15 @@ class AdmissionRule:
     def budget_s(self) -> float:
         return self.tick_period_s * (1.0 - self.headroom)
 
+    @property
+    def guard_window_s(self) -> float:
+        """How far back the observed-latency guard looks: `LATENCY_GUARD_PERIODS` tick periods."""
+        return self.tick_period_s * LATENCY_GUARD_PERIODS
+
+    def latency_over_budget(self, observed_p99_s: float | None) -> bool:
+        """Whether the observed p99 tick latency (None: no tick answered in the window) is over the budget."""
+        return self.enforce_budget and observed_p99_s is not None and observed_p99_s > self.budget_s
+
     def units(self, sessions: int) -> int:
         return sessions if self.rows is None else math.ceil(sessions / self.rows)
 
@@ -190,8 +210,17 @@ class AdmissionRule:
             best = count
         return best
 
-    def snapshot(self, sessions: int, draining: bool, lanes: int, shared_units: int = 0) -> Capacity:
+    def snapshot(
+        self,
+        sessions: int,
+        draining: bool,
+        lanes: int,
+        shared_units: int = 0,
+        observed_p99_s: float | None = None,
+    ) -> Capacity:
         capacity = self.capacity(shared_units)
+        if self.latency_over_budget(observed_p99_s):
+            capacity = min(capacity, sessions)
         return Capacity(
             sessions=sessions,
             slots=self.slots,
@@ -207,18 +236,27 @@ class AdmissionRule:
             lockstep_rows=self.rows,
             model=self.model,
             shared_units=shared_units,
+            observed_tick_p99_s=observed_p99_s,
         )
 
-    def refusal(self, sessions: int, draining: bool, shared_units: int = 0) -> AdmissionRefused | None:
+    def refusal(
+        self, sessions: int, draining: bool, shared_units: int = 0, observed_p99_s: float | None = None
+    ) -> AdmissionRefused | None:
         """Why one more session is not admitted (None: it is), with `shared_units` of other pools on the
-        device."""
+        device and `observed_p99_s` the p99 latency of the ticks answered in the guard's window."""
         capacity = self.capacity(shared_units)
         predicted = self.predict(sessions + 1, shared_units)
         numbers = (sessions, capacity, self.slots, predicted, self.tick_period_s, self.headroom)
         if draining:
             return AdmissionRefused(messages.DRAINING, messages.draining(sessions), *numbers)
         if sessions < capacity:
-            return None
+            if not self.latency_over_budget(observed_p99_s):
+                return None
+            assert observed_p99_s is not None
+            message = messages.latency_over_budget(
+                sessions, observed_p99_s, self.guard_window_s, self.tick_period_s, self.headroom, self.budget_s
+            )
+            return AdmissionRefused(messages.AT_CAPACITY, message, *numbers)
         message = messages.at_capacity(
             sessions,
             capacity,

@@ -129,6 +129,17 @@ def at_capacity(
     return f"{head}; one more session would pass the budget of {milliseconds(budget_s)}"
 
 
+def latency_over_budget(
+    active: int, observed_p99_s: float, window_s: float, period_s: float, headroom: float, budget_s: float
+) -> str:
+    """The refusal of a session while the ticks the pool answers run over the budget, whatever the model says."""
+    return (
+        f"at capacity: {plural(active, 'session')} open, their ticks' p99 latency over the last "
+        f"{milliseconds(window_s)} is {milliseconds(observed_p99_s)} of {milliseconds(period_s)}, over the budget "
+        f"of {milliseconds(budget_s)} (headroom {percent(headroom)}); the pool admits again once it is under"
+    )
+
+
 def draining(active: int) -> str:
     return f"draining: this pool admits no new session while its {plural(active, 'session')} finish"
 

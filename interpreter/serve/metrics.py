@@ -96,6 +96,12 @@ class PoolMetrics:
             registry=registry,
             multiprocess_mode="livemax",
         )
+        self.observed_tick_p99 = Gauge(
+            "duplexcadence_observed_tick_p99_seconds",
+            "p99 latency of the ticks answered in admission's guard window, 0 with none (several workers: the largest)",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
         self.capacity = Gauge(
             "duplexcadence_capacity_sessions",
             "Sessions the pool admits (slots, or the tick budget)",

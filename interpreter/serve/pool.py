@@ -338,6 +338,8 @@ class SessionPool:
         """The latency of the last session ticks (seconds), oldest first."""
         self.round_log: collections.deque[tuple[int, float]] = collections.deque(maxlen=LATENCY_WINDOW)
         """(units stepped, seconds) of the last rounds on the device, oldest first."""
+        self.answered: collections.deque[tuple[float, float]] = collections.deque(maxlen=LATENCY_WINDOW)
+        """(answered at, latency) of the ticks answered in admission's guard window (perf_counter seconds)."""
         self._ticks = 0
         self._missed = 0
         self._report_at = 0.0
@@ -484,8 +486,18 @@ class SessionPool:
         """The snapshot a router places sessions by: sessions, slots, capacity, free, predicted tick..."""
         assert self.rule is not None, "start() the pool first"
         return self.rule.snapshot(
-            len(self.sessions), self.draining or self.stopping, self.config.lanes, self._shared_units()
+            len(self.sessions),
+            self.draining or self.stopping,
+            self.config.lanes,
+            self._shared_units(),
+            self.observed_tick_p99(),
         )
+
+    def observed_tick_p99(self) -> float | None:
+        """The p99 latency of the ticks answered in admission's guard window (None: none answered there)."""
+        assert self.rule is not None, "start() the pool first"
+        since = time.perf_counter() - self.rule.guard_window_s
+        return quantile([latency for at, latency in list(self.answered) if at >= since], 0.99)
 
     def drain(self) -> None:
         """Admit no new session; the open ones keep their ticks until they close."""
@@ -514,7 +526,9 @@ class SessionPool:
                 self.config.headroom,
             )
         else:
-            refusal = self.rule.refusal(active, self.draining, self._shared_units()) or self._placed_elsewhere(active)
+            observed = self.observed_tick_p99()
+            refusal = self.rule.refusal(active, self.draining, self._shared_units(), observed)
+            refusal = refusal or self._placed_elsewhere(active)
         if refusal is not None:
             self.metrics.refused.labels(refusal.reason).inc()
             self._publish()  # whether it admits depends on the other workers' units too: say it as it is now
@@ -568,7 +582,8 @@ class SessionPool:
         steps (groups with members, or sessions) and the free rows of its groups with members."""
         assert self.rule is not None, "start() the pool first"
         active = len(self.sessions) + self._opening
-        admits = not self.stopping and self.rule.refusal(active, self.draining, self._shared_units()) is None
+        refusal = self.rule.refusal(active, self.draining, self._shared_units(), self.observed_tick_p99())
+        admits = not self.stopping and refusal is None
         rows = self.config.lockstep
         if rows is None:
             return WorkerLoad(admits, active)
@@ -816,6 +831,7 @@ class SessionPool:
             stepped += 1
             late += missed
             self.tick_latencies.append(latency)
+            self.answered.append((outcome.done_at, latency))
             metrics.tick_latency.observe(latency)
             metrics.tick_wait.observe(outcome.started_at - item.queued_at)
             if item.last:
@@ -824,6 +840,7 @@ class SessionPool:
                 item.future.set_result(value)
         self._ticks += stepped
         self._missed += late
+        self._forget_answered(outcome.done_at)
         if stepped:
             metrics.ticks.inc(stepped)
         if late:
@@ -863,6 +880,15 @@ class SessionPool:
             if not item.future.done():
                 item.future.set_exception(TickError(messages.INTERNAL, messages.internal(error)))
         self.wake()
+
+    def _forget_answered(self, now: float) -> None:
+        """Drop the answered ticks older than admission's guard window; set the observed p99's gauge."""
+        assert self.rule is not None and self.metrics is not None
+        since = now - self.rule.guard_window_s
+        while self.answered and self.answered[0][0] < since:
+            self.answered.popleft()
+        observed = self.observed_tick_p99()
+        self.metrics.observed_tick_p99.set(0.0 if observed is None else observed)
 
     def _refresh_gauges(self) -> None:
         if self.metrics is None or self.rule is None:

@@ -6,6 +6,8 @@ tests give the tick model, deadline tests a tick period every tick misses (or no
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 
 import pytest
 import torch
@@ -120,11 +122,64 @@ def test_the_admission_rule_and_the_calibration_line():
     grouped = AdmissionRule(640, 32, TickModel(0.004, 0.0035), 0.08, 0.15)  # 20 groups of 32 rows
     assert grouped.units(33) == 2 and grouped.capacity() == 576  # 18 groups: 67 ms of the 68 ms budget
     assert str(rule.refusal(3, True)) == "draining: this pool admits no new session while its 3 sessions finish"
+    assert rule.refusal(5, False, observed_p99_s=0.85) is None  # at the budget, not over it
+    assert str(rule.refusal(5, False, observed_p99_s=0.9)) == (
+        "at capacity: 5 sessions open, their ticks' p99 latency over the last 5000 ms is 900 ms of 1000 ms, over the "
+        "budget of 850 ms (headroom 15%); the pool admits again once it is under"
+    )
+    guarded = rule.snapshot(5, False, 1, observed_p99_s=0.9)
+    assert (guarded.capacity, guarded.free, guarded.observed_tick_p99_s) == (5, 0, 0.9)
+    unguarded = AdmissionRule(24, None, TickModel(0.1, 0.032), 1.0, 0.15, enforce_budget=False)
+    assert unguarded.refusal(5, False, observed_p99_s=0.9) is None
     line = fit([(1, 0.010), (4, 0.025)], "session")
     assert (line.fixed_s, line.per_unit_s) == (pytest.approx(0.005), pytest.approx(0.005))
     assert line.describe() == (
         "calibrated tick: 5.0 ms + 5.0 ms per session (timed at 1 session(s): 10.0 ms, 4 session(s): 25.0 ms)"
     )
+
+
+def test_ticks_answered_over_the_budget_stop_admission_until_they_age_out_of_the_window():
+    """The model admits every slot; a round made slower than the period (the front or the device slower than
+    the model says) stops admission for the guard's window (5 periods), then the pool admits again, and the
+    open session's stream goes on equal to stock."""
+
+    async def scenario():
+        pool = await started(tick_period_s=0.1, tick_model=TickModel(0.0, 0.0))
+        session = await pool.open(seed=3)
+        step = pool.mode.step
+
+        def slow_step(ticks):
+            time.sleep(0.1)  # every tick of this round answers after at least the period
+            return step(ticks)
+
+        pool.mode.step = slow_step
+        outputs = [await session.step(TOY.inputs(3, 0))]
+        pool.mode.step = step
+        capacity = pool.capacity()
+        with pytest.raises(AdmissionRefused) as refused:
+            await pool.open(seed=4)
+        exposition = pool.metrics.exposition().decode()
+        await asyncio.sleep(0.55)  # the slow ticks leave the 500 ms window
+        admitted = await pool.open(seed=4)
+        for tick in range(1, 4):
+            outputs.append(await session.step(TOY.inputs(3, tick)))
+        after = pool.capacity()
+        await pool.stop()
+        return capacity, refused.value, exposition, admitted, outputs, after
+
+    capacity, refused, exposition, admitted, outputs, after = run(scenario())
+    assert (capacity.sessions, capacity.capacity, capacity.free) == (1, 1, 0)
+    assert capacity.observed_tick_p99_s >= 0.1
+    assert re.fullmatch(
+        r"at capacity: 1 session open, their ticks' p99 latency over the last 500 ms is \d+ ms of 100 ms, over the "
+        r"budget of 85\.0 ms \(headroom 15%\); the pool admits again once it is under",
+        str(refused),
+    )
+    assert refused.reason == messages.AT_CAPACITY
+    observed = re.search(r"^duplexcadence_observed_tick_p99_seconds (\S+)$", exposition, re.MULTILINE)
+    assert observed is not None and float(observed.group(1)) >= 0.1
+    assert admitted is not None and after.sessions == 2
+    assert equal_to_stock(3, outputs)
 
 
 def test_a_draining_pool_admits_nothing_while_its_sessions_finish():

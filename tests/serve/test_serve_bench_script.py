@@ -42,6 +42,12 @@ def test_cpu_dry_run_measures_every_count_and_compares_the_sampled_sessions_with
         for key in ("latency_p99_s", "direct_round_p50_s", "server_round_p50_s", "overhead_p50_s", "predicted_tick_s"):
             assert row[key] is not None, key
     assert toy["tick_period_s"] == 0.08 and toy["admission_capacity_sessions"] <= 2
+    guard_open = None  # the last count before the first whose server p99 passes the 68 ms budget
+    for row in toy["sweep"]:
+        if row["server_tick_p99_s"] > 0.068:
+            break
+        guard_open = row["sessions"]
+    assert toy["latency_guard_open_sessions"] == guard_open
     assert [point[0] for point in toy["tick_model"]["points"]] == [1, 2]
     assert [result["lanes"] for result in payload["results"] if result["config"] == "toy-lanes"] == [1, 2]
     if ("moshi-lockstep", 1) in results:
@@ -52,7 +58,7 @@ def test_cpu_dry_run_measures_every_count_and_compares_the_sampled_sessions_with
             assert (row["sampled_ticks_compared_with_group"], row["sampled_ticks_differing_from_group"]) == (2, 0)
             assert row["sampled_ticks_compared"] == 2  # and against a batch-1 decode: counted, not required
     lines = done.stdout.strip().splitlines()
-    assert lines[0].startswith("| configuration | sessions at p99 < period | admission's limit |")
+    assert lines[0].startswith("| configuration | sessions at p99 < period | admission's limit | latency guard still ")
     assert lines[2].startswith("| toy | ")
     assert lines[3].startswith("| toy-lanes (1 lanes) | ") and lines[4].startswith("| toy-lanes (2 lanes) | ")
 

@@ -95,6 +95,7 @@ def pool_config(args: argparse.Namespace) -> Any:
         idle_timeout_s=args.idle_timeout,
         queue_depth=args.queue_depth,
         gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
+        latency_guard=args.latency_guard,
     )
 
 
@@ -244,6 +245,12 @@ def register(commands) -> None:
         default=None,
         metavar="FIXED_MS+PER_UNIT_MS",
         help="admission's tick model instead of a calibration at start-up, e.g. 5.9+8.4 (a calibrated tick line's)",
+    )
+    parser.add_argument(
+        "--no-latency-guard",
+        dest="latency_guard",
+        action="store_false",
+        help="admit on the tick model alone, also while the ticks answered run over the budget",
     )
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     serve_ray.add_ray_options(parser)

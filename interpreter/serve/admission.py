@@ -177,6 +177,8 @@ class AdmissionRule:
     tick_period_s: float
     headroom: float
     enforce_budget: bool = True
+    latency_guard: bool = True
+    """Also refuse while the observed p99 tick latency is over the budget (`latency_over_budget`)."""
 
     @property
     def budget_s(self) -> float:
@@ -189,7 +191,8 @@ class AdmissionRule:
 
     def latency_over_budget(self, observed_p99_s: float | None) -> bool:
         """Whether the observed p99 tick latency (None: no tick answered in the window) is over the budget."""
-        return self.enforce_budget and observed_p99_s is not None and observed_p99_s > self.budget_s
+        guarded = self.enforce_budget and self.latency_guard
+        return guarded and observed_p99_s is not None and observed_p99_s > self.budget_s
 
     def units(self, sessions: int) -> int:
         return sessions if self.rows is None else math.ceil(sessions / self.rows)

@@ -62,6 +62,8 @@ class PoolConfig:
     every unit; after `calibration_warmup` rounds, the median of `calibration_repeats`); a given model skips
     the calibration. `enforce_tick_budget`: False
     admits up to the slots whatever the model predicts (a benchmark that finds the limit itself).
+    `latency_guard`: also refuse while the p99 latency of the ticks answered in the last 5 tick periods is
+    over the budget (admission.py); False admits on the model alone.
     `warm_slots`: open every slot once at start (on CUDA: capture its graphs before any session waits).
     `deterministic`: cuDNN's deterministic algorithms while the pool runs (outputs equal to stock eager).
     `gather_s`: how long a round may wait, from its oldest tick's arrival, for the other sessions' ticks
@@ -81,6 +83,7 @@ class PoolConfig:
     calibration_warmup: int = 2
     calibration_repeats: int = 5
     enforce_tick_budget: bool = True
+    latency_guard: bool = True
     warm_slots: bool = True
     deterministic: bool = True
     gather_s: float | None = None
@@ -386,6 +389,7 @@ class SessionPool:
             self.tick_period_s,
             self.config.headroom,
             self.config.enforce_tick_budget,
+            self.config.latency_guard,
         )
         self.metrics = PoolMetrics(self.tick_period_s)
         self.metrics.slots.set(self.mode.session_slots)

@@ -207,6 +207,11 @@ def test_a_given_tick_model_replaces_the_calibration():
     assert isinstance(model, TickModel) and (model.fixed_s, model.per_unit_s) == pytest.approx((0.0059, 0.0084))
 
 
+def test_the_latency_guard_is_on_unless_turned_off():
+    assert pool_config(serve_args("toy")).latency_guard is True
+    assert pool_config(serve_args("toy", "--no-latency-guard")).latency_guard is False
+
+
 @pytest.mark.parametrize(
     ("param", "says"),
     [

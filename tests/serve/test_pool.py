@@ -131,6 +131,8 @@ def test_the_admission_rule_and_the_calibration_line():
     assert (guarded.capacity, guarded.free, guarded.observed_tick_p99_s) == (5, 0, 0.9)
     unguarded = AdmissionRule(24, None, TickModel(0.1, 0.032), 1.0, 0.15, enforce_budget=False)
     assert unguarded.refusal(5, False, observed_p99_s=0.9) is None
+    model_only = AdmissionRule(24, None, TickModel(0.1, 0.032), 1.0, 0.15, latency_guard=False)
+    assert model_only.refusal(5, False, observed_p99_s=0.9) is None and model_only.refusal(23, False) is not None
     line = fit([(1, 0.010), (4, 0.025)], "session")
     assert (line.fixed_s, line.per_unit_s) == (pytest.approx(0.005), pytest.approx(0.005))
     assert line.describe() == (

@@ -60,8 +60,8 @@ class PoolConfig:
     have queued beside the one in flight. `tick_period_s`: None takes the plan's (cadence over instants).
     `tick_model`: None calibrates one at start (`calibration_sizes` units, None: 1, min(units, 2 x lanes) and
     every unit; after `calibration_warmup` rounds, the median of `calibration_repeats`); a given model skips
-    the calibration. `enforce_tick_budget`: False
-    admits up to the slots whatever the model predicts (a benchmark that finds the limit itself).
+    the calibration. `enforce_tick_budget`: False admits up to the slots whatever the model predicts (a
+    benchmark that finds the limit itself).
     `latency_guard`: also refuse while the p99 latency of the ticks answered in the last 5 tick periods is
     over the budget (admission.py); False admits on the model alone.
     `warm_slots`: open every slot once at start (on CUDA: capture its graphs before any session waits).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -27,14 +28,28 @@ def time_budget(seconds: float | None, what: str, error: type[BaseException] = V
         return
 
     leaving = False
+    reporting = False  # inside the previous unraisable hook: an alarm there would break the hook itself
+    message = f"{what} exceeded its budget of {seconds:g} s"
 
     def expire(signum, frame):
-        if not leaving:
-            raise error(f"{what} exceeded its budget of {seconds:g} s")
+        if not leaving and not reporting:
+            raise error(message)
+
+    def unraisable(report: sys.UnraisableHookArgs) -> None:
+        nonlocal reporting
+        if isinstance(report.exc_value, error) and str(report.exc_value) == message:
+            return  # raised inside a finaliser and dropped by Python: the next alarm gets out
+        reporting = True
+        try:
+            previous_hook(report)
+        finally:
+            reporting = False
 
     previous = signal.signal(signal.SIGALRM, expire)
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = unraisable
     # The alarm repeats every 50 ms after the budget: one raised inside a finaliser (a `__del__` run by
-    # `gc.collect()`) is printed and dropped by Python, and the next one gets out.
+    # `gc.collect()`, a weakref callback) is dropped by Python, and the next one gets out.
     signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
     try:
         yield
@@ -42,6 +57,8 @@ def time_budget(seconds: float | None, what: str, error: type[BaseException] = V
         leaving = True
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if sys.unraisablehook is unraisable:
+            sys.unraisablehook = previous_hook
 
 
 def error_text(error: BaseException) -> str:

@@ -128,6 +128,31 @@ def test_a_budget_interrupts_a_running_variant():
     assert time.perf_counter() - started < 2
 
 
+def test_a_budget_passes_other_finalisers_errors_to_the_unraisable_hook_and_restores_it():
+    """Only the budget's own exception, dropped in a finaliser, is kept from the unraisable hook (the alarm
+    repeats); any other goes to the hook that was there, which is back when the budget ends."""
+    from duplexcadence.interpreter.bench import time_budget
+
+    seen: list[str] = []
+
+    def hook(report) -> None:
+        seen.append(f"{type(report.exc_value).__name__}: {report.exc_value}")
+
+    class FailsToFinalise:
+        def __del__(self):
+            raise ValueError("a finaliser failed")
+
+    previous = sys.unraisablehook
+    sys.unraisablehook = hook
+    try:
+        with time_budget(30, "waiting"):
+            FailsToFinalise()  # dropped at once: its __del__ raises
+        assert sys.unraisablehook is hook
+    finally:
+        sys.unraisablehook = previous
+    assert seen == ["ValueError: a finaliser failed"]
+
+
 def test_a_budget_that_runs_out_inside_a_finaliser_still_stops_the_variant():
     """Python drops an exception raised in a `__del__` (run by `gc.collect()`, which the harness calls
     first): the alarm repeats, so the budget still ends the variant."""

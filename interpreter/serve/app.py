@@ -18,7 +18,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -30,7 +30,6 @@ from duplexcadence.interpreter.serve import codec, messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused
 from duplexcadence.interpreter.serve.metrics import CONTENT_TYPE
 from duplexcadence.interpreter.serve.modes import TickError
-from duplexcadence.interpreter.serve.pool import PooledSession, SessionPool
 
 PROTOCOL = codec.VERSION
 LOG = logging.getLogger("duplexcadence.serve")
@@ -43,6 +42,54 @@ CLOSE_CODES = {
 }
 
 
+class ServingSession(Protocol):
+    """What the front needs of a session: a `pool.PooledSession`, or a front process's proxy of one
+    (`fronts.RemoteSession`)."""
+
+    closed_event: asyncio.Event
+
+    @property
+    def close_code(self) -> str | None: ...
+
+    @property
+    def close_message(self) -> str | None: ...
+
+    def info(self) -> dict: ...
+
+    def submit_frame(self, data: bytes) -> asyncio.Future: ...
+
+    def reset(self) -> asyncio.Future: ...
+
+    async def close(self) -> None: ...
+
+    def abort(self, code: str, message: str) -> None: ...
+
+    def stats_json(self) -> dict: ...
+
+
+class ServingPool(Protocol):
+    """What the front needs of a pool: a `pool.SessionPool`, or a front process's proxy of the engine's
+    (`fronts.RemotePool`)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def describe(self) -> str: ...
+
+    async def open(self, seed: int = 0) -> Any: ...
+
+    def ready_fields(self) -> dict: ...
+
+    async def health(self) -> tuple[int, dict]: ...
+
+    async def capacity_json(self) -> dict: ...
+
+    async def deadlines_json(self) -> dict: ...
+
+    async def metrics_text(self) -> bytes: ...
+
+
 def error_frame(code: str, message: str, tick: int | None = None) -> dict:
     frame: dict[str, Any] = {"type": "error", "code": code, "message": message}
     if tick is not None:
@@ -50,23 +97,9 @@ def error_frame(code: str, message: str, tick: int | None = None) -> dict:
     return frame
 
 
-def ready_frame(pool: SessionPool, session: PooledSession, worker: tuple[int, int] | None = None) -> dict:
+def ready_frame(pool: ServingPool, session: ServingSession, worker: tuple[int, int] | None = None) -> dict:
     """The `ready` frame; `worker` (its index, the server's workers) adds `worker` and `workers` to it."""
-    served = pool.served
-    frame: dict[str, Any] = {
-        "type": "ready",
-        "protocol": PROTOCOL,
-        **session.info(),
-        "tail": served.name,
-        "options": dict(served.options),
-        "device": served.device,
-        "inputs": [spec.to_json() for spec in pool.inputs],
-        "outputs": [spec.to_json() for spec in pool.outputs],
-        "tick_period_s": pool.tick_period_s,
-        "lockstep": pool.config.lockstep,
-        "queue_depth": pool.config.queue_depth,
-        "idle_timeout_s": pool.config.idle_timeout_s,
-    }
+    frame: dict[str, Any] = {"type": "ready", "protocol": PROTOCOL, **session.info(), **pool.ready_fields()}
     return with_worker(frame, worker)
 
 
@@ -78,7 +111,7 @@ def with_worker(frame: dict, worker: tuple[int, int] | None) -> dict:
     return frame
 
 
-def make_app(pool: SessionPool, manage_pool: bool = True, worker: tuple[int, int] | None = None) -> Starlette:
+def make_app(pool: ServingPool, manage_pool: bool = True, worker: tuple[int, int] | None = None) -> Starlette:
     """The ASGI app of `pool`. With `manage_pool` the app's lifespan starts the pool (load, warm-up,
     calibration: the server accepts connections once it is ready) and stops it at shutdown; without, the
     caller does both. `worker`: (this process's index, the server's workers) for one of several server
@@ -96,23 +129,19 @@ def make_app(pool: SessionPool, manage_pool: bool = True, worker: tuple[int, int
                 await pool.stop()
 
     async def healthz(request: Request) -> Response:
-        if pool.rule is None:
-            return JSONResponse({"status": "starting"}, status_code=503)
-        if pool.stopping:
-            return JSONResponse({"status": "stopping"}, status_code=503)
-        health: dict[str, Any] = {"status": "ok", "tail": pool.served.name, "sessions": len(pool.sessions)}
-        with_worker(health, worker)
-        return JSONResponse(health)
+        status, health = await pool.health()
+        if status == 200:
+            with_worker(health, worker)
+        return JSONResponse(health, status_code=status)
 
     async def capacity(request: Request) -> Response:
-        return JSONResponse(pool.capacity().to_json())
+        return JSONResponse(await pool.capacity_json())
 
     async def sessions(request: Request) -> Response:
-        return JSONResponse(pool.deadlines().to_json())
+        return JSONResponse(await pool.deadlines_json())
 
     async def metrics(request: Request) -> Response:
-        assert pool.metrics is not None
-        return Response(pool.metrics.exposition(), media_type=CONTENT_TYPE)
+        return Response(await pool.metrics_text(), media_type=CONTENT_TYPE)
 
     async def session_socket(websocket: WebSocket) -> None:
         await SocketSession(pool, websocket, worker).run()
@@ -134,12 +163,12 @@ class SocketSession:
     order; when the pool closes the session (asked to, idle, shutting down) the socket closes after the
     answers."""
 
-    def __init__(self, pool: SessionPool, websocket: WebSocket, worker: tuple[int, int] | None = None):
+    def __init__(self, pool: ServingPool, websocket: WebSocket, worker: tuple[int, int] | None = None):
         self.pool = pool
         self.websocket = websocket
         self.worker = worker
         self.answers: asyncio.Queue = asyncio.Queue()
-        self.session: PooledSession | None = None
+        self.session: ServingSession | None = None
         self.frames = 0
 
     async def run(self) -> None:
@@ -211,18 +240,11 @@ class SocketSession:
         tick = self.frames
         self.frames += 1
         try:
-            frame = codec.decode(data)
-            future = session.submit(frame.tensors, frame.last)
+            future = session.submit_frame(data)
         except (codec.FrameError, TickError) as error:
             self.answers.put_nowait(("error", error_frame(error.code, error.message, tick)))
-            self._count_error(error.code)
-            session.errors += 1
             return
         self.answers.put_nowait(("tick", future, tick))
-
-    def _count_error(self, code: str) -> None:
-        if self.pool.metrics is not None:
-            self.pool.metrics.tick_errors.labels(code).inc()
 
     def _control(self, text: str) -> str | None:
         session = self.session
@@ -265,7 +287,8 @@ class SocketSession:
                             continue
                         await self.websocket.send_json(error_frame(error.code, error.message, entry[2]))
                         continue
-                    await self.websocket.send_bytes(codec.encode(outputs))
+                    # a front process gets the engine's encoded frame; a pool in this process, the tensors
+                    await self.websocket.send_bytes(outputs if isinstance(outputs, bytes) else codec.encode(outputs))
                 elif kind == "reset":
                     try:
                         await entry[1]
@@ -287,7 +310,7 @@ class SocketSession:
             if entry is not None and isinstance(entry[1], asyncio.Future):
                 entry[1].add_done_callback(lambda future: future.cancelled() or future.exception())
 
-    async def _close(self, session: PooledSession) -> None:
+    async def _close(self, session: ServingSession) -> None:
         websocket = self.websocket
         if websocket.client_state != WebSocketState.CONNECTED or session.close_code == messages.DISCONNECTED:
             return

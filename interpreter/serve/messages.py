@@ -425,19 +425,20 @@ def serve_error(message: str) -> str:
     return f"dsl serve: error: {message}"
 
 
-def workers_need_reuseport(platform: str) -> str:
-    return f"--workers needs the kernel to spread one port's connections over processes (SO_REUSEPORT on Linux), not {platform}"
+def workers_need_reuseport(platform: str, option: str = "--workers") -> str:
+    return f"{option} needs the kernel to spread one port's connections over processes (SO_REUSEPORT on Linux), not {platform}"
 
 
-def workers_cannot_bind(host: str, port: int, reason: str, code: int | None) -> str:
-    """`reason`: the OSError's text; `code`: its errno (EADDRINUSE: worded as the Serve proxy's taken port)."""
+def workers_cannot_bind(host: str, port: int, reason: str, code: int | None, who: str = "the workers") -> str:
+    """`reason`: the OSError's text; `code`: its errno (EADDRINUSE: worded as the Serve proxy's taken port);
+    `who`: the processes that would listen."""
     if code == errno.EADDRINUSE:
-        return f"the workers cannot listen on {host}:{port}: the port is in use (another port, or 0 for a free one)"
+        return f"{who} cannot listen on {host}:{port}: the port is in use (another port, or 0 for a free one)"
     hint = {
         errno.EADDRNOTAVAIL: f" ({host} is not an address of this machine)",
         errno.EACCES: " (a port below 1024 needs privileges: another port, or 0 for a free one)",
     }.get(code or 0, "")
-    return f"the workers cannot listen on {host}:{port}: {reason}{hint}"
+    return f"{who} cannot listen on {host}:{port}: {reason}{hint}"
 
 
 def worker_split(workers: int, slots: int, lanes: int, lockstep: int | None) -> str:
@@ -455,9 +456,7 @@ def serving_on_workers(workers: int, url: str) -> str:
 
 def worker_died(index: int, pid: int | None, exitcode: int | None, starting: bool) -> str:
     """A worker that exited without being asked to (`exitcode` negative: the signal that ended it)."""
-    how = f"exited with code {exitcode}"
-    if exitcode is not None and exitcode < 0:
-        how = f"was ended by signal {-exitcode} ({signal_name(-exitcode)})"
+    how = exit_how(exitcode)
     if starting:
         return f"worker {index} (pid {pid}) {how} while starting; the server stops its other workers and does not serve"
     return (
@@ -472,6 +471,61 @@ def worker_failed(index: int, reason: str) -> str:
 
 def workers_stopping(workers: int) -> str:
     return f"stopping: {workers} worker(s) close their sessions (1001) and exit"
+
+
+# --- one engine, several front processes (`fronts.py`) ----------------------------------------------
+
+
+def fronts_with(option: str) -> str:
+    """`--fronts` beside `--workers` or `--ray`, which run pools of their own."""
+    return (
+        f"--fronts runs one pool in this process behind several websocket front processes; {option} runs a pool in "
+        "each of its processes: give one of them"
+    )
+
+
+def fronts_split(fronts: int, pid: int) -> str:
+    return f"{fronts} front processes on one port, one pool in the engine process (pid {pid})"
+
+
+def front_ready(index: int, pid: int) -> str:
+    return f"front {index} (pid {pid}) listens"
+
+
+def serving_on_fronts(fronts: int, url: str) -> str:
+    return f"serving on {fronts} front(s) through {url}"
+
+
+def front_died(index: int, pid: int | None, exitcode: int | None, starting: bool) -> str:
+    """A front process that exited without being asked to (`exitcode` negative: the signal that ended it)."""
+    how = exit_how(exitcode)
+    if starting:
+        return f"front {index} (pid {pid}) {how} while starting; the server stops and does not serve"
+    return (
+        f"front {index} (pid {pid}) {how} while serving; its sessions are lost and the server stops rather than "
+        "serve with fewer fronts (the port would keep sending connections to its socket)"
+    )
+
+
+def front_lost(index: int) -> str:
+    """The engine's word for the sessions of a front whose link closed."""
+    return f"the front process of this session (front {index}) is gone"
+
+
+def engine_lost() -> str:
+    """A front's word for its sessions when the engine process's link closed."""
+    return "the engine process that steps this session is gone; its state is lost: open a new session"
+
+
+def fronts_stopping(fronts: int) -> str:
+    return f"stopping: the sessions close (1001) and {fronts} front(s) exit"
+
+
+def exit_how(exitcode: int | None) -> str:
+    how = f"exited with code {exitcode}"
+    if exitcode is not None and exitcode < 0:
+        how = f"was ended by signal {-exitcode} ({signal_name(-exitcode)})"
+    return how
 
 
 def signal_name(number: int) -> str:

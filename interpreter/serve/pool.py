@@ -191,6 +191,18 @@ class PooledSession:
             raise TickError(messages.QUEUE_FULL, messages.queue_full(queued))
         return self._queue(Item("tick", self.pool.loop.create_future(), dict(inputs), last, time.perf_counter()))
 
+    def submit_frame(self, data: bytes | bytearray | memoryview) -> asyncio.Future:
+        """Queue one tick sent as a tensor frame (`codec`): decoded, then `submit`. Raises codec.FrameError
+        or TickError before queueing, counted in the session's errors and the pool's metrics."""
+        try:
+            frame = codec.decode(data)
+            return self.submit(frame.tensors, frame.last)
+        except (codec.FrameError, TickError) as error:
+            self.errors += 1
+            if self.pool.metrics is not None:
+                self.pool.metrics.tick_errors.labels(error.code).inc()
+            raise
+
     async def step(self, inputs: Mapping[str, torch.Tensor] | None = None, last: bool = False, **named) -> dict:
         """One tick: `inputs` by name (or as keywords); its outputs by name. TickError if it did not run."""
         return await self.submit({**(inputs or {}), **named}, last)
@@ -916,6 +928,42 @@ class SessionPool:
                     session.abort(messages.IDLE_TIMEOUT, messages.idle_timeout(timeout))
 
     # --- reports -----------------------------------------------------------------------------------
+
+    def ready_fields(self) -> dict:
+        """What every session's `ready` frame says of the pool: the tail, its tensors, the cadence, the limits."""
+        served = self.served
+        return {
+            "tail": served.name,
+            "options": dict(served.options),
+            "device": served.device,
+            "inputs": [spec.to_json() for spec in self.inputs],
+            "outputs": [spec.to_json() for spec in self.outputs],
+            "tick_period_s": self.tick_period_s,
+            "lockstep": self.config.lockstep,
+            "queue_depth": self.config.queue_depth,
+            "idle_timeout_s": self.config.idle_timeout_s,
+        }
+
+    async def health(self) -> tuple[int, dict]:
+        """`/healthz`: the HTTP status and its body (503 while starting or stopping)."""
+        if self.rule is None:
+            return 503, {"status": "starting"}
+        if self.stopping:
+            return 503, {"status": "stopping"}
+        return 200, {"status": "ok", "tail": self.served.name, "sessions": len(self.sessions)}
+
+    async def capacity_json(self) -> dict:
+        """`/v1/capacity`: `capacity()` as JSON."""
+        return self.capacity().to_json()
+
+    async def deadlines_json(self) -> dict:
+        """`/v1/sessions`: `deadlines()` as JSON."""
+        return self.deadlines().to_json()
+
+    async def metrics_text(self) -> bytes:
+        """`/metrics`: the Prometheus text."""
+        assert self.metrics is not None, "start() the pool first"
+        return self.metrics.exposition()
 
     def deadlines(self) -> DeadlineReport:
         recent = list(self.tick_latencies)

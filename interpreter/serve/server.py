@@ -5,14 +5,17 @@ from the same process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 import uvicorn
 
 from duplexcadence.interpreter.serve import messages
+
+T = TypeVar("T")
 
 MAX_FRAME_BYTES = 64 * 2**20
 """The largest websocket message the server reads (a tick's tensors)."""
@@ -37,6 +40,26 @@ def server_config(
         access_log=False,
         timeout_graceful_shutdown=30,
     )
+
+
+class ChildServer(uvicorn.Server):
+    """uvicorn without its own signal handlers, for a server process started by another (a worker, a front):
+    its own SIGTERM handler sets `should_exit`, and its parent takes the interrupts."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def run_loop(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run `coroutine` to its end on a new event loop: uvloop's where it is installed (as uvicorn's "auto"
+    takes), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coroutine)
 
 
 def start_problem(target: str, error: Exception) -> str | None:

@@ -131,13 +131,15 @@ class WorkersFailed(Exception):
 # --- the parent -----------------------------------------------------------------------------------
 
 
-def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+def bind_sockets(host: str, port: int, count: int, option: str = "--workers") -> list[socket.socket]:
     """`count` sockets bound to `host`:`port` (0: a free port, the same for all), not yet listening. The port
     is first bound alone, without SO_REUSEPORT, so that a port another server holds is refused rather than
     shared; with port 0 the shared sockets then take the port that bind got, and a port taken in between is
-    tried again with another."""
+    tried again with another. `option`: the command-line option that asked for the processes (`--workers`
+    or `--fronts`), named in the errors."""
     if not sys.platform.startswith("linux") or not hasattr(socket, "SO_REUSEPORT"):
-        raise WorkersFailed(messages.workers_need_reuseport(sys.platform), usage=True)
+        raise WorkersFailed(messages.workers_need_reuseport(sys.platform, option), usage=True)
+    who = "the workers" if option == "--workers" else "the fronts"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     for _ in range(BIND_TRIES if port == 0 else 1):
         try:
@@ -146,13 +148,13 @@ def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
                 probe.bind((host, port))
                 free = probe.getsockname()[1]
         except OSError as error:
-            raise cannot_bind(host, port, error) from None
+            raise cannot_bind(host, port, error, who) from None
         try:
             return shared_sockets(family, host, free, count)
         except OSError as error:
             if port != 0 or error.errno != errno.EADDRINUSE:
-                raise cannot_bind(host, free, error) from None
-    raise cannot_bind(host, 0, OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE)))
+                raise cannot_bind(host, free, error, who) from None
+    raise cannot_bind(host, 0, OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE)), who)
 
 
 def shared_sockets(family: int, host: str, port: int, count: int) -> list[socket.socket]:
@@ -172,8 +174,9 @@ def shared_sockets(family: int, host: str, port: int, count: int) -> list[socket
     return sockets
 
 
-def cannot_bind(host: str, port: int, error: OSError) -> WorkersFailed:
-    return WorkersFailed(messages.workers_cannot_bind(host, port, error.strerror or str(error), error.errno), True)
+def cannot_bind(host: str, port: int, error: OSError, who: str = "the workers") -> WorkersFailed:
+    reason = error.strerror or str(error)
+    return WorkersFailed(messages.workers_cannot_bind(host, port, reason, error.errno, who), True)
 
 
 @contextlib.contextmanager
@@ -373,19 +376,10 @@ def exit_with_parent() -> None:
 async def serve_one(
     spec: ServeSpec, index: int, sock: socket.socket, parent: Any, turn: Any, board: PlacementBoard
 ) -> int:
-    import uvicorn
-
     from duplexcadence.interpreter.serve.app import make_app
     from duplexcadence.interpreter.serve.pool import SessionPool
-    from duplexcadence.interpreter.serve.server import serve_pool, server_config, start_problem
+    from duplexcadence.interpreter.serve.server import ChildServer, serve_pool, server_config, start_problem
     from duplexcadence.interpreter.serve.tail import served_tail
-
-    class WorkerServer(uvicorn.Server):
-        """uvicorn without its own signal handlers: the worker's SIGTERM handler asks it to exit."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
 
     with turn:
         try:
@@ -398,7 +392,7 @@ async def serve_one(
                 raise
             parent.send(WorkerFailed(problem, usage=True))
             return 2
-    server = WorkerServer(
+    server = ChildServer(
         server_config(make_app(pool, manage_pool=False, worker=(index, spec.workers)), log_level=spec.log_level)
     )
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))

@@ -7,7 +7,6 @@ folder removed."""
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import os
 import re
@@ -104,33 +103,11 @@ def test_the_start_up_lines_say_the_split_and_each_worker(workers):
     assert text.count("serving 'toy' on cpu: 2 session slots in 1 lane(s); tick period 80.0 ms") == 2
 
 
-COMPARE_ALONE = (
-    "import sys, torch\n"
-    "from duplexcadence.interpreter.serve.loadgen import compare_with_stock\n"
-    "from duplexcadence.interpreter.serve.tail import served_tail\n"
-    "toy = served_tail('toy')\n"
-    "print([compare_with_stock(toy, load) for load in torch.load(sys.argv[1], weights_only=False)])\n"
-)
-
-
-def compared_with_stock_alone(loads, folder) -> list[tuple[int, int]]:
-    """`compare_with_stock` of each load, in a process of its own: the toy's stock draws its noise from torch's
-    global generator, which any other thread of a long test process that draws too would move."""
-    import torch
-
-    path = folder / "loads.pt"
-    torch.save(list(loads), path)
-    done = subprocess.run(
-        [sys.executable, "-c", COMPARE_ALONE, str(path)], capture_output=True, text=True, timeout=300, check=True
-    )
-    return ast.literal_eval(done.stdout.strip().splitlines()[-1])
-
-
-def test_sessions_open_on_both_workers_and_equal_each_session_alone_on_stock(workers, tmp_path):
+def test_sessions_open_on_both_workers_and_equal_each_session_alone_on_stock(workers, toy_stock_alone):
     report = run(run_load(workers.url, 4, 5, TOY.inputs, paced=False, record=4, first_seed=20))
     assert (report.opened, report.errors) == (4, {})
     assert sorted(load.worker for load in report.per_session) == [0, 0, 1, 1]  # 2 slots each: both full
-    assert compared_with_stock_alone(report.per_session, tmp_path) == [(5, 0)] * 4
+    assert toy_stock_alone(report.per_session) == [(5, 0)] * 4
 
 
 def test_a_ready_frame_names_its_worker_and_a_full_server_refuses(workers):
@@ -150,13 +127,7 @@ def test_a_ready_frame_names_its_worker_and_a_full_server_refuses(workers):
     assert refusal.message.endswith("all 2 session slots are taken")
 
 
-def metric(text: str, name: str) -> float:
-    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    assert found, f"{name} not in /metrics"
-    return float(found.group(1))
-
-
-def test_metrics_on_any_worker_are_the_sum_over_the_workers(workers, tmp):
+def test_metrics_on_any_worker_are_the_sum_over_the_workers(workers, tmp, metric):
     before = metric(workers.get("/metrics"), "duplexcadence_sessions_admitted_total")
     report = run(run_load(workers.url, 4, 5, TOY.inputs, paced=False, first_seed=40))
     assert sorted(load.worker for load in report.per_session) == [0, 0, 1, 1]
@@ -278,7 +249,7 @@ def test_a_worker_that_cannot_start_its_pool_is_a_usage_error_worded_as_one_serv
 
 
 @pytest.mark.models
-def test_lockstep_sessions_fill_a_running_group_before_a_worker_starts_another():
+def test_lockstep_sessions_fill_a_running_group_before_a_worker_starts_another(metric):
     """Moshi's Mimi decoder in groups of 2 rows, 2 groups a worker: whichever worker each connection reaches,
     the second session joins the first one's group, the third starts a group on the other worker, and a
     session that comes after a close takes the freed row."""

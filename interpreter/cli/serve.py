@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -115,13 +116,9 @@ def make_pool(args: argparse.Namespace) -> Any:
         raise UsageError(str(error)) from None
 
 
-async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None = None) -> int:
-    """Start the pool, then serve until the server is told to exit (an interrupt, or `server.should_exit`).
-    `started(server)` is called once it listens."""
-    import uvicorn
-
-    from duplexcadence.interpreter.serve.app import make_app
-    from duplexcadence.interpreter.serve.server import serve_pool, server_config, start_problem
+async def started_pool(args: argparse.Namespace) -> Any:
+    """The pool the arguments ask for, started and described; UsageError for what it cannot serve."""
+    from duplexcadence.interpreter.serve.server import start_problem
 
     pool = make_pool(args)
     try:
@@ -132,6 +129,18 @@ async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None 
             raise
         raise UsageError(problem) from None
     status(args, pool.describe())
+    return pool
+
+
+async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None = None) -> int:
+    """Start the pool, then serve until the server is told to exit (an interrupt, or `server.should_exit`).
+    `started(server)` is called once it listens."""
+    import uvicorn
+
+    from duplexcadence.interpreter.serve.app import make_app
+    from duplexcadence.interpreter.serve.server import serve_pool, server_config
+
+    pool = await started_pool(args)
     server = uvicorn.Server(server_config(make_app(pool, manage_pool=False), args.host, args.port, args.log_level))
     await serve_pool(pool, server, started)
     return EXIT_CLEAN
@@ -170,7 +179,60 @@ def serve_workers(
         return EXIT_PROBLEMS
 
 
+async def serve_fronts(
+    args: argparse.Namespace, started: Callable[[Any], None] | None = None, stop: asyncio.Event | None = None
+) -> int:
+    """`--fronts N`: the pool in this process behind N front processes on the one port, until SIGINT, SIGTERM
+    or SIGHUP (or `stop` is set); 1 when a front exits unasked or fails to start (said on stderr).
+    `started(group)` is called once every front listens."""
+    from duplexcadence.interpreter.serve import fronts, workers
+
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled = []
+    if threading.current_thread() is threading.main_thread():
+        for number in workers.STOP_SIGNALS:
+            loop.add_signal_handler(number, stop.set)
+            handled.append(number)
+    pool = None
+    group = None
+    try:
+        status(args, messages.fronts_split(args.fronts, os.getpid()))
+        pool = await started_pool(args)
+        group = fronts.FrontGroup(pool, args.fronts, args.host, args.port, args.log_level)
+        try:
+            await group.start()
+        except workers.WorkersFailed as failure:
+            if failure.usage:
+                raise UsageError(failure.message) from None
+            print(messages.serve_error(failure.message), file=sys.stderr)
+            return EXIT_PROBLEMS
+        for index, pid in enumerate(group.pids):
+            status(args, messages.front_ready(index, pid))
+        status(args, messages.serving_on_fronts(args.fronts, group.ws_url))
+        if started is not None:
+            started(group)
+        problem = await group.wait(stop)
+        if problem is not None:
+            print(messages.serve_error(problem), file=sys.stderr)
+            return EXIT_PROBLEMS
+        status(args, messages.fronts_stopping(args.fronts))
+        return EXIT_CLEAN
+    finally:
+        if pool is not None:
+            await pool.stop()
+        if group is not None:
+            await group.stop()
+        for number in handled:
+            loop.remove_signal_handler(number)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.fronts > 1:
+        if args.workers > 1:
+            raise UsageError(messages.fronts_with("--workers"))
+        if serve_ray.wants_ray(args):
+            raise UsageError(messages.fronts_with("--ray"))
     if args.workers > 1:
         if args.ray or args.ray_address:
             raise UsageError(messages.workers_with_ray())
@@ -181,6 +243,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(messages.lanes_over_slots(lanes(args), args.slots))
     if args.workers > 1:
         return serve_workers(args)
+    if args.fronts > 1:
+        from duplexcadence.interpreter.serve.server import run_loop
+
+        return run_loop(serve_fronts(args))
     if serve_ray.wants_ray(args):
         return serve_ray.serve_cluster(args, pool_config(args), pairs(args.param))
     return asyncio.run(serve(args))
@@ -216,6 +282,14 @@ def register(commands) -> None:
         metavar="N",
         help="server processes on the one host and port, each with its own pool of 1/N of --slots and --lanes "
         "on the same device (default 1)",
+    )
+    parser.add_argument(
+        "--fronts",
+        type=positive,
+        default=1,
+        metavar="N",
+        help="websocket front processes on the one host and port over the one pool in this process (default 1: "
+        "the front in this process)",
     )
     parser.add_argument(
         "--lockstep", type=positive, default=None, metavar="ROWS", help="sessions in lockstep groups of ROWS rows"

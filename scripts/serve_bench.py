@@ -80,6 +80,7 @@ import torch
 from duplexcadence.interpreter import tails
 from duplexcadence.interpreter.serve.admission import AdmissionRule, TickModel, shared_device_capacity
 from duplexcadence.interpreter.serve.app import make_app
+from duplexcadence.interpreter.serve.fronts import FrontGroup
 from duplexcadence.interpreter.serve.loadgen import (
     SessionLoad,
     compare_groups_with_stock,
@@ -88,7 +89,7 @@ from duplexcadence.interpreter.serve.loadgen import (
 )
 from duplexcadence.interpreter.serve.modes import unit_count
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool, quantile
-from duplexcadence.interpreter.serve.server import ServerThread
+from duplexcadence.interpreter.serve.server import ServerThread, run_loop
 from duplexcadence.interpreter.serve.tail import served_tail
 from duplexcadence.interpreter.serve.workers import ServeSpec, serve_workers, split_problems
 
@@ -335,12 +336,14 @@ async def measure(
         before = await direct_rounds(pool, sessions, rounds)
         rounds_at = len(pool.round_log)
         ticks_at = len(pool.tick_latencies)
-        counted = server_counts(url)
+        loop = asyncio.get_running_loop()  # /metrics may be answered by this loop (--server-fronts): not blocked
+        counted = await loop.run_in_executor(None, server_counts, url)
         loads, where = await server_pass(url, config, sessions, args.sample, args.workers, args.folder)
         server_rounds = [seconds for _, seconds in list(pool.round_log)[rounds_at:]]
         server_ticks = list(pool.tick_latencies)[ticks_at:]
         # the server's own rounds, ticks and waits over this pass, from its /metrics (summed over its workers)
-        gained = {name: value - counted[name] for name, value in server_counts(url).items()}
+        now = await loop.run_in_executor(None, server_counts, url)
+        gained = {name: value - counted[name] for name, value in now.items()}
         server_numbers = {
             "server_rounds": int(gained["round_seconds_count"]),
             **{
@@ -354,7 +357,7 @@ async def measure(
                 )
             },
         }
-        if args.server_workers == 1:  # the server runs in this process: its pool's own quantiles too
+        if args.server_workers == 1:  # the pool runs in this process: its own quantiles too
             server_numbers |= {
                 "server_tick_p50_s": quantile(server_ticks, 0.5),
                 "server_tick_p99_s": quantile(server_ticks, 0.99),
@@ -531,7 +534,22 @@ def run_config(config: Config, lanes: int, args: argparse.Namespace) -> dict:
     )
     pool = SessionPool(served, pool_config)
     started = time.perf_counter()
-    if workers == 1:
+    if workers == 1 and args.server_fronts > 1:
+        # the pool in this process is the server's engine: the direct rounds run on it, between the passes
+
+        async def with_fronts(pool: SessionPool, served: Any) -> dict:
+            await pool.start()
+            group = FrontGroup(pool, args.server_fronts, port=0, log_level="warning")
+            try:
+                await group.start()
+                log(f"{config.name} ({lanes} lanes): {args.server_fronts} fronts ready\n{pool.describe()}")
+                return await measure(pool, group.ws_url, config, lanes, args, served)
+            finally:
+                await pool.stop()
+                await group.stop()
+
+        result = run_loop(with_fronts(pool, served))
+    elif workers == 1:
         with ServerThread(make_app(pool), log_level="warning") as server:
             log(f"{config.name} ({lanes} lanes): ready in {time.perf_counter() - started:.1f} s\n{pool.describe()}")
             result = asyncio.run(measure(pool, server.ws_url(), config, lanes, args, served))
@@ -559,6 +577,7 @@ def run_config(config: Config, lanes: int, args: argparse.Namespace) -> dict:
 
         result = asyncio.run(with_workers(pool, served))
     result["server_workers"] = workers
+    result["server_fronts"] = args.server_fronts
     result["start_seconds"] = time.perf_counter() - started
     del pool, served
     gc.collect()  # runtimes hold their CUDA graphs in reference cycles: free them before the next server
@@ -581,6 +600,8 @@ def table(results: list[dict]) -> str:
         label = result["config"] if not result.get("lane_sweep") else f"{result['config']} ({result['lanes']} lanes)"
         if result.get("server_workers", 1) > 1:
             label = f"{label}, {result['server_workers']} server workers"
+        if result.get("server_fronts", 1) > 1:
+            label = f"{label}, {result['server_fronts']} fronts"
         best = result["max_sessions_p99_under_period"]
         row = next((r for r in result["sweep"] if r["sessions"] == best), None)
         differing = sum(r["sampled_ticks_differing"] for r in result["sweep"])
@@ -628,6 +649,13 @@ def main() -> int:
         default=1,
         metavar="N",
         help="server processes on the one port (dsl serve --workers N), each with 1/N of the slots and lanes",
+    )
+    parser.add_argument(
+        "--server-fronts",
+        type=int,
+        default=1,
+        metavar="N",
+        help="websocket front processes over the one pool in this process (dsl serve --fronts N)",
     )
     parser.add_argument("--sample", type=int, default=2, help="sessions recorded and compared with stock per count")
     parser.add_argument(
@@ -680,7 +708,9 @@ def main() -> int:
                 for problem in split_problems(slots=args.server_workers, lanes=lanes, workers=args.server_workers)
             ]
         )
-        if args.server_workers < 1 or problems:
+        if args.server_fronts > 1 and args.server_workers > 1:
+            problems.append("--server-fronts and --server-workers are two ways to split the server: give one")
+        if args.server_workers < 1 or args.server_fronts < 1 or problems:
             print(f"{name}: {'; '.join(problems) or '--server-workers must be at least 1'}", file=sys.stderr)
             return 2
     options = {}
@@ -698,6 +728,7 @@ def main() -> int:
         "device": args.device,
         "workers": args.workers,
         "server_workers": args.server_workers,
+        "server_fronts": args.server_fronts,
         "event_loop": event_loop(),
         "command": " ".join(sys.argv),
         "results": [],

@@ -6,7 +6,8 @@ params). The pool loads the runtime with `--slots` session slots in `--lanes` la
 groups of `--lockstep` rows), opens every slot once, calibrates its tick model, prints it, and serves on
 `--host` (loopback unless given) and `--port` until interrupted. docs/serving.md has the protocol.
 `--workers N` runs N such servers as processes on the one port, the slots and lanes split evenly over them
-(`interpreter/serve/workers.py`).
+(`interpreter/serve/workers.py`); `--fronts N` keeps the one pool in this process and serves its websockets
+from N front processes on the one port (`interpreter/serve/fronts.py`).
 
 Torch, the pool and the web packages are imported by `run` only (`pip install "duplexcadence[serve]"`).
 """

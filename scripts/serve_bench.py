@@ -531,6 +531,7 @@ def run_config(config: Config, lanes: int, args: argparse.Namespace) -> dict:
         calibration_repeats=3 if args.cpu_dry_run else 5,
         calibration_warmup=1 if args.cpu_dry_run else 2,
         gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
+        freeze_gc=args.freeze_gc,
     )
     pool = SessionPool(served, pool_config)
     started = time.perf_counter()
@@ -657,6 +658,12 @@ def main() -> int:
         metavar="N",
         help="websocket front processes over the one pool in this process (dsl serve --fronts N)",
     )
+    parser.add_argument(
+        "--no-freeze-gc",
+        dest="freeze_gc",
+        action="store_false",
+        help="the pools leave what they loaded in the garbage collector's walk (PoolConfig.freeze_gc=False)",
+    )
     parser.add_argument("--sample", type=int, default=2, help="sessions recorded and compared with stock per count")
     parser.add_argument(
         "--direct-rounds", type=int, default=None, help="timed rounds per direct pass (default: the configuration's)"
@@ -729,6 +736,7 @@ def main() -> int:
         "workers": args.workers,
         "server_workers": args.server_workers,
         "server_fronts": args.server_fronts,
+        "freeze_gc": args.freeze_gc,
         "event_loop": event_loop(),
         "command": " ".join(sys.argv),
         "results": [],

@@ -98,6 +98,7 @@ def pool_config(args: argparse.Namespace) -> Any:
         queue_depth=args.queue_depth,
         gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
         latency_guard=args.latency_guard,
+        freeze_gc=args.freeze_gc,
     )
 
 
@@ -326,6 +327,12 @@ def register(commands) -> None:
         dest="latency_guard",
         action="store_false",
         help="admit on the tick model alone, also while the ticks answered run over the budget",
+    )
+    parser.add_argument(
+        "--no-freeze-gc",
+        dest="freeze_gc",
+        action="store_false",
+        help="leave what the pool loaded in the garbage collector's walk (by default it is frozen once started)",
     )
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     serve_ray.add_ray_options(parser)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import itertools
 import logging
 import multiprocessing
@@ -605,6 +606,8 @@ async def serve_front(index: int, listen: socket.socket, link: socket.socket, pa
 
     pool = RemotePool(link)
     await pool.start()
+    gc.collect()  # the front's imports out of the collector's walk while it serves (see PoolConfig.freeze_gc)
+    gc.freeze()
     server = ChildServer(server_config(make_app(pool, manage_pool=False), log_level=log_level))
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: setattr(server, "should_exit", True))
     await serve_pool(pool, server, lambda _: parent.send(os.getpid()), [listen])

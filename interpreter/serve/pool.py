@@ -25,6 +25,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import gc
 import itertools
 import math
 import statistics
@@ -66,6 +67,11 @@ class PoolConfig:
     over the budget (admission.py); False admits on the model alone.
     `warm_slots`: open every slot once at start (on CUDA: capture its graphs before any session waits).
     `deterministic`: cuDNN's deterministic algorithms while the pool runs (outputs equal to stock eager).
+    `freeze_gc`: once started, move every object then alive (the model, the runtime, its graphs) out of the
+    cyclic garbage collector's generations (`gc.freeze()`), so that a full collection while serving walks only
+    what serving allocates: over a loaded model it walks hundreds of thousands of objects, holding the GIL,
+    and every thread (the event loop, the device thread, the lanes) stalls for its length. `stop()` puts
+    them back (`gc.unfreeze()`), so that a stopped pool's objects can be collected.
     `gather_s`: how long a round may wait, from its oldest tick's arrival, for the other sessions' ticks
     (sessions paced by the same cadence arrive a few milliseconds apart; one round for all of them costs less
     than two); None: 5 % of the tick period; 0: a round starts as soon as anything is queued.
@@ -86,6 +92,7 @@ class PoolConfig:
     latency_guard: bool = True
     warm_slots: bool = True
     deterministic: bool = True
+    freeze_gc: bool = True
     gather_s: float | None = None
 
     def problems(self) -> list[str]:
@@ -362,6 +369,7 @@ class SessionPool:
         self._accepted: set[tuple[str, torch.dtype, torch.Size]] = set()
         """(input, dtype, shape) that passed the checks (a stream repeats them: they are checked once)."""
         self._previous_cudnn: tuple[bool, bool] | None = None
+        self._froze_gc = False
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -408,6 +416,10 @@ class SessionPool:
         assert self.loaded is not None
         self.metrics.take_report(await self.run_on_device(self.loaded.runtime.report))
         self._refresh_gauges()
+        if self.config.freeze_gc:
+            gc.collect()  # the load's garbage goes now, not into the frozen generation
+            gc.freeze()
+            self._froze_gc = True
         self._tasks = [
             self.loop.create_task(self._schedule(), name="duplexcadence-scheduler"),
             self.loop.create_task(self._reap(), name="duplexcadence-idle-reaper"),
@@ -485,6 +497,9 @@ class SessionPool:
         if self.executor is not None:
             await self.run_on_device(self._unload)
             self.executor.shutdown(wait=True)
+        if self._froze_gc:
+            gc.unfreeze()
+            self._froze_gc = False
 
     def _unload(self) -> None:
         if self._previous_cudnn is not None:

@@ -229,3 +229,8 @@ def test_a_tail_option_value_the_adapter_refuses_is_a_usage_error(param, says, d
         "",
         f"dsl serve: error: tail 'minicpmo45': {says}\n",
     )
+
+
+def test_the_pool_freezes_the_collector_unless_told_not_to():
+    assert pool_config(serve_args("toy")).freeze_gc is True
+    assert pool_config(serve_args("toy", "--no-freeze-gc")).freeze_gc is False

@@ -394,3 +394,26 @@ def test_a_round_gathers_the_ticks_of_every_session_paced_by_the_cadence():
     # both ticks' waits are counted; a's includes the 50 ms the round was held for b
     assert wait["duplexcadence_tick_wait_seconds_count"] == 2 and wait["duplexcadence_tick_wait_seconds_sum"] >= 0.05
     assert equal_to_stock(1, outputs[:1]) and equal_to_stock(2, outputs[1:])
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_a_started_pool_keeps_what_it_loaded_out_of_the_collectors_walk_until_it_stops(freeze):
+    import gc
+
+    before = gc.get_freeze_count()
+
+    async def scenario():
+        pool = SessionPool(TOY, PoolConfig(slots=1, tick_model=TickModel(0.001, 0.001), freeze_gc=freeze))
+        await pool.start()
+        frozen = gc.get_freeze_count()
+        runtime_frozen = any(obj is pool.loaded.runtime for obj in gc.get_objects()) is False
+        session = await pool.open(seed=3)
+        outputs = [await session.step(TOY.inputs(3, tick)) for tick in range(3)]
+        await session.close()
+        await pool.stop()
+        return frozen, runtime_frozen, outputs
+
+    frozen, runtime_frozen, outputs = run(scenario())
+    assert (frozen > before, runtime_frozen) == (freeze, freeze)
+    assert gc.get_freeze_count() == (0 if freeze else before)
+    assert equal_to_stock(3, outputs)

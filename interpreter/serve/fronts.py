@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from duplexcadence.interpreter.serve import codec, messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused
 from duplexcadence.interpreter.serve.modes import TickError
-from duplexcadence.interpreter.serve.pool import SessionClosed
+from duplexcadence.interpreter.serve.pool import ClosingState, SessionClosed
 from duplexcadence.interpreter.serve.workers import STOP_TIMEOUT_S, WorkersFailed, bind_sockets, signals_ignored
 
 if TYPE_CHECKING:
@@ -360,7 +360,7 @@ class FrontGroup:
 # --- a front --------------------------------------------------------------------------------------
 
 
-class RemoteSession:
+class RemoteSession(ClosingState):
     """A front's proxy of one engine session (the `app.ServingSession` the websocket drives)."""
 
     def __init__(self, pool: RemotePool, session_id: int, info: dict):
@@ -368,7 +368,7 @@ class RemoteSession:
         self.id = session_id
         self._info = info
         self.closed_event = asyncio.Event()
-        self.closing: tuple[str, str] | None = None
+        self.closing = None
         self.closed = False
         self.stats: dict = {}
         self.ticks: dict[int, asyncio.Future] = {}
@@ -376,30 +376,18 @@ class RemoteSession:
         self._tick_numbers = itertools.count()
         self._reset_numbers = itertools.count()
 
-    @property
-    def close_code(self) -> str | None:
-        return self.closing[0] if self.closing else None
-
-    @property
-    def close_message(self) -> str | None:
-        return self.closing[1] if self.closing else None
-
     def info(self) -> dict:
         return dict(self._info)
 
-    def _check_open(self) -> None:
-        if self.closing is not None:
-            raise SessionClosed(self.closing[0], messages.session_closed(self.closing[1]))
-
     def submit_frame(self, data: bytes) -> asyncio.Future:
-        self._check_open()
+        self.check_open()
         number = next(self._tick_numbers)
         future = self.ticks[number] = self.pool.loop.create_future()
         self.pool.link.send(("tick", self.id, number, data))
         return future
 
     def reset(self) -> asyncio.Future:
-        self._check_open()
+        self.check_open()
         number = next(self._reset_numbers)
         future = self.resets[number] = self.pool.loop.create_future()
         self.pool.link.send(("reset", self.id, number))
@@ -424,22 +412,10 @@ class RemoteSession:
         return dict(self.stats)
 
     def answer_tick(self, number: int, outputs: bytes | None, error: tuple[str, str] | None = None) -> None:
-        future = self.ticks.pop(number, None)
-        if future is None or future.done():
-            return
-        if error is None:
-            future.set_result(outputs)
-        else:
-            future.set_exception(TickError(*error))
+        settle(self.ticks.pop(number, None), outputs, error)
 
     def answer_reset(self, number: int, error: tuple[str, str] | None) -> None:
-        future = self.resets.pop(number, None)
-        if future is None or future.done():
-            return
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(TickError(*error))
+        settle(self.resets.pop(number, None), None, error)
 
     def ended(self, code: str | None, message: str | None, stats: dict) -> None:
         """The engine's word that the session closed: why, and its numbers; what is still unanswered fails."""
@@ -454,6 +430,16 @@ class RemoteSession:
         self.ticks.clear()
         self.resets.clear()
         self.closed_event.set()
+
+
+def settle(future: asyncio.Future | None, value: Any, error: tuple[str, str] | None) -> None:
+    """Answer a proxied tick or reset: `value`, or a TickError of `error` (code, message)."""
+    if future is None or future.done():
+        return
+    if error is None:
+        future.set_result(value)
+    else:
+        future.set_exception(TickError(*error))
 
 
 class RemotePool:
@@ -520,7 +506,7 @@ class RemotePool:
         return session
 
     async def health(self) -> tuple[int, dict]:
-        if self.stopping:
+        if self.stopping or self.link.closed:
             return 503, {"status": "stopping"}
         return await self._query("health")
 

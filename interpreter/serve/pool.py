@@ -153,27 +153,11 @@ def quantile(values: list[float], q: float) -> float | None:
     return ordered[rank]
 
 
-class PooledSession:
-    """One client's session in the pool. Its ticks run in the order submitted, one in flight at a time."""
+class ClosingState:
+    """Why a session closed or is closing, for a pool's session and a front's proxy of one: `closing` is
+    (code, message), None while it is open."""
 
-    def __init__(self, pool: SessionPool, session_id: int, seed: int, handle: Any, group: int | None):
-        self.pool = pool
-        self.id = session_id
-        self.seed = seed
-        self.handle = handle  # the mode's: a runtime Session, or a lockstep Member (the device thread's)
-        self.group = group
-        self.queue: collections.deque[Item] = collections.deque()
-        self.in_flight = False
-        self.closing: tuple[str, str] | None = None
-        self.closed = False
-        self.closed_event = asyncio.Event()
-        self.failed: str | None = None
-        self.finished = False
-        self.ticks = 0
-        self.missed = 0
-        self.errors = 0
-        self.latencies: collections.deque[float] = collections.deque(maxlen=4096)
-        self.last_activity = time.monotonic()
+    closing: tuple[str, str] | None = None
 
     @property
     def close_code(self) -> str | None:
@@ -184,14 +168,38 @@ class PooledSession:
     def close_message(self) -> str | None:
         return self.closing[1] if self.closing else None
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """SessionClosed, saying why, once the session is closed or closing."""
         if self.closing is not None:
             raise SessionClosed(self.closing[0], messages.session_closed(self.closing[1]))
+
+
+class PooledSession(ClosingState):
+    """One client's session in the pool. Its ticks run in the order submitted, one in flight at a time."""
+
+    def __init__(self, pool: SessionPool, session_id: int, seed: int, handle: Any, group: int | None):
+        self.pool = pool
+        self.id = session_id
+        self.seed = seed
+        self.handle = handle  # the mode's: a runtime Session, or a lockstep Member (the device thread's)
+        self.group = group
+        self.queue: collections.deque[Item] = collections.deque()
+        self.in_flight = False
+        self.closing = None
+        self.closed = False
+        self.closed_event = asyncio.Event()
+        self.failed: str | None = None
+        self.finished = False
+        self.ticks = 0
+        self.missed = 0
+        self.errors = 0
+        self.latencies: collections.deque[float] = collections.deque(maxlen=4096)
+        self.last_activity = time.monotonic()
 
     def submit(self, inputs: Mapping[str, torch.Tensor], last: bool = False) -> asyncio.Future:
         """Queue one tick; a future of its outputs (by name, on the host). Raises TickError before queueing
         for inputs the tail cannot take, a full queue or a closed session: the session is unchanged."""
-        self._check_open()
+        self.check_open()
         self.pool.check_inputs(inputs, last)
         queued = sum(1 for item in self.queue if item.kind == "tick")
         if queued >= self.pool.config.queue_depth:
@@ -216,7 +224,7 @@ class PooledSession:
 
     def reset(self) -> asyncio.Future:
         """Barge-in: back to the start after the ticks queued before it (a future, done when it is)."""
-        self._check_open()
+        self.check_open()
         if sum(1 for item in self.queue if item.kind != "tick") >= self.pool.config.queue_depth:
             raise TickError(messages.QUEUE_FULL, messages.queue_full(len(self.queue)))
         return self._queue(Item("reset", self.pool.loop.create_future()))

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import ast
 import re
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Callable
 
 import pytest
@@ -48,3 +51,53 @@ def metric_value(text: str, name: str) -> float:
 def metric() -> Callable[[str, str], float]:
     """`metric(text, name)`: the value of the series `name` (no labels) in a `/metrics` text."""
     return metric_value
+
+
+class ServeProcess:
+    """`python -m duplexcadence serve ARGV` in a process of its own, read until its `serving_on` line (whose
+    groups are the URL and the port): then `url`, `port`, and `pids` (index -> pid of each line `child` matches,
+    its workers or fronts)."""
+
+    def __init__(self, argv: list[str], serving_on: re.Pattern, child: re.Pattern, env: dict | None = None):
+        command = [sys.executable, "-m", "duplexcadence", "serve", *argv]
+        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+        self.lines: list[str] = []
+        assert self.process.stderr is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = self.process.stderr.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            found = serving_on.search(line)
+            if found:
+                self.url, self.port = found.group(1), int(found.group(2))
+                self.pids = {int(index): int(pid) for index, pid in child.findall("".join(self.lines))}
+                return
+        self.process.kill()
+        raise AssertionError(f"the server did not serve:\n{''.join(self.lines)}")
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=30) as response:
+            return response.read().decode()
+
+    def finish(self, timeout: float = 60) -> tuple[int, str]:
+        assert self.process.stderr is not None
+        rest = self.process.stderr.read()
+        return self.process.wait(timeout), "".join(self.lines) + rest
+
+    def stop(self) -> None:
+        """SIGINT, and wait for it to end (killed only if it does not)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
+
+
+@pytest.fixture(scope="session")
+def serve_process() -> type[ServeProcess]:
+    """The `ServeProcess` class: `dsl serve` in a process of its own."""
+    return ServeProcess

@@ -14,10 +14,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 import torch
@@ -177,6 +173,7 @@ def test_a_lost_link_ends_the_front_sessions_and_the_engine_sessions():
         await asyncio.wait_for(pool.drained(), 10)
         with pytest.raises(RuntimeError) as refused:
             await remote.open(seed=5)
+        assert await remote.health() == (503, {"status": "stopping"})
         await remote.stop()
         await pool.stop()
         return (session.close_code, session.close_message), str(refused.value)
@@ -192,51 +189,15 @@ SERVING_ON = re.compile(r"^serving on 2 front\(s\) through (ws://127\.0\.0\.1:(\
 FRONT = re.compile(r"^front (\d) \(pid (\d+)\) listens$", re.M)
 
 
-class Fronts:
-    """`dsl serve toy --fronts 2 --slots 4` in a process of its own; `url`, `port`, `pids` once it serves."""
-
-    def __init__(self, *extra: str):
-        command = [sys.executable, "-m", "duplexcadence", "serve", "toy", "--slots", "4", "--fronts", "2"]
-        command += ["--device", "cpu", "--port", "0", "--log-level", "warning", *extra]
-        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        assert self.process.stderr is not None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = self.process.stderr.readline()
-            if not line:
-                break
-            self.lines.append(line)
-            found = SERVING_ON.search(line)
-            if found:
-                self.url, self.port = found.group(1), int(found.group(2))
-                self.pids = {int(index): int(pid) for index, pid in FRONT.findall("".join(self.lines))}
-                return
-        self.process.kill()
-        raise AssertionError(f"the fronts did not serve:\n{''.join(self.lines)}")
-
-    def get(self, path: str) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=30) as response:
-            return response.read().decode()
-
-    def finish(self, timeout: float = 60) -> tuple[int, str]:
-        assert self.process.stderr is not None
-        rest = self.process.stderr.read()
-        return self.process.wait(timeout), "".join(self.lines) + rest
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(30)
+def start_fronts(serve_process):
+    """`dsl serve toy --fronts 2 --slots 4` in a process of its own (`conftest.ServeProcess`)."""
+    argv = ["toy", "--slots", "4", "--fronts", "2", "--device", "cpu", "--port", "0", "--log-level", "warning"]
+    return serve_process(argv, SERVING_ON, FRONT)
 
 
 @pytest.fixture(scope="module")
-def fronts():
-    server = Fronts()
+def fronts(serve_process):
+    server = start_fronts(serve_process)
     yield server
     server.stop()
 
@@ -290,8 +251,8 @@ def test_an_interrupt_stops_the_engine_and_every_front_without_a_traceback(front
             os.kill(pid, 0)
 
 
-def test_a_killed_front_stops_the_server_with_exit_1_naming_it():
-    server = Fronts()
+def test_a_killed_front_stops_the_server_with_exit_1_naming_it(serve_process):
+    server = start_fronts(serve_process)
 
     async def open_one():
         return await SessionClient.connect(server.url, seed=1)

@@ -12,10 +12,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 
@@ -30,50 +26,14 @@ SERVING_ON = re.compile(r"^serving on 2 worker\(s\) through (ws://127\.0\.0\.1:(
 WORKER = re.compile(r"^worker (\d) \(pid (\d+)\):$", re.M)
 
 
-class Workers:
-    """`dsl serve toy --workers 2 --slots 4` in a process of its own; `url`, `port`, `pids` once it serves."""
-
-    def __init__(self, *extra: str, tmp: str | None = None, served: tuple[str, ...] = ("toy", "--slots", "4")):
-        """`tmp`: the server's TMPDIR, where its metrics folder is made; `served`: the tail and its options."""
-        command = [sys.executable, "-m", "duplexcadence", "serve", *served, "--workers", "2"]
-        command += ["--device", "cpu", "--port", "0", "--log-level", "warning", *extra]
-        self.process = subprocess.Popen(
-            command, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **({"TMPDIR": tmp} if tmp else {}))
-        )
-        self.lines: list[str] = []
-        assert self.process.stderr is not None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = self.process.stderr.readline()
-            if not line:
-                break
-            self.lines.append(line)
-            found = SERVING_ON.search(line)
-            if found:
-                self.url, self.port = found.group(1), int(found.group(2))
-                self.pids = {int(index): int(pid) for index, pid in WORKER.findall("".join(self.lines))}
-                return
-        self.process.kill()
-        raise AssertionError(f"the workers did not serve:\n{''.join(self.lines)}")
-
-    def get(self, path: str) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=30) as response:
-            return response.read().decode()
-
-    def finish(self, timeout: float = 60) -> tuple[int, str]:
-        assert self.process.stderr is not None
-        rest = self.process.stderr.read()
-        return self.process.wait(timeout), "".join(self.lines) + rest
-
-    def stop(self) -> None:
-        """SIGINT, and wait for it to end (killed only if it does not)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(30)
+def start_workers(
+    serve_process, *extra: str, tmp: str | None = None, served: tuple[str, ...] = ("toy", "--slots", "4")
+):
+    """`dsl serve toy --workers 2 --slots 4` in a process of its own (`conftest.ServeProcess`); `tmp`: the
+    server's TMPDIR, where its metrics folder is made; `served`: the tail and its options."""
+    argv = [*served, "--workers", "2", "--device", "cpu", "--port", "0", "--log-level", "warning", *extra]
+    env = dict(os.environ, **({"TMPDIR": tmp} if tmp else {}))
+    return serve_process(argv, SERVING_ON, WORKER, env)
 
 
 def metrics_folders(tmp) -> list[str]:
@@ -86,8 +46,8 @@ def tmp(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def workers(tmp):
-    server = Workers(tmp=str(tmp))
+def workers(tmp, serve_process):
+    server = start_workers(serve_process, tmp=str(tmp))
     yield server
     server.stop()
 
@@ -140,7 +100,7 @@ def test_metrics_on_any_worker_are_the_sum_over_the_workers(workers, tmp, metric
     assert len(metrics_folders(tmp)) == 1
 
 
-def assert_stopped_in_order(server: Workers, number: int) -> None:
+def assert_stopped_in_order(server, number: int) -> None:
     """`number` sent to the server: exit 0, no traceback, the stopping line, every worker gone."""
     server.process.send_signal(number)
     code, text = server.finish()
@@ -157,15 +117,15 @@ def test_an_interrupt_stops_every_worker_without_a_traceback_and_removes_the_met
     assert metrics_folders(tmp) == []
 
 
-def test_a_hang_up_stops_every_worker_like_an_interrupt(tmp_path):
-    server = Workers(tmp=str(tmp_path))
+def test_a_hang_up_stops_every_worker_like_an_interrupt(tmp_path, serve_process):
+    server = start_workers(serve_process, tmp=str(tmp_path))
     assert len(metrics_folders(tmp_path)) == 1
     assert_stopped_in_order(server, signal.SIGHUP)
     assert metrics_folders(tmp_path) == []
 
 
-def test_a_killed_worker_stops_the_server_with_exit_1_naming_it():
-    server = Workers()
+def test_a_killed_worker_stops_the_server_with_exit_1_naming_it(serve_process):
+    server = start_workers(serve_process)
     os.kill(server.pids[1], signal.SIGKILL)
     code, text = server.finish()
     assert code == 1
@@ -249,13 +209,15 @@ def test_a_worker_that_cannot_start_its_pool_is_a_usage_error_worded_as_one_serv
 
 
 @pytest.mark.models
-def test_lockstep_sessions_fill_a_running_group_before_a_worker_starts_another(metric):
+def test_lockstep_sessions_fill_a_running_group_before_a_worker_starts_another(metric, serve_process):
     """Moshi's Mimi decoder in groups of 2 rows, 2 groups a worker: whichever worker each connection reaches,
     the second session joins the first one's group, the third starts a group on the other worker, and a
     session that comes after a close takes the freed row."""
     pytest.importorskip("moshi")
     # a Mimi frame on the CPU takes longer than the period: admission by the model alone
-    server = Workers("--tick-model", "1+1", "--no-latency-guard", served=("moshi", "--slots", "4", "--lockstep", "2"))
+    server = start_workers(
+        serve_process, "--tick-model", "1+1", "--no-latency-guard", served=("moshi", "--slots", "4", "--lockstep", "2")
+    )
 
     async def scenario():
         clients = [await SessionClient.connect(server.url, seed=seed) for seed in range(4)]

@@ -185,7 +185,7 @@ class EngineLink:
         future.add_done_callback(functools.partial(self._answered, session_id, tick))
 
     def _answered(self, session_id: int, tick: int, future: asyncio.Future) -> None:
-        error = future.exception()
+        error = outcome_error(future)
         if error is None:
             self.link.send(("tick-out", session_id, tick, codec.encode(future.result())))
         else:
@@ -202,7 +202,7 @@ class EngineLink:
             return
 
         def done(future: asyncio.Future) -> None:
-            error = future.exception()
+            error = outcome_error(future)
             self.link.send(("reset-done", session_id, number, None if error is None else error_words(error)))
 
         future.add_done_callback(done)
@@ -219,6 +219,13 @@ class EngineLink:
         else:
             answer = await pool.metrics_text()
         self.link.send(("answer", request, answer))
+
+
+def outcome_error(future: asyncio.Future) -> BaseException | None:
+    """The error a done future ended with (a cancelled one: the CancelledError), None for a result."""
+    if future.cancelled():
+        return asyncio.CancelledError("the pool cancelled the item")
+    return future.exception()
 
 
 def error_words(error: BaseException) -> tuple[str, str]:

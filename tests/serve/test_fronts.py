@@ -21,7 +21,7 @@ import torch
 from duplexcadence.interpreter.serve import codec, messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, TickModel
 from duplexcadence.interpreter.serve.client import Refused, SessionClient
-from duplexcadence.interpreter.serve.fronts import EngineLink, Link, RemotePool
+from duplexcadence.interpreter.serve.fronts import EngineLink, Link, RemotePool, error_words, outcome_error
 from duplexcadence.interpreter.serve.loadgen import run_load
 from duplexcadence.interpreter.serve.modes import TickError
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
@@ -304,4 +304,21 @@ def test_a_port_another_server_holds_is_refused_naming_the_fronts(dsl):
     assert err.endswith(
         f"dsl serve: error: the fronts cannot listen on 127.0.0.1:{port}: the port is in use (another port, or 0 "
         "for a free one)\n"
+    )
+
+
+def test_an_item_the_pool_cancels_is_answered_as_a_server_fault():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        cancelled = loop.create_future()
+        cancelled.cancel()
+        finished = loop.create_future()
+        finished.set_result({"pcm": torch.zeros(1)})
+        return outcome_error(cancelled), outcome_error(finished)
+
+    cancelled, finished = run(scenario())
+    assert finished is None
+    assert error_words(cancelled) == (
+        "internal",
+        "a server fault: CancelledError: the pool cancelled the item; this is a bug in DuplexCadence",
     )

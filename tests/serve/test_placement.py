@@ -121,7 +121,7 @@ def test_a_pool_on_a_board_publishes_its_load_and_leaves_a_session_to_a_cheaper_
             published.append(board.loads()[1])
             await first.close()
             published.append(board.loads()[1])
-            exposition = pool.metrics.exposition().decode()
+            exposition = pool.exposition().decode()
             await second.close()
         published.append(board.loads()[1])
         return published, refused.value, exposition

@@ -92,7 +92,7 @@ def test_admission_refuses_past_the_tick_budget_and_past_the_slots_with_the_numb
             await wide.open()
         with pytest.raises(AdmissionRefused) as slots:
             await wide.open()
-        exposition = pool.metrics.exposition().decode()
+        exposition = pool.exposition().decode()
         await pool.stop()
         await wide.stop()
         return capacity, budget.value, slots.value, exposition, (second, third)
@@ -160,7 +160,7 @@ def test_ticks_answered_over_the_budget_stop_admission_until_they_age_out_of_the
         capacity = pool.capacity()
         with pytest.raises(AdmissionRefused) as refused:
             await pool.open(seed=4)
-        exposition = pool.metrics.exposition().decode()
+        exposition = pool.exposition().decode()
         await asyncio.sleep(0.55)  # the slow ticks leave the 500 ms window
         admitted = await pool.open(seed=4)
         for tick in range(1, 4):
@@ -240,7 +240,7 @@ def test_a_stage_failure_fails_its_session_only_until_a_reset():
         await bad.reset()
         recovered = [await bad.step(TOY.inputs(3, tick)) for tick in range(2)]
         second = await good.step(TOY.inputs(5, 1))
-        errors = pool.metrics.exposition().decode()
+        errors = pool.exposition().decode()
         await pool.stop()
         return failed.value, refused.value, recovered, [first, second], errors
 
@@ -297,7 +297,7 @@ def test_an_idle_session_is_closed_and_its_slot_freed():
         with pytest.raises(SessionClosed) as closed:
             session.submit(TOY.inputs(0, 0))
         snapshot = pool.capacity()
-        exposition = pool.metrics.exposition().decode()
+        exposition = pool.exposition().decode()
         await pool.stop()
         return session, closed.value, snapshot, exposition
 
@@ -318,7 +318,7 @@ def test_deadline_accounting_counts_the_ticks_over_the_period(period, missed):
         session = await pool.open(seed=0)
         for tick in range(5):
             await session.step(TOY.inputs(0, tick))
-        report, exposition = pool.deadlines(), pool.metrics.exposition().decode()
+        report, exposition = pool.deadlines(), pool.exposition().decode()
         await pool.stop()
         return report, exposition
 
@@ -338,7 +338,7 @@ def test_a_calibrated_pool_reports_its_tick_model_and_the_runtime_s_numbers():
     async def scenario():
         pool = SessionPool(TOY, PoolConfig(slots=6, lanes=2, calibration_warmup=1, calibration_repeats=2))
         await pool.start()
-        text, model, exposition = pool.describe(), pool.model, pool.metrics.exposition().decode()
+        text, model, exposition = pool.describe(), pool.model, pool.exposition().decode()
         await pool.stop()
         return text, model, exposition
 

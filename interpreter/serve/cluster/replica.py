@@ -178,7 +178,7 @@ class DuplexReplica:
         """This replica's Prometheus exposition (`/metrics` through the proxy reaches one replica)."""
         self.check_target(replica_id)
         assert self.pool.metrics is not None
-        return self.pool.metrics.exposition().decode()
+        return self.pool.exposition().decode()
 
 
 def device_probe(device: str) -> None:

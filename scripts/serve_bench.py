@@ -193,12 +193,22 @@ async def wait_for_start_line() -> None:
         await asyncio.sleep(delay)
 
 
-def loadgen_worker(url: str, tail: str, options: str, sessions: int, ticks: int, first_seed: int, out: str) -> None:
-    """`--loadgen-worker`: `sessions` paced sessions from `first_seed`, their report as JSON to `out`."""
+def loadgen_worker(
+    url: str, tail: str, options: str, sessions: int, ticks: int, first_seed: int, out: str, bundle: int
+) -> None:
+    """`--loadgen-worker`: `sessions` paced sessions from `first_seed` (in bundles of `bundle` when over 1),
+    their report as JSON to `out`."""
     served = served_tail(tail, params=json.loads(options), device="cpu")
     report = asyncio.run(
         run_load(
-            url, sessions, ticks, served.inputs, paced=True, first_seed=first_seed, before_start=wait_for_start_line
+            url,
+            sessions,
+            ticks,
+            served.inputs,
+            paced=True,
+            first_seed=first_seed,
+            before_start=wait_for_start_line,
+            bundle=bundle,
         )
     )
     with open(out, "w") as handle:
@@ -234,13 +244,23 @@ async def direct_rounds(pool: SessionPool, sessions: int, rounds: int) -> list[f
 
 
 async def server_pass(
-    url: str, config: Config, sessions: int, sample: int, workers: int, folder: str
+    url: str, config: Config, sessions: int, sample: int, workers: int, folder: str, bundle: int = 1
 ) -> tuple[list[SessionLoad], dict]:
-    """`sessions` paced sessions over websockets: `sample` recorded here, the rest from worker processes."""
-    here = min(sample, sessions) if workers else sessions
+    """`sessions` paced sessions over websockets: `sample` recorded here, the rest from worker processes.
+    With `bundle` > 1 the sessions go in bundles of that many, a websocket each (`/v1/bundle`): one bundle
+    here, `sample` of its sessions recorded, the other bundles spread whole over the worker processes."""
+    if not workers:
+        here = sessions
+    else:
+        here = min(bundle if bundle > 1 else sample, sessions)
     rest = sessions - here
     processes, outputs = [], []
-    per_worker = [rest // workers + (i < rest % workers) for i in range(workers)] if workers else []
+    if bundle > 1 and workers:
+        whole = math.ceil(rest / bundle)
+        counts = [(whole // workers + (i < whole % workers)) * bundle for i in range(workers)]
+        per_worker = [max(0, min(count, rest - sum(counts[:i]))) for i, count in enumerate(counts)]
+    else:
+        per_worker = [rest // workers + (i < rest % workers) for i in range(workers)] if workers else []
     first = 0
     for index, count in enumerate(c for c in per_worker if c):
         path = os.path.join(folder, f"worker-{sessions}-{index}.json")
@@ -255,6 +275,7 @@ async def server_pass(
             str(config.ticks),
             str(first),
             path,
+            str(bundle),
         ]
         first += count
         processes.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
@@ -284,6 +305,7 @@ async def server_pass(
         record=min(sample, here),
         first_seed=SAMPLE_SEEDS if workers else 0,
         before_start=barrier,
+        bundle=bundle,
     )
     loads = list(report.per_session)
     for process, path in zip(processes, outputs):
@@ -338,7 +360,7 @@ async def measure(
         ticks_at = len(pool.tick_latencies)
         loop = asyncio.get_running_loop()  # /metrics may be answered by this loop (--server-fronts): not blocked
         counted = await loop.run_in_executor(None, server_counts, url)
-        loads, where = await server_pass(url, config, sessions, args.sample, args.workers, args.folder)
+        loads, where = await server_pass(url, config, sessions, args.sample, args.workers, args.folder, args.bundle)
         server_rounds = [seconds for _, seconds in list(pool.round_log)[rounds_at:]]
         server_ticks = list(pool.tick_latencies)[ticks_at:]
         # the server's own rounds, ticks and waits over this pass, from its /metrics (summed over its workers)
@@ -579,6 +601,7 @@ def run_config(config: Config, lanes: int, args: argparse.Namespace) -> dict:
         result = asyncio.run(with_workers(pool, served))
     result["server_workers"] = workers
     result["server_fronts"] = args.server_fronts
+    result["bundle"] = args.bundle
     result["start_seconds"] = time.perf_counter() - started
     del pool, served
     gc.collect()  # runtimes hold their CUDA graphs in reference cycles: free them before the next server
@@ -603,6 +626,8 @@ def table(results: list[dict]) -> str:
             label = f"{label}, {result['server_workers']} server workers"
         if result.get("server_fronts", 1) > 1:
             label = f"{label}, {result['server_fronts']} fronts"
+        if result.get("bundle", 1) > 1:
+            label = f"{label}, bundles of {result['bundle']}"
         best = result["max_sessions_p99_under_period"]
         row = next((r for r in result["sweep"] if r["sessions"] == best), None)
         differing = sum(r["sampled_ticks_differing"] for r in result["sweep"])
@@ -638,8 +663,8 @@ def counts(text: str) -> tuple[int, ...]:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--loadgen-worker":
-        url, tail, options, sessions, ticks, first, out = sys.argv[2:9]
-        loadgen_worker(url, tail, options, int(sessions), int(ticks), int(first), out)
+        url, tail, options, sessions, ticks, first, out, bundle = sys.argv[2:10]
+        loadgen_worker(url, tail, options, int(sessions), int(ticks), int(first), out, int(bundle))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default=None, help=f"comma-separated, of {', '.join(GPU_CONFIGS)} (default all)")
@@ -663,6 +688,13 @@ def main() -> int:
         dest="freeze_gc",
         action="store_false",
         help="the pools leave what they loaded in the garbage collector's walk (PoolConfig.freeze_gc=False)",
+    )
+    parser.add_argument(
+        "--bundle",
+        type=int,
+        default=1,
+        metavar="K",
+        help="drive the sessions in bundles of K, a websocket each (/v1/bundle), not a websocket a session",
     )
     parser.add_argument("--sample", type=int, default=2, help="sessions recorded and compared with stock per count")
     parser.add_argument(
@@ -717,7 +749,9 @@ def main() -> int:
         )
         if args.server_fronts > 1 and args.server_workers > 1:
             problems.append("--server-fronts and --server-workers are two ways to split the server: give one")
-        if args.server_workers < 1 or args.server_fronts < 1 or problems:
+        if args.bundle > 1 and args.server_fronts > 1:
+            problems.append("--bundle: bundles are not served through front processes (--server-fronts)")
+        if args.server_workers < 1 or args.server_fronts < 1 or args.bundle < 1 or problems:
             print(f"{name}: {'; '.join(problems) or '--server-workers must be at least 1'}", file=sys.stderr)
             return 2
     options = {}
@@ -736,6 +770,7 @@ def main() -> int:
         "workers": args.workers,
         "server_workers": args.server_workers,
         "server_fronts": args.server_fronts,
+        "bundle": args.bundle,
         "freeze_gc": args.freeze_gc,
         "event_loop": event_loop(),
         "command": " ".join(sys.argv),

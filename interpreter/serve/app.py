@@ -29,7 +29,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from duplexcadence.interpreter.serve import codec, messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused
 from duplexcadence.interpreter.serve.metrics import CONTENT_TYPE
-from duplexcadence.interpreter.serve.modes import TickError
+from duplexcadence.interpreter.serve.modes import BundleTickError, TickError
 
 PROTOCOL = codec.VERSION
 LOG = logging.getLogger("duplexcadence.serve")
@@ -79,6 +79,8 @@ class ServingPool(Protocol):
 
     async def open(self, seed: int = 0) -> Any: ...
 
+    async def open_bundle(self, count: int, seed: int = 0) -> Any: ...
+
     def ready_fields(self) -> dict: ...
 
     async def health(self) -> tuple[int, dict]: ...
@@ -90,10 +92,13 @@ class ServingPool(Protocol):
     async def metrics_text(self) -> bytes: ...
 
 
-def error_frame(code: str, message: str, tick: int | None = None) -> dict:
+def error_frame(code: str, message: str, tick: int | None = None, members: list[int] | None = None) -> dict:
+    """An `error` frame; `members`: a bundle's members whose part of the tick did not run."""
     frame: dict[str, Any] = {"type": "error", "code": code, "message": message}
     if tick is not None:
         frame["tick"] = tick
+    if members is not None:
+        frame["members"] = members
     return frame
 
 
@@ -146,12 +151,16 @@ def make_app(pool: ServingPool, manage_pool: bool = True, worker: tuple[int, int
     async def session_socket(websocket: WebSocket) -> None:
         await SocketSession(pool, websocket, worker).run()
 
+    async def bundle_socket(websocket: WebSocket) -> None:
+        await SocketSession(pool, websocket, worker, bundle=True).run()
+
     routes = [
         Route("/healthz", healthz),
         Route("/v1/capacity", capacity),
         Route("/v1/sessions", sessions),
         Route("/metrics", metrics),
         WebSocketRoute("/v1/session", session_socket),
+        WebSocketRoute("/v1/bundle", bundle_socket),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.pool = pool
@@ -161,12 +170,15 @@ def make_app(pool: ServingPool, manage_pool: bool = True, worker: tuple[int, int
 class SocketSession:
     """One websocket's session: a receiver queues each frame's tick or control, a sender answers them in
     order; when the pool closes the session (asked to, idle, shutting down) the socket closes after the
-    answers."""
+    answers. With `bundle`, the websocket's session is a bundle of the query's `sessions` (`pool.Bundle`)."""
 
-    def __init__(self, pool: ServingPool, websocket: WebSocket, worker: tuple[int, int] | None = None):
+    def __init__(
+        self, pool: ServingPool, websocket: WebSocket, worker: tuple[int, int] | None = None, bundle: bool = False
+    ):
         self.pool = pool
         self.websocket = websocket
         self.worker = worker
+        self.bundle = bundle
         self.answers: asyncio.Queue = asyncio.Queue()
         self.session: ServingSession | None = None
         self.frames = 0
@@ -180,10 +192,20 @@ class SocketSession:
         except ValueError:
             await self._refuse(messages.BAD_CONTROL, messages.bad_seed(seed_text), messages.CLOSE_POLICY)
             return
+        count = 0
+        if self.bundle:
+            count_text = websocket.query_params.get("sessions", "")
+            count = int(count_text) if count_text.isdigit() else 0
+            if count < 1:
+                await self._refuse(messages.BAD_CONTROL, messages.bad_bundle_size(count_text), messages.CLOSE_POLICY)
+                return
         try:
-            session = await self.pool.open(seed)
+            session = await (self.pool.open_bundle(count, seed) if self.bundle else self.pool.open(seed))
         except AdmissionRefused as refusal:
             await self._refuse(refusal.reason, refusal.message, messages.CLOSE_TRY_AGAIN_LATER, self.worker)
+            return
+        except TickError as error:  # a pool that does not serve bundles (a front process's)
+            await self._refuse(error.code, error.message, messages.CLOSE_POLICY)
             return
         except Exception as error:  # a fault of the pool (a bug): say so, never a silent drop
             LOG.exception("opening a session failed")
@@ -285,7 +307,8 @@ class SocketSession:
                     except TickError as error:
                         if error.code in (messages.CLIENT_CLOSED, messages.DISCONNECTED):
                             continue
-                        await self.websocket.send_json(error_frame(error.code, error.message, entry[2]))
+                        members = error.members if isinstance(error, BundleTickError) else None
+                        await self.websocket.send_json(error_frame(error.code, error.message, entry[2], members))
                         continue
                     # a front process gets the engine's encoded frame; a pool in this process, the tensors
                     await self.websocket.send_bytes(outputs if isinstance(outputs, bytes) else codec.encode(outputs))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,13 +33,15 @@ MAX_FRAME_BYTES = 64 * 2**20
 
 
 class ServerError(Exception):
-    """An error frame: `code` (docs/serving.md), `message`, and the tick it answers (None for a control)."""
+    """An error frame: `code` (docs/serving.md), `message`, the tick it answers (None for a control), and for
+    a bundle the members whose part of it did not run (None for a session)."""
 
-    def __init__(self, code: str, message: str, tick: int | None = None):
+    def __init__(self, code: str, message: str, tick: int | None = None, members: list[int] | None = None):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.tick = tick
+        self.members = members
 
 
 class Refused(ServerError):
@@ -94,6 +97,15 @@ def retry_pause(refusal: Refused, attempt: int, retries: int | None) -> float | 
     return min(RETRY_PAUSE_S * 2**attempt, RETRY_PAUSE_MOST_S)
 
 
+def bundle_url(session_url: str, count: int) -> str:
+    """The bundle route of the server whose session route is `session_url`, for `count` sessions:
+    ws://HOST:PORT/v1/session -> ws://HOST:PORT/v1/bundle?sessions=COUNT."""
+    parts = urllib.parse.urlsplit(session_url)
+    path = parts.path.removesuffix("/v1/session") + "/v1/bundle"
+    query = "&".join(filter(None, [parts.query, f"sessions={count}"]))
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, query, parts.fragment))
+
+
 class SessionClient:
     """One session over one websocket (see the module docstring)."""
 
@@ -106,6 +118,8 @@ class SessionClient:
         """The replica that holds the session (a cluster), None for a single server."""
         self.worker: int | None = ready.get("worker")
         """The worker process that holds the session (a server of several on one port), None for one."""
+        self.bundle: int | None = ready.get("bundle")
+        """The sessions of a bundle (`/v1/bundle?sessions=N`), None for one session."""
 
     @classmethod
     async def connect(
@@ -191,7 +205,7 @@ class SessionClient:
                 except ConnectionClosed as closed:
                     close_code = closed.rcvd.code if closed.rcvd else None
                 raise SessionClosedByServer(frame["code"], frame["message"], close_code)
-            raise ServerError(frame["code"], frame["message"], frame.get("tick"))
+            raise ServerError(frame["code"], frame["message"], frame.get("tick"), frame.get("members"))
         return frame
 
     def closed_error(self, closed: ConnectionClosed) -> SessionClosedByServer:

@@ -502,6 +502,10 @@ class RemotePool:
     def ready_fields(self) -> dict:
         return dict(self._ready_fields)
 
+    async def open_bundle(self, count: int, seed: int = 0) -> RemoteSession:
+        """Bundles are not served through front processes: TickError saying so."""
+        raise TickError(messages.BAD_CONTROL, messages.bundles_not_served())
+
     async def open(self, seed: int = 0) -> RemoteSession:
         reply = await self._request("open", seed)
         if reply[0] == "refused":

@@ -26,7 +26,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 import attrs
 import torch
 
-from duplexcadence.interpreter.serve.client import Refused, ServerError, SessionClient, SessionClosedByServer
+from duplexcadence.interpreter.serve.client import (
+    Refused,
+    ServerError,
+    SessionClient,
+    SessionClosedByServer,
+    bundle_url,
+)
 from duplexcadence.interpreter.serve.pool import quantile
 from duplexcadence.interpreter.serve.tail import SeededStock, ServedTail, deterministic_cudnn
 
@@ -124,20 +130,23 @@ class LoadReport:
 
 async def drive_session(
     url: str,
-    seed: int,
+    seeds: list[int],
     ticks: int,
     inputs: Inputs,
     start: asyncio.Event,
     opened: asyncio.Queue,
     paced: bool,
-    record: bool,
-) -> SessionLoad:
-    """One session: open, wait for the common start, send `ticks` ticks, close."""
+    record: int,
+) -> list[SessionLoad]:
+    """One session (one seed), or a bundle of sessions (several: `/v1/bundle`, a tick's inputs stacked in seed
+    order): open, wait for the common start, send `ticks` ticks, close. A load per session; the outputs of
+    the first `record` sessions are kept."""
+    bundled = len(seeds) > 1
     try:
-        client = await SessionClient.connect(url, seed=seed)
+        client = await SessionClient.connect(bundle_url(url, len(seeds)) if bundled else url, seed=seeds[0])
     except Refused as refusal:
         await opened.put(None)
-        return SessionLoad(seed, 0, (), (), 0, refused=f"{refusal.code}: {refusal.message}")
+        return [SessionLoad(seed, 0, (), (), 0, refused=f"{refusal.code}: {refusal.message}") for seed in seeds]
     await opened.put(client)
     await start.wait()
     period = client.tick_period_s
@@ -173,6 +182,12 @@ async def drive_session(
             if record:
                 outputs.append(answer)
 
+    def tick_inputs(tick: int) -> dict[str, torch.Tensor]:
+        if not bundled:
+            return dict(inputs(seeds[0], tick))
+        rows = [inputs(seed, tick) for seed in seeds]
+        return {name: torch.stack([row[name] for row in rows]) for name in rows[0]}
+
     receiver = asyncio.create_task(receive_all())
     try:
         for tick in range(ticks):
@@ -189,7 +204,7 @@ async def drive_session(
                 break
             sent_at.append(time.perf_counter())
             try:
-                await client.send(dict(inputs(seed, tick)))
+                await client.send(tick_inputs(tick))
             except SessionClosedByServer:  # the receiver records why
                 break
         await receiver
@@ -200,19 +215,30 @@ async def drive_session(
                 await client.close()
         else:
             await client.connection.close()
-    return SessionLoad(
-        seed,
-        len(latencies),
-        tuple(errors),
-        tuple(latencies),
-        blocked,
-        None,
-        tuple(outputs),
-        client.replica,
-        client.ready.get("group"),
-        client.ready.get("row"),
-        client.worker,
-    )
+    members = client.ready.get("members") or [client.ready]
+    return [
+        SessionLoad(
+            seed,
+            len(latencies),
+            tuple(errors),
+            tuple(latencies),
+            blocked,
+            None,
+            member_outputs(outputs, index, bundled) if index < record else (),
+            client.replica,
+            member.get("group"),
+            member.get("row"),
+            client.worker,
+        )
+        for index, (seed, member) in enumerate(zip(seeds, members, strict=True))
+    ]
+
+
+def member_outputs(outputs: list[dict[str, torch.Tensor]], index: int, bundled: bool) -> tuple[dict, ...]:
+    """A session's recorded outputs (an error's: {}); a bundle's answers stack its members' on the leading axis."""
+    if not bundled:
+        return tuple(outputs)
+    return tuple({name: tensor[index] for name, tensor in answer.items()} for answer in outputs)
 
 
 async def run_load(
@@ -224,23 +250,29 @@ async def run_load(
     record: int = 0,
     first_seed: int = 0,
     before_start: Callable[[], Awaitable[None]] | None = None,
+    bundle: int = 1,
 ) -> LoadReport:
-    """Drive `sessions` sessions (seeds `first_seed`, `first_seed` + 1, ...) for `ticks` ticks each.
-    `before_start` is awaited once every session is open (or refused), before the first tick (a barrier
-    across processes)."""
+    """Drive `sessions` sessions (seeds `first_seed`, `first_seed` + 1, ...) for `ticks` ticks each, each over
+    its own websocket, or with `bundle` > 1 in bundles of that many (`/v1/bundle`; the last one smaller),
+    each bundle over one websocket. `before_start` is awaited once every session is open (or refused), before
+    the first tick (a barrier across processes). `record`: the first that many sessions' outputs are kept."""
     start = asyncio.Event()
     opened: asyncio.Queue = asyncio.Queue()
+    seeds = [first_seed + i for i in range(sessions)]
+    bundles = [seeds[i : i + bundle] for i in range(0, sessions, max(1, bundle))]
     tasks = [
-        asyncio.create_task(drive_session(url, first_seed + i, ticks, inputs, start, opened, paced, i < record))
-        for i in range(sessions)
+        asyncio.create_task(
+            drive_session(url, members, ticks, inputs, start, opened, paced, max(0, record - members[0] + first_seed))
+        )
+        for members in bundles
     ]
-    clients = [await opened.get() for _ in range(sessions)]
+    clients = [await opened.get() for _ in bundles]
     period = next((c.tick_period_s for c in clients if c is not None), None)
     if before_start is not None:
         await before_start()
     began = time.perf_counter()
     start.set()
-    loads = await asyncio.gather(*tasks)
+    loads = [load for driven in await asyncio.gather(*tasks) for load in driven]
     wall = time.perf_counter() - began
     latencies = [value for load in loads for value in load.latencies]
     refused = collections.Counter(load.refused.partition(":")[0] for load in loads if load.refused)

@@ -230,6 +230,31 @@ def wrong_shape(name: str, found: tuple[int, ...], expected: str, why: str) -> s
     return f"input '{name}' has shape {list(found)}; the tail takes {expected} ({why})"
 
 
+def bundle_shape(name: str, found: list[int], count: int) -> str:
+    return (
+        f"input '{name}' of a bundle of {plural(count, 'session')} has shape {found}; a bundle's inputs stack its "
+        f"sessions' on a leading axis of {count}"
+    )
+
+
+def bundle_refused(count: int, opened: int, refusal: str) -> str:
+    return (
+        f"a bundle of {plural(count, 'session')} does not fit ({opened} fitted, none is kept): the next one was "
+        f"refused: {refusal}"
+    )
+
+
+def bad_bundle_size(text: str) -> str:
+    return (
+        f"the query parameter sessions={text!r} is not a whole number of 1 or more; /v1/bundle?sessions=N "
+        "opens N sessions as one bundle"
+    )
+
+
+def bundles_not_served() -> str:
+    return "bundles are served by a server that holds its pool (dsl serve, --workers), not through --fronts"
+
+
 def bad_control(problem: str) -> str:
     return f'{problem}; control frames are JSON objects: {{"type": "reset"}} or {{"type": "close"}}'
 

@@ -33,6 +33,15 @@ class TickError(Exception):
         self.message = message
 
 
+class BundleTickError(TickError):
+    """A bundle's tick that did not run for some of its members: the first one's code and message; `members`:
+    the indexes of those members, in the bundle."""
+
+    def __init__(self, code: str, message: str, members: list[int]):
+        super().__init__(code, message)
+        self.members = members
+
+
 @attrs.frozen
 class TensorSpec:
     """One input or output of a session: its region's dtype and its shape for one session (None on the time

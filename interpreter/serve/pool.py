@@ -39,7 +39,7 @@ import torch
 from duplexcadence.interpreter.serve import codec, messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, Capacity, TickModel, fit
 from duplexcadence.interpreter.serve.metrics import PoolMetrics
-from duplexcadence.interpreter.serve.modes import MODES, StepResult, TensorSpec, TickError
+from duplexcadence.interpreter.serve.modes import MODES, BundleTickError, StepResult, TensorSpec, TickError
 from duplexcadence.interpreter.serve.placement import BoardSeat, WorkerLoad
 from duplexcadence.interpreter.serve.tail import LoadedTail, ServedTail
 
@@ -293,6 +293,128 @@ class PooledSession(ClosingState):
         """What the server's `ready` frame says of the session."""
         row = getattr(self.handle, "row", None)
         return {"session": self.id, "seed": self.seed, "group": self.group, "row": row}
+
+
+class Bundle(ClosingState):
+    """Sessions of one pool opened together and stepped as one (`SessionPool.open_bundle`): a tick's inputs
+    stack the members' on a new leading axis, in member order, and its outputs stack theirs the same way. Each
+    member is a `PooledSession` of its own (its slot, its lockstep row, its ticks in order); the bundle submits
+    a tick to every member or to none, and closes them together: when one closes (the idle timeout, a fault,
+    the pool stopping), the others close with its reason."""
+
+    def __init__(self, pool: SessionPool, members: list[PooledSession]):
+        self.pool = pool
+        self.members = members
+        self.closing = None
+        self.closed_event = asyncio.Event()
+        self._watch = pool.loop.create_task(self._close_together(), name="duplexcadence-bundle")
+
+    def info(self) -> dict:
+        """What the `ready` frame says of the bundle: its size and each member's session."""
+        return {"bundle": len(self.members), "members": [member.info() for member in self.members]}
+
+    def submit(self, inputs: Mapping[str, torch.Tensor], last: bool = False) -> asyncio.Future:
+        """Queue one tick of every member (`inputs[name][i]` is member i's); a future of the stacked outputs.
+        Raises TickError before queueing for inputs a member cannot take, a member's full queue or a closed
+        bundle: every member is then unchanged."""
+        self.check_open()
+        count = len(self.members)
+        rows: list[dict[str, torch.Tensor]] = [{} for _ in range(count)]
+        for name, tensor in inputs.items():
+            if tensor.dim() == 0 or tensor.shape[0] != count:
+                found = list(tensor.shape)
+                raise TickError(messages.WRONG_SHAPE, messages.bundle_shape(name, found, count))
+            for row, member_input in zip(rows, tensor.unbind(0), strict=True):
+                row[name] = member_input
+        self.pool.check_inputs(rows[0], last)  # the members' inputs share dtypes and shapes: one check is all's
+        depth = self.pool.config.queue_depth
+        for member in self.members:
+            member.check_open()
+            queued = sum(1 for item in member.queue if item.kind == "tick")
+            if queued >= depth:
+                raise TickError(messages.QUEUE_FULL, messages.queue_full(queued))
+        futures = [member.submit(row, last) for member, row in zip(self.members, rows, strict=True)]
+        return self._joined(futures, stack=True)
+
+    def submit_frame(self, data: bytes | bytearray | memoryview) -> asyncio.Future:
+        """Queue one tick sent as a tensor frame (`codec`) of the stacked inputs: decoded, then `submit`."""
+        try:
+            frame = codec.decode(data)
+            return self.submit(frame.tensors, frame.last)
+        except (codec.FrameError, TickError) as error:
+            if self.pool.metrics is not None:
+                self.pool.metrics.tick_errors.labels(error.code).inc()
+            raise
+
+    def reset(self) -> asyncio.Future:
+        """Barge-in of every member, after the ticks queued before it (a future, done when all are)."""
+        self.check_open()
+        depth = self.pool.config.queue_depth
+        for member in self.members:
+            member.check_open()
+            if sum(1 for item in member.queue if item.kind != "tick") >= depth:
+                raise TickError(messages.QUEUE_FULL, messages.queue_full(len(member.queue)))
+        return self._joined([member.reset() for member in self.members], stack=False)
+
+    async def close(self) -> None:
+        """Close every member after the ticks queued before it; their slots are free when this returns."""
+        if self.closing is None:
+            self.closing = (messages.CLIENT_CLOSED, "closed by the client")
+            await asyncio.gather(*(member.close() for member in self.members))
+        await self.closed_event.wait()
+
+    def abort(self, code: str, message: str) -> None:
+        """Close every member now (the client gone, the pool stopping): as `PooledSession.abort`."""
+        if self.closing is None or self.closing[0] == messages.CLIENT_CLOSED:
+            self.closing = (code, message)
+        for member in self.members:
+            member.abort(code, message)
+
+    def stats_json(self) -> dict:
+        return {"members": [member.stats_json() for member in self.members]}
+
+    async def _close_together(self) -> None:
+        waits = [asyncio.ensure_future(member.closed_event.wait()) for member in self.members]
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            first = next(member for member, wait in zip(self.members, waits, strict=True) if wait in done)
+            code, message = first.closing or (messages.CLIENT_CLOSED, "closed by the client")
+            if self.closing is None:
+                self.closing = (code, message)
+            for member in self.members:
+                if member.closing is None:
+                    member.abort(code, message)
+            await asyncio.gather(*waits)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            self.closed_event.set()
+
+    def _joined(self, futures: list[asyncio.Future], stack: bool) -> asyncio.Future:
+        """A future done when every one of `futures` is: the stacked outputs (`stack`) or None; else a
+        BundleTickError naming the members whose item failed (the first one's code and message)."""
+        joined = self.pool.loop.create_future()
+        left = [len(futures)]
+
+        def one_done(_: asyncio.Future) -> None:
+            left[0] -= 1
+            if left[0] or joined.done():
+                return
+            failed = [(index, f.exception()) for index, f in enumerate(futures) if f.cancelled() or f.exception()]
+            if failed:
+                errors = [error for _, error in failed if isinstance(error, TickError)]
+                code, message = (errors[0].code, errors[0].message) if errors else (messages.INTERNAL, "cancelled")
+                joined.set_exception(BundleTickError(code, message, [index for index, _ in failed]))
+                joined.exception()  # retrieved: a closed bundle's answers may have no reader
+            elif stack:
+                results = [f.result() for f in futures]
+                joined.set_result({name: torch.stack([r[name] for r in results]) for name in results[0]})
+            else:
+                joined.set_result(None)
+
+        for future in futures:
+            future.add_done_callback(one_done)
+        return joined
 
 
 @attrs.frozen
@@ -590,6 +712,26 @@ class SessionPool:
         self.metrics.admitted.inc()
         self._refresh_gauges()
         return session
+
+    async def open_bundle(self, count: int, seed: int = 0) -> Bundle:
+        """`count` sessions opened together (seeds `seed`, `seed + 1`, ...) as one `Bundle`, or none of them:
+        AdmissionRefused, saying how many fitted, when one does not fit (the ones opened are closed again)."""
+        if count < 1:
+            raise ValueError(f"a bundle holds at least 1 session, not {count}")
+        members: list[PooledSession] = []
+        try:
+            for index in range(count):
+                members.append(await self.open(seed + index))
+        except AdmissionRefused as refusal:
+            await asyncio.gather(*(member.close() for member in members))
+            message = messages.bundle_refused(count, len(members), refusal.message)
+            numbers = (refusal.sessions, refusal.capacity, refusal.slots, refusal.predicted_tick_s)
+            raise AdmissionRefused(refusal.reason, message, *numbers, refusal.tick_period_s, refusal.headroom) from None
+        except BaseException:
+            for member in members:
+                member.abort(messages.INTERNAL, "its bundle did not open")
+            raise
+        return Bundle(self, members)
 
     def _opened(self, group: int | None) -> None:
         self._opening -= 1

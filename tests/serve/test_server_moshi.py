@@ -129,3 +129,18 @@ def test_loadgen_verifies_lockstep_rows_against_their_groups_batched_decode():
     swapped = [attrs.evolve(load, seed=seeds.get(load.seed, load.seed)) for load in report.per_session]
     wrong = verify(moshi, attrs.evolve(report, per_session=tuple(swapped)), lockstep_rows=2)
     assert (wrong.verified_ticks, wrong.unequal_ticks) == (9, 6)  # the check can fail: each row is its own stream
+
+
+def test_a_bundle_in_lockstep_fills_a_group_and_its_rows_equal_moshis_batched_decode():
+    """A bundle of 2 over one websocket in groups of 2: its members take the group's two rows, and every row
+    equals moshi's batched decode of the group."""
+    from duplexcadence.interpreter.serve.loadgen import run_load, verify
+
+    moshi = served_tail("moshi")
+    pool = SessionPool(moshi, PoolConfig(slots=2, lockstep=2, tick_model=MODEL, latency_guard=False))
+    with ServerThread(make_app(pool)) as server:
+        report = run(run_load(server.ws_url(), 2, 3, moshi.inputs, paced=False, record=2, first_seed=7, bundle=2))
+    assert report.errors == {} and report.opened == 2
+    assert sorted((load.group, load.row) for load in report.per_session) == [(0, 0), (0, 1)]
+    checked = verify(moshi, report, lockstep_rows=2)
+    assert (checked.verified_sessions, checked.verified_ticks, checked.unequal_ticks) == (2, 6, 0)

@@ -4,9 +4,10 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Routes: `GET /healthz`, `GET /v1/capacity` (the pool's `capacity()` as JSON), `GET /v1/sessions` (deadline
-accounting per session), `GET /metrics` (Prometheus text), and `WS /v1/session?seed=N`: one session per
-websocket. The server answers the accept with a JSON `ready` frame (or, when the pool refuses, a JSON `error`
-frame and close code 1013 with the reason); then every binary frame (`codec`) is one tick, answered in order
+accounting per session), `GET /metrics` (Prometheus text), `WS /v1/session?seed=N`: one session per
+websocket, and `WS /v1/bundle?sessions=N&seed=S`: N sessions as one bundle (`pool.Bundle`). The server
+answers the accept with a JSON `ready` frame (or, when the pool refuses, a JSON `error` frame and close code
+1013 with the reason); then every binary frame (`codec`) is one tick, answered in order
 by a binary frame of its outputs or a JSON `error` frame; text frames are JSON controls (`reset`, `close`).
 docs/serving.md describes the protocol.
 """

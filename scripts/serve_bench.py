@@ -308,8 +308,10 @@ async def server_pass(
         bundle=bundle,
     )
     loads = list(report.per_session)
+    loop = asyncio.get_running_loop()
     for process, path in zip(processes, outputs):
-        if process.wait(timeout=600) != 0:
+        # waited for off the event loop: with --server-fronts the pool serving the other processes runs on it
+        if await loop.run_in_executor(None, process.wait, 600) != 0:
             raise RuntimeError(f"a load-generator process exited with {process.returncode}")
         with open(path) as handle:
             data = json.load(handle)

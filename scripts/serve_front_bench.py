@@ -119,7 +119,7 @@ def thread_id(name_prefix: str) -> int | None:
     return next((t.native_id for t in threading.enumerate() if t.name.startswith(name_prefix)), None)
 
 
-def worker(url: str, sessions: int, ticks: int, first_seed: int, out: str, paced: bool) -> None:
+def worker(url: str, sessions: int, ticks: int, first_seed: int, out: str, paced: bool, bundle: int) -> None:
     async def barrier() -> None:
         print("open", flush=True)
         line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
@@ -128,7 +128,7 @@ def worker(url: str, sessions: int, ticks: int, first_seed: int, out: str, paced
             await asyncio.sleep(delay)
 
     report = asyncio.run(
-        run_load(url, sessions, ticks, codes, paced=paced, first_seed=first_seed, before_start=barrier)
+        run_load(url, sessions, ticks, codes, paced=paced, first_seed=first_seed, before_start=barrier, bundle=bundle)
     )
     Path(out).write_text(json.dumps(report.to_json()))
 
@@ -141,14 +141,18 @@ def drive(
     folder: str,
     paced: bool,
     loop_name: str = "duplexcadence-uvicorn",
+    bundle: int = 1,
 ) -> tuple[list[float], float, dict]:
-    """Run `sessions` sessions from `workers` processes; their latencies, the wall time, CPU use."""
-    per_worker = [sessions // workers + (i < sessions % workers) for i in range(workers)]
+    """Run `sessions` sessions from `workers` processes (in bundles of `bundle`, whole ones to each process);
+    their latencies, the wall time, CPU use."""
+    whole = math.ceil(sessions / bundle)
+    per_worker = [min(sessions, (whole // workers + (i < whole % workers)) * bundle) for i in range(workers)]
+    per_worker = [max(0, min(count, sessions - sum(per_worker[:i]))) for i, count in enumerate(per_worker)]
     processes, outputs, first = [], [], 0
     for index, count in enumerate(c for c in per_worker if c):
         out = os.path.join(folder, f"front-{sessions}-{index}.json")
         command = [sys.executable, os.path.abspath(__file__), "--worker", url, str(count), str(ticks), str(first), out]
-        command.append("paced" if paced else "unpaced")
+        command += ["paced" if paced else "unpaced", str(bundle)]
         processes.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         outputs.append(out)
         first += count
@@ -205,7 +209,9 @@ def measure(args: argparse.Namespace, sessions: int, folder: str) -> dict:
         latencies, wall, used = through_fronts(pool, args, sessions, folder)
     else:
         with ServerThread(make_app(pool), log_level="warning", loop=args.loop) as server:
-            latencies, wall, used = drive(server.ws_url(), sessions, args.ticks, args.workers, folder, args.paced)
+            latencies, wall, used = drive(
+                server.ws_url(), sessions, args.ticks, args.workers, folder, args.paced, bundle=args.bundle
+            )
     rounds = [seconds for _, seconds in pool.round_log]
     frames = len(latencies)
     return {
@@ -270,8 +276,8 @@ def event_loop_name(loop: str) -> str:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        url, sessions, ticks, first, out, pacing = sys.argv[2:8]
-        worker(url, int(sessions), int(ticks), int(first), out, pacing == "paced")
+        url, sessions, ticks, first, out, pacing, bundle = sys.argv[2:9]
+        worker(url, int(sessions), int(ticks), int(first), out, pacing == "paced", int(bundle))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=("lockstep", "lanes"), default="lockstep")
@@ -286,6 +292,7 @@ def main() -> int:
     parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="uvicorn's event loop")
     parser.add_argument("--paced", action="store_true", help="a tick every 80 ms per session (default: unpaced)")
     parser.add_argument("--unit-ms", type=float, default=0.0, help="device time a firing waits, GIL released (0)")
+    parser.add_argument("--bundle", type=int, default=1, help="sessions per websocket (/v1/bundle; 1: one each)")
     parser.add_argument("--fronts", type=int, default=1, help="front processes over the pool (dsl serve --fronts)")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args()

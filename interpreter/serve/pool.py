@@ -333,7 +333,11 @@ class Bundle(ClosingState):
             queued = sum(1 for item in member.queue if item.kind == "tick")
             if queued >= depth:
                 raise TickError(messages.QUEUE_FULL, messages.queue_full(queued))
-        futures = [member.submit(row, last) for member, row in zip(self.members, rows, strict=True)]
+        loop, now = self.pool.loop, time.perf_counter()  # checked above for every member: queued as they are
+        futures = [
+            member._queue(Item("tick", loop.create_future(), row, last, now))
+            for member, row in zip(self.members, rows, strict=True)
+        ]
         return self._joined(futures, stack=True)
 
     def submit_frame(self, data: bytes | bytearray | memoryview) -> asyncio.Future:

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
             paced=not args.no_pace,
             record=args.sessions if args.verify else 0,
             first_seed=args.seed,
+            bundle=args.bundle,
         )
     )
     if args.verify:
@@ -96,6 +97,13 @@ def register(commands) -> None:
     parser.add_argument("--sessions", type=positive, default=4, help="concurrent sessions (4)")
     parser.add_argument("--ticks", type=positive, default=50, help="ticks per session (50)")
     parser.add_argument("--seed", type=non_negative, default=0, help="the first session's seed; the others follow (0)")
+    parser.add_argument(
+        "--bundle",
+        type=positive,
+        default=1,
+        metavar="K",
+        help="drive the sessions in bundles of K, a websocket each (/v1/bundle; default 1: a websocket a session)",
+    )
     parser.add_argument(
         "--no-pace", action="store_true", help="send each tick when the last is answered (default: one a tick period)"
     )

@@ -133,6 +133,18 @@ def test_dsl_serve_a_registered_tail_and_dsl_loadgen_verify_against_it(dsl):
     assert lines[-1] == "verify: 10 ticks of 2 sessions compared with stock alone, 0 not torch.equal"
 
 
+def test_dsl_loadgen_drives_bundles_and_verifies_every_member(dsl):
+    with Serving(serve_args("toy", "--slots", "3", "--lanes", "2")) as url:
+        code, out, err = dsl(
+            "loadgen", url, "--sessions", "3", "--ticks", "4", "--no-pace", "--verify", "--bundle", "2"
+        )
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[1] == "sessions: 3 of 3 opened; refused: none"
+    assert lines[2].startswith("ticks: 12 answered (4 per session, unpaced) in ")
+    assert lines[-1] == "verify: 12 ticks of 3 sessions compared with stock alone, 0 not torch.equal"
+
+
 MODEL = """
 import torch
 

@@ -703,10 +703,7 @@ def main() -> int:
         "--direct-rounds", type=int, default=None, help="timed rounds per direct pass (default: the configuration's)"
     )
     parser.add_argument(
-        "--gather-ms",
-        type=float,
-        default=None,
-        help="the pool's gather time (default: 5%% of the period, 15%% in lockstep)",
+        "--gather-ms", type=float, default=None, help="the pool's gather time (default: 5%% of the period)"
     )
     parser.add_argument(
         "--lanes", type=counts, default=None, help="lanes to run at, comma-separated (default: each configuration's)"

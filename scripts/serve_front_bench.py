@@ -288,9 +288,7 @@ def main() -> int:
     )
     parser.add_argument("--ticks", type=int, default=100, help="ticks per session (100)")
     parser.add_argument("--workers", type=int, default=2, help="load-generator processes (2)")
-    parser.add_argument(
-        "--gather-ms", type=float, default=None, help="the pool's gather time (5%% of the period, 15%% in lockstep)"
-    )
+    parser.add_argument("--gather-ms", type=float, default=None, help="the pool's gather time (5%% of the period)")
     parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="uvicorn's event loop")
     parser.add_argument("--paced", action="store_true", help="a tick every 80 ms per session (default: unpaced)")
     parser.add_argument("--unit-ms", type=float, default=0.0, help="device time a firing waits, GIL released (0)")

@@ -313,8 +313,7 @@ def register(commands) -> None:
         type=float,
         default=None,
         metavar="MS",
-        help="how long a round may wait for the other sessions' ticks (default: 5%% of the tick period, 15%% in "
-        "lockstep; 0: none)",
+        help="how long a round may wait for the other sessions' ticks (default: 5%% of the tick period; 0: none)",
     )
     parser.add_argument(
         "--tick-model",

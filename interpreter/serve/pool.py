@@ -47,10 +47,6 @@ REPORT_EVERY_S = 1.0
 PUBLISH_EVERY_S = 0.1
 """How often a pool on a placement board publishes its load, besides at each open, close and refusal."""
 GATHER_FRACTION = 0.05
-LOCKSTEP_GATHER_FRACTION = 0.15
-"""In lockstep a group steps once every member has a tick, and a frame's ticks reach the pool over the front's
-receive time (milliseconds at hundreds of sessions): a short gather splits the frame's groups over two rounds,
-the later ones waiting for the round before theirs."""
 LATENCY_WINDOW = 65536
 ACCEPTED_KINDS = 1024
 
@@ -78,7 +74,7 @@ class PoolConfig:
     them back (`gc.unfreeze()`), so that a stopped pool's objects can be collected.
     `gather_s`: how long a round may wait, from its oldest tick's arrival, for the other sessions' ticks
     (sessions paced by the same cadence arrive a few milliseconds apart; one round for all of them costs less
-    than two); None: 5 % of the tick period, 15 % in lockstep; 0: a round starts as soon as anything is queued.
+    than two); None: 5 % of the tick period; 0: a round starts as soon as anything is queued.
     """
 
     slots: int = 1
@@ -539,8 +535,7 @@ class SessionPool:
             raise
         self.started_s = time.perf_counter() - started
         self.tick_period_s = self.config.tick_period_s or self.mode.facts.tick_period_s
-        fraction = GATHER_FRACTION if self.config.lockstep is None else LOCKSTEP_GATHER_FRACTION
-        self.gather_s = fraction * self.tick_period_s if self.config.gather_s is None else self.config.gather_s
+        self.gather_s = GATHER_FRACTION * self.tick_period_s if self.config.gather_s is None else self.config.gather_s
         self.rule = AdmissionRule(
             self.mode.session_slots,
             self.config.lockstep,

@@ -42,6 +42,14 @@ class BundleTickError(TickError):
         self.members = members
 
 
+@attrs.frozen(eq=False)
+class WholeGroup:
+    """A lockstep group's tick given whole: its inputs already batched over every row (a bundle that holds
+    every row of the group, in row order), its outputs returned batched."""
+
+    group: Any
+
+
 @attrs.frozen
 class TensorSpec:
     """One input or output of a session: its region's dtype and its shape for one session (None on the time
@@ -368,14 +376,21 @@ class LockstepMode:
         return handle.instant
 
     def step(self, ticks: Sequence[tuple[Any, dict[str, torch.Tensor], bool]]) -> StepResult:
+        """One instant of every group with a tick: a member's tick (a `Member`: its inputs in its row, every
+        member of the group given one) or a group's whole (`WholeGroup`: the group's batched inputs)."""
         by_group: dict[Any, dict[Any, dict[str, torch.Tensor]]] = {}
+        whole: dict[Any, WholeGroup] = {}
+        host: dict[Any, dict[str, torch.Tensor]] = {}
         for member, inputs, _ in ticks:
-            by_group.setdefault(member.group, {})[member] = inputs
-        batched = to_device(
-            {group.session: self._batch(group, members) for group, members in by_group.items()}, self.device
-        )
-        groups = {group.session: group for group in by_group}
-        instants = {group.session: group.session.instant for group in by_group}
+            if isinstance(member, WholeGroup):
+                whole[member.group] = member
+                host[member.group.session] = inputs
+            else:
+                by_group.setdefault(member.group, {})[member] = inputs
+        host.update({group.session: self._batch(group, members) for group, members in by_group.items()})
+        batched = to_device(host, self.device)
+        groups = {group.session: group for group in [*by_group, *whole]}
+        instants = {group.session: group.session.instant for group in groups.values()}
         outputs: dict[Any, dict[str, torch.Tensor]] = {}
         errors: dict[Any, TickError] = {}
         failed: dict[Any, str] = {}
@@ -385,37 +400,46 @@ class LockstepMode:
         except duplexcadence.SessionsFailed as error:
             done = dict(error.outputs)
             for session, cause in error.failures.items():
-                self._group_failed(groups[session], cause, by_group, errors, failed)
+                self._group_failed(groups[session], cause, by_group, whole, errors, failed)
         except (duplexcadence.StepError, duplexcadence.SessionFailed, RuntimeError):
             for session, inputs in batched.items():
                 try:
                     done[session] = session.step(**inputs)
                 except duplexcadence.StepError as error:
-                    for member in by_group[groups[session]]:
-                        errors[member] = TickError(messages.BAD_INPUT, str(error))
+                    group = groups[session]
+                    for key in [whole[group]] if group in whole else by_group[group]:
+                        errors[key] = TickError(messages.BAD_INPUT, str(error))
                 except duplexcadence.SessionFailed as cause:
-                    self._group_failed(groups[session], cause, by_group, errors, failed)
-        host = to_host(
+                    self._group_failed(groups[session], cause, by_group, whole, errors, failed)
+        answered = to_host(
             {
                 session: named_outputs(value, self.facts.output_names(instants[session]))
                 for session, value in done.items()
             }
         )
-        for session, named in host.items():
+        for session, named in answered.items():
+            group = groups[session]
+            if group in whole:
+                outputs[whole[group]] = named
+                continue
             # one host copy of the group's outputs; each member gets views of its rows (split is one call)
             rows = {name: tensor.split(1, dim=self.axes[name]) for name, tensor in named.items()}
-            for member in by_group[groups[session]]:
+            for member in by_group[group]:
                 outputs[member] = {name: split[member.row] for name, split in rows.items()}
         return StepResult(outputs, errors, failed)
 
-    def _group_failed(self, group: Any, cause: BaseException, by_group: dict, errors: dict, failed: dict) -> None:
+    def _group_failed(
+        self, group: Any, cause: BaseException, by_group: dict, whole: dict, errors: dict, failed: dict
+    ) -> None:
         """A stage raised in a group: every member's stream is lost; the group restarts at instant 0."""
         text = first_line(cause)
         for member in group.members:
             if member is not None:
                 failed[member] = text
-                if member in by_group[group]:
+                if member in by_group.get(group, ()):
                     errors[member] = TickError(messages.STAGE_FAILED, messages.group_failed(text))
+        if group in whole:
+            errors[whole[group]] = TickError(messages.STAGE_FAILED, messages.group_failed(text))
         group.reset()
 
     def _batch(self, group: Any, members: Mapping[Any, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

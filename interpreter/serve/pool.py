@@ -39,7 +39,14 @@ import torch
 from duplexcadence.interpreter.serve import codec, messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, Capacity, TickModel, fit
 from duplexcadence.interpreter.serve.metrics import PoolMetrics
-from duplexcadence.interpreter.serve.modes import MODES, BundleTickError, StepResult, TensorSpec, TickError
+from duplexcadence.interpreter.serve.modes import (
+    MODES,
+    BundleTickError,
+    StepResult,
+    TensorSpec,
+    TickError,
+    WholeGroup,
+)
 from duplexcadence.interpreter.serve.placement import BoardSeat, WorkerLoad
 from duplexcadence.interpreter.serve.tail import LoadedTail, ServedTail
 
@@ -127,6 +134,7 @@ class Item:
     inputs: dict[str, torch.Tensor] | None = attrs.field(default=None, repr=False)
     last: bool = False
     queued_at: float = 0.0
+    whole: bool = False  # a fused bundle's: for every session of the lead's `fused` rows
 
 
 @attrs.frozen
@@ -190,6 +198,11 @@ class PooledSession(ClosingState):
         self.closed_event = asyncio.Event()
         self.failed: str | None = None
         self.finished = False
+        self.fused: list[PooledSession] | None = None
+        """On the first session of a bundle's fused group: the group's sessions in row order; their ticks and
+        resets are queued here, whole."""
+        self.driven_by: PooledSession | None = None
+        """On the other sessions of a fused group: its first session, which queues for them."""
         self.ticks = 0
         self.missed = 0
         self.errors = 0
@@ -257,6 +270,11 @@ class PooledSession(ClosingState):
         self.queue.extend(kept or [Item("close", self.pool.loop.create_future())])
         self.pool.wake()
 
+    def stepped_by(self, item: Item) -> list[PooledSession]:
+        """The sessions `item` of this session's queue is for: every session of its fused group when it is
+        whole, else this one."""
+        return self.fused if item.whole and self.fused is not None else [self]
+
     def _queue(self, item: Item) -> asyncio.Future:
         self.queue.append(item)
         self.last_activity = time.monotonic()
@@ -298,15 +316,24 @@ class PooledSession(ClosingState):
 class Bundle(ClosingState):
     """Sessions of one pool opened together and stepped as one (`SessionPool.open_bundle`): a tick's inputs
     stack the members' on a new leading axis, in member order, and its outputs stack theirs the same way. Each
-    member is a `PooledSession` of its own (its slot, its lockstep row, its ticks in order); the bundle submits
-    a tick to every member or to none, and closes them together: when one closes (the idle timeout, a fault,
-    the pool stopping), the others close with its reason."""
+    member is a `PooledSession` of its own (its slot, its lockstep row, its accounting); the bundle submits a
+    tick to every member or to none, and closes them together: when one closes (the idle timeout, a fault, the
+    pool stopping), the others close with its reason.
 
-    def __init__(self, pool: SessionPool, members: list[PooledSession]):
+    In lockstep, a bundle whose members fill whole groups, in row order (`fused`), queues one item a group:
+    the group's batched inputs, stepped whole, its outputs unbatched once, instead of a tick a member."""
+
+    def __init__(self, pool: SessionPool, members: list[PooledSession], fused: list[list[PooledSession]] | None):
         self.pool = pool
         self.members = members
+        self.fused = fused
         self.closing = None
         self.closed_event = asyncio.Event()
+        self._pending: set[asyncio.Future] = set()
+        for group in fused or ():
+            group[0].fused = group
+            for member in group[1:]:
+                member.driven_by = group[0]
         self._watch = pool.loop.create_task(self._close_together(), name="duplexcadence-bundle")
 
     def info(self) -> dict:
@@ -319,14 +346,12 @@ class Bundle(ClosingState):
         bundle: every member is then unchanged."""
         self.check_open()
         count = len(self.members)
-        rows: list[dict[str, torch.Tensor]] = [{} for _ in range(count)]
         for name, tensor in inputs.items():
             if tensor.dim() == 0 or tensor.shape[0] != count:
                 found = list(tensor.shape)
                 raise TickError(messages.WRONG_SHAPE, messages.bundle_shape(name, found, count))
-            for row, member_input in zip(rows, tensor.unbind(0), strict=True):
-                row[name] = member_input
-        self.pool.check_inputs(rows[0], last)  # the members' inputs share dtypes and shapes: one check is all's
+        # the members' inputs share dtypes and shapes: one member's check is every member's
+        self.pool.check_inputs({name: tensor[0] for name, tensor in inputs.items()}, last)
         depth = self.pool.config.queue_depth
         for member in self.members:
             member.check_open()
@@ -334,11 +359,33 @@ class Bundle(ClosingState):
             if queued >= depth:
                 raise TickError(messages.QUEUE_FULL, messages.queue_full(queued))
         loop, now = self.pool.loop, time.perf_counter()  # checked above for every member: queued as they are
-        futures = [
-            member._queue(Item("tick", loop.create_future(), row, last, now))
-            for member, row in zip(self.members, rows, strict=True)
-        ]
-        return self._joined(futures, stack=True)
+        if self.fused is None:
+            rows: list[dict[str, torch.Tensor]] = [{} for _ in range(count)]
+            for name, tensor in inputs.items():
+                for row, member_input in zip(rows, tensor.unbind(0), strict=True):
+                    row[name] = member_input
+            ticks = [
+                member._queue(Item("tick", loop.create_future(), row, last, now))
+                for member, row in zip(self.members, rows, strict=True)
+            ]
+            return self._joined(ticks, [[index] for index in range(count)], self._stacked)
+        axes = self.pool.mode.axes
+        futures: list[asyncio.Future] = []
+        owners: list[list[int]] = []
+        first = 0
+        for group in self.fused:
+            size = len(group)
+            batch = {
+                name: tensor[first : first + size].squeeze(axes[name] + 1).movedim(0, axes[name]).contiguous()
+                for name, tensor in inputs.items()
+            }
+            active_at = time.monotonic()
+            for member in group:
+                member.last_activity = active_at  # its ticks are queued on the group's first member
+            futures.append(group[0]._queue(Item("tick", loop.create_future(), batch, last, now, whole=True)))
+            owners.append(list(range(first, first + size)))
+            first += size
+        return self._joined(futures, owners, self._unbatched)
 
     def submit_frame(self, data: bytes | bytearray | memoryview) -> asyncio.Future:
         """Queue one tick sent as a tensor frame (`codec`) of the stacked inputs: decoded, then `submit`."""
@@ -358,12 +405,27 @@ class Bundle(ClosingState):
             member.check_open()
             if sum(1 for item in member.queue if item.kind != "tick") >= depth:
                 raise TickError(messages.QUEUE_FULL, messages.queue_full(len(member.queue)))
-        return self._joined([member.reset() for member in self.members], stack=False)
+        if self.fused is None:
+            resets = [member.reset() for member in self.members]
+            return self._joined(resets, [[index] for index in range(len(self.members))], None)
+        loop, first = self.pool.loop, 0
+        futures: list[asyncio.Future] = []
+        owners: list[list[int]] = []
+        for group in self.fused:
+            active_at = time.monotonic()
+            for member in group:
+                member.last_activity = active_at
+            futures.append(group[0]._queue(Item("reset", loop.create_future(), whole=True)))
+            owners.append(list(range(first, first + len(group))))
+            first += len(group)
+        return self._joined(futures, owners, None)
 
     async def close(self) -> None:
         """Close every member after the ticks queued before it; their slots are free when this returns."""
         if self.closing is None:
             self.closing = (messages.CLIENT_CLOSED, "closed by the client")
+            if self._pending:  # a fused group's items are queued on its first member alone: let them run first
+                await asyncio.wait(list(self._pending))
             await asyncio.gather(*(member.close() for member in self.members))
         await self.closed_event.wait()
 
@@ -394,9 +456,29 @@ class Bundle(ClosingState):
                 wait.cancel()
             self.closed_event.set()
 
-    def _joined(self, futures: list[asyncio.Future], stack: bool) -> asyncio.Future:
-        """A future done when every one of `futures` is: the stacked outputs (`stack`) or None; else a
-        BundleTickError naming the members whose item failed (the first one's code and message)."""
+    @staticmethod
+    def _stacked(results: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        return {name: torch.stack([result[name] for result in results]) for name in results[0]}
+
+    def _unbatched(self, results: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Fused groups' batched outputs as the members' stacked: the batch axis moved to the front, each
+        member's batch axis of 1 in its place."""
+        axes = self.pool.mode.axes
+        parts = {
+            name: [result[name].movedim(axes[name], 0).unsqueeze(axes[name] + 1) for result in results]
+            for name in results[0]
+        }
+        return {name: tensors[0] if len(tensors) == 1 else torch.cat(tensors) for name, tensors in parts.items()}
+
+    def _joined(
+        self,
+        futures: list[asyncio.Future],
+        owners: list[list[int]],
+        outputs: Callable[[list[dict[str, torch.Tensor]]], dict[str, torch.Tensor]] | None,
+    ) -> asyncio.Future:
+        """A future done when every one of `futures` is (`owners[i]`: the members future i is for): the
+        `outputs` of their results, or None; else a BundleTickError naming the members whose item failed (the
+        first one's code and message)."""
         joined = self.pool.loop.create_future()
         left = [len(futures)]
 
@@ -404,20 +486,22 @@ class Bundle(ClosingState):
             left[0] -= 1
             if left[0] or joined.done():
                 return
-            failed = [(index, f.exception()) for index, f in enumerate(futures) if f.cancelled() or f.exception()]
+            failed = [(owner, f.exception()) for owner, f in zip(owners, futures) if f.cancelled() or f.exception()]
             if failed:
                 errors = [error for _, error in failed if isinstance(error, TickError)]
                 code, message = (errors[0].code, errors[0].message) if errors else (messages.INTERNAL, "cancelled")
-                joined.set_exception(BundleTickError(code, message, [index for index, _ in failed]))
+                joined.set_exception(BundleTickError(code, message, [index for owner, _ in failed for index in owner]))
                 joined.exception()  # retrieved: a closed bundle's answers may have no reader
-            elif stack:
-                results = [f.result() for f in futures]
-                joined.set_result({name: torch.stack([r[name] for r in results]) for name in results[0]})
+            elif outputs is not None:
+                joined.set_result(outputs([f.result() for f in futures]))
             else:
                 joined.set_result(None)
 
         for future in futures:
             future.add_done_callback(one_done)
+            if self.fused is not None:
+                self._pending.add(future)
+                future.add_done_callback(self._pending.discard)
         return joined
 
 
@@ -519,6 +603,7 @@ class SessionPool:
         given), then start the scheduler and the idle reaper. ValueError for a mode the plan cannot take."""
         self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
+        self._bundles_opening = asyncio.Lock()
         self._empty = asyncio.Event()
         self._empty.set()
         device = torch.device(self.served.device)
@@ -675,6 +760,11 @@ class SessionPool:
 
     async def open(self, seed: int = 0) -> PooledSession:
         """A new session (its RNG seeded with `seed`); AdmissionRefused, with the numbers, when it does not fit."""
+        return await self._open(seed, None)
+
+    async def _open(self, seed: int, group_choice: int | None) -> PooledSession:
+        """`open`, in lockstep into `group_choice` when given (a group with a free row), else the group
+        `_group_for_new_session` picks."""
         assert self.rule is not None and self.metrics is not None, "start() the pool first"
         active = len(self.sessions) + self._opening
         refusal: AdmissionRefused | None
@@ -697,7 +787,7 @@ class SessionPool:
             self.metrics.refused.labels(refusal.reason).inc()
             self._publish()  # whether it admits depends on the other workers' units too: say it as it is now
             raise refusal
-        group = self._group_for_new_session()
+        group = self._group_for_new_session() if group_choice is None else group_choice
         self._opening += 1
         if group is not None:
             self._opening_groups[group] += 1
@@ -723,9 +813,17 @@ class SessionPool:
         if count < 1:
             raise ValueError(f"a bundle holds at least 1 session, not {count}")
         members: list[PooledSession] = []
+        rows = self.config.lockstep
         try:
-            for index in range(count):
-                members.append(await self.open(seed + index))
+            async with self._bundles_opening:  # bundles open one at a time: their members fill groups of their own
+                group_of_chunk = None
+                for index in range(count):
+                    choice = None
+                    if rows is not None and count - (index - index % rows) >= rows:  # in a whole group of its own
+                        if index % rows == 0:
+                            group_of_chunk = self._empty_group()
+                        choice = group_of_chunk
+                    members.append(await self._open(seed + index, choice))
         except AdmissionRefused as refusal:
             await asyncio.gather(*(member.close() for member in members))
             message = messages.bundle_refused(count, len(members), refusal.message)
@@ -735,7 +833,25 @@ class SessionPool:
             for member in members:
                 member.abort(messages.INTERNAL, "its bundle did not open")
             raise
-        return Bundle(self, members)
+        return Bundle(self, members, self._whole_groups(members))
+
+    def _empty_group(self) -> int | None:
+        """The first lockstep group with no member and none being opened (None: every group has some)."""
+        taken = self._rows_taken()
+        return next((group for group in range(self.config.slots) if taken[group] == 0), None)
+
+    def _whole_groups(self, members: list[PooledSession]) -> list[list[PooledSession]] | None:
+        """`members` cut into the lockstep groups they fill, each in row order, when they fill whole groups that
+        hold nobody else (a bundle's fused groups); else None."""
+        rows = self.config.lockstep
+        if rows is None or len(members) % rows:
+            return None
+        groups = [members[start : start + rows] for start in range(0, len(members), rows)]
+        for group in groups:
+            rows_held = group[0].handle.group.members
+            if len(rows_held) != len(group) or any(a is not b.handle for a, b in zip(rows_held, group, strict=True)):
+                return None
+        return groups
 
     def _opened(self, group: int | None) -> None:
         self._opening -= 1
@@ -878,7 +994,9 @@ class SessionPool:
         waited `gather_s`, or a control is queued (never held)."""
         assert self._wakeup is not None
         while self.gather_s > 0:
-            waiting = [s for s in self.sessions.values() if not s.in_flight and s.closing is None]
+            waiting = [
+                s for s in self.sessions.values() if not s.in_flight and s.closing is None and s.driven_by is None
+            ]
             heads = [s.queue[0] for s in waiting if s.queue]
             closing = any(s.closing is not None and s.queue for s in self.sessions.values())
             if not heads or closing or any(head.kind != "tick" for head in heads):
@@ -940,6 +1058,8 @@ class SessionPool:
         resets = {session for session, item in work.controls if item.kind == "reset"}
         groups: dict[int | None, list[PooledSession]] = collections.defaultdict(list)
         for session in self.sessions.values():
+            if session.driven_by is not None and session.driven_by.fused is not None and session not in closing:
+                continue  # its fused group's first session steps the whole group
             healthy = session not in closing and (
                 session in resets or (session.failed is None and not session.finished)
             )
@@ -953,8 +1073,9 @@ class SessionPool:
 
     def _answer_error(self, session: PooledSession, item: Item, error: TickError) -> None:
         assert self.metrics is not None
-        session.errors += 1
-        self.metrics.tick_errors.labels(error.code).inc()
+        for member in session.stepped_by(item):
+            member.errors += 1
+            self.metrics.tick_errors.labels(error.code).inc()
         if not item.future.done():
             item.future.set_exception(error)
 
@@ -965,7 +1086,8 @@ class SessionPool:
         for session, item in work.controls:
             try:
                 if item.kind == "reset":
-                    session.handle = mode.reset(session.handle)
+                    for member in session.stepped_by(item):
+                        member.handle = mode.reset(member.handle)
                 else:
                     mode.leave(session.handle)
                 controls.append((session, item, None))
@@ -976,10 +1098,11 @@ class SessionPool:
         started = time.perf_counter()
         units = 0
         if work.ticks:
-            result = mode.step([(session.handle, item.inputs, item.last) for session, item in work.ticks])
+            keys = [WholeGroup(session.handle.group) if item.whole else session.handle for session, item in work.ticks]
+            result = mode.step([(key, item.inputs, item.last) for key, (_, item) in zip(keys, work.ticks, strict=True)])
             failed = result.failed
-            for session, item in work.ticks:
-                value = result.errors.get(session.handle) or result.outputs.get(session.handle)
+            for key, (session, item) in zip(keys, work.ticks, strict=True):
+                value = result.errors.get(key) or result.outputs.get(key)
                 ticks.append((session, item, value))
             units = len({getattr(session.handle, "group", session.handle) for session, _ in work.ticks})
         done_at = time.perf_counter()
@@ -1010,15 +1133,16 @@ class SessionPool:
                 continue
             latency = outcome.done_at - item.queued_at
             missed = latency > self.tick_period_s
-            session.ticks += 1
-            session.missed += missed
-            session.latencies.append(latency)
-            stepped += 1
-            late += missed
-            self.tick_latencies.append(latency)
-            self.answered.append((outcome.done_at, latency))
-            metrics.tick_latency.observe(latency)
-            metrics.tick_wait.observe(outcome.started_at - item.queued_at)
+            for member in session.stepped_by(item):
+                member.ticks += 1
+                member.missed += missed
+                member.latencies.append(latency)
+                stepped += 1
+                late += missed
+                self.tick_latencies.append(latency)
+                self.answered.append((outcome.done_at, latency))
+                metrics.tick_latency.observe(latency)
+                metrics.tick_wait.observe(outcome.started_at - item.queued_at)
             if item.last:
                 session.finished = True
             if not item.future.done():
@@ -1034,8 +1158,9 @@ class SessionPool:
             session.in_flight = False
             if item.kind == "reset":
                 if error is None:
-                    session.failed = None
-                    session.finished = False
+                    for member in session.stepped_by(item):
+                        member.failed = None
+                        member.finished = False
                     if not item.future.done():
                         item.future.set_result(None)
                 elif not item.future.done():

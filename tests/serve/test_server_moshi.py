@@ -144,3 +144,45 @@ def test_a_bundle_in_lockstep_fills_a_group_and_its_rows_equal_moshis_batched_de
     assert sorted((load.group, load.row) for load in report.per_session) == [(0, 0), (0, 1)]
     checked = verify(moshi, report, lockstep_rows=2)
     assert (checked.verified_sessions, checked.verified_ticks, checked.unequal_ticks) == (2, 6, 0)
+
+
+def fused_bundle_run(monkeypatch, fused: bool) -> tuple[list, list, bool]:
+    """Two groups of 2 rows filled by one bundle of 4: three ticks, a reset, two ticks, each stacked answer
+    kept; the bundle's members kept active past their idle timeout by its ticks alone."""
+    if not fused:
+        monkeypatch.setattr(SessionPool, "_whole_groups", lambda self, members: None)
+    moshi = served_tail("moshi")
+    config = PoolConfig(slots=2, lockstep=2, tick_model=MODEL, latency_guard=False, idle_timeout_s=0.6)
+    seeds = [21, 22, 23, 24]
+
+    def stacked(tick: int) -> dict:
+        return {"codes": torch.stack([moshi.inputs(seed, tick)["codes"] for seed in seeds])}
+
+    async def scenario():
+        pool = SessionPool(moshi, config)
+        await pool.start()
+        bundle = await pool.open_bundle(4, seed=21)
+        answers = []
+        for tick in range(3):
+            answers.append(await bundle.submit(stacked(tick)))
+            await asyncio.sleep(0.25)  # past the idle timeout in all, for a member that queues nothing itself
+        await bundle.reset()
+        answers += [await bundle.submit(stacked(tick)) for tick in range(2)]
+        groups = [[member.info()["row"] for member in group] for group in bundle.fused or []]
+        alive = bundle.closing is None
+        await bundle.close()
+        await pool.stop()
+        return answers, groups, alive
+
+    return run(scenario())
+
+
+def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_its_members_stepped_one_by_one(
+    monkeypatch,
+):
+    whole, groups, alive = fused_bundle_run(monkeypatch, fused=True)
+    assert groups == [[0, 1], [0, 1]] and alive
+    one_by_one, no_groups, _ = fused_bundle_run(monkeypatch, fused=False)
+    assert no_groups == []
+    assert [tuple(answer["pcm"].shape) for answer in whole] == [(4, 1, 1, 1920)] * 5
+    assert all(torch.equal(a["pcm"], b["pcm"]) for a, b in zip(whole, one_by_one, strict=True))

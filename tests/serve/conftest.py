@@ -22,6 +22,20 @@ COMPARE_ALONE = (
 )
 
 
+@pytest.fixture(scope="module")
+def toy_server(request):
+    """The toy tail behind the websocket server (uvicorn on 127.0.0.1, a free port, started here), its pool
+    configured by the test module's `TOY_POOL` (a `PoolConfig`)."""
+    from duplexcadence.interpreter.serve.app import make_app
+    from duplexcadence.interpreter.serve.pool import SessionPool
+    from duplexcadence.interpreter.serve.server import ServerThread
+    from duplexcadence.interpreter.serve.tail import served_tail
+
+    pool = SessionPool(served_tail("toy"), request.module.TOY_POOL)
+    with ServerThread(make_app(pool)) as running:
+        yield running
+
+
 @pytest.fixture
 def toy_stock_alone(tmp_path) -> Callable[[list], list[tuple[int, int]]]:
     """`compare_with_stock` of each of the toy's session loads, in a process of its own: the toy's stock draws

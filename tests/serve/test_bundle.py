@@ -16,33 +16,25 @@ import torch
 
 from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.admission import TickModel
-from duplexcadence.interpreter.serve.app import make_app
 from duplexcadence.interpreter.serve.client import Refused, ServerError, SessionClient, bundle_url
 from duplexcadence.interpreter.serve.loadgen import SessionLoad, compare_with_stock, run_load, verify
 from duplexcadence.interpreter.serve.modes import BundleTickError, TickError
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
-from duplexcadence.interpreter.serve.server import ServerThread
 from duplexcadence.interpreter.serve.tail import served_tail
 
 TOY = served_tail("toy")
 MODEL = TickModel(0.010, 0.010)  # 80 ms period, 15 % headroom: the 4 slots fit the budget of 68 ms
-
-
-@pytest.fixture(scope="module")
-def server():
-    pool = SessionPool(TOY, PoolConfig(slots=4, lanes=2, tick_model=MODEL, idle_timeout_s=120))
-    with ServerThread(make_app(pool)) as running:
-        yield running
+TOY_POOL = PoolConfig(slots=4, lanes=2, tick_model=MODEL, idle_timeout_s=120)  # the `toy_server` fixture's
 
 
 def run(coroutine):
     return asyncio.run(asyncio.wait_for(coroutine, timeout=120))
 
 
-def sessions_open(server, count: int) -> int:
+def sessions_open(toy_server, count: int) -> int:
     deadline = time.monotonic() + 30
     while True:
-        with urllib.request.urlopen(server.url("/v1/capacity"), timeout=30) as response:
+        with urllib.request.urlopen(toy_server.url("/v1/capacity"), timeout=30) as response:
             sessions = json.loads(response.read())["sessions"]
         if sessions == count or time.monotonic() > deadline:
             return sessions
@@ -63,18 +55,18 @@ def members_equal_stock(seeds: list[int], answers: list[dict]) -> bool:
     return True
 
 
-def test_a_bundles_members_equal_each_session_alone_on_stock(server):
+def test_a_bundles_members_equal_each_session_alone_on_stock(toy_server):
     seeds = [5, 6, 7]
 
     async def scenario():
-        client = await SessionClient.connect(bundle_url(server.ws_url(), 3), seed=5)
+        client = await SessionClient.connect(bundle_url(toy_server.ws_url(), 3), seed=5)
         answers = []
         for tick in range(5):  # pipelined: two ticks in flight
             await client.send(stacked(seeds, tick))
             if tick:
                 answers.append(await client.receive())
         answers.append(await client.receive())
-        open_then = sessions_open(server, 3)
+        open_then = sessions_open(toy_server, 3)
         closed = await client.close()
         return client, answers, open_then, closed
 
@@ -94,16 +86,16 @@ def test_a_bundles_members_equal_each_session_alone_on_stock(server):
         (6, 5, 0),
         (7, 5, 0),
     ]
-    assert sessions_open(server, 0) == 0
+    assert sessions_open(toy_server, 0) == 0
 
 
-def test_a_bundle_that_does_not_fit_is_refused_whole_and_keeps_no_slot(server):
+def test_a_bundle_that_does_not_fit_is_refused_whole_and_keeps_no_slot(toy_server):
     async def scenario():
-        held = await SessionClient.connect(bundle_url(server.ws_url(), 3), seed=1)
+        held = await SessionClient.connect(bundle_url(toy_server.ws_url(), 3), seed=1)
         with pytest.raises(Refused) as refused:
-            await SessionClient.connect(bundle_url(server.ws_url(), 2), seed=10)
-        still = sessions_open(server, 3)
-        alone = await SessionClient.connect(server.ws_url(), seed=20)  # the one free slot is free again
+            await SessionClient.connect(bundle_url(toy_server.ws_url(), 2), seed=10)
+        still = sessions_open(toy_server, 3)
+        alone = await SessionClient.connect(toy_server.ws_url(), seed=20)  # the one free slot is free again
         await alone.close()
         await held.close()
         return refused.value, still
@@ -124,10 +116,10 @@ def test_a_bundle_that_does_not_fit_is_refused_whole_and_keeps_no_slot(server):
         ("two", "the query parameter sessions='two' is not a whole number of 1 or more"),
     ],
 )
-def test_a_bundle_size_that_is_not_a_count_is_refused(server, text, expected):
+def test_a_bundle_size_that_is_not_a_count_is_refused(toy_server, text, expected):
     async def scenario():
         with pytest.raises(Refused) as refused:
-            await SessionClient.connect(server.ws_url().replace("/v1/session", f"/v1/bundle?sessions={text}"))
+            await SessionClient.connect(toy_server.ws_url().replace("/v1/session", f"/v1/bundle?sessions={text}"))
         return refused.value
 
     refused = run(scenario())
@@ -135,11 +127,11 @@ def test_a_bundle_size_that_is_not_a_count_is_refused(server, text, expected):
     assert refused.message == f"{expected}; /v1/bundle?sessions=N opens N sessions as one bundle"
 
 
-def test_a_malformed_bundle_frame_gets_its_error_and_leaves_every_member_unchanged(server):
+def test_a_malformed_bundle_frame_gets_its_error_and_leaves_every_member_unchanged(toy_server):
     seeds = [40, 41]
 
     async def scenario():
-        client = await SessionClient.connect(bundle_url(server.ws_url(), 2), seed=40)
+        client = await SessionClient.connect(bundle_url(toy_server.ws_url(), 2), seed=40)
         answers = [await client.step(stacked(seeds, 0))]
         errors = []
         for bad in (
@@ -168,11 +160,11 @@ def test_a_malformed_bundle_frame_gets_its_error_and_leaves_every_member_unchang
     assert members_equal_stock(seeds, answers)
 
 
-def test_a_stage_failure_names_its_members_and_a_reset_recovers_every_member(server):
+def test_a_stage_failure_names_its_members_and_a_reset_recovers_every_member(toy_server):
     seeds = [60, 61]
 
     async def scenario():
-        client = await SessionClient.connect(bundle_url(server.ws_url(), 2), seed=60)
+        client = await SessionClient.connect(bundle_url(toy_server.ws_url(), 2), seed=60)
         first = [await client.step(stacked(seeds, tick)) for tick in range(2)]
         poisoned = stacked(seeds, 2)
         poisoned["codes"][1] = 99  # past the embedding: member 1's stage raises
@@ -192,19 +184,19 @@ def test_a_stage_failure_names_its_members_and_a_reset_recovers_every_member(ser
     assert members_equal_stock(seeds, first) and members_equal_stock(seeds, recovered)
 
 
-def test_a_bundle_whose_client_disconnects_frees_every_slot(server):
+def test_a_bundle_whose_client_disconnects_frees_every_slot(toy_server):
     async def scenario():
-        client = await SessionClient.connect(bundle_url(server.ws_url(), 3), seed=70)
+        client = await SessionClient.connect(bundle_url(toy_server.ws_url(), 3), seed=70)
         await client.step(stacked([70, 71, 72], 0))
         await client.send(stacked([70, 71, 72], 1))  # in flight or queued when it goes
         client.connection.transport.abort()
 
     run(scenario())
-    assert sessions_open(server, 0) == 0
+    assert sessions_open(toy_server, 0) == 0
 
 
-def test_the_load_generator_drives_bundles_and_verifies_them(server):
-    report = run(run_load(server.ws_url(), 4, 6, TOY.inputs, paced=False, record=4, first_seed=80, bundle=3))
+def test_the_load_generator_drives_bundles_and_verifies_them(toy_server):
+    report = run(run_load(toy_server.ws_url(), 4, 6, TOY.inputs, paced=False, record=4, first_seed=80, bundle=3))
     checked = verify(TOY, report)
     assert (report.opened, report.ticks, report.errors) == (4, 24, {})
     assert (checked.verified_sessions, checked.verified_ticks, checked.unequal_ticks) == (4, 24, 0)

@@ -25,13 +25,12 @@ from duplexcadence.interpreter.serve.tail import served_tail
 
 TOY = served_tail("toy")
 MODEL = TickModel(0.010, 0.020)  # 80 ms period, 15 % headroom: 2 sessions fit the budget of 68 ms
+TOY_POOL = PoolConfig(slots=3, lanes=2, tick_model=MODEL, idle_timeout_s=120)
 
 
 @pytest.fixture(scope="module")
-def server():
-    pool = SessionPool(TOY, PoolConfig(slots=3, lanes=2, tick_model=MODEL, idle_timeout_s=120))
-    with ServerThread(make_app(pool)) as running:
-        yield running
+def server(toy_server):
+    return toy_server
 
 
 def run(coroutine):

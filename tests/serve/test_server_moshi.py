@@ -13,10 +13,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("moshi")
 
+from duplexcadence.interpreter.serve import messages  # noqa: E402
 from duplexcadence.interpreter.serve.admission import TickModel  # noqa: E402
 from duplexcadence.interpreter.serve.app import make_app  # noqa: E402
 from duplexcadence.interpreter.serve.client import SessionClient  # noqa: E402
 from duplexcadence.interpreter.serve.loadgen import SessionLoad, compare_with_stock  # noqa: E402
+from duplexcadence.interpreter.serve.modes import TickError  # noqa: E402
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool  # noqa: E402
 from duplexcadence.interpreter.serve.server import ServerThread  # noqa: E402
 from duplexcadence.interpreter.serve.tail import served_tail  # noqa: E402
@@ -186,3 +188,41 @@ def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_i
     assert no_groups == []
     assert [tuple(answer["pcm"].shape) for answer in whole] == [(4, 1, 1, 1920)] * 5
     assert all(torch.equal(a["pcm"], b["pcm"]) for a, b in zip(whole, one_by_one, strict=True))
+
+
+def test_a_stage_failure_in_a_bundles_whole_group_fails_every_member_and_a_reset_recovers_them():
+    """A code past the codebook in one row makes the group's stage raise (on the CPU: an IndexError): the
+    whole group's tick fails for both members, the next one is refused as failed, and after a reset the
+    bundle steps again with the outputs of a fresh bundle."""
+    moshi = served_tail("moshi")
+    config = PoolConfig(slots=2, lockstep=2, tick_model=MODEL, latency_guard=False)
+    seeds = [31, 32]
+
+    def stacked(tick: int) -> dict:
+        return {"codes": torch.stack([moshi.inputs(seed, tick)["codes"] for seed in seeds])}
+
+    async def scenario():
+        pool = SessionPool(moshi, config)
+        await pool.start()
+        bundle = await pool.open_bundle(2, seed=31)
+        fresh_bundle = await pool.open_bundle(2, seed=31)
+        first = await bundle.submit(stacked(0))
+        poisoned = stacked(1)
+        poisoned["codes"][1] = 100_000
+        with pytest.raises(TickError) as failed:
+            await bundle.submit(poisoned)
+        with pytest.raises(TickError) as refused:
+            await bundle.submit(stacked(1))
+        await bundle.reset()
+        again = [await bundle.submit(stacked(tick)) for tick in range(2)]
+        fresh = [await fresh_bundle.submit(stacked(tick)) for tick in range(2)]
+        whole = (bundle.fused is not None, fresh_bundle.fused is not None)
+        await pool.stop()
+        return first, failed.value, refused.value, again, fresh, whole
+
+    first, failed, refused, again, fresh, whole = run(scenario())
+    assert whole == (True, True)
+    assert (failed.code, failed.members) == (messages.STAGE_FAILED, [0, 1])
+    assert (refused.code, refused.members) == (messages.SESSION_FAILED, [0, 1])
+    assert torch.equal(first["pcm"], fresh[0]["pcm"])
+    assert all(torch.equal(a["pcm"], b["pcm"]) for a, b in zip(again, fresh, strict=True))

@@ -296,6 +296,8 @@ def main() -> int:
     parser.add_argument("--fronts", type=int, default=1, help="front processes over the pool (dsl serve --fronts)")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args()
+    if args.bundle < 1 or (args.bundle > 1 and args.fronts > 1):
+        parser.error("--bundle takes 1 or more, and bundles are not served through front processes (--fronts)")
     global UNIT_SECONDS
     UNIT_SECONDS = args.unit_ms / 1000
     torch.set_num_threads(1)

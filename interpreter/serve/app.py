@@ -196,7 +196,10 @@ class SocketSession:
         count = 0
         if self.bundle:
             count_text = websocket.query_params.get("sessions", "")
-            count = int(count_text) if count_text.isdigit() else 0
+            try:
+                count = int(count_text)
+            except ValueError:
+                count = 0
             if count < 1:
                 await self._refuse(messages.BAD_CONTROL, messages.bad_bundle_size(count_text), messages.CLOSE_POLICY)
                 return

@@ -153,7 +153,7 @@ async def drive_session(
     window = int(client.ready.get("queue_depth", 1)) if paced else 1  # unpaced: the next tick after the answer
     sent_at: collections.deque[float] = collections.deque()
     latencies: list[float] = []
-    errors: list[str] = []
+    errors: list[tuple[str, list[int] | None]] = []  # a code, and the bundle's members it is for (None: all)
     outputs: list[dict[str, torch.Tensor]] = []
     blocked = 0
     began = time.perf_counter()
@@ -165,13 +165,13 @@ async def drive_session(
             try:
                 answer = await client.receive()
             except SessionClosedByServer as closed:
-                errors.append(closed.code)
+                errors.append((closed.code, None))
                 closed_early.set()
                 for _ in range(window):  # wake the sender: it stops
                     slots.release()
                 return
             except ServerError as error:
-                errors.append(error.code)
+                errors.append((error.code, error.members))
                 sent_at.popleft()
                 slots.release()
                 if record:
@@ -220,9 +220,9 @@ async def drive_session(
         SessionLoad(
             seed,
             len(latencies),
-            tuple(errors),
+            tuple(code for code, members in errors if members is None or index in members),
             tuple(latencies),
-            blocked,
+            blocked if index == 0 else 0,  # the bundle's sends are its first session's
             None,
             member_outputs(outputs, index, bundled) if index < record else (),
             client.replica,

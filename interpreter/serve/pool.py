@@ -393,8 +393,10 @@ class Bundle(ClosingState):
             frame = codec.decode(data)
             return self.submit(frame.tensors, frame.last)
         except (codec.FrameError, TickError) as error:
+            for member in self.members:
+                member.errors += 1
             if self.pool.metrics is not None:
-                self.pool.metrics.tick_errors.labels(error.code).inc()
+                self.pool.metrics.tick_errors.labels(error.code).inc(len(self.members))
             raise
 
     def reset(self) -> asyncio.Future:
@@ -486,7 +488,11 @@ class Bundle(ClosingState):
             left[0] -= 1
             if left[0] or joined.done():
                 return
-            failed = [(owner, f.exception()) for owner, f in zip(owners, futures) if f.cancelled() or f.exception()]
+            failed = [
+                (owner, None if f.cancelled() else f.exception())
+                for owner, f in zip(owners, futures, strict=True)
+                if f.cancelled() or f.exception() is not None
+            ]
             if failed:
                 errors = [error for _, error in failed if isinstance(error, TickError)]
                 code, message = (errors[0].code, errors[0].message) if errors else (messages.INTERNAL, "cancelled")
@@ -604,6 +610,7 @@ class SessionPool:
         self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
         self._bundles_opening = asyncio.Lock()
+        self._bundle_groups: set[int] = set()  # lockstep groups a bundle fills or holds whole
         self._empty = asyncio.Event()
         self._empty.set()
         device = torch.device(self.served.device)
@@ -787,6 +794,9 @@ class SessionPool:
             self.metrics.refused.labels(refusal.reason).inc()
             self._publish()  # whether it admits depends on the other workers' units too: say it as it is now
             raise refusal
+        rows = self.config.lockstep
+        if group_choice is not None and rows is not None and self._rows_taken()[group_choice] >= rows:
+            group_choice = None  # taken meanwhile by a session that found no other room
         group = self._group_for_new_session() if group_choice is None else group_choice
         self._opening += 1
         if group is not None:
@@ -814,6 +824,7 @@ class SessionPool:
             raise ValueError(f"a bundle holds at least 1 session, not {count}")
         members: list[PooledSession] = []
         rows = self.config.lockstep
+        reserved: list[int] = []
         try:
             async with self._bundles_opening:  # bundles open one at a time: their members fill groups of their own
                 group_of_chunk = None
@@ -822,23 +833,32 @@ class SessionPool:
                     if rows is not None and count - (index - index % rows) >= rows:  # in a whole group of its own
                         if index % rows == 0:
                             group_of_chunk = self._empty_group()
+                            if group_of_chunk is not None:
+                                self._bundle_groups.add(group_of_chunk)
+                                reserved.append(group_of_chunk)
                         choice = group_of_chunk
                     members.append(await self._open(seed + index, choice))
         except AdmissionRefused as refusal:
+            self._bundle_groups.difference_update(reserved)
             await asyncio.gather(*(member.close() for member in members))
             message = messages.bundle_refused(count, len(members), refusal.message)
             numbers = (refusal.sessions, refusal.capacity, refusal.slots, refusal.predicted_tick_s)
             raise AdmissionRefused(refusal.reason, message, *numbers, refusal.tick_period_s, refusal.headroom) from None
         except BaseException:
+            self._bundle_groups.difference_update(reserved)
             for member in members:
                 member.abort(messages.INTERNAL, "its bundle did not open")
             raise
-        return Bundle(self, members, self._whole_groups(members))
+        whole = self._whole_groups(members)
+        if whole is None:
+            self._bundle_groups.difference_update(reserved)
+        return Bundle(self, members, whole)
 
     def _empty_group(self) -> int | None:
-        """The first lockstep group with no member and none being opened (None: every group has some)."""
+        """The first lockstep group with no member, none being opened and no bundle filling it (None: none)."""
         taken = self._rows_taken()
-        return next((group for group in range(self.config.slots) if taken[group] == 0), None)
+        groups = range(self.config.slots)
+        return next((group for group in groups if taken[group] == 0 and group not in self._bundle_groups), None)
 
     def _whole_groups(self, members: list[PooledSession]) -> list[list[PooledSession]] | None:
         """`members` cut into the lockstep groups they fill, each in row order, when they fill whole groups that
@@ -848,8 +868,9 @@ class SessionPool:
             return None
         groups = [members[start : start + rows] for start in range(0, len(members), rows)]
         for group in groups:
-            rows_held = group[0].handle.group.members
-            if len(rows_held) != len(group) or any(a is not b.handle for a, b in zip(rows_held, group, strict=True)):
+            if any(
+                held is not member.handle for held, member in zip(group[0].handle.group.members, group, strict=True)
+            ):
                 return None
         return groups
 
@@ -869,13 +890,21 @@ class SessionPool:
         if rows is None:
             return None
         taken = self._rows_taken()
-        running = [group for group in range(self.config.slots) if 0 < taken[group] < rows]
-        if running:
-            return max(running, key=lambda group: (taken[group], -group))
-        for group in range(self.config.slots):
-            if taken[group] == 0:
-                return group
-        raise AssertionError("admission let in a session with every row taken")
+
+        def fullest(groups: list[int]) -> int | None:
+            running = [group for group in groups if 0 < taken[group] < rows]
+            if running:
+                return max(running, key=lambda group: (taken[group], -group))
+            return next((group for group in groups if taken[group] == 0), None)
+
+        # a group a bundle fills or holds whole is taken last: a bundle's group with a session of its own
+        # steps its members one by one
+        every = list(range(self.config.slots))
+        choice = fullest([group for group in every if group not in self._bundle_groups])
+        choice = fullest(every) if choice is None else choice
+        if choice is None:
+            raise AssertionError("admission let in a session with every row taken")
+        return choice
 
     def placement_load(self) -> WorkerLoad:
         """This pool's load as a placement board holds it: whether it admits a session now, the units it
@@ -1179,6 +1208,12 @@ class SessionPool:
         session._mark_closed()
         if self.sessions.pop(session.id, None) is not None:
             self.metrics.closed.labels(session.closing[0]).inc()
+        lead = session.driven_by or (session if session.fused is not None else None)
+        if lead is not None and lead.fused is not None:
+            for member in lead.fused:  # a whole group cannot step with a row gone: its sessions close together
+                member.abort(*session.closing)
+            if not any(other.group == session.group for other in self.sessions.values()):
+                self._bundle_groups.discard(session.group)
         if not self.sessions:
             self._empty.set()
         self._refresh_gauges()
@@ -1221,7 +1256,8 @@ class SessionPool:
             await asyncio.sleep(min(1.0, timeout / 4))
             now = time.monotonic()
             for session in list(self.sessions.values()):
-                idle = not session.queue and not session.in_flight and session.closing is None
+                driver = session.driven_by or session  # a fused group's ticks are queued on its first session
+                idle = not driver.queue and not driver.in_flight and session.closing is None
                 if idle and now - session.last_activity > timeout:
                     session.abort(messages.IDLE_TIMEOUT, messages.idle_timeout(timeout))
 

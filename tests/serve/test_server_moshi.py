@@ -148,11 +148,10 @@ def test_a_bundle_in_lockstep_fills_a_group_and_its_rows_equal_moshis_batched_de
     assert (checked.verified_sessions, checked.verified_ticks, checked.unequal_ticks) == (2, 6, 0)
 
 
-def fused_bundle_run(monkeypatch, fused: bool) -> tuple[list, list, bool]:
-    """Two groups of 2 rows filled by one bundle of 4: three ticks, a reset, two ticks, each stacked answer
-    kept; the bundle's members kept active past their idle timeout by its ticks alone."""
-    if not fused:
-        monkeypatch.setattr(SessionPool, "_whole_groups", lambda self, members: None)
+def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_its_sessions_stepped_alone():
+    """Two groups of 2 rows filled by one bundle of 4 against the same groups filled by 4 sessions opened one by
+    one: three ticks, a reset, two ticks, each answer equal; the bundle's sessions kept open past their idle
+    timeout by the bundle's ticks alone (they queue none of their own)."""
     moshi = served_tail("moshi")
     config = PoolConfig(slots=2, lockstep=2, tick_model=MODEL, latency_guard=False, idle_timeout_s=0.6)
     seeds = [21, 22, 23, 24]
@@ -160,34 +159,43 @@ def fused_bundle_run(monkeypatch, fused: bool) -> tuple[list, list, bool]:
     def stacked(tick: int) -> dict:
         return {"codes": torch.stack([moshi.inputs(seed, tick)["codes"] for seed in seeds])}
 
-    async def scenario():
+    async def bundled():
         pool = SessionPool(moshi, config)
         await pool.start()
         bundle = await pool.open_bundle(4, seed=21)
         answers = []
         for tick in range(3):
-            answers.append(await bundle.submit(stacked(tick)))
-            await asyncio.sleep(0.25)  # past the idle timeout in all, for a member that queues nothing itself
+            answers.append((await bundle.submit(stacked(tick)))["pcm"])
+            await asyncio.sleep(0.25)  # past the idle timeout in all, for a session that queues nothing itself
         await bundle.reset()
-        answers += [await bundle.submit(stacked(tick)) for tick in range(2)]
-        groups = [[member.info()["row"] for member in group] for group in bundle.fused or []]
+        answers += [(await bundle.submit(stacked(tick)))["pcm"] for tick in range(2)]
+        rows = [[member.info()["row"] for member in group] for group in bundle.fused or []]
         alive = bundle.closing is None
         await bundle.close()
         await pool.stop()
-        return answers, groups, alive
+        return answers, rows, alive
 
-    return run(scenario())
+    async def alone():
+        pool = SessionPool(moshi, config)
+        await pool.start()
+        sessions = [await pool.open(seed) for seed in seeds]
 
+        async def tick(number: int) -> torch.Tensor:
+            inputs = stacked(number)["codes"]
+            outputs = await asyncio.gather(*(s.submit({"codes": inputs[i]}) for i, s in enumerate(sessions)))
+            return torch.stack([output["pcm"] for output in outputs])
 
-def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_its_members_stepped_one_by_one(
-    monkeypatch,
-):
-    whole, groups, alive = fused_bundle_run(monkeypatch, fused=True)
-    assert groups == [[0, 1], [0, 1]] and alive
-    one_by_one, no_groups, _ = fused_bundle_run(monkeypatch, fused=False)
-    assert no_groups == []
-    assert [tuple(answer["pcm"].shape) for answer in whole] == [(4, 1, 1, 1920)] * 5
-    assert all(torch.equal(a["pcm"], b["pcm"]) for a, b in zip(whole, one_by_one, strict=True))
+        answers = [await tick(number) for number in range(3)]
+        await asyncio.gather(*(session.reset() for session in sessions))
+        answers += [await tick(number) for number in range(2)]
+        await pool.stop()
+        return answers
+
+    whole, rows, alive = run(bundled())
+    one_by_one = run(alone())
+    assert rows == [[0, 1], [0, 1]] and alive
+    assert [tuple(answer.shape) for answer in whole] == [(4, 1, 1, 1920)] * 5
+    assert all(torch.equal(a, b) for a, b in zip(whole, one_by_one, strict=True))
 
 
 def test_a_stage_failure_in_a_bundles_whole_group_fails_every_member_and_a_reset_recovers_them():
@@ -226,3 +234,25 @@ def test_a_stage_failure_in_a_bundles_whole_group_fails_every_member_and_a_reset
     assert (refused.code, refused.members) == (messages.SESSION_FAILED, [0, 1])
     assert torch.equal(first["pcm"], fresh[0]["pcm"])
     assert all(torch.equal(a["pcm"], b["pcm"]) for a, b in zip(again, fresh, strict=True))
+
+
+def test_a_session_opened_while_a_bundle_fills_its_group_takes_another_group():
+    moshi = served_tail("moshi")
+    config = PoolConfig(slots=3, lockstep=2, tick_model=MODEL, latency_guard=False)
+
+    async def scenario():
+        pool = SessionPool(moshi, config)
+        await pool.start()
+        bundle, single, later = await asyncio.gather(pool.open_bundle(4, seed=1), pool.open(seed=9), pool.open(seed=10))
+        groups = ([member.group for member in bundle.members], single.group, later.group)
+        whole = bundle.fused is not None
+        codes = torch.stack([moshi.inputs(seed, 0)["codes"] for seed in range(1, 5)])
+        stepped = await asyncio.gather(
+            bundle.submit({"codes": codes}), single.submit(moshi.inputs(9, 0)), later.submit(moshi.inputs(10, 0))
+        )
+        await pool.stop()
+        return groups, whole, stepped
+
+    (bundled, single, later), whole, stepped = run(scenario())
+    assert whole and len(set(bundled)) == 2 and single == later and single not in bundled
+    assert tuple(stepped[0]["pcm"].shape) == (4, 1, 1, 1920)

@@ -751,8 +751,6 @@ def main() -> int:
         )
         if args.server_fronts > 1 and args.server_workers > 1:
             problems.append("--server-fronts and --server-workers are two ways to split the server: give one")
-        if args.bundle > 1 and args.server_fronts > 1:
-            problems.append("--bundle: bundles are not served through front processes (--server-fronts)")
         if args.server_workers < 1 or args.server_fronts < 1 or args.bundle < 1 or problems:
             print(f"{name}: {'; '.join(problems) or '--server-workers must be at least 1'}", file=sys.stderr)
             return 2

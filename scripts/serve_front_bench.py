@@ -261,7 +261,9 @@ def through_fronts(pool: SessionPool, args: argparse.Namespace, sessions: int, f
     if "url" not in box:
         raise RuntimeError("the fronts did not start")
     try:
-        return drive(box["url"], sessions, args.ticks, args.workers, folder, args.paced, "serve-front-bench-engine")
+        return drive(
+            box["url"], sessions, args.ticks, args.workers, folder, args.paced, "serve-front-bench-engine", args.bundle
+        )
     finally:
         box["loop"].call_soon_threadsafe(box["stop"].set)
         thread.join(120)
@@ -296,8 +298,8 @@ def main() -> int:
     parser.add_argument("--fronts", type=int, default=1, help="front processes over the pool (dsl serve --fronts)")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args()
-    if args.bundle < 1 or (args.bundle > 1 and args.fronts > 1):
-        parser.error("--bundle takes 1 or more, and bundles are not served through front processes (--fronts)")
+    if args.bundle < 1:
+        parser.error(f"--bundle takes 1 or more sessions a websocket, not {args.bundle}")
     global UNIT_SECONDS
     UNIT_SECONDS = args.unit_ms / 1000
     torch.set_num_threads(1)

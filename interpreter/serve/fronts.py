@@ -46,12 +46,12 @@ from typing import TYPE_CHECKING, Any
 
 from duplexcadence.interpreter.serve import codec, messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused
-from duplexcadence.interpreter.serve.modes import TickError
+from duplexcadence.interpreter.serve.modes import BundleTickError, TickError
 from duplexcadence.interpreter.serve.pool import ClosingState, SessionClosed
 from duplexcadence.interpreter.serve.workers import STOP_TIMEOUT_S, WorkersFailed, bind_sockets, signals_ignored
 
 if TYPE_CHECKING:
-    from duplexcadence.interpreter.serve.pool import PooledSession, SessionPool
+    from duplexcadence.interpreter.serve.pool import Bundle, PooledSession, SessionPool
 
 LOG = logging.getLogger("duplexcadence.serve")
 LENGTH = struct.Struct("<Q")
@@ -113,7 +113,7 @@ class EngineLink:
         self.pool = pool
         self.link = link
         self.index = index
-        self.sessions: dict[int, PooledSession] = {}
+        self.sessions: dict[int, PooledSession | Bundle] = {}
         self.tasks: set[asyncio.Task] = set()
 
     async def serve(self) -> None:
@@ -155,11 +155,13 @@ class EngineLink:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _open(self, request: int, seed: int) -> None:
-        """Open a session for the front, then watch it: once it closes (asked to, idle, aborted, the pool
-        stopping), the front hears why and the session's numbers."""
+    async def _open(self, request: int, asked: tuple[int, int | None]) -> None:
+        """Open a session (or, with a count, a bundle of them) for the front, then watch it: once it closes
+        (asked to, idle, aborted, the pool stopping), the front hears why and its numbers."""
+        seed, bundle = asked
+        session: PooledSession | Bundle
         try:
-            session = await self.pool.open(seed)
+            session = await (self.pool.open(seed) if bundle is None else self.pool.open_bundle(bundle, seed))
         except AdmissionRefused as refusal:
             self.link.send(("refused", request, refusal_fields(refusal)))
             return
@@ -180,7 +182,7 @@ class EngineLink:
         try:
             future = session.submit_frame(data)
         except (codec.FrameError, TickError) as error:
-            self.link.send(("tick-error", session_id, tick, error.code, error.message))
+            self.link.send(("tick-error", session_id, tick, error.code, error.message, None))
             return
         future.add_done_callback(functools.partial(self._answered, session_id, tick))
 
@@ -189,7 +191,8 @@ class EngineLink:
         if error is None:
             self.link.send(("tick-out", session_id, tick, codec.encode(future.result())))
         else:
-            self.link.send(("tick-error", session_id, tick, *error_words(error)))
+            members = error.members if isinstance(error, BundleTickError) else None
+            self.link.send(("tick-error", session_id, tick, *error_words(error), members))
 
     def _reset(self, session_id: int, number: int) -> None:
         session = self.sessions.get(session_id)
@@ -418,8 +421,14 @@ class RemoteSession(ClosingState):
     def stats_json(self) -> dict:
         return dict(self.stats)
 
-    def answer_tick(self, number: int, outputs: bytes | None, error: tuple[str, str] | None = None) -> None:
-        settle(self.ticks.pop(number, None), outputs, error)
+    def answer_tick(
+        self,
+        number: int,
+        outputs: bytes | None,
+        error: tuple[str, str] | None = None,
+        members: list[int] | None = None,
+    ) -> None:
+        settle(self.ticks.pop(number, None), outputs, error, members)
 
     def answer_reset(self, number: int, error: tuple[str, str] | None) -> None:
         settle(self.resets.pop(number, None), None, error)
@@ -439,14 +448,17 @@ class RemoteSession(ClosingState):
         self.closed_event.set()
 
 
-def settle(future: asyncio.Future | None, value: Any, error: tuple[str, str] | None) -> None:
-    """Answer a proxied tick or reset: `value`, or a TickError of `error` (code, message)."""
+def settle(
+    future: asyncio.Future | None, value: Any, error: tuple[str, str] | None, members: list[int] | None = None
+) -> None:
+    """Answer a proxied tick or reset: `value`, or a TickError of `error` (code, message); for a bundle's
+    tick that failed for some of its sessions, a BundleTickError naming them (`members`)."""
     if future is None or future.done():
         return
     if error is None:
         future.set_result(value)
     else:
-        future.set_exception(TickError(*error))
+        future.set_exception(TickError(*error) if members is None else BundleTickError(*error, members))
 
 
 class RemotePool:
@@ -503,11 +515,13 @@ class RemotePool:
         return dict(self._ready_fields)
 
     async def open_bundle(self, count: int, seed: int = 0) -> RemoteSession:
-        """Bundles are not served through front processes: TickError saying so."""
-        raise TickError(messages.BAD_CONTROL, messages.bundles_not_served())
+        """A bundle of `count` sessions of the engine's pool (`pool.Bundle`), proxied as one session."""
+        return self._opened(await self._request("open", (seed, count)))
 
     async def open(self, seed: int = 0) -> RemoteSession:
-        reply = await self._request("open", seed)
+        return self._opened(await self._request("open", (seed, None)))
+
+    def _opened(self, reply: tuple) -> RemoteSession:
         if reply[0] == "refused":
             raise AdmissionRefused(*reply[2])
         if reply[0] == "failed":
@@ -558,7 +572,7 @@ class RemotePool:
                 if kind == "tick-out":
                     session.answer_tick(message[2], message[3])
                 else:
-                    session.answer_tick(message[2], None, (message[3], message[4]))
+                    session.answer_tick(message[2], None, (message[3], message[4]), message[5])
         elif kind == "reset-done":
             session = self.sessions.get(message[1])
             if session is not None:

@@ -251,10 +251,6 @@ def bad_bundle_size(text: str) -> str:
     )
 
 
-def bundles_not_served() -> str:
-    return "bundles are served by a server that holds its pool (dsl serve, --workers), not through --fronts"
-
-
 def bad_control(problem: str) -> str:
     return f'{problem}; control frames are JSON objects: {{"type": "reset"}} or {{"type": "close"}}'
 

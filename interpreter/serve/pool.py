@@ -336,6 +336,11 @@ class Bundle(ClosingState):
                 member.driven_by = group[0]
         self._watch = pool.loop.create_task(self._close_together(), name="duplexcadence-bundle")
 
+    @property
+    def id(self) -> int:
+        """The bundle's id: its first session's."""
+        return self.members[0].id
+
     def info(self) -> dict:
         """What the `ready` frame says of the bundle: its size and each member's session."""
         return {"bundle": len(self.members), "members": [member.info() for member in self.members]}

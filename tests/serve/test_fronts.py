@@ -23,7 +23,7 @@ from duplexcadence.interpreter.serve.admission import AdmissionRefused, TickMode
 from duplexcadence.interpreter.serve.client import Refused, SessionClient
 from duplexcadence.interpreter.serve.fronts import EngineLink, Link, RemotePool, error_words, outcome_error
 from duplexcadence.interpreter.serve.loadgen import run_load
-from duplexcadence.interpreter.serve.modes import TickError
+from duplexcadence.interpreter.serve.modes import BundleTickError, TickError
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
 from duplexcadence.interpreter.serve.tail import served_tail
 
@@ -106,6 +106,40 @@ def test_a_bad_frame_fails_its_tick_with_its_code_and_leaves_the_session_as_it_w
     assert codec.decode(outputs).tensors.keys() == {"pcm"}
     assert (stats["ticks"], stats["errors"]) == (1, 2)
     assert 'duplexcadence_tick_errors_total{code="bad-magic"} 1.0' in metrics.decode()
+
+
+def test_a_bundle_through_the_link_answers_what_the_pools_bundle_answers_and_names_a_failed_member():
+    def stacked(seeds: list[int], tick: int) -> dict:
+        return {"codes": torch.stack([TOY.inputs(seed, tick)["codes"] for seed in seeds])}
+
+    async def scenario():
+        pool, _, remote, serving = await linked(PoolConfig(slots=4, lanes=2, tick_model=TickModel(0.001, 0.001)))
+        try:
+            bundle = await remote.open_bundle(2, seed=5)
+            local = await pool.open_bundle(2, seed=5)
+            info = bundle.info()
+            equal = []
+            for tick in range(3):
+                frame = codec.encode(stacked([5, 6], tick))
+                answered = codec.decode(await bundle.submit_frame(frame)).tensors
+                expected = await local.submit_frame(frame)
+                equal.append(all(torch.equal(answered[name], expected[name]) for name in expected))
+            poisoned = stacked([5, 6], 3)
+            poisoned["codes"][1] = 99  # past the embedding: the second session's stage raises
+            with pytest.raises(BundleTickError) as failed:
+                await bundle.submit_frame(codec.encode(poisoned))
+            await bundle.close()
+            await local.close()
+            return info, equal, failed.value, bundle.stats_json(), await pool.capacity_json()
+        finally:
+            await unlinked(pool, remote, serving)
+
+    info, equal, failed, stats, capacity = run(scenario())
+    assert (info["bundle"], [member["seed"] for member in info["members"]]) == (2, [5, 6])
+    assert equal == [True, True, True]
+    assert (failed.code, failed.members) == (messages.STAGE_FAILED, [1])
+    assert [(member["ticks"], member["errors"]) for member in stats["members"]] == [(4, 0), (3, 1)]
+    assert capacity["sessions"] == 0
 
 
 def test_a_full_pool_refuses_through_the_link_with_its_numbers():

@@ -148,6 +148,11 @@ def test_a_bundle_in_lockstep_fills_a_group_and_its_rows_equal_moshis_batched_de
     assert (checked.verified_sessions, checked.verified_ticks, checked.unequal_ticks) == (2, 6, 0)
 
 
+def stacked(moshi, seeds: list[int], tick: int) -> dict:
+    """A bundle's tick: the sessions' codes of `tick`, stacked in seed order."""
+    return {"codes": torch.stack([moshi.inputs(seed, tick)["codes"] for seed in seeds])}
+
+
 def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_its_sessions_stepped_alone():
     """Two groups of 2 rows filled by one bundle of 4 against the same groups filled by 4 sessions opened one by
     one: three ticks, a reset, two ticks, each answer equal; the bundle's sessions kept open past their idle
@@ -156,19 +161,16 @@ def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_i
     config = PoolConfig(slots=2, lockstep=2, tick_model=MODEL, latency_guard=False, idle_timeout_s=0.6)
     seeds = [21, 22, 23, 24]
 
-    def stacked(tick: int) -> dict:
-        return {"codes": torch.stack([moshi.inputs(seed, tick)["codes"] for seed in seeds])}
-
     async def bundled():
         pool = SessionPool(moshi, config)
         await pool.start()
         bundle = await pool.open_bundle(4, seed=21)
         answers = []
         for tick in range(3):
-            answers.append((await bundle.submit(stacked(tick)))["pcm"])
+            answers.append((await bundle.submit(stacked(moshi, seeds, tick)))["pcm"])
             await asyncio.sleep(0.25)  # past the idle timeout in all, for a session that queues nothing itself
         await bundle.reset()
-        answers += [(await bundle.submit(stacked(tick)))["pcm"] for tick in range(2)]
+        answers += [(await bundle.submit(stacked(moshi, seeds, tick)))["pcm"] for tick in range(2)]
         rows = [[member.info()["row"] for member in group] for group in bundle.fused or []]
         alive = bundle.closing is None
         await bundle.close()
@@ -181,7 +183,7 @@ def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_i
         sessions = [await pool.open(seed) for seed in seeds]
 
         async def tick(number: int) -> torch.Tensor:
-            inputs = stacked(number)["codes"]
+            inputs = stacked(moshi, seeds, number)["codes"]
             outputs = await asyncio.gather(*(s.submit({"codes": inputs[i]}) for i, s in enumerate(sessions)))
             return torch.stack([output["pcm"] for output in outputs])
 
@@ -206,24 +208,21 @@ def test_a_stage_failure_in_a_bundles_whole_group_fails_every_member_and_a_reset
     config = PoolConfig(slots=2, lockstep=2, tick_model=MODEL, latency_guard=False)
     seeds = [31, 32]
 
-    def stacked(tick: int) -> dict:
-        return {"codes": torch.stack([moshi.inputs(seed, tick)["codes"] for seed in seeds])}
-
     async def scenario():
         pool = SessionPool(moshi, config)
         await pool.start()
         bundle = await pool.open_bundle(2, seed=31)
         fresh_bundle = await pool.open_bundle(2, seed=31)
-        first = await bundle.submit(stacked(0))
-        poisoned = stacked(1)
+        first = await bundle.submit(stacked(moshi, seeds, 0))
+        poisoned = stacked(moshi, seeds, 1)
         poisoned["codes"][1] = 100_000
         with pytest.raises(TickError) as failed:
             await bundle.submit(poisoned)
         with pytest.raises(TickError) as refused:
-            await bundle.submit(stacked(1))
+            await bundle.submit(stacked(moshi, seeds, 1))
         await bundle.reset()
-        again = [await bundle.submit(stacked(tick)) for tick in range(2)]
-        fresh = [await fresh_bundle.submit(stacked(tick)) for tick in range(2)]
+        again = [await bundle.submit(stacked(moshi, seeds, tick)) for tick in range(2)]
+        fresh = [await fresh_bundle.submit(stacked(moshi, seeds, tick)) for tick in range(2)]
         whole = (bundle.fused is not None, fresh_bundle.fused is not None)
         await pool.stop()
         return first, failed.value, refused.value, again, fresh, whole

@@ -38,7 +38,9 @@ rounds and ticks come from their summed `/metrics` (`server_rounds`, `server_rou
 `server_tick_mean_s`), and each count records the sessions each worker held (`sessions_per_worker`). The
 workers' tick models are kept (`worker_tick_models`), and admission's limit is theirs: every worker counts
 the others' units on the device, so the limit is the units the most lenient model keeps under the budget.
-`--workers` stays the number of load-generator processes. A configuration may sweep lanes
+`--workers` stays the number of load-generator processes. `--bundle K` drives the sessions in bundles of K, a
+websocket each (`/v1/bundle`): one bundle from this process (its first `--sample` sessions recorded), the others
+whole from the load-generator processes. A configuration may sweep lanes
 (each count in its own server per lanes value); `--lanes`, `--counts` and `--option K=V` (a tail option, as
 `dsl serve --param`) override a configuration's.
 
@@ -47,6 +49,8 @@ the others' units on the device, so the limit is the units the most lenient mode
     python scripts/serve_bench.py --configs moshi-lockstep --out $OUT/serve_mimi.json
     python scripts/serve_bench.py --configs moshi-lockstep --server-workers 4 --counts 384,448,512,576 \
         --out $OUT/serve_mimi_w4.json
+    python scripts/serve_bench.py --configs moshi-lockstep --bundle 32 --gather-ms 12 --counts 512,640,768 \
+        --out $OUT/serve_mimi_bundle32.json                                          # 32 sessions a websocket
     python scripts/serve_bench.py --configs minicpmo45 --option istft=torch --counts 28 --out $OUT/eager_istft.json
     python scripts/serve_bench.py --configs minicpmo45-lanes --out $OUT/serve_minicpmo45_lanes.json
     python scripts/serve_bench.py --cpu-dry-run --out /tmp/serve_bench.json           # a smoke test, times mean nothing

@@ -23,6 +23,7 @@ On a shared machine compare runs of one invocation (ratios), not absolute number
     python scripts/serve_front_bench.py --mode lanes --sessions 16 --workers 2 --out /tmp/front.json
     python scripts/serve_front_bench.py --mode lockstep --sessions 128 --loop asyncio   # against uvloop
     python scripts/serve_front_bench.py --sessions 256 --paced --unit-ms 1 --fronts 2    # against --fronts 1
+    python scripts/serve_front_bench.py --mode lockstep --sessions 256 --bundle 32         # 32 sessions a websocket
 """
 
 from __future__ import annotations

@@ -155,10 +155,11 @@ def stacked(moshi, seeds: list[int], tick: int) -> dict:
 
 def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_its_sessions_stepped_alone():
     """Two groups of 2 rows filled by one bundle of 4 against the same groups filled by 4 sessions opened one by
-    one: three ticks, a reset, two ticks, each answer equal; the bundle's sessions kept open past their idle
+    one: four ticks, a reset, two ticks, each answer equal; the bundle's sessions kept open past their idle
     timeout by the bundle's ticks alone (they queue none of their own)."""
     moshi = served_tail("moshi")
-    config = PoolConfig(slots=2, lockstep=2, tick_model=MODEL, latency_guard=False, idle_timeout_s=0.6)
+    # each tick 1.2 s after the last, 4.8 s in all: a session that queued nothing itself would be idle past 3 s
+    config = PoolConfig(slots=2, lockstep=2, tick_model=MODEL, latency_guard=False, idle_timeout_s=3.0)
     seeds = [21, 22, 23, 24]
 
     async def bundled():
@@ -166,9 +167,9 @@ def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_i
         await pool.start()
         bundle = await pool.open_bundle(4, seed=21)
         answers = []
-        for tick in range(3):
+        for tick in range(4):
             answers.append((await bundle.submit(stacked(moshi, seeds, tick)))["pcm"])
-            await asyncio.sleep(0.25)  # past the idle timeout in all, for a session that queues nothing itself
+            await asyncio.sleep(1.2)
         await bundle.reset()
         answers += [(await bundle.submit(stacked(moshi, seeds, tick)))["pcm"] for tick in range(2)]
         rows = [[member.info()["row"] for member in group] for group in bundle.fused or []]
@@ -187,7 +188,7 @@ def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_i
             outputs = await asyncio.gather(*(s.submit({"codes": inputs[i]}) for i, s in enumerate(sessions)))
             return torch.stack([output["pcm"] for output in outputs])
 
-        answers = [await tick(number) for number in range(3)]
+        answers = [await tick(number) for number in range(4)]
         await asyncio.gather(*(session.reset() for session in sessions))
         answers += [await tick(number) for number in range(2)]
         await pool.stop()
@@ -196,7 +197,7 @@ def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_i
     whole, rows, alive = run(bundled())
     one_by_one = run(alone())
     assert rows == [[0, 1], [0, 1]] and alive
-    assert [tuple(answer.shape) for answer in whole] == [(4, 1, 1, 1920)] * 5
+    assert [tuple(answer.shape) for answer in whole] == [(4, 1, 1, 1920)] * 6
     assert all(torch.equal(a, b) for a, b in zip(whole, one_by_one, strict=True))
 
 

@@ -244,6 +244,13 @@ def bundle_refused(count: int, opened: int, refusal: str) -> str:
     )
 
 
+def bundle_over_slots(count: int, free: int, slots: int) -> str:
+    return (
+        f"a bundle of {plural(count, 'session')} does not fit: {free} of the pool's {plural(slots, 'session slot')} "
+        f"{'is' if free == 1 else 'are'} free"
+    )
+
+
 def bad_bundle_size(text: str) -> str:
     return (
         f"the query parameter sessions={text!r} is not a whole number of 1 or more; /v1/bundle?sessions=N "

@@ -827,6 +827,24 @@ class SessionPool:
         AdmissionRefused, saying how many fitted, when one does not fit (the ones opened are closed again)."""
         if count < 1:
             raise ValueError(f"a bundle holds at least 1 session, not {count}")
+        assert self.rule is not None, "start() the pool first"
+        active = len(self.sessions) + self._opening
+        free = max(0, self.rule.slots - active)
+        if count > free:  # refused before any session is opened
+            assert self.metrics is not None
+            self.metrics.refused.labels(messages.AT_CAPACITY).inc()
+            message = messages.bundle_over_slots(count, free, self.rule.slots)
+            shared = self._shared_units()
+            raise AdmissionRefused(
+                messages.AT_CAPACITY,
+                message,
+                active,
+                self.rule.capacity(shared),
+                self.rule.slots,
+                self.rule.predict(active + count, shared),
+                self.tick_period_s,
+                self.config.headroom,
+            )
         members: list[PooledSession] = []
         rows = self.config.lockstep
         reserved: list[int] = []

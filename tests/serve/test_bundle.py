@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import urllib.request
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from duplexcadence.interpreter.serve import messages
-from duplexcadence.interpreter.serve.admission import TickModel
+from duplexcadence.interpreter.serve.admission import AdmissionRefused, TickModel
 from duplexcadence.interpreter.serve.client import Refused, ServerError, SessionClient, bundle_url
 from duplexcadence.interpreter.serve.loadgen import SessionLoad, compare_with_stock, run_load, verify
 from duplexcadence.interpreter.serve.modes import BundleTickError, TickError
@@ -89,24 +90,46 @@ def test_a_bundles_members_equal_each_session_alone_on_stock(toy_server):
     assert sessions_open(toy_server, 0) == 0
 
 
-def test_a_bundle_that_does_not_fit_is_refused_whole_and_keeps_no_slot(toy_server):
+def test_a_bundle_the_tick_budget_does_not_fit_is_refused_whole_and_keeps_no_slot():
     async def scenario():
-        held = await SessionClient.connect(bundle_url(toy_server.ws_url(), 3), seed=1)
-        with pytest.raises(Refused) as refused:
-            await SessionClient.connect(bundle_url(toy_server.ws_url(), 2), seed=10)
-        still = sessions_open(toy_server, 3)
-        alone = await SessionClient.connect(toy_server.ws_url(), seed=20)  # the one free slot is free again
-        await alone.close()
-        await held.close()
-        return refused.value, still
+        pool = SessionPool(TOY, PoolConfig(slots=4, tick_model=TickModel(0.010, 0.020)))  # the budget keeps 2
+        await pool.start()
+        with pytest.raises(AdmissionRefused) as refused:
+            await pool.open_bundle(3, seed=1)
+        capacity = pool.capacity()
+        await pool.stop()
+        return refused.value, capacity
 
-    refused, still = run(scenario())
-    assert (refused.code, refused.close_code) == (messages.AT_CAPACITY, messages.CLOSE_TRY_AGAIN_LATER)
-    assert refused.message == (
-        "a bundle of 2 sessions does not fit (1 fitted, none is kept): the next one was refused: at capacity: 4 of 4 "
-        "sessions, predicted tick 60.0 ms of 80.0 ms (headroom 15%); all 4 session slots are taken"
+    refused, capacity = run(scenario())
+    assert refused.reason == messages.AT_CAPACITY
+    assert str(refused) == (
+        "a bundle of 3 sessions does not fit (2 fitted, none is kept): the next one was refused: at capacity: 2 of 2 "
+        "sessions, predicted tick 70.0 ms of 80.0 ms (headroom 15%); one more session would pass the budget of 68.0 ms"
     )
-    assert still == 3
+    assert (capacity.sessions, capacity.free) == (0, 2)
+
+
+def admitted_so_far(toy_server) -> float:
+    with urllib.request.urlopen(toy_server.url("/metrics"), timeout=30) as response:
+        found = re.search(r"^duplexcadence_sessions_admitted_total (\S+)$", response.read().decode(), re.M)
+    assert found is not None
+    return float(found.group(1))
+
+
+def test_a_bundle_larger_than_the_free_slots_is_refused_before_any_session_opens(toy_server):
+    async def scenario():
+        held = await SessionClient.connect(toy_server.ws_url(), seed=1)
+        before = admitted_so_far(toy_server)
+        with pytest.raises(Refused) as refused:
+            await SessionClient.connect(bundle_url(toy_server.ws_url(), 9), seed=10)
+        after = admitted_so_far(toy_server)
+        await held.close()
+        return refused.value, after - before
+
+    refused, admitted = run(scenario())
+    assert (refused.code, refused.close_code) == (messages.AT_CAPACITY, messages.CLOSE_TRY_AGAIN_LATER)
+    assert refused.message == "a bundle of 9 sessions does not fit: 3 of the pool's 4 session slots are free"
+    assert admitted == 0
 
 
 @pytest.mark.parametrize(

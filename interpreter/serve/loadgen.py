@@ -222,7 +222,7 @@ async def drive_session(
             len(latencies),
             tuple(code for code, members in errors if members is None or index in members),
             tuple(latencies),
-            blocked if index == 0 else 0,  # the bundle's sends are its first session's
+            blocked if index == 0 else 0,  # a bundle's blocked sends are counted once, on its first member
             None,
             member_outputs(outputs, index, bundled) if index < record else (),
             client.replica,

@@ -199,10 +199,10 @@ class PooledSession(ClosingState):
         self.failed: str | None = None
         self.finished = False
         self.fused: list[PooledSession] | None = None
-        """On the first session of a bundle's fused group: the group's sessions in row order; their ticks and
-        resets are queued here, whole."""
+        """On the lead of a bundle's fused group (the member in its first row): the group's sessions in row
+        order; their ticks and resets are queued here, whole."""
         self.driven_by: PooledSession | None = None
-        """On the other sessions of a fused group: its first session, which queues for them."""
+        """On the other sessions of a fused group: its lead, which queues for them."""
         self.ticks = 0
         self.missed = 0
         self.errors = 0
@@ -338,7 +338,7 @@ class Bundle(ClosingState):
 
     @property
     def id(self) -> int:
-        """The bundle's id: its first session's."""
+        """The bundle's id: its first member's."""
         return self.members[0].id
 
     def info(self) -> dict:
@@ -386,7 +386,7 @@ class Bundle(ClosingState):
             }
             active_at = time.monotonic()
             for member in group:
-                member.last_activity = active_at  # its ticks are queued on the group's first member
+                member.last_activity = active_at  # its ticks are queued on the group's lead
             futures.append(group[0]._queue(Item("tick", loop.create_future(), batch, last, now, whole=True)))
             owners.append(list(range(first, first + size)))
             first += size
@@ -431,7 +431,7 @@ class Bundle(ClosingState):
         """Close every member after the ticks queued before it; their slots are free when this returns."""
         if self.closing is None:
             self.closing = (messages.CLIENT_CLOSED, "closed by the client")
-            if self._pending:  # a fused group's items are queued on its first member alone: let them run first
+            if self._pending:  # a fused group's items are queued on its lead alone: let them run first
                 await asyncio.wait(list(self._pending))
             await asyncio.gather(*(member.close() for member in self.members))
         await self.closed_event.wait()
@@ -1111,7 +1111,7 @@ class SessionPool:
         groups: dict[int | None, list[PooledSession]] = collections.defaultdict(list)
         for session in self.sessions.values():
             if session.driven_by is not None and session.driven_by.fused is not None and session not in closing:
-                continue  # its fused group's first session steps the whole group
+                continue  # its fused group's lead steps the whole group
             healthy = session not in closing and (
                 session in resets or (session.failed is None and not session.finished)
             )
@@ -1279,7 +1279,7 @@ class SessionPool:
             await asyncio.sleep(min(1.0, timeout / 4))
             now = time.monotonic()
             for session in list(self.sessions.values()):
-                driver = session.driven_by or session  # a fused group's ticks are queued on its first session
+                driver = session.driven_by or session  # a fused group's ticks are queued on its lead
                 idle = not driver.queue and not driver.in_flight and session.closing is None
                 if idle and now - session.last_activity > timeout:
                     session.abort(messages.IDLE_TIMEOUT, messages.idle_timeout(timeout))

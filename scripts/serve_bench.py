@@ -40,7 +40,8 @@ workers' tick models are kept (`worker_tick_models`), and admission's limit is t
 the others' units on the device, so the limit is the units the most lenient model keeps under the budget.
 `--workers` stays the number of load-generator processes. `--bundle K` drives the sessions in bundles of K, a
 websocket each (`/v1/bundle`): one bundle from this process (its first `--sample` sessions recorded), the others
-whole from the load-generator processes. A configuration may sweep lanes
+whole from the load-generator processes; `server_whole_group_ticks` counts the lockstep groups a bundle's
+tick stepped whole (from `/metrics`, 0 when no bundle filled whole groups). A configuration may sweep lanes
 (each count in its own server per lanes value); `--lanes`, `--counts` and `--option K=V` (a tail option, as
 `dsl serve --param`) override a configuration's.
 
@@ -374,6 +375,7 @@ async def measure(
         gained = {name: value - counted[name] for name, value in now.items()}
         server_numbers = {
             "server_rounds": int(gained["round_seconds_count"]),
+            "server_whole_group_ticks": int(gained["whole_group_ticks_total"]),
             **{
                 f"server_{name}_mean_s": gained[f"{series}_sum"] / gained[f"{series}_count"]
                 if gained[f"{series}_count"]
@@ -445,11 +447,12 @@ async def measure(
                 f"{group_unequal} of {group_compared} sampled ticks differ from the group's batched stock "
                 f"({unequal} of {compared} from a batch-1 decode)"
             )
+        whole = f", {row['server_whole_group_ticks']} groups stepped whole" if args.bundle > 1 else ""
         log(
             f"{label}: {sessions} sessions: p50 {ms(row['latency_p50_s'])} ms, p99 {ms(p99)} ms of "
             f"{ms(period)} ms; direct round {ms(row['direct_round_p50_s'])} ms; server: {row['server_rounds']} rounds "
             f"of {ms(row['server_round_mean_s'])} ms, a tick waits {ms(row['server_wait_mean_s'])} ms and takes "
-            f"{ms(row['server_tick_mean_s'])} ms (means); {bits}; {'pass' if passed else 'FAIL'}"
+            f"{ms(row['server_tick_mean_s'])} ms (means){whole}; {bits}; {'pass' if passed else 'FAIL'}"
         )
         if not passed and not args.cpu_dry_run:
             break
@@ -481,17 +484,21 @@ async def measure(
 
 
 def server_counts(url: str) -> dict[str, float]:
-    """The sums and counts of the server's round, tick latency and tick wait histograms from its `/metrics`
-    (by series name less `duplexcadence_`): with several workers, the sum over them (prometheus-client's
+    """The sums and counts of the server's round, tick latency and tick wait histograms, and its whole-group
+    ticks, from its `/metrics` (by series name less `duplexcadence_`): with several workers, the sum over them (prometheus-client's
     multiprocess mode)."""
     address = url.replace("ws://", "http://", 1).removesuffix("/v1/session") + "/metrics"
     with urllib.request.urlopen(address, timeout=60) as response:
         text = response.read().decode()
+    names = [
+        f"{series}_{part}"
+        for series in ("round_seconds", "tick_latency_seconds", "tick_wait_seconds")
+        for part in ("sum", "count")
+    ]
     counts = {}
-    for series in ("round_seconds", "tick_latency_seconds", "tick_wait_seconds"):
-        for part in ("sum", "count"):
-            found = re.search(rf"^duplexcadence_{series}_{part} (\S+)$", text, re.M)
-            counts[f"{series}_{part}"] = float(found.group(1)) if found else 0.0
+    for name in [*names, "whole_group_ticks_total"]:
+        found = re.search(rf"^duplexcadence_{name} (\S+)$", text, re.M)
+        counts[name] = float(found.group(1)) if found else 0.0
     return counts
 
 

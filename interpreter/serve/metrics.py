@@ -52,6 +52,11 @@ class PoolMetrics:
             "duplexcadence_sessions_closed", "Sessions closed, by reason", ["reason"], registry=registry
         )
         self.ticks = Counter("duplexcadence_ticks", "Session ticks stepped", registry=registry)
+        self.whole_group_ticks = Counter(
+            "duplexcadence_whole_group_ticks",
+            "Lockstep groups stepped whole: a bundle's group as one tick, its inputs batched by the client",
+            registry=registry,
+        )
         self.missed = Counter(
             "duplexcadence_ticks_missed", "Session ticks whose latency passed the tick period", registry=registry
         )

@@ -1174,7 +1174,7 @@ class SessionPool:
             for session in self.sessions.values():
                 if session.handle is handle:
                     session.failed = cause
-        stepped = late = 0
+        stepped = late = whole = 0
         for session, item, value in outcome.ticks:
             session.in_flight = False
             if isinstance(value, TickError):
@@ -1185,6 +1185,7 @@ class SessionPool:
                 continue
             latency = outcome.done_at - item.queued_at
             missed = latency > self.tick_period_s
+            whole += item.whole
             for member in session.stepped_by(item):
                 member.ticks += 1
                 member.missed += missed
@@ -1204,6 +1205,8 @@ class SessionPool:
         self._forget_answered(outcome.done_at)
         if stepped:
             metrics.ticks.inc(stepped)
+        if whole:
+            metrics.whole_group_ticks.inc(whole)
         if late:
             metrics.missed.inc(late)
         for session, item, error in outcome.controls:

@@ -174,9 +174,10 @@ def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_i
         answers += [(await bundle.submit(stacked(moshi, seeds, tick)))["pcm"] for tick in range(2)]
         rows = [[member.info()["row"] for member in group] for group in bundle.fused or []]
         alive = bundle.closing is None
+        exposition = pool.exposition().decode()
         await bundle.close()
         await pool.stop()
-        return answers, rows, alive
+        return answers, rows, alive, exposition
 
     async def alone():
         pool = SessionPool(moshi, config)
@@ -191,12 +192,17 @@ def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_i
         answers = [await tick(number) for number in range(4)]
         await asyncio.gather(*(session.reset() for session in sessions))
         answers += [await tick(number) for number in range(2)]
+        exposition = pool.exposition().decode()
         await pool.stop()
-        return answers
+        return answers, exposition
 
-    whole, rows, alive = run(bundled())
-    one_by_one = run(alone())
+    whole, rows, alive, bundled_metrics = run(bundled())
+    one_by_one, alone_metrics = run(alone())
     assert rows == [[0, 1], [0, 1]] and alive
+    # six ticks of two whole groups; the sessions opened one by one step row by row
+    assert "duplexcadence_whole_group_ticks_total 12.0" in bundled_metrics
+    assert "duplexcadence_ticks_total 24.0" in bundled_metrics
+    assert "duplexcadence_whole_group_ticks_total 0.0" in alone_metrics
     assert [tuple(answer.shape) for answer in whole] == [(4, 1, 1, 1920)] * 6
     assert all(torch.equal(a, b) for a, b in zip(whole, one_by_one, strict=True))
 

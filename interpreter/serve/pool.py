@@ -52,7 +52,8 @@ from duplexcadence.interpreter.serve.tail import LoadedTail, ServedTail
 
 REPORT_EVERY_S = 1.0
 PUBLISH_EVERY_S = 0.1
-"""How often a pool on a placement board publishes its load, besides at each open, close and refusal."""
+"""How often a pool on a placement board publishes its load, besides at each open, close and refusal, and sets
+its observed p99 and latency histograms (also set at each scrape)."""
 GATHER_FRACTION = 0.05
 LATENCY_WINDOW = 65536
 ACCEPTED_KINDS = 1024
@@ -591,6 +592,12 @@ class SessionPool:
         """(units stepped, seconds) of the last rounds on the device, oldest first."""
         self.answered: collections.deque[tuple[float, float]] = collections.deque(maxlen=LATENCY_WINDOW)
         """(answered at, latency) of the ticks answered in admission's guard window (perf_counter seconds)."""
+        self._answered_version = 0
+        self._observed_p99: tuple[int, float, float | None] = (-1, 0.0, None)
+        """`observed_tick_p99()` as last taken: (answered's version, until when it holds, the p99)."""
+        self._unobserved: list[tuple[float, float, int]] = []
+        """(latency, wait, session ticks) answered but not yet in the latency histograms: observing each
+        session tick costs the event loop about a microsecond, so it is done off the answers' path."""
         self._ticks = 0
         self._missed = 0
         self._report_at = 0.0
@@ -724,6 +731,7 @@ class SessionPool:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._observe_answered()
         if self.executor is not None:
             await self.run_on_device(self._unload)
             self.executor.shutdown(wait=True)
@@ -757,8 +765,16 @@ class SessionPool:
     def observed_tick_p99(self) -> float | None:
         """The p99 latency of the ticks answered in admission's guard window (None: none answered there)."""
         assert self.rule is not None, "start() the pool first"
-        since = time.perf_counter() - self.rule.guard_window_s
-        return quantile([latency for at, latency in list(self.answered) if at >= since], 0.99)
+        now = time.perf_counter()
+        version, valid_until, value = self._observed_p99
+        if version == self._answered_version and now < valid_until:
+            return value  # no tick answered, none left the window: every close of a bundle's members reads it
+        since = now - self.rule.guard_window_s
+        recent = [(at, latency) for at, latency in list(self.answered) if at >= since]
+        value = quantile([latency for _, latency in recent], 0.99)
+        valid_until = recent[0][0] + self.rule.guard_window_s if recent else math.inf
+        self._observed_p99 = (self._answered_version, valid_until, value)
+        return value
 
     def drain(self) -> None:
         """Admit no new session; the open ones keep their ticks until they close."""
@@ -971,6 +987,7 @@ class SessionPool:
         while True:
             await asyncio.sleep(PUBLISH_EVERY_S)
             self._set_observed_gauge()
+            self._observe_answered()
             self._publish()
 
     def _publish(self) -> None:
@@ -1186,16 +1203,17 @@ class SessionPool:
             latency = outcome.done_at - item.queued_at
             missed = latency > self.tick_period_s
             whole += item.whole
-            for member in session.stepped_by(item):
+            members = session.stepped_by(item)
+            for member in members:
                 member.ticks += 1
                 member.missed += missed
                 member.latencies.append(latency)
-                stepped += 1
-                late += missed
-                self.tick_latencies.append(latency)
-                self.answered.append((outcome.done_at, latency))
-                metrics.tick_latency.observe(latency)
-                metrics.tick_wait.observe(outcome.started_at - item.queued_at)
+            stepped += len(members)
+            late += missed * len(members)
+            self.tick_latencies.extend(itertools.repeat(latency, len(members)))
+            self.answered.extend(itertools.repeat((outcome.done_at, latency), len(members)))
+            self._answered_version += 1
+            self._unobserved.append((latency, outcome.started_at - item.queued_at, len(members)))
             if item.last:
                 session.finished = True
             if not item.future.done():
@@ -1329,7 +1347,18 @@ class SessionPool:
         p99's gauge set now."""
         assert self.metrics is not None, "start() the pool first"
         self._set_observed_gauge()
+        self._observe_answered()
         return self.metrics.exposition()
+
+    def _observe_answered(self) -> None:
+        """The latency histograms given the ticks answered since the last call."""
+        if self.metrics is None or not self._unobserved:
+            return
+        answered, self._unobserved = self._unobserved, []
+        for latency, wait, ticks in answered:
+            for _ in range(ticks):
+                self.metrics.tick_latency.observe(latency)
+                self.metrics.tick_wait.observe(wait)
 
     def deadlines(self) -> DeadlineReport:
         recent = list(self.tick_latencies)

@@ -16,7 +16,7 @@ from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, TickModel, fit
 from duplexcadence.interpreter.serve.loadgen import SessionLoad, compare_with_stock
 from duplexcadence.interpreter.serve.modes import TickError
-from duplexcadence.interpreter.serve.pool import PoolConfig, SessionClosed, SessionPool
+from duplexcadence.interpreter.serve.pool import PUBLISH_EVERY_S, PoolConfig, SessionClosed, SessionPool
 from duplexcadence.interpreter.serve.tail import served_tail
 
 MODEL = TickModel(0.010, 0.020)  # 80 ms period, 15 % headroom: 68 ms of budget, 2 sessions fit
@@ -311,6 +311,28 @@ def test_an_idle_session_is_closed_and_its_slot_freed():
     assert 'duplexcadence_sessions_closed_total{reason="idle-timeout"} 1.0' in exposition
 
 
+def test_the_latency_histograms_take_the_answered_ticks_within_a_publish_period_without_a_scrape():
+    async def scenario():
+        pool = await started(enforce_tick_budget=False)
+        session = await pool.open(seed=0)
+        for tick in range(3):
+            await session.step(TOY.inputs(0, tick))
+        await asyncio.sleep(3 * PUBLISH_EVERY_S)
+        samples = {
+            sample.name: sample.value
+            for histogram in (pool.metrics.tick_latency, pool.metrics.tick_wait)
+            for sample in histogram.collect()[0].samples
+            if sample.name.endswith("_count")
+        }
+        await pool.stop()
+        return samples
+
+    assert run(scenario()) == {
+        "duplexcadence_tick_latency_seconds_count": 3.0,
+        "duplexcadence_tick_wait_seconds_count": 3.0,
+    }
+
+
 @pytest.mark.parametrize(("period", "missed"), [(1e-9, 5), (3600.0, 0)])
 def test_deadline_accounting_counts_the_ticks_over_the_period(period, missed):
     async def scenario():
@@ -385,9 +407,14 @@ def test_a_round_gathers_the_ticks_of_every_session_paced_by_the_cadence():
         second = b.submit(TOY.inputs(2, 0))
         outputs = [await first, await second]
         rounds = [units for units, _ in pool.round_log]
-        wait = pool.metrics.tick_wait.collect()[0].samples
+        exposition = pool.exposition().decode()
         await pool.stop()
-        return outputs, rounds, {sample.name: sample.value for sample in wait if not sample.labels}
+        wait = {
+            name: float(value)
+            for name, _, value in (line.partition(" ") for line in exposition.splitlines())
+            if name.startswith("duplexcadence_tick_wait_seconds_")
+        }
+        return outputs, rounds, wait
 
     outputs, rounds, wait = run(scenario())
     assert rounds == [2]  # one step_many for both sessions

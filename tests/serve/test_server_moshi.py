@@ -202,6 +202,7 @@ def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_i
     # six ticks of two whole groups; the sessions opened one by one step row by row
     assert "duplexcadence_whole_group_ticks_total 12.0" in bundled_metrics
     assert "duplexcadence_ticks_total 24.0" in bundled_metrics
+    assert "duplexcadence_tick_latency_seconds_count 24.0" in bundled_metrics
     assert "duplexcadence_whole_group_ticks_total 0.0" in alone_metrics
     assert [tuple(answer.shape) for answer in whole] == [(4, 1, 1, 1920)] * 6
     assert all(torch.equal(a, b) for a, b in zip(whole, one_by_one, strict=True))

@@ -1057,6 +1057,8 @@ class SessionPool:
                     self._fail_round(work, error)
                     continue
                 self._deliver(outcome)
+                if not self._wakeup.is_set():  # nothing queued (`_deliver` wakes it if anything is): the
+                    break  # answers go out before the next scan of the sessions
 
     async def _gather(self) -> None:
         """Hold the next round until every idle session has something queued, or the oldest queued tick has

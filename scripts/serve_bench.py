@@ -485,8 +485,8 @@ async def measure(
 
 def server_counts(url: str) -> dict[str, float]:
     """The sums and counts of the server's round, tick latency and tick wait histograms, and its whole-group
-    ticks, from its `/metrics` (by series name less `duplexcadence_`): with several workers, the sum over them (prometheus-client's
-    multiprocess mode)."""
+    ticks, from its `/metrics` (by series name less `duplexcadence_`): with several workers, the sum over them
+    (prometheus-client's multiprocess mode)."""
     address = url.replace("ws://", "http://", 1).removesuffix("/v1/session") + "/metrics"
     with urllib.request.urlopen(address, timeout=60) as response:
         text = response.read().decode()

@@ -5,8 +5,9 @@ do not share a series; the workers of one server do, summed, in multiprocess mod
 Tick latency is per session tick, from the tick's arrival at the pool to its outputs on the host; a tick
 whose latency passes the tick period is missed. Its wait is the part before its round starts on the device.
 The histograms' buckets are fractions of the period, so p50 and p99 read off them in periods. The pool puts
-its answered ticks in them every 100 ms and at each scrape, not on the answers' path. The runtime's counters (graph replays, eager firings) and the arena's
-bytes come from `Runtime.report()`, taken on the device thread after a round at most once a second
+its answered ticks in them every 100 ms and when its own `exposition()` is read, not on the answers' path (in
+multiprocess mode the other workers' within 100 ms). The runtime's counters (graph replays, eager firings) and
+the arena's bytes come from `Runtime.report()`, taken on the device thread after a round at most once a second
 (`take_report`). In prometheus-client's multiprocess mode (`MULTIPROCESS_DIR` set: the workers of one
 server) `exposition()` is the sum over the server's processes.
 """

@@ -64,13 +64,14 @@ LAYERS = (
     Layer(
         "bench and serving",
         (
+            f"{PACKAGE}.interpreter.engine",  # whole conversations: the runtime's tails and batched AR stages
             f"{PACKAGE}.interpreter.bench",
             f"{PACKAGE}.interpreter.serve",
             f"{PACKAGE}.interpreter.draft",  # runs a stock loop under torch; imports the language only
             f"{PACKAGE}.interpreter.tails",
             f"{PACKAGE}.tails",
         ),
-        "the bench, serving, dsl draft's recorder, the tail registry",
+        "the conversation engine, the bench, serving, dsl draft's recorder, the tail registry",
     ),
     Layer(
         "CLI and tools",

@@ -1,0 +1,1 @@
+"""The conversation engine: whole duplex conversations, many per device, every stage batched (api.py)."""

@@ -1,0 +1,260 @@
+"""The conversation server: an ASGI app (Starlette) over one `ConversationPool`.
+
+    app = make_conversation_app(pool)    # starts the pool at start-up, stops it at shutdown
+
+Routes: `GET /` (the page: talk to the model from a browser), `WS /v1/realtime?model=NAME&seed=N` (one conversation
+per websocket, the events of `events.py`), `GET /healthz`, `GET /v1/capacity`. docs/serving.md describes the
+protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.resources
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from duplexcadence.interpreter.engine.api import UnitOutput
+from duplexcadence.interpreter.serve import messages as serve_messages
+from duplexcadence.interpreter.serve.conversations import ConversationPool, ConversationRefusal, PooledConversation
+from duplexcadence.interpreter.serve.modes import TickError
+from duplexcadence.interpreter.serve.realtime import messages
+from duplexcadence.interpreter.serve.realtime.conversation import RealtimeConversation, Reset, Send, Served, Unit
+from duplexcadence.interpreter.serve.realtime.events import EventError
+
+LOG = logging.getLogger("duplexcadence.serve.realtime")
+PATH = "/v1/realtime"
+
+CLOSE_CODES = {
+    serve_messages.IDLE_TIMEOUT: serve_messages.CLOSE_IDLE,
+    serve_messages.SHUTTING_DOWN: serve_messages.CLOSE_GOING_AWAY,
+    serve_messages.INTERNAL: serve_messages.CLOSE_INTERNAL,
+}
+
+
+def page() -> str:
+    """The page served at `/` (page.html beside this module)."""
+    return importlib.resources.files(__package__).joinpath("page.html").read_text()
+
+
+def served(pool: ConversationPool) -> Served:
+    engine = pool.engine
+    assert engine is not None, "start() the pool first"
+    return Served(
+        pool.name, engine.input_rate, engine.output_rate, engine.unit_samples, pool.cadence_s, pool.config.queue_depth
+    )
+
+
+def make_conversation_app(pool: ConversationPool, manage_pool: bool = True) -> Starlette:
+    """The ASGI app of `pool`; with `manage_pool` its lifespan starts the pool (the server accepts connections
+    once the engine is built) and stops it at shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if manage_pool:
+            await pool.start()
+        try:
+            yield
+        finally:
+            if manage_pool:
+                await pool.stop()
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(page())
+
+    async def healthz(request: Request) -> Response:
+        if pool.engine is None or pool.stopping:
+            return JSONResponse({"status": "stopping" if pool.stopping else "starting"}, status_code=503)
+        return JSONResponse({"status": "ok", "model": pool.name, "conversations": len(pool.conversations)})
+
+    async def capacity(request: Request) -> Response:
+        return JSONResponse(pool.capacity_json())
+
+    async def realtime(websocket: WebSocket) -> None:
+        await RealtimeSocket(pool, websocket).run()
+
+    routes = [
+        Route("/", index),
+        Route("/healthz", healthz),
+        Route("/v1/capacity", capacity),
+        WebSocketRoute(PATH, realtime),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.pool = pool
+    return app
+
+
+class RealtimeSocket:
+    """One websocket's conversation: a receiver turns each event into units, resets and answers, queued in
+    order; a sender awaits each and sends its events. Refused events are answered with an `error` event and
+    change nothing."""
+
+    def __init__(self, pool: ConversationPool, websocket: WebSocket):
+        self.pool = pool
+        self.websocket = websocket
+        self.answers: asyncio.Queue = asyncio.Queue()
+        self.pooled: PooledConversation | None = None
+        self.protocol: RealtimeConversation | None = None
+
+    async def run(self) -> None:
+        websocket = self.websocket
+        await websocket.accept()
+        refusal = self._query_problem()
+        if refusal is not None:
+            await self._refuse(refusal, serve_messages.CLOSE_POLICY)
+            return
+        seed = int(websocket.query_params.get("seed", "0"))
+        try:
+            pooled = await self.pool.open(seed)
+        except ConversationRefusal as refused:
+            error = EventError(refused.code, refused.message, kind=messages.ADMISSION)
+            await self._refuse(error, serve_messages.CLOSE_TRY_AGAIN_LATER, refused.numbers)
+            return
+        self.pooled = pooled
+        protocol = self.protocol = RealtimeConversation(served(self.pool), pooled.id, seed)
+        try:
+            await websocket.send_json(protocol.created())
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            pooled.abort(serve_messages.DISCONNECTED, serve_messages.disconnected())
+            return
+        receiver = asyncio.create_task(self._receive())
+        sender = asyncio.create_task(self._send())
+        try:
+            await pooled.closed_event.wait()
+        finally:
+            receiver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await receiver
+            await self.answers.put(None)
+            await sender
+        await self._close(pooled)
+
+    def _query_problem(self) -> EventError | None:
+        query = self.websocket.query_params
+        model = query.get("model")
+        if model is not None and model != self.pool.name:
+            return EventError(messages.MODEL_NOT_SERVED, messages.model_not_served(model, self.pool.name), "model")
+        seed = query.get("seed", "0")
+        try:
+            int(seed)
+        except ValueError:
+            return EventError(messages.BAD_SEED, messages.bad_seed(seed), "seed")
+        return None
+
+    async def _refuse(self, error: EventError, close_code: int, numbers: dict[str, Any] | None = None) -> None:
+        event = RealtimeConversation.refusal(error, numbers)
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+            await self.websocket.send_json(event)
+            await self.websocket.close(close_code, serve_messages.close_reason(error.message))
+
+    async def _receive(self) -> None:
+        pooled, protocol = self.pooled, self.protocol
+        assert pooled is not None and protocol is not None
+        try:
+            while True:
+                message = await self.websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    pooled.abort(serve_messages.DISCONNECTED, serve_messages.disconnected())
+                    return
+                received_at = time.perf_counter()
+                if message.get("text") is not None:
+                    room = self.pool.config.queue_depth - sum(1 for item in pooled.queue if item.kind == "unit")
+                    actions = protocol.receive(message["text"], room)
+                else:
+                    actions = protocol.binary(len(message.get("bytes") or b""))
+                for action in actions:
+                    self._queue(action, received_at)
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            pooled.abort(serve_messages.DISCONNECTED, serve_messages.disconnected())
+        except Exception as error:  # a fault of the server: never a silent hang
+            LOG.exception("websocket receive failed")
+            pooled.abort(serve_messages.INTERNAL, serve_messages.internal(error))
+
+    def _queue(self, action: Send | Unit | Reset, received_at: float) -> None:
+        pooled = self.pooled
+        assert pooled is not None
+        if isinstance(action, Send):
+            self.answers.put_nowait(("events", [action.event]))
+            return
+        try:
+            if isinstance(action, Unit):
+                self.answers.put_nowait(("unit", pooled.submit(action.input), action.number, received_at))
+            else:
+                self.answers.put_nowait(("reset", pooled.reset()))
+        except TickError as error:
+            self.answers.put_nowait(("failed", error, getattr(action, "number", None)))
+
+    async def _send(self) -> None:
+        """Send the queued answers in order; after the socket is gone, only wait for them."""
+        protocol = self.protocol
+        assert protocol is not None
+        while True:
+            entry = await self.answers.get()
+            if entry is None:
+                return
+            try:
+                for event in await self._events(protocol, entry):
+                    await self.websocket.send_json(event)
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                if self.pooled is not None:
+                    self.pooled.abort(serve_messages.DISCONNECTED, serve_messages.disconnected())
+                self._drain_quietly()
+                return
+            except Exception as error:  # a fault of the server: the conversation closes, saying so
+                LOG.exception("answering a conversation's event failed")
+                if self.pooled is not None:
+                    self.pooled.abort(serve_messages.INTERNAL, serve_messages.internal(error))
+                self._drain_quietly()
+                return
+
+    async def _events(self, protocol: RealtimeConversation, entry: tuple) -> list[dict[str, Any]]:
+        kind = entry[0]
+        if kind == "events":
+            return entry[1]
+        if kind == "failed":
+            error, number = entry[1], entry[2]
+            return protocol.unit_failed(number if number is not None else protocol.units, error.message)
+        try:
+            result = await entry[1]
+        except TickError as error:
+            if error.code in (serve_messages.CLIENT_CLOSED, serve_messages.DISCONNECTED):
+                return []
+            if kind == "unit":
+                return protocol.unit_failed(entry[2], error.message)
+            return [protocol.events.error(EventError(error.code, error.message, kind=messages.SERVER_ERROR))]
+        if kind == "reset":
+            return protocol.was_reset()
+        assert isinstance(result, UnitOutput)
+        return protocol.answer(entry[2], result, time.perf_counter() - entry[3])
+
+    def _drain_quietly(self) -> None:
+        while not self.answers.empty():
+            entry = self.answers.get_nowait()
+            if entry is not None and isinstance(entry[1], asyncio.Future):
+                entry[1].add_done_callback(lambda future: future.cancelled() or future.exception())
+
+    async def _close(self, pooled: PooledConversation) -> None:
+        websocket = self.websocket
+        if websocket.client_state != WebSocketState.CONNECTED or pooled.close_code == serve_messages.DISCONNECTED:
+            return
+        code = pooled.close_code or serve_messages.CLIENT_CLOSED
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+            if code == serve_messages.CLIENT_CLOSED:
+                await websocket.close(serve_messages.CLOSE_NORMAL)
+                return
+            message = pooled.close_message or code
+            assert self.protocol is not None
+            error = EventError(code, message, kind=messages.SERVER_ERROR)
+            await websocket.send_json(self.protocol.events.error(error))
+            await websocket.close(
+                CLOSE_CODES.get(code, serve_messages.CLOSE_INTERNAL), serve_messages.close_reason(message)
+            )

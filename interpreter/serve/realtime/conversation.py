@@ -106,12 +106,16 @@ class RealtimeConversation:
     def receive(self, text: str, room: int) -> list[Action]:
         """A client's text frame: what to do, in order. `room`: units the conversation may still queue. A refused
         event gives one `error` event and changes nothing."""
-        event: object = None
         try:
             event = events.read(text)
-            return self._handle(event, room)
         except EventError as error:
-            return [Send(self.events.error(error, event))]
+            return [Send(self.events.error(error))]
+        try:
+            return self._handle(events.event_type(event), event, room)
+        except EventError as error:
+            quoted = event.get("event_id")
+            error.client_event_id = quoted if isinstance(quoted, str) else None
+            return [Send(self.events.error(error))]
 
     @staticmethod
     def refusal(error: EventError, numbers: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -126,8 +130,7 @@ class RealtimeConversation:
         error = EventError(messages.BINARY_FRAME, messages.binary_frame(size))
         return [Send(self.events.error(error))]
 
-    def _handle(self, event: dict[str, Any], room: int) -> list[Action]:
-        kind = event["type"]
+    def _handle(self, kind: str, event: dict[str, Any], room: int) -> list[Action]:
         if kind == events.APPEND:
             return self._append(event, room)
         if kind == events.SESSION_UPDATE:
@@ -145,7 +148,7 @@ class RealtimeConversation:
             if not units:
                 raise EventError(messages.COMMIT_EMPTY, messages.commit_empty())
             item = f"item_unit_{units[-1].number}"
-            return [*units, Send(self.events.make("input_audio_buffer.committed", item_id=item, previous_item_id=None))]
+            return [Send(self.events.make("input_audio_buffer.committed", item_id=item, previous_item_id=None)), *units]
         if kind == events.CLEAR:
             self.buffer.clear()
             self.inward = audio.Resampler(self.config.input_rate, self.served.input_rate)

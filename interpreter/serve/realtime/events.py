@@ -41,6 +41,8 @@ class EventError(Exception):
         self.message = message
         self.param = param
         self.kind = kind
+        self.client_event_id: str | None = None
+        """The refused event's `event_id`, where it has one."""
 
 
 @attrs.frozen
@@ -72,13 +74,18 @@ def pcm_format(rate: int) -> dict[str, Any]:
 
 
 def read(text: str) -> dict[str, Any]:
-    """A text frame as an event: a JSON object with a string `type`."""
+    """A text frame as a JSON object."""
     try:
         event = json.loads(text)
     except ValueError as error:
         raise EventError(messages.INVALID_JSON, messages.invalid_json(f"not JSON ({error})")) from None
     if not isinstance(event, dict):
         raise EventError(messages.INVALID_JSON, messages.invalid_json(f"a JSON {type(event).__name__}, not an object"))
+    return event
+
+
+def event_type(event: dict[str, Any]) -> str:
+    """The type of an event this server takes."""
     kind = event.get("type")
     if not isinstance(kind, str):
         raise EventError(messages.INVALID_JSON, messages.invalid_json("no string `type`"), "type")
@@ -86,7 +93,7 @@ def read(text: str) -> dict[str, Any]:
         raise EventError(messages.UNSUPPORTED_EVENT, messages.unsupported_event(kind), "type")
     if kind not in CLIENT_EVENTS:
         raise EventError(messages.UNKNOWN_EVENT, messages.unknown_event(kind, CLIENT_EVENTS), "type")
-    return event
+    return kind
 
 
 def invalid(param: str, problem: str) -> EventError:
@@ -170,9 +177,8 @@ class ServerEvents:
     def make(self, event_type: str, /, **fields: Any) -> dict[str, Any]:
         return {"type": event_type, "event_id": f"event_{next(self._ids)}", **fields}
 
-    def error(self, error: EventError, client_event: object = None) -> dict[str, Any]:
-        """The `error` event of `error`; `client_event`: the refused event, whose `event_id` it quotes."""
-        quoted = client_event.get("event_id") if isinstance(client_event, dict) else None
+    def error(self, error: EventError) -> dict[str, Any]:
+        """The `error` event of `error` (quoting the refused event's `event_id`)."""
         return self.make(
             "error",
             error={
@@ -180,6 +186,6 @@ class ServerEvents:
                 "code": error.code,
                 "message": error.message,
                 "param": error.param,
-                "event_id": quoted if isinstance(quoted, str) else None,
+                "event_id": error.client_event_id,
             },
         )

@@ -38,8 +38,40 @@ def session_url(url: str) -> str:
     return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
 
 
+def realtime_url(url: str) -> str:
+    """`URL` as the conversation websocket's address: ws(s)://, with `/v1/realtime` when no path is given."""
+    parts = urlsplit(session_url(url))
+    path = "/v1/realtime" if parts.path == "/v1/session" and "/v1/session" not in url else parts.path
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def run_conversations(args: argparse.Namespace) -> int:
+    """`--conversations N`: N scripted conversations against a `dsl serve ENGINE --conversations` server."""
+    import asyncio
+
+    from duplexcadence.interpreter.serve.realtime.loadgen import Script, run_conversations
+
+    url = realtime_url(args.url)
+    script = Script(listen=args.listen_units, speak=args.speak_units, own=args.own_turns)
+    try:
+        report = asyncio.run(
+            run_conversations(url, args.conversations, args.units, script, paced=not args.no_pace, first_seed=args.seed)
+        )
+    except OSError as error:
+        raise UsageError(f"{url}: cannot connect: {error}") from None
+    for line in report.lines():
+        print(line)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report.to_json(), handle, indent=1, sort_keys=True)
+    return EXIT_PROBLEMS if report.refused or report.errors else EXIT_CLEAN
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
+
+    if args.conversations is not None:
+        return run_conversations(args)
 
     from duplexcadence.interpreter.serve import loadgen
     from duplexcadence.interpreter.serve.client import Refused
@@ -116,4 +148,20 @@ def register(commands) -> None:
         "--verify-device", type=device_name, default=None, help="where stock runs for --verify (the server's device)"
     )
     parser.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
+    conversations = parser.add_argument_group(
+        "conversations", "against `dsl serve ENGINE --conversations` (/v1/realtime; docs/serving.md, Conversations)"
+    )
+    conversations.add_argument(
+        "--conversations", type=positive, default=None, metavar="N", help="N scripted conversations at once"
+    )
+    conversations.add_argument("--units", type=positive, default=20, help="units (seconds of audio) each (20)")
+    conversations.add_argument(
+        "--listen-units", type=non_negative, default=1, metavar="L", help="the script: L units listening (1), then"
+    )
+    conversations.add_argument(
+        "--speak-units", type=positive, default=2, metavar="S", help="S units speaking, the last ending the turn (2)"
+    )
+    conversations.add_argument(
+        "--own-turns", action="store_true", help="no script: the model decides every unit (a model with its weights)"
+    )
     parser.set_defaults(handler=run)

@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 
 from duplexcadence.interpreter import tails
-from duplexcadence.interpreter.cli import serve_ray
+from duplexcadence.interpreter.cli import serve_conversations, serve_ray
 from duplexcadence.interpreter.cli.common import (
     EXIT_CLEAN,
     EXIT_PROBLEMS,
@@ -230,6 +230,8 @@ async def serve_fronts(
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.conversations is not None:
+        return serve_conversations.run(args, pairs(args.param))
     if args.fronts > 1:
         if args.workers > 1:
             raise UsageError(messages.fronts_with("--workers"))
@@ -269,6 +271,14 @@ def register(commands) -> None:
         default=[],
         metavar="K=V",
         help="a tail's option (e.g. steps=5 for minicpmo45), or a .clock param with --model",
+    )
+    parser.add_argument(
+        "--conversations",
+        type=positive,
+        default=None,
+        metavar="N",
+        help="serve whole conversations of a conversation engine (TARGET: its name, or MODULE:FUNCTION), N at most, "
+        "over /v1/realtime with the page at / (docs/serving.md, Conversations)",
     )
     parser.add_argument("--slots", type=positive, default=1, help="session slots (lockstep: groups) (default 1)")
     parser.add_argument(

@@ -245,16 +245,19 @@ class ConversationPool:
             self._deliver(controls, units, *outcome)
 
     async def _gather(self) -> None:
-        """Wait, up to the gather time from the oldest unit queued, while a conversation with units in flight
-        elsewhere may still send one."""
+        """Wait, up to the gather time from the oldest unit queued, while another open conversation has none."""
+        assert self._wake is not None
         gather = self.config.gather_s if self.config.gather_s is not None else GATHER_FRACTION * self.cadence_s
-        queued = [c.queue[0].queued_at for c in self.conversations.values() if c.queue and c.queue[0].kind == "unit"]
-        if not queued or gather <= 0:
-            return
-        waiting = [c for c in self.conversations.values() if not c.queue and c.closing is None]
-        remaining = min(queued) + gather - time.perf_counter()
-        if waiting and remaining > 0:
-            await asyncio.sleep(remaining)
+        while gather > 0:
+            conversations = self.conversations.values()
+            queued = [c.queue[0].queued_at for c in conversations if c.queue and c.queue[0].kind == "unit"]
+            waiting = any(not c.queue and not c.in_flight and c.closing is None for c in conversations)
+            remaining = min(queued, default=0.0) + gather - time.perf_counter()
+            if not queued or not waiting or remaining <= 0:
+                return
+            self._wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), remaining)
 
     def _take(self) -> tuple[list[tuple[PooledConversation, Item]], list[tuple[PooledConversation, Item]]]:
         controls, units = [], []
@@ -271,7 +274,7 @@ class ConversationPool:
     def _round(self, controls: list, units: list) -> tuple[list, dict, float]:
         """On the device thread: the controls in order, then one step of every unit."""
         engine = self._engine()
-        done = []
+        done: list[Exception | None] = []
         for conversation, item in controls:
             try:
                 (engine.reset if item.kind == "reset" else engine.close)(conversation.id)

@@ -173,7 +173,7 @@ class RealtimeConversation:
             raise EventError(messages.QUEUE_FULL, messages.queue_full(self.served.queue_depth))
         return list(self._units(self.inward(samples)))
 
-    def _units(self, samples: np.ndarray) -> list[Action]:
+    def _units(self, samples: np.ndarray) -> list[Unit]:
         return [self._unit(unit) for unit in self.buffer.add(samples)]
 
     def _unit(self, samples: np.ndarray) -> Unit:

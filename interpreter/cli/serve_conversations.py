@@ -1,0 +1,102 @@
+"""`dsl serve ENGINE --conversations N`: whole conversations of a conversation engine on one device, over
+`/v1/realtime` (JSON events after OpenAI's Realtime API) with the page at `/` (docs/serving.md, "Conversations").
+
+ENGINE is a registered conversation engine (`minicpmo45`; `--param K=V` are its keywords, e.g. `sizes=reduced`)
+or `MODULE:FUNCTION`, a function of yours that returns a `ConversationEngine` (called with `device=`,
+`conversations=` and the `--param` keywords). Torch, the engine and the web packages are imported by `run` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from duplexcadence.interpreter import tails
+from duplexcadence.interpreter.cli import serve_ray
+from duplexcadence.interpreter.cli.common import EXIT_CLEAN, UsageError, resolve_device, status
+
+
+def engine_builder(target: str, device: str, conversations: int, params: dict[str, str]) -> Callable[[], Any]:
+    """What builds the engine TARGET names (on the pool's device thread)."""
+    if ":" in target:
+        module, _, function = target.partition(":")
+        try:
+            build = tails.import_function(module, function)
+        except tails.ImportFailed as error:
+            raise UsageError(str(error)) from None
+        return lambda: build(device=device, conversations=conversations, **params)
+    try:
+        registry = importlib.import_module("duplexcadence.interpreter.engine.registry")
+    except ImportError as error:
+        raise UsageError(f"no conversation engine is registered in this installation ({error})") from None
+    return lambda: registry.load(target, device=device, conversations=conversations, **params)
+
+
+def describe(pool: Any, url: str) -> list[str]:
+    engine = pool.engine
+    capacity = pool.capacity_json()
+    return [
+        f"serving conversations of '{pool.name}': {capacity['conversations']} admitted now (memory limit "
+        f"{capacity['memory_limit']}, time limit {capacity['time_limit']}); a unit of {engine.unit_samples} samples "
+        f"at {engine.input_rate} Hz in, {engine.output_rate} Hz out",
+        f"serving on {url}/ (the page) and {url.replace('http', 'ws', 1)}/v1/realtime",
+    ]
+
+
+async def serve(args: argparse.Namespace, params: dict[str, str], started: Callable[[Any], None] | None = None) -> int:
+    import uvicorn
+
+    from duplexcadence.interpreter.serve.conversations import ConversationPool, ConversationPoolConfig
+    from duplexcadence.interpreter.serve.realtime.app import make_conversation_app
+    from duplexcadence.interpreter.serve.server import serve_pool, server_config
+
+    device = resolve_device(args.device)
+    build = engine_builder(args.target, device, args.conversations, params)
+    config = ConversationPoolConfig(
+        queue_depth=args.queue_depth,
+        idle_timeout_s=args.idle_timeout,
+        gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
+    )
+    pool = ConversationPool(build, args.target.rpartition(":")[2], config)
+    try:
+        await pool.start()
+    except (LookupError, ValueError, TypeError) as error:
+        await pool.stop()
+        raise UsageError(f"cannot build the conversation engine '{args.target}': {error}") from None
+    app = make_conversation_app(pool, manage_pool=False)
+    server = uvicorn.Server(server_config(app, args.host, args.port, args.log_level))
+
+    def listening(running: Any) -> None:
+        port = running.servers[0].sockets[0].getsockname()[1]
+        for line in describe(pool, f"http://{args.host}:{port}"):
+            status(args, line)
+        if started is not None:
+            started(running)
+
+    await serve_pool(pool, server, listening)
+    return EXIT_CLEAN
+
+
+def problems(args: argparse.Namespace) -> list[str]:
+    """The `dsl serve` options that do not apply to conversations."""
+    found = ["--ray does not apply to --conversations"] if serve_ray.wants_ray(args) else []
+    for option, value, default in (
+        ("--workers", args.workers, 1),
+        ("--fronts", args.fronts, 1),
+        ("--lockstep", args.lockstep, None),
+        ("--model", args.model, None),
+        ("--tick-model", args.tick_model, None),
+    ):
+        if value != default:
+            found.append(f"{option} does not apply to --conversations")
+    return found
+
+
+def run(args: argparse.Namespace, params: dict[str, str]) -> int:
+    found = problems(args)
+    if found:
+        raise UsageError("; ".join(found))
+    return asyncio.run(serve(args, params))

@@ -265,3 +265,12 @@ def test_every_error_code_has_its_row_in_the_docs():
         r'"(duplexcadence\.[a-z._]+)"', (Path(audio.__file__).parent / "conversation.py").read_text()
     ):
         assert f"`{name}`" in section, name
+
+
+def test_the_docs_python_client_holds_a_conversation(echo_server, capsys):
+    (block,) = re.findall(r"```py\n(.*?)```", DOC.read_text(), flags=re.S)
+    block = block.replace("http://127.0.0.1:8000/v1", echo_server.url("/v1")).replace('"minicpmo45"', '"echo"')
+    exec(compile(block, "docs/serving.md:py", "exec"), {"__name__": "serving_doc"})
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(",")[0] for line in printed[:3]] == ["unit 0: listen", "unit 1: speak", "unit 2: speak"]
+    assert printed[3] == "19200 samples of speech: ' w11 w12 w11 w12'"

@@ -2,6 +2,7 @@
 # Installs DuplexCadence and what its tests and examples need, without ever moving torch:
 #   - torch: kept if present (e.g. a CUDA build), else torch 2.13.0 from PyPI
 #   - graphviz's `dot` (Debian package) for `dsl render` to SVG/PNG
+#   - Chromium (Debian packages chromium, chromium-driver) for the browser test of the conversation page
 #   - the package (editable) with the test, serve and model extras, which pip resolves beside that torch
 #   - then the model packages whose own pins would move torch, without their requirements
 #     (scripts/model-pins.txt says why)
@@ -37,6 +38,13 @@ if ! command -v dot >/dev/null 2>&1; then
         step "installing graphviz (apt-get)" apt_install graphviz
     else
         echo "install.sh: graphviz's 'dot' is missing and apt-get is not available: install graphviz" >&2
+    fi
+fi
+if ! command -v chromium >/dev/null 2>&1; then  # the page's browser test (tests/serve/realtime/test_page.py)
+    if command -v apt-get >/dev/null 2>&1; then
+        step "installing chromium and chromium-driver (apt-get)" apt_install chromium chromium-driver
+    else
+        echo "install.sh: chromium is missing and apt-get is not available: the page's browser test skips" >&2
     fi
 fi
 step "installing duplexcadence with its extras" pip_install -e ".[test,lsp,serve,moshi,qwen3omni,minicpmo45]"

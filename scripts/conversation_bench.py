@@ -1,0 +1,179 @@
+"""Conversations per GPU through the server, beside the engine's own in-process figure.
+
+One engine is built (`--engine`: a registered conversation engine, or MODULE:FUNCTION; `--param K=V` its
+keywords) with room for the largest count, and for each conversation count N, growing until one fails:
+
+* in-process: N conversations opened on the engine and stepped together, one `engine.step` over all N a unit,
+  each unit scripted as `dsl loadgen --conversations` scripts it (listen, speak, speak and end the turn) on the
+  same seeded audio, paced at the cadence: a unit's latency is its round's wall time (the audio is all there
+  when the round starts);
+* server: the same engine behind `/v1/realtime` (the conversation pool and its websocket front, uvicorn on a
+  thread of this process), N conversations from `run_conversations` over loopback, paced at the cadence: a
+  unit's latency runs from the send of its last 100 ms append to its `duplexcadence.unit` event, end to end.
+
+N passes when every conversation opened, no error came back and the p99 unit latency is under the cadence. The
+conversations per GPU are the largest N that passes, in-process and through the server; the server's overhead
+at N is its p50 less the in-process p50, also as a fraction of the cadence.
+
+    python scripts/conversation_bench.py --engine minicpmo45 --counts 1,2,4,6,8 --units 20 --json $OUT/conv.json
+    python scripts/conversation_bench.py --cpu-dry-run --json /tmp/conv.json      # a smoke test, times mean nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import platform
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from duplexcadence.interpreter.cli.serve_conversations import engine_builder
+from duplexcadence.interpreter.engine.api import Decision, UnitInput
+from duplexcadence.interpreter.serve.conversations import ConversationPool, ConversationPoolConfig
+from duplexcadence.interpreter.serve.realtime.app import make_conversation_app
+from duplexcadence.interpreter.serve.realtime.audio import PCM16_SCALE
+from duplexcadence.interpreter.serve.realtime.loadgen import Script, run_conversations, unit_audio
+from duplexcadence.interpreter.serve.server import ServerThread
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(round(q * len(ordered), 9)) - 1))]
+
+
+def in_process(engine: Any, count: int, units: int, script: Script, first_seed: int) -> dict[str, Any]:
+    """`count` conversations stepped together on `engine`, paced at the cadence; each unit's round time."""
+    opened, refused = [], None
+    for index in range(count):
+        try:
+            opened.append((engine.open(first_seed + index), first_seed + index))
+        except Exception as error:  # the engine's refusal, with its numbers
+            refused = str(error)
+            break
+    cadence = engine.unit_samples / engine.input_rate
+    latencies = []
+    try:
+        if refused is None:
+            start = time.perf_counter()
+            for number in range(units):
+                delay = start + (number + 1) * cadence - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                decision = script.decision(number)
+                chosen = (
+                    None
+                    if decision is None
+                    else Decision(decision["kind"], tuple(decision.get("text", ())), decision.get("end_of_turn", False))
+                )
+                step = {
+                    key: UnitInput(
+                        unit_audio(seed, number, engine.unit_samples).astype(np.float32) / PCM16_SCALE, chosen
+                    )
+                    for key, seed in opened
+                }
+                began = time.perf_counter()
+                engine.step(step)
+                latencies += [time.perf_counter() - began] * count
+    finally:
+        for key, _ in opened:
+            engine.close(key)
+    return summary(latencies, cadence, refused, errors=0)
+
+
+def summary(latencies: list[float], cadence: float, refused: str | None, errors: int) -> dict[str, Any]:
+    p99 = quantile(latencies, 0.99)
+    return {
+        "refused": refused,
+        "errors": errors,
+        "units": len(latencies),
+        "p50_s": quantile(latencies, 0.5),
+        "p99_s": p99,
+        "max_s": max(latencies) if latencies else None,
+        "over_cadence": sum(latency > cadence for latency in latencies),
+        "passes": refused is None and errors == 0 and p99 is not None and p99 < cadence,
+    }
+
+
+def through_server(server: ServerThread, count: int, units: int, script: Script, first_seed: int) -> dict[str, Any]:
+    report = asyncio.run(
+        run_conversations(server.ws_url("/v1/realtime"), count, units, script, paced=True, first_seed=first_seed)
+    )
+    found = report.to_json()
+    refusals = found["refusals"]
+    result = summary(report.latencies, report.cadence_s or 1.0, refusals[0] if refusals else None, report.errors)
+    return {**result, "errors_text": found["errors"][:5]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", default="minicpmo45")
+    parser.add_argument("--param", action="append", default=[], metavar="K=V")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--counts", default="1,2,4,8")
+    parser.add_argument("--units", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", required=True, metavar="PATH")
+    parser.add_argument("--cpu-dry-run", action="store_true", help="reduced sizes on the CPU, counts 1,2, 3 units")
+    args = parser.parse_args(argv)
+    params = dict(pair.split("=", 1) for pair in args.param)
+    counts = [int(text) for text in args.counts.split(",")]
+    if args.cpu_dry_run:
+        args.device, counts, args.units = "cpu", [1, 2], 3
+        params.setdefault("sizes", "reduced")
+    engine = engine_builder(args.engine, args.device, max(counts), params)()
+    script = Script()
+    pool = ConversationPool(lambda: engine, args.engine.rpartition(":")[2], ConversationPoolConfig())
+    rows = []
+    with ServerThread(make_conversation_app(pool)) as server:
+        for count in counts:
+            row = {
+                "conversations": count,
+                "in_process": in_process(engine, count, args.units, script, args.seed),
+                "server": through_server(server, count, args.units, script, args.seed),
+            }
+            direct, served = row["in_process"]["p50_s"], row["server"]["p50_s"]
+            if direct is not None and served is not None:
+                row["overhead_p50_s"] = served - direct
+                row["overhead_fraction_of_cadence"] = (served - direct) * engine.input_rate / engine.unit_samples
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if not (row["in_process"]["passes"] or row["server"]["passes"]):
+                break
+    result = {
+        "engine": args.engine,
+        "params": params,
+        "device": args.device,
+        "units": args.units,
+        "rows": rows,
+        "conversations_in_process": max((r["conversations"] for r in rows if r["in_process"]["passes"]), default=0),
+        "conversations_through_server": max((r["conversations"] for r in rows if r["server"]["passes"]), default=0),
+        "environment": environment(args.device),
+        "command": " ".join(sys.argv),
+    }
+    with open(args.json, "w") as handle:
+        json.dump(result, handle, indent=1)
+    print(
+        f"conversations at p99 under the cadence: in-process {result['conversations_in_process']}, "
+        f"through the server {result['conversations_through_server']}"
+    )
+    return 0
+
+
+def environment(device: str) -> dict[str, Any]:
+    import torch
+
+    found = {"python": platform.python_version(), "torch": torch.__version__, "device": device}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        found["gpu"] = torch.cuda.get_device_name()
+    return found
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -32,9 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from duplexcadence.interpreter.cli.serve_conversations import engine_builder
 from duplexcadence.interpreter.engine.api import Decision, UnitInput
-from duplexcadence.interpreter.serve.conversations import ConversationPool, ConversationPoolConfig
+from duplexcadence.interpreter.serve.conversations import (
+    ConversationPool,
+    ConversationPoolConfig,
+    engine_factory,
+    engine_name,
+)
 from duplexcadence.interpreter.serve.realtime.app import make_conversation_app
 from duplexcadence.interpreter.serve.realtime.audio import PCM16_SCALE
 from duplexcadence.interpreter.serve.realtime.loadgen import Script, run_conversations, unit_audio
@@ -127,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_dry_run:
         args.device, counts, args.units = "cpu", [1, 2], 3
         params.setdefault("sizes", "reduced")
-    engine = engine_builder(args.engine, args.device, max(counts), params)()
+    engine = engine_factory(args.engine, args.device, max(counts), params)()
     script = Script()
-    pool = ConversationPool(lambda: engine, args.engine.rpartition(":")[2], ConversationPoolConfig())
+    pool = ConversationPool(lambda: engine, engine_name(args.engine), ConversationPoolConfig())
     rows = []
     with ServerThread(make_conversation_app(pool)) as server:
         for count in counts:

@@ -10,29 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 from collections.abc import Callable
 from typing import Any
 
-from duplexcadence.interpreter import tails
 from duplexcadence.interpreter.cli import serve_ray
 from duplexcadence.interpreter.cli.common import EXIT_CLEAN, UsageError, resolve_device, status
-
-
-def engine_builder(target: str, device: str, conversations: int, params: dict[str, str]) -> Callable[[], Any]:
-    """What builds the engine TARGET names (on the pool's device thread)."""
-    if ":" in target:
-        module, _, function = target.partition(":")
-        try:
-            build = tails.import_function(module, function)
-        except tails.ImportFailed as error:
-            raise UsageError(str(error)) from None
-        return lambda: build(device=device, conversations=conversations, **params)
-    try:
-        registry = importlib.import_module("duplexcadence.interpreter.engine.registry")
-    except ImportError as error:
-        raise UsageError(f"no conversation engine is registered in this installation ({error})") from None
-    return lambda: registry.load(target, device=device, conversations=conversations, **params)
 
 
 def describe(pool: Any, url: str) -> list[str]:
@@ -49,18 +31,21 @@ def describe(pool: Any, url: str) -> list[str]:
 async def serve(args: argparse.Namespace, params: dict[str, str], started: Callable[[Any], None] | None = None) -> int:
     import uvicorn
 
-    from duplexcadence.interpreter.serve.conversations import ConversationPool, ConversationPoolConfig
+    from duplexcadence.interpreter.serve.conversations import (
+        ConversationPool,
+        EngineSetupError,
+        engine_factory,
+        engine_name,
+    )
     from duplexcadence.interpreter.serve.realtime.app import make_conversation_app
     from duplexcadence.interpreter.serve.server import serve_pool, server_config
 
     device = resolve_device(args.device)
-    build = engine_builder(args.target, device, args.conversations, params)
-    config = ConversationPoolConfig(
-        queue_depth=args.queue_depth,
-        idle_timeout_s=args.idle_timeout,
-        gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
-    )
-    pool = ConversationPool(build, args.target.rpartition(":")[2], config)
+    try:
+        build = engine_factory(args.target, device, args.conversations, params)
+    except EngineSetupError as error:
+        raise UsageError(str(error)) from None
+    pool = ConversationPool(build, engine_name(args.target), pool_config(args))
     try:
         await pool.start()
     except (LookupError, ValueError, TypeError) as error:
@@ -82,7 +67,7 @@ async def serve(args: argparse.Namespace, params: dict[str, str], started: Calla
 
 def problems(args: argparse.Namespace) -> list[str]:
     """The `dsl serve` options that do not apply to conversations."""
-    found = ["--ray does not apply to --conversations"] if serve_ray.wants_ray(args) else []
+    found = []
     for option, value, default in (
         ("--workers", args.workers, 1),
         ("--fronts", args.fronts, 1),
@@ -95,8 +80,20 @@ def problems(args: argparse.Namespace) -> list[str]:
     return found
 
 
+def pool_config(args: argparse.Namespace) -> Any:
+    from duplexcadence.interpreter.serve.conversations import ConversationPoolConfig
+
+    return ConversationPoolConfig(
+        queue_depth=args.queue_depth,
+        idle_timeout_s=args.idle_timeout,
+        gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
+    )
+
+
 def run(args: argparse.Namespace, params: dict[str, str]) -> int:
     found = problems(args)
     if found:
         raise UsageError("; ".join(found))
+    if serve_ray.wants_ray(args):
+        return serve_ray.serve_cluster(args, pool_config(args), params)
     return asyncio.run(serve(args, params))

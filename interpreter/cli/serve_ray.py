@@ -78,8 +78,26 @@ def pool_spec(args: argparse.Namespace, pool: Any, params: dict[str, str]) -> An
     replica starts."""
     from duplexcadence.interpreter.serve.cluster.replica import PoolSpec
 
+    conversations = getattr(args, "conversations", None)
+    if conversations is not None:
+        return PoolSpec(checked_engine(args, pool, params), None, params, pool, conversations=conversations)
     target = checked_target(args, pool, params)
     return PoolSpec(target, args.model, params, pool, cpu_threads=None)
+
+
+def checked_engine(args: argparse.Namespace, pool: Any, params: dict[str, str]) -> str:
+    """The conversation engine to serve in the replicas, its builder found here first (not called) and `pool` (a
+    `ConversationPoolConfig`) checked; UsageError for what cannot be served."""
+    from duplexcadence.interpreter.serve.conversations import EngineSetupError, engine_factory
+
+    try:
+        engine_factory(args.target, "cpu", args.conversations, params)
+    except EngineSetupError as error:
+        raise UsageError(str(error)) from None
+    problems = pool.problems()
+    if problems:
+        raise UsageError("; ".join(problems))
+    return args.target
 
 
 def checked_target(args: argparse.Namespace, pool: Any, params: dict[str, str]) -> str:
@@ -118,8 +136,8 @@ def cluster_config(args: argparse.Namespace) -> Any:
         local_cpus=args.ray_cpus,
         stats_period_s=args.stats_period,
         drain_timeout_s=args.drain_timeout,
-        # a model builder of your own is imported by the replicas from this folder
-        runtime_env={"working_dir": os.getcwd()} if args.model is not None else None,
+        # a model builder (or conversation engine) of your own is imported by the replicas from this folder
+        runtime_env={"working_dir": os.getcwd()} if args.model is not None or ":" in args.target else None,
     )
 
 
@@ -127,10 +145,12 @@ def describe(cluster: Any) -> list[str]:
     capacities = cluster.capacities()
     lines = [f"serving on {len(capacities)} replica(s) through {cluster.ws_url}"]
     for replica, stats in sorted(capacities.items()):
-        lines.append(
-            f"  replica {replica} on {stats['device']}: capacity {stats['capacity']} sessions of {stats['slots']} "
-            f"slots, {stats['sessions']} active"
+        held = (
+            f"capacity {stats['capacity']} sessions of {stats['slots']} slots"
+            if "slots" in stats
+            else f"{stats['conversations']} conversations admitted"
         )
+        lines.append(f"  replica {replica} on {stats['device']}: {held}, {stats['sessions']} active")
     return lines
 
 

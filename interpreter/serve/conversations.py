@@ -20,6 +20,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import importlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +41,37 @@ from duplexcadence.interpreter.serve.pool import ClosingState, SessionClosed
 GATHER_FRACTION = 0.05
 
 
+class EngineSetupError(LookupError):
+    """An engine that cannot be built as named: the message says why."""
+
+
+def engine_factory(
+    target: str, device: str, conversations: int, params: dict[str, str]
+) -> Callable[[], ConversationEngine]:
+    """What builds the engine `target` names: a registered conversation engine, or `MODULE:FUNCTION` (a function
+    of the user's that returns a `ConversationEngine`), called with `device=`, `conversations=` and `params`.
+    EngineSetupError for a function that cannot be imported or an installation without an engine registry."""
+    from duplexcadence.interpreter import tails
+
+    if ":" in target:
+        module, _, function = target.partition(":")
+        try:
+            build = tails.import_function(module, function)
+        except tails.ImportFailed as error:
+            raise EngineSetupError(str(error)) from None
+        return lambda: build(device=device, conversations=conversations, **params)
+    try:
+        registry = importlib.import_module("duplexcadence.interpreter.engine.registry")
+    except ImportError as error:
+        raise EngineSetupError(f"no conversation engine is registered in this installation ({error})") from None
+    return lambda: registry.load(target, device=device, conversations=conversations, **params)
+
+
+def engine_name(target: str) -> str:
+    """The name a pool serves `target` under: a registered engine's, or the FUNCTION of `MODULE:FUNCTION`."""
+    return target.rpartition(":")[2]
+
+
 @attrs.frozen
 class ConversationPoolConfig:
     """`queue_depth`: units a conversation may have queued beside the one in flight; `idle_timeout_s`: a
@@ -49,6 +81,16 @@ class ConversationPoolConfig:
     queue_depth: int = 4
     idle_timeout_s: float = 30.0
     gather_s: float | None = None
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.queue_depth < 1:
+            found.append(f"the queue depth must be at least 1, not {self.queue_depth}")
+        if not self.idle_timeout_s > 0:
+            found.append(f"the idle timeout must be above 0 s, not {self.idle_timeout_s}")
+        if self.gather_s is not None and not self.gather_s >= 0:
+            found.append(f"the gather time must be 0 s or more, not {self.gather_s}")
+        return found
 
 
 class ConversationRefusal(Exception):
@@ -143,6 +185,9 @@ class ConversationPool:
         self.build = build
         self.name = name
         self.config = config or ConversationPoolConfig()
+        problems = self.config.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
         self.engine: ConversationEngine | None = None
         self.conversations: dict[int, PooledConversation] = {}
         self.draining = False
@@ -158,6 +203,10 @@ class ConversationPool:
     def loop(self) -> asyncio.AbstractEventLoop:
         assert self._loop is not None, "start() the pool first"
         return self._loop
+
+    @property
+    def started(self) -> bool:
+        return self.engine is not None
 
     @property
     def cadence_s(self) -> float:
@@ -219,9 +268,12 @@ class ConversationPool:
         return conversation
 
     def capacity_json(self) -> dict[str, Any]:
-        """The engine's capacity, and the pool's state."""
+        """The engine's capacity (`EngineCapacity`), with the pool's `sessions` (its open conversations), `free`
+        (conversations it admits now: none while draining) and `draining`, the fields a router places by."""
         capacity = attrs.asdict(self._engine().capacity())
-        return {**capacity, "draining": self.draining, "open": len(self.conversations)}
+        sessions = len(self.conversations)
+        free = 0 if self.draining or self.stopping else max(0, capacity["conversations"] - sessions)
+        return {**capacity, "sessions": sessions, "free": free, "draining": self.draining}
 
     # --- the scheduler ---------------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ import attrs
 from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.cluster import proxy
 from duplexcadence.interpreter.serve.cluster.replica import DEPLOYMENT, DEPLOYMENT_NAME, PoolSpec
+from duplexcadence.interpreter.serve.pool import PoolConfig
 
 REPLICA_ACTOR_PREFIX = "SERVE_REPLICA::"
 SERVE_NAMESPACE = "serve"
@@ -90,6 +91,9 @@ class ClusterConfig:
 
 
 def sessions_per_replica(spec: PoolSpec) -> int:
+    if spec.conversations is not None:
+        return spec.conversations
+    assert isinstance(spec.config, PoolConfig)
     return spec.config.slots * (spec.config.lockstep or 1)
 
 
@@ -255,7 +259,7 @@ class DuplexCluster:
 
     @property
     def ws_url(self) -> str:
-        return f"ws://{self.config.host}:{self.config.port}/v1/session"
+        return f"ws://{self.config.host}:{self.config.port}{self.spec.path}"
 
     def handle(self) -> Any:
         from ray import serve

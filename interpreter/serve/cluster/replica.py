@@ -31,6 +31,12 @@ import attrs
 from ray import serve
 
 from duplexcadence.interpreter.serve import messages
+from duplexcadence.interpreter.serve.conversations import (
+    ConversationPool,
+    ConversationPoolConfig,
+    engine_factory,
+    engine_name,
+)
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
 
 Message = MutableMapping[str, Any]
@@ -50,14 +56,22 @@ class ReplicaNotServing(LookupError):
 @attrs.frozen
 class PoolSpec:
     """What every replica serves: a registered tail (`target`, its options in `params`) or a `.clock` file with
-    the model builder `model` (`MODULE:FUNCTION`), on the replica's device, with the pool's `config`.
+    the model builder `model` (`MODULE:FUNCTION`), on the replica's device, with the pool's `config`; or, with
+    `conversations`, that many conversations of the conversation engine `target` (a registered engine or
+    `MODULE:FUNCTION`, its keywords in `params`) over `/v1/realtime`, `config` a `ConversationPoolConfig`.
     `cpu_threads`: torch's intra-op threads of a CPU replica (replicas sharing a host's cores)."""
 
     target: str
     model: str | None = None
     params: dict[str, str] = attrs.field(factory=dict)
-    config: PoolConfig = attrs.field(factory=PoolConfig)
+    config: PoolConfig | ConversationPoolConfig = attrs.field(factory=PoolConfig)
     cpu_threads: int | None = None
+    conversations: int | None = None
+
+    @property
+    def path(self) -> str:
+        """The websocket route of what is served."""
+        return "/v1/session" if self.conversations is None else "/v1/realtime"
 
 
 class ReplicaHeader:
@@ -100,26 +114,42 @@ class DuplexReplica:
         self.device = replica_device()
         if self.device == "cpu" and spec.cpu_threads:
             torch.set_num_threads(spec.cpu_threads)
-        self.pool = SessionPool(served_tail(spec.target, spec.model, spec.params, self.device), spec.config)
+        self.pool: SessionPool | ConversationPool
+        if spec.conversations is not None:
+            assert isinstance(spec.config, ConversationPoolConfig)
+            build = engine_factory(spec.target, self.device, spec.conversations, spec.params)
+            self.pool = ConversationPool(build, engine_name(spec.target), spec.config)
+        else:
+            assert isinstance(spec.config, PoolConfig)
+            self.pool = SessionPool(served_tail(spec.target, spec.model, spec.params, self.device), spec.config)
         self.reports = 0
         self.reported: asyncio.Condition | None = None
 
     async def __serve_build_asgi_app__(self) -> ASGIApp:
         from duplexcadence.interpreter.serve.app import make_app
+        from duplexcadence.interpreter.serve.realtime.app import make_conversation_app
 
-        await self.pool.start()
-        return ReplicaHeader(make_app(self.pool, manage_pool=False), self.replica_id)
+        pool = self.pool
+        await pool.start()
+        if isinstance(pool, ConversationPool):
+            return ReplicaHeader(make_conversation_app(pool, manage_pool=False), self.replica_id)
+        return ReplicaHeader(make_app(pool, manage_pool=False), self.replica_id)
+
+    def started(self) -> bool:
+        pool = self.pool
+        return pool.started if isinstance(pool, ConversationPool) else pool.rule is not None
 
     async def __del__(self) -> None:
-        if self.pool.rule is not None:
+        if self.started():
             await self.pool.stop()
 
     def stats(self) -> dict[str, Any]:
-        if self.pool.rule is None:  # the pool has not started yet
+        if not self.started():  # the pool has not started yet
             return {"replica": self.replica_id, "device": self.device, "starting": True}
         import torch
 
-        snapshot = self.pool.capacity().to_json()
+        pool = self.pool
+        snapshot = pool.capacity_json() if isinstance(pool, ConversationPool) else pool.capacity().to_json()
         where = {"replica": self.replica_id, "device": self.device, "threads": torch.get_num_threads()}
         return {**snapshot, **where, "recorded_at": time.time()}
 
@@ -134,7 +164,7 @@ class DuplexReplica:
 
     async def check_health(self) -> None:
         pool = self.pool
-        if pool.rule is None:
+        if not self.started():
             return
         if pool.stopping:
             return  # stopped on purpose (the cluster's shutdown): nothing to replace
@@ -171,12 +201,15 @@ class DuplexReplica:
         """Stop this replica's pool: a session left is closed with 1001 and the reason (the cluster's shutdown,
         after its drain)."""
         self.check_target(replica_id)
-        if self.pool.rule is not None:
+        if self.started():
             await self.pool.stop()
 
     async def metrics_text(self, replica_id: str) -> str:
-        """This replica's Prometheus exposition (`/metrics` through the proxy reaches one replica)."""
+        """This replica's Prometheus exposition (`/metrics` through the proxy reaches one replica); a conversation
+        pool's has none."""
         self.check_target(replica_id)
+        if isinstance(self.pool, ConversationPool):
+            return ""
         assert self.pool.metrics is not None
         return self.pool.exposition().decode()
 

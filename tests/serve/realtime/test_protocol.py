@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import websockets.sync.client
+from echo_engine import reference
 
-from duplexcadence.interpreter.engine.api import Decision, UnitInput
+from duplexcadence.interpreter.engine.api import Decision
 from duplexcadence.interpreter.serve.realtime import audio, messages
 
 openai = pytest.importorskip("openai")
@@ -52,22 +53,7 @@ def spoken(events) -> np.ndarray:
     return np.concatenate(deltas) if deltas else np.zeros(0, "<i2")
 
 
-def reference(engine_class, seed: int, inputs: np.ndarray, decisions: list) -> tuple[np.ndarray, str]:
-    """What the engine makes in-process of the same conversation: its audio as PCM16 and its text."""
-    engine = engine_class(1)
-    key = engine.open(seed)
-    floats = inputs.astype(np.float32) / audio.PCM16_SCALE
-    made, text = [], ""
-    for number in range(len(floats) // engine.unit_samples):
-        chunk = floats[number * engine.unit_samples : (number + 1) * engine.unit_samples]
-        decision = decisions[number] if number < len(decisions) else None
-        output = engine.step({key: UnitInput(chunk, decision)})[key]
-        made.append(audio.to_pcm16(output.audio))
-        text += output.text
-    return np.concatenate(made), text
-
-
-def test_a_conversation_through_the_openai_sdk_equals_the_engine_in_process(echo_server, echo_engine):
+def test_a_conversation_through_the_openai_sdk_equals_the_engine_in_process(echo_server):
     sent = pcm(3.0, seed=1)
     with connect(echo_server, seed=7) as connection:
         created = connection.recv()
@@ -98,7 +84,7 @@ def test_a_conversation_through_the_openai_sdk_equals_the_engine_in_process(echo
         "duplexcadence.unit",
     ]
     decisions = [Decision("listen"), Decision("speak", (4, 5)), Decision("speak", (6,), True)]
-    expected_audio, expected_text = reference(echo_engine, 7, sent, decisions)
+    expected_audio, expected_text = reference(7, sent, decisions)
     assert np.array_equal(spoken(events), expected_audio)
     done = events[kinds.index("response.output_audio_transcript.done")]
     assert done.transcript == expected_text == " w4 w5 w6"
@@ -134,7 +120,7 @@ BAD_EVENTS = [
 ]  # fmt: skip
 
 
-def test_malformed_events_get_an_error_event_and_leave_the_conversation_unchanged(echo_server, echo_engine):
+def test_malformed_events_get_an_error_event_and_leave_the_conversation_unchanged(echo_server):
     sent = pcm(2.0, seed=2)
     with websockets.sync.client.connect(echo_server.ws_url("/v1/realtime?seed=4")) as socket:
         assert json.loads(socket.recv())["type"] == "session.created"
@@ -156,12 +142,12 @@ def test_malformed_events_get_an_error_event_and_leave_the_conversation_unchange
     assert [error["error"]["event_id"] for error in errors[3:5]] == ["bad3", "bad4"]
     assert "'input_audio_buffer.appendd'" in errors[3]["error"]["message"]
     deltas = [audio.pcm16_samples(a["delta"]) for a in answers if a["type"] == "response.output_audio.delta"]
-    expected_audio, _ = reference(echo_engine, 4, sent, [Decision("speak", (4, 5))])
+    expected_audio, _ = reference(4, sent, [Decision("speak", (4, 5))])
     assert np.array_equal(np.concatenate(deltas), expected_audio)
     assert [a["unit"] for a in answers if a["type"] == "duplexcadence.unit"] == [0, 1]
 
 
-def test_audio_at_another_rate_is_resampled_the_same_however_it_is_cut(echo_server, echo_engine):
+def test_audio_at_another_rate_is_resampled_the_same_however_it_is_cut(echo_server):
     sent = pcm(2.5, seed=3, rate=24000)
     made = []
     for cut in (2400, 7000):
@@ -207,7 +193,7 @@ def test_output_at_another_rate_and_text_only(echo_server):
     assert [event.text for event in events if event.type == "response.output_text.done"] == [" w6"]
 
 
-def test_reset_cancels_the_response_and_starts_the_conversation_over(echo_server, echo_engine):
+def test_reset_cancels_the_response_and_starts_the_conversation_over(echo_server):
     sent = pcm(1.0, seed=5)
     with connect(echo_server, seed=2) as connection:
         connection.recv()

@@ -21,7 +21,7 @@ def describe(pool: Any, url: str) -> list[str]:
     engine = pool.engine
     capacity = pool.capacity_json()
     return [
-        f"serving conversations of '{pool.name}': {capacity['conversations']} admitted now (memory limit "
+        f"serving conversations of '{pool.name}': {capacity['conversations']} at most (memory limit "
         f"{capacity['memory_limit']}, time limit {capacity['time_limit']}); a unit of {engine.unit_samples} samples "
         f"at {engine.input_rate} Hz in, {engine.output_rate} Hz out",
         f"serving on {url}/ (the page) and {url.replace('http', 'ws', 1)}/v1/realtime",

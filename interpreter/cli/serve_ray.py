@@ -148,7 +148,7 @@ def describe(cluster: Any) -> list[str]:
         held = (
             f"capacity {stats['capacity']} sessions of {stats['slots']} slots"
             if "slots" in stats
-            else f"{stats['conversations']} conversations admitted"
+            else f"{stats['conversations']} conversations at most"
         )
         lines.append(f"  replica {replica} on {stats['device']}: {held}, {stats['sessions']} active")
     return lines

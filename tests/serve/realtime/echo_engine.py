@@ -79,9 +79,7 @@ class EchoEngine:
         del self.open_ids[conversation]
 
     def capacity(self) -> EngineCapacity:
-        return EngineCapacity(
-            self.slots - len(self.open_ids), len(self.open_ids), self.slots, self.slots, 0, None, 1000.0
-        )
+        return EngineCapacity(self.slots, len(self.open_ids), self.slots, self.slots, 0, None, 1000.0)
 
 
 def build(device: str = "cpu", conversations: int = 2, **options: str) -> EchoEngine:

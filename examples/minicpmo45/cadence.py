@@ -390,6 +390,21 @@ def load_runtime(
     return Token2wavRuntime(runtime, tail, hooks, prompt_frames, n_timesteps, noise)
 
 
+@attrs.frozen
+class ChunkCall:
+    """One ``stream`` call of a session's buffer: the new tokens it takes (the 3 held as lookahead come from the
+    session), and whether it is the turn's last (``Session.finish``)."""
+
+    tokens: tuple[int, ...]
+    last: bool
+
+    @property
+    def planned(self) -> bool:
+        """A regular chunk (25 new tokens, not the last): an instant of the plan, steppable with others
+        (:meth:`Token2wavRuntime.step_new_many`)."""
+        return not self.last and len(self.tokens) == CHUNK_TOKENS
+
+
 class CadenceToken2wavSession:
     """One MiniCPM-o duplex session on a runtime session; the interface of :class:`.stock.StockToken2wavSession`.
 
@@ -438,24 +453,33 @@ class CadenceToken2wavSession:
         self, new_tokens: Sequence[int], flush: bool = False, end_of_turn: bool = False
     ) -> list[torch.Tensor]:
         """MiniCPM-o's buffer logic (:meth:`.stock.StockToken2wavSession.push_tokens`), one instant per ``stream`` call."""
+        return [self.run_chunk(call) for call in self.chunk_calls(new_tokens, flush, end_of_turn)]
+
+    def chunk_calls(self, new_tokens: Sequence[int], flush: bool = False, end_of_turn: bool = False) -> list[ChunkCall]:
+        """The ``stream`` calls that MiniCPM-o's buffer logic makes of ``new_tokens``, in order (each to run with
+        :meth:`run_chunk`); the tokens they take leave the buffer now."""
         if self.turn_finished:
             raise RuntimeError("the turn ended (end_of_turn); call reset() to start the next one")
         self.pending.extend(int(token) for token in new_tokens)
-        chunks: list[torch.Tensor] = []
+        calls: list[ChunkCall] = []
         if flush:
             while PRE_LOOKAHEAD_TOKENS + len(self.pending) >= FLUSH_MIN_TOKENS:
                 count = min(CHUNK_TOKENS, len(self.pending))
-                chunks.append(self._run_host(self.pending[:count], last=False))
+                calls.append(ChunkCall(tuple(self.pending[:count]), last=False))
                 self.pending = self.pending[count:]
         else:
             while len(self.pending) >= CHUNK_TOKENS:
-                chunks.append(self._run_host(self.pending[:CHUNK_TOKENS], last=False))
+                calls.append(ChunkCall(tuple(self.pending[:CHUNK_TOKENS]), last=False))
                 self.pending = self.pending[CHUNK_TOKENS:]
         if end_of_turn:
-            chunks.append(self._run_host(self.pending, last=True))
+            calls.append(ChunkCall(tuple(self.pending), last=True))
             self.pending = []
             self.turn_finished = True
-        return chunks
+        return calls
+
+    def run_chunk(self, call: ChunkCall) -> torch.Tensor:
+        """One ``stream`` call of :meth:`chunk_calls`: its audio, float32 [1, samples] on the CPU."""
+        return self._run_host(list(call.tokens), call.last)
 
     def _run_host(self, tokens: list[int], last: bool) -> torch.Tensor:
         device_tokens = torch.tensor([tokens], dtype=torch.int32).reshape(1, len(tokens)).to(self.device)

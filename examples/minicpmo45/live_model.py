@@ -47,6 +47,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import torch.nn.utils.parametrize as parametrize
+from numpy.lib.stride_tricks import sliding_window_view
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
@@ -93,7 +94,7 @@ class StreamingMel:
             feature_size=mel_bins, sampling_rate=SAMPLE_RATE_IN, hop_length=HOP, n_fft=N_FFT
         )
         self.mel_filters = extractor.mel_filters
-        self.window = window_function(N_FFT, "hann")
+        self.window = window_function(N_FFT, "hann").astype(np.float64)
         self.chunk_samples = CHUNK_MS * SAMPLE_RATE_IN // 1000
         self.chunk_frames = self.chunk_samples // HOP
         self.first_chunk_samples = max(HOP, (FIRST_CHUNK_MS * SAMPLE_RATE_IN // 1000) // HOP * HOP)
@@ -112,18 +113,13 @@ class StreamingMel:
         return self.first_chunk_samples if self.first else self.chunk_samples
 
     def log_mel(self, waveform: np.ndarray, dynamic: bool) -> np.ndarray:
-        """[mel_bins, frames] log10 mel of ``waveform`` (``MiniCPMAAudioProcessor``'s numpy path)."""
-        from transformers.audio_utils import spectrogram
-
-        log_spec = spectrogram(
-            waveform,
-            self.window,
-            frame_length=N_FFT,
-            hop_length=HOP,
-            power=2.0,
-            mel_filters=self.mel_filters,
-            log_mel="log10",
-        )[:, :-1]
+        """[mel_bins, frames] log10 mel of ``waveform`` (``MiniCPMAAudioProcessor``'s numpy path): the arithmetic
+        of ``transformers.audio_utils.spectrogram`` (reflect-padded frames, float64 window and FFT stored as
+        complex64, power 2, the mel filter bank, log10), its per-frame loop run as one batched FFT."""
+        padded = np.pad(waveform, [(N_FFT // 2, N_FFT // 2)], mode="reflect").astype(np.float64)
+        frames = sliding_window_view(padded, N_FFT)[::HOP] * self.window
+        power = np.abs(np.fft.rfft(frames, axis=-1).astype(np.complex64), dtype=np.float64) ** 2.0
+        log_spec = np.log10(np.maximum(1e-10, np.dot(self.mel_filters.T, power.T))).astype(np.float32)[:, :-1]
         floor = log_spec.max() - 8.0 if dynamic else -10.0
         return (np.maximum(log_spec, floor) + 4.0) / 4.0
 

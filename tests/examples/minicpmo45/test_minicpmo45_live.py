@@ -184,6 +184,28 @@ def test_streaming_mel_emits_each_second_with_its_context_and_slides_at_30_s():
     assert torch.equal(chunk[0], torch.from_numpy(full[:, 3298 - 1000 : 3402 - 1000]))
 
 
+def test_streaming_mel_is_transformers_spectrogram_frame_for_frame():
+    """The batched FFT computes what ``transformers.audio_utils.spectrogram``'s per-frame loop does, bit for bit."""
+    import numpy as np
+    from transformers.audio_utils import spectrogram
+
+    mel = live_model.StreamingMel()
+    for seconds in (0.5, 7.0):
+        audio = (0.1 * np.random.default_rng(3).standard_normal(int(seconds * 16000))).astype(np.float32)
+        log_spec = spectrogram(
+            audio,
+            mel.window,
+            frame_length=live_model.N_FFT,
+            hop_length=live_model.HOP,
+            power=2.0,
+            mel_filters=mel.mel_filters,
+            log_mel="log10",
+        )[:, :-1]
+        for dynamic, floor in ((False, -10.0), (True, log_spec.max() - 8.0)):
+            expected = (np.maximum(log_spec, floor) + 4.0) / 4.0
+            assert np.array_equal(mel.log_mel(audio, dynamic=dynamic), expected)
+
+
 # ---------------------------------------------------------------------------------------------- statistics
 
 

@@ -1,0 +1,772 @@
+"""MiniCPM-o 4.5's duplex unit for the conversation engine: every stage batched across the conversations.
+
+The unit is :mod:`.live`'s (``MiniCPMODuplex``'s ``streaming_prefill`` and ``streaming_generate``, see that
+module's docstring for the upstream files it follows), restated over rows: a round takes one second of audio of
+each of R conversations and runs
+
+* LISTEN: each conversation's mel (the CPU front end, :class:`.live_model.StreamingMel`), then for all R at
+  once the Whisper encoder's convolutions and its layers over each row's cached past (50 new frames a row,
+  :class:`~duplexcadence.interpreter.engine.stacks.WhisperStack`), the projector and pooling (10 embeddings a
+  row), and one LLM prefill of ``<unit>`` and those 10 embeddings (11 tokens a row) after each row's cache;
+* the LLM's decisions: one-token steps over the rows still deciding, rows leaving as they feed a chunk
+  terminator (a listening unit after one step, a speaking unit after its text), then ``</unit>`` for all of
+  them and each row's sliding window;
+* the TTS for the rows that speak: each row's condition (its text tokens and their LLM hidden states) prefilled
+  after its turn's cache, rows grouped by condition length, then up to 25 + 1 one-token steps, rows leaving at
+  their end of speech;
+* the token2wav tail of each speaking row, its regular chunks stepped together across the runtime's lanes.
+
+The one-token steps and the LISTEN prefill are :class:`~duplexcadence.interpreter.engine.rowgraphs.RowGraphs`:
+on CUDA a graph per row count, replayed for any conversations in its rows. Every conversation's KV caches are
+rows of :class:`~duplexcadence.interpreter.engine.kv.SlotKV` allocated once at the capacities of the plan; the
+attention reads each row's exact length.
+
+What is exact against what: the tail's audio of a conversation is ``torch.equal`` to the stock tail
+(:class:`.stock.StockToken2wavSession`) fed the same speech tokens. The autoregressive stages of a round are the
+same batched computation on every run, graphed or not (the same kernels on the same rows); they are not
+batch-1 eager: a row's arithmetic depends on how many rows share its matrix products, and the attention is the
+engine's, not ``transformers``' (tests/engine/ compares it with ``transformers``' per-row forward).
+
+Sampling is the model's (``StreamDecoder.decode``'s two-stage text sampling, ``generate_chunk``'s speech
+sampling), batched on the device, each conversation drawing from its own generator seeded at open and at every
+reset; a :class:`~duplexcadence.interpreter.engine.api.Decision` replaces the chosen tokens as upstream's
+``force_listen`` does (scripted conversations, random weights).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torch.nn.utils.parametrize as parametrize
+
+from duplexcadence.examples.minicpmo45.live import (
+    AUDIO_AMPLITUDE,
+    AUDIO_EMBEDDINGS_PER_SECOND,
+    REFERENCE_AUDIO_SECONDS,
+    SYSTEM_PREFIX,
+    SYSTEM_SUFFIX,
+)
+from duplexcadence.examples.minicpmo45.live_config import (
+    CHUNK_EOS_TOKEN,
+    CHUNK_TERMINATORS,
+    LISTEN_TOKEN,
+    SAMPLE_RATE_IN,
+    SPEAK_TOKEN,
+    TEXT_TOKENS,
+    TTS_AUDIO_BOS_TOKEN,
+    TTS_AUDIO_TOKENS,
+    TTS_BOS_TOKEN,
+    TTS_PAD_TOKEN,
+    TTS_TOKENS_PER_UNIT,
+    TURN_EOS_TOKEN,
+    UNIT_END_TOKEN,
+    UNIT_TOKEN,
+    DecodeSettings,
+    LiveSizes,
+)
+from duplexcadence.examples.minicpmo45.live_model import (
+    DuplexModel,
+    StreamingMel,
+    UnitSpan,
+    WindowSettings,
+    rope_theta,
+    rotate_keys,
+)
+from duplexcadence.interpreter.engine.api import LISTEN, SPEAK, Decision, UnitInput
+from duplexcadence.interpreter.engine.attention import default_backend
+from duplexcadence.interpreter.engine.engine import Engine
+from duplexcadence.interpreter.engine.kv import SlotKV
+from duplexcadence.interpreter.engine.rowgraphs import RowGraphs
+from duplexcadence.interpreter.engine.stacks import LlamaStack, WhisperStack
+
+OUTPUT_RATE = 24_000
+LISTEN_TOKENS = 1 + AUDIO_EMBEDDINGS_PER_SECOND
+"""Tokens a unit's LISTEN prefills: ``<unit>`` and a second's 10 audio embeddings."""
+ENCODER_FRAMES_PER_UNIT = 50
+"""Whisper frames a unit adds to the encoder's cache (100 mel frames a second, halved by its strided conv)."""
+ENCODER_CONTEXT_FRAMES = 2
+"""Mel frames of context either side of a unit (``cnn_redundancy_ms``), trimmed after the convolutions."""
+SYSTEM_TOKENS = len(SYSTEM_PREFIX) + int(REFERENCE_AUDIO_SECONDS * AUDIO_EMBEDDINGS_PER_SECOND) + len(SYSTEM_SUFFIX)
+"""The system prompt's LLM tokens: the prefix, the reference audio's embeddings, the suffix (43)."""
+STAGES = ("listen", "llm", "tts", "tail")
+
+
+def unit_tokens(settings: DecodeSettings) -> int:
+    """The most LLM tokens one unit adds: the LISTEN prefill, every decode feed, ``</unit>``."""
+    return LISTEN_TOKENS + settings.max_new_speak_tokens_per_chunk + 1
+
+
+def llm_capacity(window: WindowSettings, settings: DecodeSettings) -> int:
+    """Entries of a conversation's LLM cache: the window's high mark (or the system prompt, if longer) plus the
+    longest unit, fed before the window is enforced."""
+    return max(window.high, SYSTEM_TOKENS) + unit_tokens(settings)
+
+
+def decision_tokens(decision: Decision) -> tuple[int, ...]:
+    """The tokens the LLM's decode steps choose under ``decision``, in order."""
+    if decision.kind == LISTEN:
+        return (LISTEN_TOKEN,)
+    return (SPEAK_TOKEN, *decision.text, *((TURN_EOS_TOKEN,) if decision.end_of_turn else ()), CHUNK_EOS_TOKEN)
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``probs`` [R, V] drawn with ``uniforms`` [R] in [0, 1): the first index whose
+    cumulative probability passes ``u`` (a draw of ``torch.multinomial``'s distribution)."""
+    cdf = probs.cumsum(dim=-1)
+    picks = torch.searchsorted(cdf, (uniforms[:, None] * cdf[:, -1:]).contiguous())
+    return picks[:, 0].clamp_(max=probs.shape[-1] - 1)
+
+
+def top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """``StreamDecoder``'s top-k then top-p filter, row by row (-inf outside)."""
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p > 0.0:
+        ordered, order = torch.sort(logits, descending=True, dim=-1)
+        cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+        remove = cumulative > top_p
+        remove[:, 1:] = remove[:, :-1].clone()
+        remove[:, 0] = False
+        logits = logits.masked_fill(remove.scatter(1, order, remove), float("-inf"))
+    return logits
+
+
+class RowRandom:
+    """Each conversation's own generator on the device, seeded at open and at every reset: a row's draws depend
+    on its seed and its own history only, never on the rows beside it."""
+
+    def __init__(self, slots: int, device: torch.device) -> None:
+        self.device = device
+        self.generators = [torch.Generator(device=device) for _ in range(slots)]
+
+    def seed(self, slot: int, seed: int) -> None:
+        self.generators[slot].manual_seed(seed)
+
+    def uniforms(self, slots: Sequence[int]) -> torch.Tensor:
+        return torch.cat([torch.rand(1, generator=self.generators[slot], device=self.device) for slot in slots])
+
+
+# ---------------------------------------------------------------------------------------------- state
+
+
+@attrs.define
+class ConversationState:
+    """One conversation's host-side state (its device state lives in the slot rows of the caches)."""
+
+    slot: int
+    seed: int
+    mel: StreamingMel
+    audio_buffer: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.float32))
+    audio_units: int = 0
+    units: list[UnitSpan] = attrs.field(factory=list)
+    """The units in the LLM cache after the system prompt (the sliding window drops them from the front)."""
+    next_unit_id: int = 0
+    unit_start: int = 0
+    """The LLM cache's length when the current unit began."""
+    system_length: int = 0
+    turn_ended: bool = True
+    generated: list[int] = attrs.field(factory=list)
+    """The text tokens the LLM chose (the repetition penalty reads the last 512)."""
+    tts_position: int = 0
+    """``text_start_pos``: where the turn's next TTS condition goes (the TTS cache's length)."""
+    dropped_units: int = 0
+    dropped_tokens: int = 0
+
+
+@attrs.define
+class TextDecisions:
+    """What the LLM decided in one unit of one row."""
+
+    tokens: list[int] = attrs.field(factory=list)
+    hidden: list[torch.Tensor] = attrs.field(factory=list)
+    end_of_turn: bool = False
+    is_listen: bool = False
+
+
+@attrs.frozen
+class UnitResult:
+    """One unit of one row, as the engine reports it."""
+
+    kind: str
+    text_tokens: tuple[int, ...]
+    speech_tokens: tuple[int, ...]
+    audio: np.ndarray
+    end_of_turn: bool
+
+
+@attrs.define
+class StageTimes:
+    """Wall milliseconds of each stage of a round (each bracketed by a device synchronisation)."""
+
+    listen: float = 0.0
+    llm: float = 0.0
+    tts: float = 0.0
+    tail: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return attrs.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------- the model
+
+
+class MiniCPMo45Conversations:
+    """MiniCPM-o 4.5's modules (seeded random weights at ``sizes``), its token2wav tail under the runtime, and
+    ``slots`` conversations' caches on one device (see the module docstring)."""
+
+    name = "minicpmo45"
+    input_rate = SAMPLE_RATE_IN
+    output_rate = OUTPUT_RATE
+    unit_samples = SAMPLE_RATE_IN
+
+    def __init__(
+        self,
+        sizes: LiveSizes,
+        device: str | torch.device = "cpu",
+        slots: int = 4,
+        n_timesteps: int = 10,
+        lanes: int = 1,
+        capture: bool = True,
+        attention: str | None = None,
+        settings: DecodeSettings | None = None,
+        window: WindowSettings | None = None,
+        tts_capacity: int | None = None,
+        model_seed: int = 4242,
+        tail_seed: int = 1234,
+        mel_threads: int = 8,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        from duplexcadence.examples.minicpmo45.cadence import load_runtime
+        from duplexcadence.examples.minicpmo45.model import build_tail, random_prompt
+
+        say = progress or (lambda message: None)
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
+        self.sizes = sizes
+        self.slots = slots
+        self.settings = settings or DecodeSettings()
+        self.window = window or WindowSettings()
+        say(f"building MiniCPM-o 4.5's duplex modules ({sizes.name} sizes, bfloat16, seeded random weights)")
+        self.model = DuplexModel(sizes, device, seed=model_seed)
+        self.device = self.model.device
+        self.attention = attention or default_backend(self.device)
+        self.capture = capture and self.device.type == "cuda"
+        self.prompt = random_prompt(sizes.prompt_frames, seed=4321, device=self.device)
+        say(f"loading the token2wav tail under the runtime: {slots} sessions, {lanes} lane(s)")
+        self.tail = load_runtime(
+            build_tail(sizes.tail, seed=tail_seed, device=self.device),
+            prompt_frames=sizes.prompt_frames,
+            n_timesteps=n_timesteps,
+            sessions=slots,
+            lanes=lanes,
+        )
+        self.tail_sessions = [self.tail.session(self.prompt, seed=0) for _ in range(slots)]
+        llm, tts, apm = self.model.llm, self.model.tts, self.model.apm
+        dtype = llm.lm_head.weight.dtype
+        self.llm_kv = SlotKV(
+            layers=llm.config.num_hidden_layers,
+            slots=slots,
+            kv_heads=llm.config.num_key_value_heads,
+            capacity=llm_capacity(self.window, self.settings),
+            head_dim=llm.config.head_dim,
+            dtype=dtype,
+            device=self.device,
+        )
+        tts_config = tts.model.config
+        self.tts_kv = SlotKV(
+            layers=tts_config.num_hidden_layers,
+            slots=slots,
+            kv_heads=tts_config.num_key_value_heads,
+            capacity=tts_capacity or sizes.tts_max_positions,
+            head_dim=tts_config.hidden_size // tts_config.num_attention_heads,
+            dtype=dtype,
+            device=self.device,
+        )
+        self.audio_kv = SlotKV(
+            layers=len(apm.layers),
+            slots=slots,
+            kv_heads=apm.layers[0].self_attn.num_heads,
+            capacity=apm.embed_positions.weight.shape[0],
+            head_dim=apm.layers[0].self_attn.head_dim,
+            dtype=dtype,
+            device=self.device,
+        )
+        self.llm_stack = LlamaStack(llm.model, self.llm_kv, self.attention)
+        self.tts_stack = LlamaStack(tts.model, self.tts_kv, self.attention)
+        self.encoder_stack = WhisperStack(apm, self.audio_kv, self.attention)
+        self.rope_theta = rope_theta(llm.config)
+        self.random = RowRandom(slots, self.device)
+        self.states: dict[int, ConversationState] = {}
+        self.mel_pool = ThreadPoolExecutor(max_workers=max(1, min(mel_threads, slots)), thread_name_prefix="mel")
+        self._build_steps()
+
+    # -- the graphed steps
+
+    def _build_steps(self) -> None:
+        slots, device = self.slots, self.device
+        llm, tts = self.model.llm, self.model.tts
+        hidden, tts_hidden = llm.config.hidden_size, tts.model.config.hidden_size
+        dtype = llm.lm_head.weight.dtype
+        self.rows = torch.zeros(slots, dtype=torch.int64, device=device)
+        self.llm_step_in = torch.zeros(slots, 1, hidden, dtype=dtype, device=device)
+        self.llm_listen_in = torch.zeros(slots, LISTEN_TOKENS, hidden, dtype=dtype, device=device)
+        self.llm_logits = torch.zeros(slots, llm.config.vocab_size, dtype=dtype, device=device)
+        self.llm_hidden = torch.zeros(slots, hidden, dtype=dtype, device=device)
+        self.tts_step_in = torch.zeros(slots, 1, tts_hidden, dtype=dtype, device=device)
+        self.tts_logits = torch.zeros(slots, TTS_AUDIO_TOKENS, dtype=torch.float32, device=device)
+        pool = torch.cuda.graph_pool_handle() if self.capture else None
+
+        def llm_step(rows: int) -> None:
+            out = self.llm_stack(self.llm_step_in[:rows], self.rows[:rows])[:, -1]
+            self.llm_hidden[:rows].copy_(out)
+            self.llm_logits[:rows].copy_(llm.lm_head(out))
+
+        def llm_listen(rows: int) -> None:
+            out = self.llm_stack(self.llm_listen_in[:rows], self.rows[:rows])[:, -1]
+            self.llm_logits[:rows].copy_(llm.lm_head(out))
+
+        def tts_step(rows: int) -> None:
+            out = self.tts_stack(self.tts_step_in[:rows], self.rows[:rows])[:, -1]
+            self.tts_logits[:rows].copy_(self._speech_logits(out))
+
+        self.llm_step = RowGraphs("LLM one-token step", llm_step, slots, device, self.capture, pool)
+        self.llm_listen = RowGraphs("LLM LISTEN prefill", llm_listen, slots, device, self.capture, pool)
+        self.tts_step = RowGraphs("TTS one-token step", tts_step, slots, device, self.capture, pool)
+
+    def capture_steps(self) -> None:
+        """Capture every row count's graphs now (the first use would otherwise capture it)."""
+        for graphs in self.step_graphs():
+            graphs.capture(range(1, self.slots + 1))
+
+    def step_graphs(self) -> tuple[RowGraphs, ...]:
+        return (self.llm_step, self.llm_listen, self.tts_step)
+
+    def _speech_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        with parametrize.cached():
+            return self.model.tts.head_code[0](hidden).float()
+
+    def _set_rows(self, slots: Sequence[int]) -> torch.Tensor:
+        self.rows[: len(slots)].copy_(torch.tensor(list(slots), dtype=torch.int64), non_blocking=True)
+        return self.rows[: len(slots)]
+
+    def _advance(self, kv: SlotKV, slots: Sequence[int], count: int) -> None:
+        kv.advance(self.rows[: len(slots)], count)
+        kv.host_lengths[list(slots)] += count
+
+    # -- memory
+
+    def bytes_per_conversation(self) -> int:
+        """Device bytes one conversation's slot holds: its LLM, TTS and encoder cache rows and its tail
+        session's arena block."""
+        per_slot = sum(kv.bytes // kv.slots for kv in (self.llm_kv, self.tts_kv, self.audio_kv))
+        return per_slot + self.tail.runtime.report().arena_bytes // max(1, self.slots)
+
+    def detokenize(self, tokens: tuple[int, ...]) -> str:
+        """Token ids as text: the released tokenizer cannot be read here, so each id is written ``<id>``."""
+        return "".join(f"<{token}>" for token in tokens)
+
+    # -- conversations
+
+    def start(self, slot: int, seed: int) -> None:
+        """A conversation in ``slot``: fresh caches, its generators seeded, the system prompt prefilled (the prefix
+        tokens, the reference audio's embeddings, the suffix: one prefill), its tail at a turn start."""
+        for kv in (self.llm_kv, self.tts_kv, self.audio_kv):
+            kv.clear(slot)
+        self.random.seed(slot, seed)
+        tail = self.tail_sessions[slot]
+        tail.session_seed = tail.session.seed = seed  # the tail's draws: the conversation's own, as stock's
+        tail.reset()
+        state = ConversationState(slot, seed, StreamingMel(self.sizes.mel_bins))
+        reference = np.random.default_rng(seed + 1000).standard_normal(int(REFERENCE_AUDIO_SECONDS * SAMPLE_RATE_IN))
+        mel = state.mel.log_mel((AUDIO_AMPLITUDE * reference).astype(np.float32), dynamic=True)
+        with torch.no_grad():
+            audio = self.model.audio_embeddings(torch.from_numpy(np.ascontiguousarray(mel))[None])
+            embeds = torch.cat([self._embed(SYSTEM_PREFIX), audio, self._embed(SYSTEM_SUFFIX)])
+            self.llm_kv.check_room([slot], embeds.shape[0])
+            rows = self._set_rows([slot])
+            self.llm_stack(embeds[None], rows)
+            self._advance(self.llm_kv, [slot], embeds.shape[0])
+        state.system_length = int(self.llm_kv.host_lengths[slot])
+        state.mel.reset()
+        self.states[slot] = state
+
+    def refusal(self, slot: int, unit: UnitInput) -> str | None:
+        """Why ``unit`` cannot be the next unit of the conversation in ``slot`` (None when it can)."""
+        decision = unit.decision
+        if decision is not None and decision.kind == LISTEN and not self.states[slot].turn_ended:
+            return "a listening decision inside a speaking turn: the turn must end first (a speaking decision with end_of_turn)"
+        if decision is not None and any(not 0 <= token < TEXT_TOKENS for token in decision.text):
+            return f"decision text tokens must be text ids 0..{TEXT_TOKENS - 1}"
+        return None
+
+    def release(self, slot: int) -> None:
+        self.states.pop(slot, None)
+
+    def _embed(self, tokens: Sequence[int]) -> torch.Tensor:
+        return self.model.llm.model.embed_tokens(torch.tensor(list(tokens), device=self.device))
+
+    # -- a round
+
+    @torch.no_grad()
+    def run_units(self, slots: Sequence[int], inputs: Sequence[UnitInput]) -> tuple[list[UnitResult], StageTimes]:
+        """One unit of each conversation in ``slots`` (see the module docstring)."""
+        times = StageTimes()
+        started = time.perf_counter()
+        logits = self._listen(slots, [unit.audio for unit in inputs])
+        times.listen = self._lap(started)
+        started = time.perf_counter()
+        decisions = self._decide(slots, logits, [unit.decision for unit in inputs])
+        times.llm = self._lap(started)
+        started = time.perf_counter()
+        speaking = [index for index, decided in enumerate(decisions) if not decided.is_listen]
+        speech = self._speak([slots[i] for i in speaking], [decisions[i] for i in speaking])
+        times.tts = self._lap(started)
+        started = time.perf_counter()
+        audio = self._tail([slots[i] for i in speaking], speech, [decisions[i].end_of_turn for i in speaking])
+        times.tail = self._lap(started)
+        results = []
+        spoken = dict(zip(speaking, zip((tokens for tokens, _ in speech), audio)))
+        for index, decided in enumerate(decisions):
+            tokens, pcm = spoken.get(index, ((), np.zeros(0, dtype=np.float32)))
+            results.append(
+                UnitResult(
+                    LISTEN if decided.is_listen else SPEAK,
+                    tuple(decided.tokens),
+                    tuple(tokens),
+                    pcm,
+                    decided.end_of_turn,
+                )
+            )
+        return results, times
+
+    def _lap(self, started: float) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return (time.perf_counter() - started) * 1000
+
+    # -- LISTEN
+
+    def _mel(self, state: ConversationState, audio: np.ndarray) -> tuple[torch.Tensor, bool]:
+        """``streaming_prefill``'s front end: the unit's mel with its context, and whether it is the first."""
+        state.audio_buffer = np.concatenate([state.audio_buffer, audio.astype(np.float32, copy=False)])
+        first = state.audio_units == 0
+        if first:
+            required = 1035 * SAMPLE_RATE_IN // 1000
+            if len(state.audio_buffer) < required:
+                padding = np.zeros(required - len(state.audio_buffer), dtype=np.float32)
+                state.audio_buffer = np.concatenate([padding, state.audio_buffer])
+        take = state.mel.next_chunk_samples
+        mel = state.mel.process(state.audio_buffer[:take])
+        state.audio_buffer = state.audio_buffer[take:]
+        state.audio_units += 1
+        return mel, first
+
+    def _listen(self, slots: Sequence[int], audio: Sequence[np.ndarray]) -> torch.Tensor:
+        """LISTEN of every row -> the LLM's logits after ``<unit>`` and the unit's audio embeddings [R, vocab]."""
+        states = [self.states[slot] for slot in slots]
+        mels = list(self.mel_pool.map(self._mel, states, audio))
+        embeds = torch.empty(len(slots), AUDIO_EMBEDDINGS_PER_SECOND, self.model.llm.config.hidden_size)
+        embeds = embeds.to(device=self.device, dtype=self.llm_kv.dtype)
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for index, (mel, first) in enumerate(mels):
+            groups.setdefault((mel.shape[-1], first), []).append(index)
+        for (_, first), members in groups.items():
+            batch = torch.cat([mels[i][0] for i in members]).to(self.device)
+            embeds[members] = self._encode([slots[i] for i in members], batch, first)
+        unit = self._embed([UNIT_TOKEN])[None].expand(len(slots), 1, -1)
+        self.llm_kv.check_room(slots, LISTEN_TOKENS)
+        for slot, state in zip(slots, states):
+            state.unit_start = int(self.llm_kv.host_lengths[slot])
+        self.llm_listen_in[: len(slots)].copy_(torch.cat([unit, embeds], dim=1))
+        self._set_rows(slots)
+        self.llm_listen(len(slots))
+        self._advance(self.llm_kv, slots, LISTEN_TOKENS)
+        return self.llm_logits[: len(slots)].clone()
+
+    def _encode(self, slots: list[int], mel: torch.Tensor, first: bool) -> torch.Tensor:
+        """The Whisper encoder over each row's cached past on ``mel`` [R, mel_bins, frames] -> [R, 10, hidden]."""
+        apm, kv = self.model.apm, self.audio_kv
+        frames = mel.shape[-1]
+        encoder_frames = (frames - 1) // 2 + 1
+        limit = apm.embed_positions.weight.shape[0]
+        for slot in slots:
+            if kv.host_lengths[slot] + encoder_frames >= limit:
+                kv.clear(slot)  # its 30 s of positions would run out: the encoder starts over, as upstream's does
+        hidden = F.gelu(apm.conv1(mel.to(dtype=apm.conv1.weight.dtype)))
+        hidden = F.gelu(apm.conv2(hidden))
+        prefix = 0 if first else (ENCODER_CONTEXT_FRAMES + 1) // 2
+        suffix = (ENCODER_CONTEXT_FRAMES + 1) // 2
+        hidden = hidden[:, :, prefix : hidden.shape[2] - suffix].permute(0, 2, 1)
+        new = hidden.shape[1]
+        kv.check_room(slots, new)
+        rows = self._set_rows(slots)
+        positions = kv.lengths[rows][:, None] + torch.arange(new, device=self.device)
+        hidden = hidden + apm.embed_positions.weight[positions]
+        states = apm.layer_norm(self.encoder_stack(hidden, rows))
+        self._advance(kv, slots, new)
+        embeds = self.model.audio_projection(states).transpose(1, 2)
+        embeds = self.model.audio_pool(embeds).transpose(1, 2)
+        tokens = ((encoder_frames - 5) // 5) + 1
+        return embeds[:, :tokens]
+
+    # -- the LLM's decisions
+
+    def _sample_text(self, slots: Sequence[int], logits: torch.Tensor) -> tuple[list[int], list[int]]:
+        """``StreamDecoder.decode``'s sampling of every row -> (the first draw, on the raw distribution: a chunk
+        end there ends the chunk; the draw after forbidden tokens, repetition and length penalties, temperature,
+        top-k and top-p)."""
+        s = self.settings
+        logits = logits.float()
+        raw = inverse_cdf(logits.softmax(dim=-1), self.random.uniforms(slots))
+        logits = logits.clone()
+        logits[:, [TTS_PAD_TOKEN, CHUNK_EOS_TOKEN]] = float("-inf")
+        if s.text_repetition_penalty != 1.0:
+            seen = torch.zeros_like(logits, dtype=torch.bool)
+            for row, slot in enumerate(slots):
+                window = self.states[slot].generated[-s.text_repetition_window_size :]
+                if window:
+                    seen[row, torch.tensor(sorted(set(window)), device=self.device)] = True
+            logits = torch.where(seen, logits / s.text_repetition_penalty, logits)
+        if s.length_penalty != 1.0:
+            eos = logits[:, TURN_EOS_TOKEN]
+            logits[:, TURN_EOS_TOKEN] = torch.where(eos > 0, eos / s.length_penalty, eos * s.length_penalty)
+        if s.listen_prob_scale != 1.0:
+            logits[:, LISTEN_TOKEN] *= s.listen_prob_scale
+        logits = top_k_top_p(logits / s.temperature, s.top_k, s.top_p)
+        final = inverse_cdf(logits.softmax(dim=-1), self.random.uniforms(slots))
+        return raw.tolist(), final.tolist()
+
+    def _decide(
+        self, slots: Sequence[int], logits: torch.Tensor, decisions: Sequence[Decision | None]
+    ) -> list[TextDecisions]:
+        """The LLM part of ``streaming_generate`` for every row: one-token steps over the rows still deciding."""
+        results = [TextDecisions() for _ in slots]
+        forced = [iter(decision_tokens(d)) if d is not None else None for d in decisions]
+        active = list(range(len(slots)))
+        limit = self.settings.max_new_speak_tokens_per_chunk
+        for step in range(limit):
+            if not active:
+                break
+            active_slots = [slots[i] for i in active]
+            if step == limit - 1:
+                tokens = [CHUNK_EOS_TOKEN] * len(active)
+                self._feed(active_slots, tokens)
+                break
+            raw, final = self._sample_text(active_slots, logits)
+            tokens = []
+            for row, index in enumerate(active):
+                state = self.states[slots[index]]
+                choices = forced[index]
+                choice = (
+                    next(choices)
+                    if choices is not None
+                    else (CHUNK_EOS_TOKEN if raw[row] == CHUNK_EOS_TOKEN else final[row])
+                )
+                if raw[row] != CHUNK_EOS_TOKEN and choice != CHUNK_EOS_TOKEN:
+                    state.generated.append(choice)
+                if choice == LISTEN_TOKEN and not state.turn_ended:
+                    choice = TTS_BOS_TOKEN  # no listening inside a turn
+                results[index].is_listen = choice == LISTEN_TOKEN
+                tokens.append(choice)
+            logits, hidden = self._feed(active_slots, tokens)
+            still = []
+            for row, (index, token) in enumerate(zip(active, tokens)):
+                if token in CHUNK_TERMINATORS:
+                    continue
+                state = self.states[slots[index]]
+                state.turn_ended = False
+                if token == TURN_EOS_TOKEN:
+                    results[index].end_of_turn = True
+                    state.turn_ended = True
+                if step != 0:
+                    results[index].tokens.append(token)
+                    results[index].hidden.append(hidden[row])
+                still.append(row)
+            active = [active[row] for row in still]
+            logits = logits[still]
+        self._feed(list(slots), [UNIT_END_TOKEN] * len(slots))
+        for slot, decided in zip(slots, results):
+            self._end_unit(self.states[slot], decided.is_listen)
+        return results
+
+    def _feed(self, slots: Sequence[int], tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token of each row into the LLM -> its logits [R, vocab] and last hidden states [R, hidden]."""
+        rows = len(slots)
+        self.llm_kv.check_room(slots, 1)
+        self.llm_step_in[:rows, 0].copy_(self._embed(tokens))
+        self._set_rows(slots)
+        self.llm_step(rows)
+        self._advance(self.llm_kv, slots, 1)
+        return self.llm_logits[:rows].clone(), self.llm_hidden[:rows].clone()
+
+    def _end_unit(self, state: ConversationState, is_listen: bool) -> None:
+        """``register_unit_end`` and the ``basic`` sliding window: above the high mark, whole units leave the
+        front (after the system prompt) until at most the low mark remain, the later keys re-rotated."""
+        slot = state.slot
+        length = int(self.llm_kv.host_lengths[slot]) - state.unit_start
+        if length > 0:
+            state.units.append(UnitSpan(state.next_unit_id, length, is_listen))
+        state.next_unit_id += 1
+        window = self.window
+        if window.mode != "basic" or self.llm_kv.host_lengths[slot] <= window.high:
+            return
+        theta = self.rope_theta
+        while self.llm_kv.host_lengths[slot] > window.low and state.units:
+            unit = state.units.pop(0)
+            self.llm_kv.drop(
+                slot,
+                state.system_length,
+                unit.length,
+                lambda keys, old, new: rotate_keys(keys[None], old, new, theta)[0],
+            )
+            state.dropped_units += 1
+            state.dropped_tokens += unit.length
+
+    # -- the TTS
+
+    def _speak(self, slots: Sequence[int], decisions: Sequence[TextDecisions]) -> list[tuple[tuple[int, ...], bool]]:
+        """``generate_chunk`` for every speaking row -> its speech tokens (25, or fewer at a turn's start or end) and
+        whether the tail flushes them (the turn's first unit)."""
+        if not slots:
+            return []
+        tts = self.model.tts
+        minimum: list[int] = []
+        flushes: list[bool] = []
+        groups: dict[int, list[int]] = {}
+        conditions = []
+        for index, (slot, decided) in enumerate(zip(slots, decisions)):
+            state = self.states[slot]
+            condition = self._condition(decided)
+            conditions.append(condition)
+            groups.setdefault(condition.shape[0], []).append(index)
+            flushes.append(state.tts_position == 0)
+            minimum.append(0 if (decided.end_of_turn or flushes[-1]) else TTS_TOKENS_PER_UNIT)
+            self.tts_kv.check_room([slot], condition.shape[0] + TTS_TOKENS_PER_UNIT)
+        logits = torch.empty(len(slots), TTS_AUDIO_TOKENS, dtype=torch.float32, device=self.device)
+        for length, members in groups.items():
+            member_slots = [slots[i] for i in members]
+            rows = self._set_rows(member_slots)
+            out = self.tts_stack(torch.stack([conditions[i] for i in members]), rows)[:, -1]
+            self._advance(self.tts_kv, member_slots, length)
+            logits[members] = self._speech_logits(out)
+        tokens: list[list[int]] = [[] for _ in slots]
+        active = list(range(len(slots)))
+        eos = TTS_AUDIO_TOKENS - 1
+        temperature = self.settings.tts_temperature
+        for step in range(TTS_TOKENS_PER_UNIT):
+            active_slots = [slots[i] for i in active]
+            scores = logits / temperature
+            if step > 0 and self.settings.tts_repetition_penalty != 1:
+                seen = torch.tensor(
+                    [tokens[i][-self.settings.tts_repetition_window :] for i in active], device=self.device
+                )
+                counts = F.one_hot(seen, TTS_AUDIO_TOKENS).sum(1)
+                alpha = torch.pow(self.settings.tts_repetition_penalty, counts)
+                scores = torch.where(scores < 0, scores * alpha, scores / alpha)
+            blocked = torch.tensor([step < minimum[i] for i in active], device=self.device)
+            scores[:, eos] = torch.where(blocked, float("-inf"), scores[:, eos])
+            picked = inverse_cdf(scores.softmax(dim=-1), self.random.uniforms(active_slots)).tolist()
+            still = []
+            for row, (index, token) in enumerate(zip(active, picked)):
+                if token == eos:
+                    continue
+                tokens[index].append(token)
+                still.append(row)
+            active = [active[row] for row in still]
+            if not active or step == TTS_TOKENS_PER_UNIT - 1:
+                break
+            step_slots = [slots[i] for i in active]
+            self.tts_kv.check_room(step_slots, 1)
+            self.tts_step_in[: len(active), 0].copy_(
+                tts.emb_code[0](torch.tensor([tokens[i][-1] for i in active], device=self.device))
+            )
+            self._set_rows(step_slots)
+            self.tts_step(len(active))
+            self._advance(self.tts_kv, step_slots, 1)
+            logits = self.tts_logits[: len(active)].clone()
+        speech = []
+        for index, (slot, decided) in enumerate(zip(slots, decisions)):
+            state = self.states[slot]
+            returned = tokens[index][: TTS_TOKENS_PER_UNIT - 1]
+            if decided.end_of_turn:
+                self.tts_kv.clear(slot)
+                state.tts_position = 0
+            else:
+                state.tts_position = int(self.tts_kv.host_lengths[slot])
+            speech.append((tuple(returned), flushes[index]))
+        return speech
+
+    def _condition(self, decided: TextDecisions) -> torch.Tensor:
+        """``_convert_results_to_tts_input``: text embedding + normalised semantic projection of each text token's
+        LLM hidden state, then the audio BOS -> [len + 1, tts_hidden]."""
+        tts = self.model.tts
+        bos = tts.emb_text(torch.tensor([TTS_AUDIO_BOS_TOKEN], device=self.device))
+        if not decided.tokens:
+            return bos
+        embeds = tts.emb_text(torch.tensor(decided.tokens, device=self.device))
+        states = tts.projector_semantic(torch.stack(decided.hidden))
+        return torch.cat([embeds + F.normalize(states, p=2, dim=-1), bos])
+
+    # -- the tail
+
+    def _tail(self, slots: Sequence[int], speech: Sequence[tuple[int, ...]], ends: Sequence[bool]) -> list[np.ndarray]:
+        """Each speaking row's speech tokens into its token2wav session -> its audio; the rows' regular chunks
+        are stepped together (lanes), a turn's flush and last chunks one by one."""
+        calls = []
+        for slot, (tokens, flush), end in zip(slots, speech, ends):
+            calls.append(self.tail_sessions[slot].chunk_calls(list(tokens), flush=flush, end_of_turn=end))
+        outputs: list[list[torch.Tensor]] = [[] for _ in slots]
+        for wave in range(max((len(c) for c in calls), default=0)):
+            planned = {}
+            for index, row_calls in enumerate(calls):
+                if wave >= len(row_calls):
+                    continue
+                call = row_calls[wave]
+                session = self.tail_sessions[slots[index]]
+                if call.planned:
+                    tokens = torch.tensor([call.tokens], dtype=torch.int32).to(self.device)
+                    planned[session] = (index, tokens)
+                else:
+                    outputs[index].append(session.run_chunk(call))
+            if planned:
+                stepped = self.tail.step_new_many({session: tokens for session, (_, tokens) in planned.items()})
+                for session, (index, _) in planned.items():
+                    outputs[index].append(stepped[session].cpu())
+        for slot, end in zip(slots, ends):
+            if end:
+                self.tail_sessions[slot].reset()
+        return [
+            torch.cat([chunk.reshape(-1) for chunk in chunks]).numpy() if chunks else np.zeros(0, dtype=np.float32)
+            for chunks in outputs
+        ]
+
+
+def load_engine(
+    device: str = "cpu",
+    sizes: str | LiveSizes = "released",
+    conversations: int = 4,
+    headroom: float = 0.1,
+    **options: Any,
+) -> Engine:
+    """The conversation engine of MiniCPM-o 4.5 (the ``minicpmo45`` entry point): ``conversations`` slots at
+    ``sizes`` (``released`` or ``reduced``, :data:`.live_config.SIZES`) on ``device``; ``options`` go to
+    :class:`MiniCPMo45Conversations`."""
+    from duplexcadence.examples.minicpmo45.live_config import SIZES
+
+    if isinstance(sizes, str):
+        if sizes not in SIZES:
+            raise ValueError(f"sizes must be one of {', '.join(sorted(SIZES))}, got {sizes!r}")
+        sizes = SIZES[sizes]
+    model = MiniCPMo45Conversations(sizes, device, slots=conversations, **options)
+    return Engine(model, headroom=headroom)

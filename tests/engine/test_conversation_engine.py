@@ -1,0 +1,232 @@
+"""The conversation engine with MiniCPM-o 4.5 at the reduced sizes on the CPU.
+
+One scenario is run once (module fixture) and read by several tests: conversations A and B start together, A
+speaks a scripted turn while B decides for itself; B leaves after its second unit (mid-turn), C joins at the
+third (while A speaks) and listens, then starts a turn. A is then run again alone, as a new conversation with
+A's seed in another slot, on A's inputs: every output equals A's in the batch, bit for bit (on the CPU a row's
+arithmetic does not depend on the rows beside it, and each conversation draws from its own generators), so
+rows joining, leaving and sharing a step change nothing of another row. Each conversation's audio equals the
+stock token2wav tail (``Token2wav.stream``) fed its speech tokens.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import attrs
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+if importlib.util.find_spec("stepaudio2") is None:
+    pytest.skip("needs stepaudio2-minicpmo (scripts/model-pins.txt)", allow_module_level=True)
+
+from duplexcadence.interpreter.engine import registry  # noqa: E402
+from duplexcadence.interpreter.engine.api import (  # noqa: E402
+    ConversationError,
+    ConversationRefused,
+    Decision,
+    UnitInput,
+)
+from duplexcadence.interpreter.engine.engine import RoundModel  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+N_TIMESTEPS = 2
+SEEDS = {"A": 11, "B": 12, "C": 13}
+
+
+def speak(text: tuple[int, ...], end: bool = False) -> Decision:
+    return Decision("speak", text=text, end_of_turn=end)
+
+
+LISTEN = Decision("listen")
+SCRIPTS = {
+    "A": [speak((5, 6, 7)), speak((8, 9)), speak((10,), end=True), LISTEN],
+    "B": [None, None],
+    "C": [LISTEN, speak((40, 41, 42, 43))],
+}
+JOINS = {"A": 0, "B": 0, "C": 2}
+
+
+def unit_input(name: str, unit: int) -> UnitInput:
+    generator = np.random.default_rng(SEEDS[name] * 100 + unit)
+    audio = (0.1 * generator.standard_normal(16000)).astype(np.float32)
+    return UnitInput(audio, SCRIPTS[name][unit - JOINS[name]])
+
+
+@attrs.define
+class Scenario:
+    engine: object
+    outputs: dict[str, list]
+    slots: dict[str, int]
+    alone: list
+    alone_slot: int
+
+
+@pytest.fixture(scope="module")
+def scenario() -> Scenario:
+    engine = registry.load("minicpmo45", device="cpu", sizes="reduced", conversations=3, n_timesteps=N_TIMESTEPS)
+    ids: dict[str, int] = {}
+    outputs: dict[str, list] = {name: [] for name in SCRIPTS}
+    for unit in range(4):
+        for name, start in JOINS.items():
+            if unit == start:
+                ids[name] = engine.open(seed=SEEDS[name])
+        units = {ids[name]: unit_input(name, unit) for name in ids}
+        for name, output in zip(list(ids), engine.step(units).values()):
+            outputs[name].append(output)
+        if unit == 1:
+            engine.close(ids.pop("B"))
+    slots = {name: engine.conversations[cid].slot for name, cid in ids.items()}
+    engine.close(ids.pop("A"))
+    spare = engine.open(seed=0)  # takes A's slot
+    again = engine.open(seed=SEEDS["A"])
+    engine.close(spare)
+    engine.close(ids.pop("C"))
+    alone = [engine.step({again: unit_input("A", unit)})[again] for unit in range(4)]
+    return Scenario(engine, outputs, slots, alone, engine.conversations[again].slot)
+
+
+def test_a_conversation_is_the_same_alone_as_beside_others(scenario) -> None:
+    assert scenario.alone_slot != scenario.slots["A"]
+    for together, alone in zip(scenario.outputs["A"], scenario.alone):
+        assert (alone.kind, alone.text_tokens, alone.speech_tokens) == (
+            together.kind,
+            together.text_tokens,
+            together.speech_tokens,
+        )
+        assert np.array_equal(alone.audio, together.audio)
+
+
+def test_units_follow_the_scripts_and_the_tail_rules(scenario) -> None:
+    a = scenario.outputs["A"]
+    assert [o.kind for o in a] == ["speak", "speak", "speak", "listen"]
+    assert [o.text_tokens for o in a[:3]] == [(5, 6, 7), (8, 9), (10, 151717)]  # the turn's end is spoken too
+    assert [o.end_of_turn for o in a] == [False, False, True, False]
+    assert [len(o.speech_tokens) for o in a[:2]] == [25, 25]
+    # the turn's first unit flushes 3 silence + 25 tokens: one chunk held back by 3840 samples; then a steady
+    # chunk; the last unit's tokens and the lookahead close the turn with what was held back
+    assert [o.audio.shape[0] for o in a[:2]] == [20160, 24000]
+    assert a[3].audio.shape == (0,) and a[3].speech_tokens == ()
+    assert [o.unit for o in a] == [0, 1, 2, 3]
+    assert [o.kind for o in scenario.outputs["C"]] == ["listen", "speak"]
+    b = scenario.outputs["B"]
+    assert all(o.kind == "speak" for o in b)  # random weights almost never choose to listen
+    assert [len(o.text_tokens) for o in b] == [18, 18]  # steps 1..18 of 19, then the chunk's end is forced
+    assert b[0].text == "".join(f"<{token}>" for token in b[0].text_tokens)
+
+
+def test_each_conversations_audio_equals_the_stock_tail_fed_its_tokens(scenario) -> None:
+    from duplexcadence.examples.minicpmo45.model import build_tail
+    from duplexcadence.examples.minicpmo45.stock import StockToken2wavSession
+
+    model = scenario.engine.model
+    tail = build_tail(model.sizes.tail, seed=1234)
+    compared = 0
+    for name in ("A", "C", "B"):
+        stock = StockToken2wavSession(tail, model.prompt, N_TIMESTEPS, session_seed=SEEDS[name], own_caches=True)
+        turn_start = True
+        for output in scenario.outputs[name]:
+            if output.kind != "speak":
+                continue
+            chunks = stock.push_tokens(output.speech_tokens, flush=turn_start, end_of_turn=output.end_of_turn)
+            expected = torch.cat([c.reshape(-1) for c in chunks]).numpy() if chunks else np.zeros(0, np.float32)
+            assert np.array_equal(output.audio, expected), (name, output.unit)
+            compared += len(chunks)
+            turn_start = output.end_of_turn
+            if output.end_of_turn:
+                stock.reset()
+    assert compared >= 6  # A's turn (3 or 4 chunks), C's first unit, B's two units
+
+
+def test_barge_in_starts_the_conversation_over(scenario) -> None:
+    engine = scenario.engine
+    (cid,) = engine.conversations
+    engine.reset(cid)
+    first = engine.step({cid: unit_input("A", 0)})[cid]
+    assert first.unit == 0
+    assert first.speech_tokens == scenario.outputs["A"][0].speech_tokens
+    assert np.array_equal(first.audio, scenario.outputs["A"][0].audio)
+
+
+def test_bad_units_are_refused_before_anything_runs(scenario) -> None:
+    engine = scenario.engine
+    (cid,) = engine.conversations
+    units_before = engine.conversations[cid].units
+    silence = np.zeros(16000, dtype=np.float32)
+    cases = [
+        ({cid + 100: UnitInput(silence)}, f"no open conversation {cid + 100} (open: [{cid}])"),
+        (
+            {cid: UnitInput(np.zeros(8000, dtype=np.float32))},
+            f"conversation {cid}: a unit's audio is float32 [16000] (1 s at 16000 Hz), got float32 [8000]",
+        ),
+        (
+            {cid: UnitInput(np.zeros(16000))},
+            f"conversation {cid}: a unit's audio is float32 [16000] (1 s at 16000 Hz), got float64 [16000]",
+        ),
+        (
+            {cid: UnitInput(np.full(16000, np.nan, dtype=np.float32))},
+            f"conversation {cid}: the audio holds NaN or infinite samples",
+        ),
+        ({}, "a round needs the unit of at least one conversation"),
+        (
+            {cid: UnitInput(silence, speak((151700,)))},
+            f"conversation {cid}: decision text tokens must be text ids 0..151642",
+        ),
+    ]
+    for units, message in cases:
+        with pytest.raises(ConversationError) as raised:
+            engine.step(units)
+        assert str(raised.value) == message
+    engine.step({cid: UnitInput(silence, speak((1,)))})  # a turn starts: listening must wait for its end
+    with pytest.raises(ConversationError) as raised:
+        engine.step({cid: UnitInput(silence, LISTEN)})
+    assert str(raised.value) == (
+        f"conversation {cid}: a listening decision inside a speaking turn: the turn must end first "
+        "(a speaking decision with end_of_turn)"
+    )
+    assert engine.conversations[cid].units == units_before + 1
+
+
+def test_admission_refuses_with_the_numbers(scenario) -> None:
+    engine = scenario.engine
+    others = [engine.open(seed=1), engine.open(seed=2)]
+    try:
+        with pytest.raises(ConversationRefused) as raised:
+            engine.open()
+        bytes_each = engine.capacity().bytes_per_conversation
+        assert str(raised.value) == f"all 3 conversation slots are in use ({bytes_each} bytes each on the device)"
+    finally:
+        for cid in others:
+            engine.close(cid)
+    engine.round_model = RoundModel.fit({1: 500.0, 3: 1500.0})  # 500 ms a conversation
+    try:
+        assert engine.capacity().time_limit == 1
+        with pytest.raises(ConversationRefused) as raised:
+            engine.open()
+        assert str(raised.value) == (
+            "2 conversations would take 1000 ms a round, over 900 ms (1000 ms cadence less 10% headroom); 1 fit"
+        )
+    finally:
+        engine.round_model = None
+
+
+def test_a_failed_round_fails_its_conversations_until_reset(scenario, monkeypatch) -> None:
+    engine = scenario.engine
+    (cid,) = engine.conversations
+
+    def broken(slots, inputs):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine.model, "run_units", broken)
+    silence = np.zeros(16000, dtype=np.float32)
+    with pytest.raises(RuntimeError, match="device lost"):
+        engine.step({cid: UnitInput(silence)})
+    monkeypatch.undo()
+    with pytest.raises(ConversationError) as raised:
+        engine.step({cid: UnitInput(silence)})
+    assert str(raised.value) == f"conversation {cid} failed (RuntimeError: device lost); reset it to go on"
+    engine.reset(cid)
+    assert engine.step({cid: UnitInput(silence, LISTEN)})[cid].unit == 0

@@ -15,8 +15,8 @@ import torch
 from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, TickModel, fit
 from duplexcadence.interpreter.serve.loadgen import SessionLoad, compare_with_stock
-from duplexcadence.interpreter.serve.modes import TickError
 from duplexcadence.interpreter.serve.pool import PUBLISH_EVERY_S, PoolConfig, SessionClosed, SessionPool
+from duplexcadence.interpreter.serve.scheduler import TickError
 from duplexcadence.interpreter.serve.tail import served_tail
 
 MODEL = TickModel(0.010, 0.020)  # 80 ms period, 15 % headroom: 68 ms of budget, 2 sessions fit

@@ -103,6 +103,11 @@ class LatencyBook:
         while self.answered and self.answered[0][0] < since:
             self.answered.popleft()
 
+    def clear_window(self) -> None:
+        """Forget the guard window's ticks: the last client closed, and they measured clients that left."""
+        self.answered.clear()
+        self.version += 1
+
     def observed_p99(self) -> float | None:
         """The p99 latency of the ticks answered in the guard window (None: none answered there)."""
         now = time.perf_counter()

@@ -616,6 +616,8 @@ class Scheduler:
         self.closed(client)
         if not self.sessions:
             self._empty.set()
+            assert self.book is not None
+            self.book.clear_window()
         self.refresh_gauges()
 
     def _fail_round(self, work: Round, error: BaseException) -> None:

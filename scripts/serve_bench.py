@@ -436,7 +436,7 @@ async def measure(
         observed = server_numbers.get("server_tick_p99_s")
         if observed is not None and not guard_closed:
             # the pool's latency guard admits while the p99 of its answered ticks is within the budget
-            guard_closed = enforced.latency_over_budget(observed)
+            guard_closed = enforced.latency_over_budget(observed, sessions)
             guard_open = guard_open if guard_closed else sessions
         passed = opened == sessions and not errors and p99 is not None and p99 < period
         row["passed"] = passed

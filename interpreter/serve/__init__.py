@@ -29,7 +29,7 @@ _EXPORTS = {
     "SessionClosed": "pool",
     "DeadlineReport": "pool",
     "SessionStats": "pool",
-    "TickError": "modes",
+    "TickError": "scheduler",
     "TensorSpec": "modes",
     "TickModel": "admission",
     "Capacity": "admission",

@@ -189,9 +189,11 @@ class AdmissionRule:
         """How far back the observed-latency guard looks: `LATENCY_GUARD_PERIODS` tick periods."""
         return self.tick_period_s * LATENCY_GUARD_PERIODS
 
-    def latency_over_budget(self, observed_p99_s: float | None) -> bool:
-        """Whether the observed p99 tick latency (None: no tick answered in the window) is over the budget."""
-        guarded = self.enforce_budget and self.latency_guard
+    def latency_over_budget(self, observed_p99_s: float | None, sessions: int) -> bool:
+        """Whether the observed p99 tick latency (None: no tick answered in the window) is over the budget
+        while `sessions` are open. With none open it never is: the ticks it measured were of sessions that
+        have left, and a new session alone meets only the device's round."""
+        guarded = self.enforce_budget and self.latency_guard and sessions > 0
         return guarded and observed_p99_s is not None and observed_p99_s > self.budget_s
 
     def units(self, sessions: int) -> int:
@@ -222,7 +224,7 @@ class AdmissionRule:
         observed_p99_s: float | None = None,
     ) -> Capacity:
         capacity = self.capacity(shared_units)
-        if self.latency_over_budget(observed_p99_s):
+        if self.latency_over_budget(observed_p99_s, sessions):
             capacity = min(capacity, sessions)
         return Capacity(
             sessions=sessions,
@@ -253,7 +255,7 @@ class AdmissionRule:
         if draining:
             return AdmissionRefused(messages.DRAINING, messages.draining(sessions), *numbers)
         if sessions < capacity:
-            if not self.latency_over_budget(observed_p99_s):
+            if not self.latency_over_budget(observed_p99_s, sessions):
                 return None
             assert observed_p99_s is not None
             message = messages.latency_over_budget(

@@ -29,8 +29,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from duplexcadence.interpreter.serve import codec, messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused
+from duplexcadence.interpreter.serve.bundle import BundleTickError
 from duplexcadence.interpreter.serve.metrics import CONTENT_TYPE
-from duplexcadence.interpreter.serve.modes import BundleTickError, TickError
+from duplexcadence.interpreter.serve.scheduler import TickError
 
 PROTOCOL = codec.VERSION
 LOG = logging.getLogger("duplexcadence.serve")

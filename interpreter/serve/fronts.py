@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 from duplexcadence.interpreter.serve import codec, messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused
-from duplexcadence.interpreter.serve.modes import BundleTickError, TickError
-from duplexcadence.interpreter.serve.pool import ClosingState, SessionClosed
+from duplexcadence.interpreter.serve.bundle import BundleTickError
+from duplexcadence.interpreter.serve.scheduler import ClosingState, SessionClosed, TickError
 from duplexcadence.interpreter.serve.workers import STOP_TIMEOUT_S, WorkersFailed, bind_sockets, signals_ignored
 
 if TYPE_CHECKING:

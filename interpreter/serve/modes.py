@@ -21,25 +21,8 @@ import torch
 
 import duplexcadence
 from duplexcadence.interpreter.serve import messages
+from duplexcadence.interpreter.serve.scheduler import TickError
 from duplexcadence.interpreter.serve.tail import LoadedTail
-
-
-class TickError(Exception):
-    """A tick that did not run, or failed: `code` (an error code of `messages`) and `message`."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class BundleTickError(TickError):
-    """A bundle's tick that did not run for some of its members: the first one's code and message; `members`:
-    the indexes of those members, in the bundle."""
-
-    def __init__(self, code: str, message: str, members: list[int]):
-        super().__init__(code, message)
-        self.members = members
 
 
 @attrs.frozen(eq=False)

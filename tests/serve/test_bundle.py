@@ -17,10 +17,11 @@ import torch
 
 from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, TickModel
+from duplexcadence.interpreter.serve.bundle import BundleTickError
 from duplexcadence.interpreter.serve.client import Refused, ServerError, SessionClient, bundle_url
 from duplexcadence.interpreter.serve.loadgen import SessionLoad, compare_with_stock, run_load, verify
-from duplexcadence.interpreter.serve.modes import BundleTickError, TickError
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
+from duplexcadence.interpreter.serve.scheduler import TickError
 from duplexcadence.interpreter.serve.tail import served_tail
 
 TOY = served_tail("toy")

@@ -20,11 +20,12 @@ import torch
 
 from duplexcadence.interpreter.serve import codec, messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, TickModel
+from duplexcadence.interpreter.serve.bundle import BundleTickError
 from duplexcadence.interpreter.serve.client import Refused, SessionClient
 from duplexcadence.interpreter.serve.fronts import EngineLink, Link, RemotePool, error_words, outcome_error
 from duplexcadence.interpreter.serve.loadgen import run_load
-from duplexcadence.interpreter.serve.modes import BundleTickError, TickError
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
+from duplexcadence.interpreter.serve.scheduler import TickError
 from duplexcadence.interpreter.serve.tail import served_tail
 
 TOY = served_tail("toy")

@@ -15,8 +15,8 @@ import torch
 from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, TickModel, fit
 from duplexcadence.interpreter.serve.loadgen import SessionLoad, compare_with_stock
-from duplexcadence.interpreter.serve.modes import TickError
 from duplexcadence.interpreter.serve.pool import PUBLISH_EVERY_S, PoolConfig, SessionClosed, SessionPool
+from duplexcadence.interpreter.serve.scheduler import TickError
 from duplexcadence.interpreter.serve.tail import served_tail
 
 MODEL = TickModel(0.010, 0.020)  # 80 ms period, 15 % headroom: 68 ms of budget, 2 sessions fit
@@ -129,6 +129,9 @@ def test_the_admission_rule_and_the_calibration_line():
     )
     guarded = rule.snapshot(5, False, 1, observed_p99_s=0.9)
     assert (guarded.capacity, guarded.free, guarded.observed_tick_p99_s) == (5, 0, 0.9)
+    # with no session open the slow ticks were of sessions that left: the guard admits (a loaded host's)
+    assert rule.refusal(0, False, observed_p99_s=0.9) is None
+    assert rule.snapshot(0, False, 1, observed_p99_s=0.9).free == 23
     unguarded = AdmissionRule(24, None, TickModel(0.1, 0.032), 1.0, 0.15, enforce_budget=False)
     assert unguarded.refusal(5, False, observed_p99_s=0.9) is None
     model_only = AdmissionRule(24, None, TickModel(0.1, 0.032), 1.0, 0.15, latency_guard=False)
@@ -138,6 +141,33 @@ def test_the_admission_rule_and_the_calibration_line():
     assert line.describe() == (
         "calibrated tick: 5.0 ms + 5.0 ms per session (timed at 1 session(s): 10.0 ms, 4 session(s): 25.0 ms)"
     )
+
+
+def test_the_latency_guard_forgets_its_window_once_the_last_session_closes():
+    """Slow ticks of a session that has left say nothing of a new one: once the pool is empty the guard's
+    window is cleared, so a session opened at once is admitted (under CPU load this refused with none open)."""
+
+    async def scenario():
+        pool = await started(tick_period_s=0.1, tick_model=TickModel(0.0, 0.0))
+        session = await pool.open(seed=3)
+        step = pool.mode.step
+
+        def slow_step(ticks):
+            time.sleep(0.1)
+            return step(ticks)
+
+        pool.mode.step = slow_step
+        await session.step(TOY.inputs(3, 0))
+        pool.mode.step = step
+        observed = pool.observed_tick_p99()
+        await session.close()
+        after = (pool.observed_tick_p99(), pool.capacity().free)
+        again = await pool.open(seed=4)
+        await pool.stop()
+        return observed, after, again
+
+    observed, after, again = run(scenario())
+    assert observed >= 0.1 and after == (None, 3) and again.id == 2
 
 
 def test_ticks_answered_over_the_budget_stop_admission_until_they_age_out_of_the_window():

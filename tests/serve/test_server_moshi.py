@@ -18,8 +18,8 @@ from duplexcadence.interpreter.serve.admission import TickModel  # noqa: E402
 from duplexcadence.interpreter.serve.app import make_app  # noqa: E402
 from duplexcadence.interpreter.serve.client import SessionClient  # noqa: E402
 from duplexcadence.interpreter.serve.loadgen import SessionLoad, compare_with_stock  # noqa: E402
-from duplexcadence.interpreter.serve.modes import TickError  # noqa: E402
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool  # noqa: E402
+from duplexcadence.interpreter.serve.scheduler import TickError  # noqa: E402
 from duplexcadence.interpreter.serve.server import ServerThread  # noqa: E402
 from duplexcadence.interpreter.serve.tail import served_tail  # noqa: E402
 

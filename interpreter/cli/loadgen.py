@@ -159,7 +159,11 @@ def register(commands) -> None:
         "--listen-units", type=non_negative, default=1, metavar="L", help="the script: L units listening (1), then"
     )
     conversations.add_argument(
-        "--speak-units", type=positive, default=2, metavar="S", help="S units speaking, the last ending the turn (2)"
+        "--speak-units",
+        type=non_negative,
+        default=2,
+        metavar="S",
+        help="S units speaking, the last ending the turn (2; 0: listening throughout)",
     )
     conversations.add_argument(
         "--own-turns", action="store_true", help="no script: the model decides every unit (a model with its weights)"

@@ -272,14 +272,6 @@ def register(commands) -> None:
         metavar="K=V",
         help="a tail's option (e.g. steps=5 for minicpmo45), or a .clock param with --model",
     )
-    parser.add_argument(
-        "--conversations",
-        type=positive,
-        default=None,
-        metavar="N",
-        help="serve whole conversations of a conversation engine (TARGET: its name, or MODULE:FUNCTION), N at most, "
-        "over /v1/realtime with the page at / (docs/serving.md, Conversations)",
-    )
     parser.add_argument("--slots", type=positive, default=1, help="session slots (lockstep: groups) (default 1)")
     parser.add_argument(
         "--lanes",
@@ -345,5 +337,6 @@ def register(commands) -> None:
         help="leave what the pool loaded in the garbage collector's walk (by default it is frozen once started)",
     )
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    serve_conversations.add_options(parser)
     serve_ray.add_ray_options(parser)
     parser.set_defaults(handler=run)

@@ -14,18 +14,44 @@ from collections.abc import Callable
 from typing import Any
 
 from duplexcadence.interpreter.cli import serve_ray
-from duplexcadence.interpreter.cli.common import EXIT_CLEAN, UsageError, resolve_device, status
+from duplexcadence.interpreter.cli.common import EXIT_CLEAN, UsageError, positive, resolve_device, status
 
 
-def describe(pool: Any, url: str) -> list[str]:
-    engine = pool.engine
-    capacity = pool.capacity_json()
-    return [
-        f"serving conversations of '{pool.name}': {capacity['conversations']} at most (memory limit "
-        f"{capacity['memory_limit']}, time limit {capacity['time_limit']}); a unit of {engine.unit_samples} samples "
-        f"at {engine.input_rate} Hz in, {engine.output_rate} Hz out",
-        f"serving on {url}/ (the page) and {url.replace('http', 'ws', 1)}/v1/realtime",
-    ]
+def counts(text: str) -> list[int]:
+    """An argparse type: conversation counts, comma-separated (1,2,4)."""
+    try:
+        found = [int(part) for part in text.split(",")]
+    except ValueError:
+        found = []
+    if not found or min(found) < 1:
+        raise argparse.ArgumentTypeError(f"must be conversation counts from 1, comma-separated (1,2,4), not {text!r}")
+    return found
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "conversations", "whole conversations of a conversation engine over /v1/realtime (docs/serving.md)"
+    )
+    group.add_argument(
+        "--conversations",
+        type=positive,
+        default=None,
+        metavar="N",
+        help="serve N conversations at most of the conversation engine TARGET (its name, or MODULE:FUNCTION), "
+        "with the page at /",
+    )
+    group.add_argument(
+        "--calibrate",
+        type=counts,
+        default=[],
+        metavar="COUNTS",
+        help="time the engine's round at these conversation counts at start-up (e.g. 1,2,4): admission then keeps "
+        "the predicted round under the cadence less the headroom (default: none, admission by the slots)",
+    )
+
+
+def where(url: str) -> str:
+    return f"serving on {url}/ (the page) and {url.replace('http', 'ws', 1)}/v1/realtime"
 
 
 async def serve(args: argparse.Namespace, params: dict[str, str], started: Callable[[Any], None] | None = None) -> int:
@@ -56,8 +82,8 @@ async def serve(args: argparse.Namespace, params: dict[str, str], started: Calla
 
     def listening(running: Any) -> None:
         port = running.servers[0].sockets[0].getsockname()[1]
-        for line in describe(pool, f"http://{args.host}:{port}"):
-            status(args, line)
+        status(args, pool.describe())
+        status(args, where(f"http://{args.host}:{port}"))
         if started is not None:
             started(running)
 
@@ -87,6 +113,10 @@ def pool_config(args: argparse.Namespace) -> Any:
         queue_depth=args.queue_depth,
         idle_timeout_s=args.idle_timeout,
         gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
+        headroom=args.headroom,
+        latency_guard=args.latency_guard,
+        calibration=tuple(args.calibrate),
+        freeze_gc=args.freeze_gc,
     )
 
 

@@ -179,6 +179,8 @@ class AdmissionRule:
     enforce_budget: bool = True
     latency_guard: bool = True
     """Also refuse while the observed p99 tick latency is over the budget (`latency_over_budget`)."""
+    client: str = "session"
+    """What the pool admits, as its refusals name it ("session", "conversation")."""
 
     @property
     def budget_s(self) -> float:
@@ -253,13 +255,19 @@ class AdmissionRule:
         predicted = self.predict(sessions + 1, shared_units)
         numbers = (sessions, capacity, self.slots, predicted, self.tick_period_s, self.headroom)
         if draining:
-            return AdmissionRefused(messages.DRAINING, messages.draining(sessions), *numbers)
+            return AdmissionRefused(messages.DRAINING, messages.draining(sessions, self.client), *numbers)
         if sessions < capacity:
             if not self.latency_over_budget(observed_p99_s, sessions):
                 return None
             assert observed_p99_s is not None
             message = messages.latency_over_budget(
-                sessions, observed_p99_s, self.guard_window_s, self.tick_period_s, self.headroom, self.budget_s
+                sessions,
+                observed_p99_s,
+                self.guard_window_s,
+                self.tick_period_s,
+                self.headroom,
+                self.budget_s,
+                self.client,
             )
             return AdmissionRefused(messages.AT_CAPACITY, message, *numbers)
         message = messages.at_capacity(
@@ -272,5 +280,6 @@ class AdmissionRule:
             self.slots,
             self.budget_s,
             shared=messages.plural(shared_units, self.model.unit) if shared_units else None,
+            client=self.client,
         )
         return AdmissionRefused(messages.AT_CAPACITY, message, *numbers)

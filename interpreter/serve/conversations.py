@@ -1,70 +1,79 @@
 """The conversation pool: one conversation engine on one device, its conversations advanced in rounds.
 
-    pool = ConversationPool(lambda: registry.load("minicpmo45", device="cuda", conversations=8), "minicpmo45")
-    await pool.start()                        # the engine built on the device thread
-    conversation = await pool.open(seed=3)    # ConversationRefusal when it does not fit
-    output = await conversation.submit(UnitInput(audio))   # a UnitOutput
+    pool = ConversationPool(engine_factory("minicpmo45", "cuda", 8, {}), "minicpmo45")
+    await pool.start()                        # the engine built on the device thread (and calibrated, if asked)
+    conversation = await pool.open(seed=3)    # AdmissionRefused when it does not fit
+    output = await conversation.submit(UnitInput(audio))   # its UnitOutput
     await conversation.reset()                # barge-in
     await conversation.close()
 
-One thread owns the device: it builds the engine, opens, resets and closes conversations and runs the rounds. A
-round is one `engine.step` over every conversation whose next queued item is a unit (their resets and closes
-first); a conversation has at most one unit in flight and `queue_depth` queued, so its units run in the order
-sent. A round waits up to `gather_s` from its oldest unit for the other conversations' units (conversations paced
-by the same cadence arrive a few milliseconds apart, and one round for all of them costs less than two).
+The pool is the round scheduler (`scheduler.Scheduler`: queues, gather, rounds on the device thread, delivery,
+admission and its latency guard, drain, the idle reaper, deadlines and metrics) with a conversation engine's round
+as its runner (`ConversationRounds`: the round's resets and closes, then one `engine.step` over every
+conversation that sent a unit). Admission is the engine's, in the scheduler's terms: the engine's slots, and,
+once the engine is calibrated (`calibration`), its round model against the cadence less its headroom; the
+engine's own refusal (`ConversationRefused`) is the last word.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import concurrent.futures
-import contextlib
 import importlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
 from duplexcadence.interpreter.engine.api import (
+    LISTEN,
+    SPEAK,
     ConversationEngine,
     ConversationError,
     ConversationRefused,
+    Decision,
     UnitInput,
-    UnitOutput,
 )
 from duplexcadence.interpreter.serve import messages
-from duplexcadence.interpreter.serve.modes import TickError
-from duplexcadence.interpreter.serve.pool import ClosingState, SessionClosed
+from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, TickModel
+from duplexcadence.interpreter.serve.metrics import PoolMetrics
+from duplexcadence.interpreter.serve.scheduler import RESET, Client, Round, RoundOutcome, Scheduler, TickError
 
 GATHER_FRACTION = 0.05
+UNIT = "conversation"
 
 
 class EngineSetupError(LookupError):
     """An engine that cannot be built as named: the message says why."""
 
 
+def option_value(text: str) -> Any:
+    """A `--param` value as an engine keyword: a whole number, a number, true or false, else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
 def engine_factory(
-    target: str, device: str, conversations: int, params: dict[str, str]
+    target: str, device: str, conversations: int, params: Mapping[str, str]
 ) -> Callable[[], ConversationEngine]:
     """What builds the engine `target` names: a registered conversation engine, or `MODULE:FUNCTION` (a function
-    of the user's that returns a `ConversationEngine`), called with `device=`, `conversations=` and `params`.
-    EngineSetupError for a function that cannot be imported or an installation without an engine registry."""
+    of the user's that returns a `ConversationEngine`), called with `device=`, `conversations=` and `params` (each
+    value read by `option_value`). EngineSetupError for a function that cannot be imported."""
     from duplexcadence.interpreter import tails
 
+    options = {key: option_value(value) for key, value in params.items()}
     if ":" in target:
         module, _, function = target.partition(":")
         try:
             build = tails.import_function(module, function)
         except tails.ImportFailed as error:
             raise EngineSetupError(str(error)) from None
-        return lambda: build(device=device, conversations=conversations, **params)
-    try:
-        registry = importlib.import_module("duplexcadence.interpreter.engine.registry")
-    except ImportError as error:
-        raise EngineSetupError(f"no conversation engine is registered in this installation ({error})") from None
-    return lambda: registry.load(target, device=device, conversations=conversations, **params)
+        return lambda: build(device=device, conversations=conversations, **options)
+    registry = importlib.import_module("duplexcadence.interpreter.engine.registry")
+    return lambda: registry.load(target, device=device, conversations=conversations, **options)
 
 
 def engine_name(target: str) -> str:
@@ -72,15 +81,29 @@ def engine_name(target: str) -> str:
     return target.rpartition(":")[2]
 
 
+def scripted_turn(conversation: int, unit: int) -> Decision:
+    """The calibration's script: listen, then a turn of two units (the second ending it)."""
+    step = unit % 3
+    return Decision(LISTEN) if step == 0 else Decision(SPEAK, (11, 12, 13), end_of_turn=step == 2)
+
+
 @attrs.frozen
 class ConversationPoolConfig:
     """`queue_depth`: units a conversation may have queued beside the one in flight; `idle_timeout_s`: a
     conversation that sends nothing this long is closed; `gather_s`: how long a round may wait from its oldest
-    unit for the others' (None: 5 % of the cadence)."""
+    unit for the other conversations' (None: 5 % of the cadence); `headroom`: the fraction of the cadence
+    admission keeps free; `latency_guard`: also refuse while the p99 unit latency of the
+    last 5 cadences is over the budget; `calibration`: conversation counts the engine's round model is timed at
+    when the pool starts (`Engine.calibrate`, scripted turns; empty: admission by the slots and the guard);
+    `freeze_gc`: as `PoolConfig`'s."""
 
     queue_depth: int = 4
     idle_timeout_s: float = 30.0
     gather_s: float | None = None
+    headroom: float = 0.15
+    latency_guard: bool = True
+    calibration: tuple[int, ...] = ()
+    freeze_gc: bool = True
 
     def problems(self) -> list[str]:
         found = []
@@ -90,123 +113,96 @@ class ConversationPoolConfig:
             found.append(f"the idle timeout must be above 0 s, not {self.idle_timeout_s}")
         if self.gather_s is not None and not self.gather_s >= 0:
             found.append(f"the gather time must be 0 s or more, not {self.gather_s}")
+        if not 0.0 <= self.headroom < 1.0:
+            found.append(f"headroom must be from 0 to below 1, not {self.headroom}")
         return found
 
 
-class ConversationRefusal(Exception):
-    """A conversation the pool does not open: `code` ("at-capacity", "draining", "shutting-down"), the message
-    with the numbers, and the numbers."""
+class PooledConversation(Client):
+    """One client's conversation in the pool (its id is the engine's): its units run in the order submitted."""
 
-    def __init__(self, code: str, message: str, numbers: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.numbers = dict(numbers or {})
+    scheduler: ConversationPool
 
-
-@attrs.define(eq=False)
-class Item:
-    kind: str  # "unit", "reset" or "close"
-    future: asyncio.Future
-    unit: UnitInput | None = None
-    queued_at: float = 0.0
-
-
-class PooledConversation(ClosingState):
-    """One client's conversation in the pool: its units run in the order submitted."""
-
-    def __init__(self, pool: ConversationPool, engine_id: int, seed: int):
-        self.pool = pool
-        self.id = engine_id
-        self.seed = seed
-        self.queue: collections.deque[Item] = collections.deque()
-        self.in_flight = False
-        self.closing = None
-        self.closed_event = asyncio.Event()
-        self.units = 0
-        self.last_activity = time.monotonic()
-
-    def submit(self, unit: UnitInput) -> asyncio.Future:
+    def submit(self, unit: UnitInput) -> Any:
         """Queue one unit; a future of its `UnitOutput`. TickError at once for a full queue or a closed
         conversation (nothing queued)."""
-        self.check_open()
-        queued = sum(1 for item in self.queue if item.kind == "unit")
-        if queued >= self.pool.config.queue_depth:
-            raise TickError(messages.QUEUE_FULL, messages.queue_full(queued))
-        return self._queue(Item("unit", self.pool.loop.create_future(), unit, time.perf_counter()))
-
-    def queued(self) -> int:
-        """Units queued or in flight."""
-        return sum(1 for item in self.queue if item.kind == "unit") + int(self.in_flight)
-
-    def reset(self) -> asyncio.Future:
-        """Barge-in after the units queued before it (a future, done when it is)."""
-        self.check_open()
-        return self._queue(Item("reset", self.pool.loop.create_future()))
-
-    async def close(self) -> None:
-        """Close after the units queued before it; the engine's slot is free when this returns."""
-        if self.closing is None:
-            self.closing = (messages.CLIENT_CLOSED, "closed by the client")
-            await self._queue(Item("close", self.pool.loop.create_future()))
-        else:
-            await self.closed_event.wait()
-
-    def abort(self, code: str, message: str) -> None:
-        """Close now: what is queued fails with `code`; the slot is freed after the unit in flight."""
-        if self.closed_event.is_set():
-            return
-        if self.closing is None or self.closing[0] == messages.CLIENT_CLOSED:
-            self.closing = (code, message)
-        error = SessionClosed(code, message)
-        for item in self.queue:
-            if item.kind != "close" and not item.future.done():
-                item.future.set_exception(error)
-                item.future.exception()
-        kept = [item for item in self.queue if item.kind == "close"]
-        self.queue.clear()
-        self.queue.extend(kept or [Item("close", self.pool.loop.create_future())])
-        self.pool.wake()
-
-    def _queue(self, item: Item) -> asyncio.Future:
-        self.queue.append(item)
-        self.last_activity = time.monotonic()
-        self.pool.wake()
-        return item.future
+        return self.queue_tick(unit)
 
 
-class ConversationPool:
+class ConversationRounds:
+    """The conversation engine's round: its resets and closes, then one `engine.step` of its units. A unit the
+    engine refuses (`ConversationError`: a failed conversation, audio it cannot take) is answered alone and the
+    others step; a step that raises fails every conversation in it."""
+
+    unit = UNIT
+
+    def __init__(self, engine: ConversationEngine):
+        self.engine = engine
+
+    def run(self, work: Round) -> RoundOutcome:
+        engine = self.engine
+        controls: list[tuple[Any, Any, BaseException | None]] = []
+        for client, item in work.controls:
+            try:
+                (engine.reset if item.kind == RESET else engine.close)(client.id)
+                controls.append((client, item, None))
+            except Exception as error:
+                controls.append((client, item, error))
+        answers: dict[int, Any] = {}
+        units = {}
+        for client, item in work.ticks:
+            refusal = self.refusal(client.id, item.inputs)
+            if refusal is None:
+                units[client.id] = item.inputs
+            else:
+                answers[client.id] = refusal
+        failed: dict[Any, str] = {}
+        started = time.perf_counter()
+        if units:
+            try:
+                answers.update(engine.step(units))
+            except Exception as error:  # the engine failed the round: its conversations need a reset
+                cause = f"{type(error).__name__}: {error}"
+                for client, _ in work.ticks:
+                    if client.id in units:
+                        answers[client.id] = TickError(messages.STAGE_FAILED, cause)
+                        failed[client] = cause
+        done = time.perf_counter()
+        ticks = [(client, item, answers.get(client.id)) for client, item in work.ticks]
+        return RoundOutcome(controls, ticks, failed, done - started, done, len(units), started)
+
+    def refusal(self, conversation: int, unit: UnitInput) -> TickError | None:
+        check = getattr(self.engine, "check", None)
+        if check is None:
+            return None
+        try:
+            check({conversation: unit})
+        except ConversationError as error:
+            return TickError(messages.BAD_INPUT, str(error))
+        return None
+
+
+class ConversationPool(Scheduler):
     """Conversations of one engine on one device (see the module docstring). `build` makes the engine (called on
     the device thread); `name` is the model's."""
+
+    config: ConversationPoolConfig
 
     def __init__(
         self, build: Callable[[], ConversationEngine], name: str, config: ConversationPoolConfig | None = None
     ):
-        self.build = build
-        self.name = name
-        self.config = config or ConversationPoolConfig()
-        problems = self.config.problems()
+        config = config or ConversationPoolConfig()
+        problems = config.problems()
         if problems:
             raise ValueError("; ".join(problems))
+        super().__init__(config)
+        self.build = build
+        self.name = name
         self.engine: ConversationEngine | None = None
-        self.conversations: dict[int, PooledConversation] = {}
-        self.draining = False
-        self.stopping = False
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
-        self._tasks: list[asyncio.Task] = []
-        self.units = 0
-        self.round_log: collections.deque[tuple[int, float]] = collections.deque(maxlen=4096)
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        assert self._loop is not None, "start() the pool first"
-        return self._loop
 
     @property
     def started(self) -> bool:
-        return self.engine is not None
+        return self.rule is not None
 
     @property
     def cadence_s(self) -> float:
@@ -218,177 +214,92 @@ class ConversationPool:
         return self.engine
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="duplexcadence-engine")
-        self.engine = await self.run_on_device(self.build)
-        self._tasks = [asyncio.create_task(self._schedule()), asyncio.create_task(self._reap())]
+        """Build the engine on the device thread (and calibrate it), then start the rounds."""
+        self.open_device()
+        assert self.executor is not None
+        try:
+            self.engine = await self.run_on_device(self._load)
+        except BaseException:
+            self.executor.shutdown(wait=False)
+            raise
+        engine = self.engine
+        capacity = engine.capacity()
+        round_model = getattr(engine, "round_model", None)
+        model = (
+            TickModel(round_model.base_ms / 1000, round_model.per_conversation_ms / 1000, UNIT, points(round_model))
+            if round_model is not None
+            else TickModel(0.0, 0.0, UNIT)
+        )
+        period = self.cadence_s
+        rule = AdmissionRule(
+            capacity.memory_limit,
+            None,
+            model,
+            period,
+            self.config.headroom,
+            round_model is not None,
+            self.config.latency_guard,
+            client=UNIT,
+        )
+        metrics = PoolMetrics(period)
+        metrics.slots.set(capacity.memory_limit)
+        self.begin(ConversationRounds(engine), rule, metrics, self.config.gather_s, GATHER_FRACTION)
 
-    async def stop(self) -> None:
-        self.stopping = True
-        for conversation in list(self.conversations.values()):
-            conversation.abort(messages.SHUTTING_DOWN, messages.shutting_down())
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._idle(), timeout=30)
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-
-    async def _idle(self) -> None:
-        while self.conversations:
-            await asyncio.sleep(0.01)
-
-    async def run_on_device(self, fn: Callable[..., Any], *args: Any) -> Any:
-        assert self._executor is not None, "start() the pool first"
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
-    def wake(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
-
-    def drain(self) -> None:
-        self.draining = True
+    def _load(self) -> ConversationEngine:
+        engine = self.build()
+        if self.config.calibration:
+            engine.calibrate(self.config.calibration, script=scripted_turn)  # type: ignore[attr-defined]
+        return engine
 
     async def open(self, seed: int = 0) -> PooledConversation:
-        """A new conversation; ConversationRefusal when the pool is draining or the engine refuses it."""
-        if self.stopping:
-            raise ConversationRefusal(messages.SHUTTING_DOWN, messages.shutting_down())
-        if self.draining:
-            raise ConversationRefusal(messages.DRAINING, messages.draining(len(self.conversations)))
+        """A new conversation; AdmissionRefused (with the numbers) when the pool or the engine does not take it."""
+        refusal = self.admission_refusal()
+        if refusal is not None:
+            raise self.refused(refusal)
         engine = self._engine()
+        self.opening += 1
         try:
-            engine_id = await self.run_on_device(engine.open, seed)
-        except ConversationRefused as refusal:
-            raise ConversationRefusal(messages.AT_CAPACITY, refusal.reason, refusal.numbers) from None
-        conversation = PooledConversation(self, engine_id, seed)
-        self.conversations[engine_id] = conversation
+            conversation_id = await self.run_on_device(engine.open, seed)
+        except ConversationRefused as refused:
+            assert self.rule is not None
+            active = len(self.sessions)
+            raise self.refused(
+                AdmissionRefused(
+                    messages.AT_CAPACITY,
+                    refused.reason,
+                    active,
+                    active,
+                    self.rule.slots,
+                    self.rule.predict(active + 1),
+                    self.tick_period_s,
+                    self.rule.headroom,
+                )
+            ) from None
+        finally:
+            self.opening -= 1
+        conversation = PooledConversation(self, conversation_id, seed)
+        self.add(conversation)
         return conversation
 
     def capacity_json(self) -> dict[str, Any]:
-        """The engine's capacity (`EngineCapacity`), with the pool's `sessions` (its open conversations), `free`
-        (conversations it admits now: none while draining) and `draining`, the fields a router places by."""
-        capacity = attrs.asdict(self._engine().capacity())
-        sessions = len(self.conversations)
-        free = 0 if self.draining or self.stopping else max(0, capacity["conversations"] - sessions)
-        return {**capacity, "sessions": sessions, "free": free, "draining": self.draining}
+        """`/v1/capacity` and a replica's routing stats: the scheduler's `Capacity` (its `sessions` the open
+        conversations, `free` those it admits now) and the engine's `EngineCapacity` under `engine`."""
+        return {**self.capacity().to_json(), "engine": attrs.asdict(self._engine().capacity())}
 
-    # --- the scheduler ---------------------------------------------------------------------------------
+    def describe(self) -> str:
+        """The start-up lines: what the engine admits and the admission model."""
+        engine, capacity = self._engine(), self._engine().capacity()
+        assert self.rule is not None
+        return "\n".join(
+            [
+                f"serving conversations of '{self.name}': {capacity.conversations} at most (memory limit "
+                f"{capacity.memory_limit}, time limit {capacity.time_limit}); a unit of {engine.unit_samples} "
+                f"samples at {engine.input_rate} Hz in, {engine.output_rate} Hz out",
+                self.rule.model.describe(),
+                str(self.capacity()),
+            ]
+        )
 
-    async def _schedule(self) -> None:
-        assert self._wake is not None
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            await self._gather()
-            controls, units = self._take()
-            if not controls and not units:
-                continue
-            try:
-                outcome = await self.run_on_device(self._round, controls, units)
-            except Exception as error:  # a fault of the engine outside what it reports per unit
-                for conversation, item in controls + units:
-                    conversation.in_flight = False
-                    if not item.future.done():
-                        item.future.set_exception(TickError(messages.INTERNAL, messages.internal(error)))
-                continue
-            self._deliver(controls, units, *outcome)
 
-    async def _gather(self) -> None:
-        """Wait, up to the gather time from the oldest unit queued, while another open conversation has none."""
-        assert self._wake is not None
-        gather = self.config.gather_s if self.config.gather_s is not None else GATHER_FRACTION * self.cadence_s
-        while gather > 0:
-            conversations = self.conversations.values()
-            queued = [c.queue[0].queued_at for c in conversations if c.queue and c.queue[0].kind == "unit"]
-            waiting = any(not c.queue and not c.in_flight and c.closing is None for c in conversations)
-            remaining = min(queued, default=0.0) + gather - time.perf_counter()
-            if not queued or not waiting or remaining <= 0:
-                return
-            self._wake.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), remaining)
-
-    def _take(self) -> tuple[list[tuple[PooledConversation, Item]], list[tuple[PooledConversation, Item]]]:
-        controls, units = [], []
-        for conversation in list(self.conversations.values()):
-            if conversation.in_flight:
-                continue
-            while conversation.queue and conversation.queue[0].kind != "unit":
-                controls.append((conversation, conversation.queue.popleft()))
-            if conversation.queue and not any(c is conversation and i.kind == "close" for c, i in controls):
-                units.append((conversation, conversation.queue.popleft()))
-                conversation.in_flight = True
-        return controls, units
-
-    def _round(self, controls: list, units: list) -> tuple[list, dict, float]:
-        """On the device thread: the controls in order, then one step of every unit."""
-        engine = self._engine()
-        done: list[Exception | None] = []
-        for conversation, item in controls:
-            try:
-                (engine.reset if item.kind == "reset" else engine.close)(conversation.id)
-                done.append(None)
-            except Exception as error:
-                done.append(error)
-        results: dict[int, Any] = {}
-        started = time.perf_counter()
-        if units:
-            inputs = {conversation.id: item.unit for conversation, item in units}
-            try:
-                results = dict(engine.step(inputs))
-            except ConversationError as error:
-                results = {key: error for key in inputs}
-            except Exception as error:
-                results = {key: error for key in inputs}
-        return done, results, time.perf_counter() - started
-
-    def _deliver(self, controls: list, units: list, done: list, results: dict, round_s: float) -> None:
-        for (conversation, item), error in zip(controls, done, strict=True):
-            if item.kind == "close":
-                self.conversations.pop(conversation.id, None)
-                if conversation.closing is None:
-                    conversation.closing = (messages.CLIENT_CLOSED, "closed by the client")
-                while conversation.queue:
-                    left = conversation.queue.popleft()
-                    if not left.future.done():
-                        left.future.set_exception(SessionClosed(*conversation.closing))
-                        left.future.exception()
-                conversation.closed_event.set()
-                if not item.future.done():
-                    item.future.set_result(None)
-            elif not item.future.done():
-                if error is None:
-                    item.future.set_result(None)
-                else:
-                    item.future.set_exception(TickError(messages.INTERNAL, messages.internal(error)))
-        if units:
-            self.round_log.append((len(units), round_s))
-        for conversation, item in units:
-            conversation.in_flight = False
-            value = results.get(conversation.id)
-            if item.future.done():
-                continue
-            if isinstance(value, UnitOutput):
-                conversation.units += 1
-                self.units += 1
-                item.future.set_result(value)
-            elif isinstance(value, ConversationError):
-                item.future.set_exception(TickError(messages.BAD_INPUT, str(value)))
-            else:
-                cause = "the engine gave no output" if value is None else messages.internal(value)
-                item.future.set_exception(TickError(messages.STAGE_FAILED, cause))
-        if any(c.queue for c in self.conversations.values()):
-            self.wake()
-
-    async def _reap(self) -> None:
-        timeout = self.config.idle_timeout_s
-        while True:
-            await asyncio.sleep(min(1.0, timeout / 4))
-            now = time.monotonic()
-            for conversation in list(self.conversations.values()):
-                idle = not conversation.queue and not conversation.in_flight and conversation.closing is None
-                if idle and now - conversation.last_activity > timeout:
-                    conversation.abort(messages.IDLE_TIMEOUT, messages.idle_timeout(timeout))
+def points(round_model: Any) -> tuple[tuple[int, float], ...]:
+    return tuple((count, ms / 1000) for count, ms in sorted(round_model.measured_ms.items()))

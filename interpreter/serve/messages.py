@@ -114,10 +114,15 @@ def at_capacity(
     session_slots: int,
     budget_s: float,
     shared: str | None = None,
+    client: str = "session",
 ) -> str:
-    """The refusal of a session the pool has no room for. `predicted_s`: the tick predicted with it admitted;
-    `shared`: the other pools' units on the device it counts ("12 groups"), None when there are none."""
-    held = f"{active} of {capacity} sessions" if active <= capacity else f"{active} sessions open (room for {capacity})"
+    """The refusal of a session (a `client`: "conversation" for a conversation pool) the pool has no room for.
+    `predicted_s`: the tick predicted with it admitted; `shared`: the other pools' units on the device it counts
+    ("12 groups"), None when there are none."""
+    clients = f"{client}s"
+    held = (
+        f"{active} of {capacity} {clients}" if active <= capacity else f"{active} {clients} open (room for {capacity})"
+    )
     head = (
         f"at capacity: {held}, predicted tick {milliseconds(predicted_s)} of "
         f"{milliseconds(period_s)} (headroom {percent(headroom)})"
@@ -125,23 +130,29 @@ def at_capacity(
     if shared is not None:
         head = f"{head}, the other workers' {shared} on the device included"
     if slots_full:
-        return f"{head}; all {session_slots} session slots are taken"
-    return f"{head}; one more session would pass the budget of {milliseconds(budget_s)}"
+        return f"{head}; all {session_slots} {client} slots are taken"
+    return f"{head}; one more {client} would pass the budget of {milliseconds(budget_s)}"
 
 
 def latency_over_budget(
-    active: int, observed_p99_s: float, window_s: float, period_s: float, headroom: float, budget_s: float
+    active: int,
+    observed_p99_s: float,
+    window_s: float,
+    period_s: float,
+    headroom: float,
+    budget_s: float,
+    client: str = "session",
 ) -> str:
     """The refusal of a session while the ticks the pool answers run over the budget, whatever the model says."""
     return (
-        f"at capacity: {plural(active, 'session')} open, their ticks' p99 latency over the last "
+        f"at capacity: {plural(active, client)} open, their ticks' p99 latency over the last "
         f"{milliseconds(window_s)} is {milliseconds(observed_p99_s)} of {milliseconds(period_s)}, over the budget "
         f"of {milliseconds(budget_s)} (headroom {percent(headroom)}); the pool admits again once it is under"
     )
 
 
-def draining(active: int) -> str:
-    return f"draining: this pool admits no new session while its {plural(active, 'session')} finish"
+def draining(active: int, client: str = "session") -> str:
+    return f"draining: this pool admits no new {client} while its {plural(active, client)} finish"
 
 
 def other_worker(

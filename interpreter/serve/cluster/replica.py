@@ -137,7 +137,7 @@ class DuplexReplica:
 
     def started(self) -> bool:
         pool = self.pool
-        return pool.started if isinstance(pool, ConversationPool) else pool.rule is not None
+        return pool.rule is not None
 
     async def __del__(self) -> None:
         if self.started():
@@ -205,11 +205,8 @@ class DuplexReplica:
             await self.pool.stop()
 
     async def metrics_text(self, replica_id: str) -> str:
-        """This replica's Prometheus exposition (`/metrics` through the proxy reaches one replica); a conversation
-        pool's has none."""
+        """This replica's Prometheus exposition (`/metrics` through the proxy reaches one replica)."""
         self.check_target(replica_id)
-        if isinstance(self.pool, ConversationPool):
-            return ""
         assert self.pool.metrics is not None
         return self.pool.exposition().decode()
 

@@ -3,8 +3,8 @@
     app = make_conversation_app(pool)    # starts the pool at start-up, stops it at shutdown
 
 Routes: `GET /` (the page: talk to the model from a browser), `WS /v1/realtime?model=NAME&seed=N` (one conversation
-per websocket, the events of `events.py`), `GET /healthz`, `GET /v1/capacity`. docs/serving.md describes the
-protocol.
+per websocket, the events of `events.py`), `GET /healthz`, `GET /v1/capacity`, `GET /v1/conversations` (deadline
+accounting per conversation), `GET /metrics`. docs/serving.md describes the protocol.
 """
 
 from __future__ import annotations
@@ -25,14 +25,18 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from duplexcadence.interpreter.engine.api import UnitOutput
 from duplexcadence.interpreter.serve import messages as serve_messages
-from duplexcadence.interpreter.serve.conversations import ConversationPool, ConversationRefusal, PooledConversation
-from duplexcadence.interpreter.serve.modes import TickError
+from duplexcadence.interpreter.serve.admission import AdmissionRefused
+from duplexcadence.interpreter.serve.conversations import ConversationPool, PooledConversation
+from duplexcadence.interpreter.serve.metrics import CONTENT_TYPE
 from duplexcadence.interpreter.serve.realtime import messages
 from duplexcadence.interpreter.serve.realtime.conversation import RealtimeConversation, Reset, Send, Served, Unit
 from duplexcadence.interpreter.serve.realtime.events import EventError
+from duplexcadence.interpreter.serve.scheduler import TICK, TickError
 
 LOG = logging.getLogger("duplexcadence.serve.realtime")
 PATH = "/v1/realtime"
+ADMISSION_NUMBERS = ("sessions", "capacity", "slots", "predicted_tick_s", "tick_period_s", "headroom")
+"""The numbers of an admission refusal, in its `error.duplexcadence`."""
 
 CLOSE_CODES = {
     serve_messages.IDLE_TIMEOUT: serve_messages.CLOSE_IDLE,
@@ -72,12 +76,18 @@ def make_conversation_app(pool: ConversationPool, manage_pool: bool = True) -> S
         return HTMLResponse(page())
 
     async def healthz(request: Request) -> Response:
-        if pool.engine is None or pool.stopping:
+        if not pool.started or pool.stopping:
             return JSONResponse({"status": "stopping" if pool.stopping else "starting"}, status_code=503)
-        return JSONResponse({"status": "ok", "model": pool.name, "conversations": len(pool.conversations)})
+        return JSONResponse({"status": "ok", "model": pool.name, "conversations": len(pool.sessions)})
 
     async def capacity(request: Request) -> Response:
         return JSONResponse(pool.capacity_json())
+
+    async def conversations(request: Request) -> Response:
+        return JSONResponse(pool.deadlines().to_json())
+
+    async def metrics(request: Request) -> Response:
+        return Response(pool.exposition(), media_type=CONTENT_TYPE)
 
     async def realtime(websocket: WebSocket) -> None:
         await RealtimeSocket(pool, websocket).run()
@@ -86,6 +96,8 @@ def make_conversation_app(pool: ConversationPool, manage_pool: bool = True) -> S
         Route("/", index),
         Route("/healthz", healthz),
         Route("/v1/capacity", capacity),
+        Route("/v1/conversations", conversations),
+        Route("/metrics", metrics),
         WebSocketRoute(PATH, realtime),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
@@ -115,9 +127,10 @@ class RealtimeSocket:
         seed = int(websocket.query_params.get("seed", "0"))
         try:
             pooled = await self.pool.open(seed)
-        except ConversationRefusal as refused:
-            error = EventError(refused.code, refused.message, kind=messages.ADMISSION)
-            await self._refuse(error, serve_messages.CLOSE_TRY_AGAIN_LATER, refused.numbers)
+        except AdmissionRefused as refused:
+            error = EventError(refused.reason, refused.message, kind=messages.ADMISSION)
+            numbers = {name: getattr(refused, name) for name in ADMISSION_NUMBERS}
+            await self._refuse(error, serve_messages.CLOSE_TRY_AGAIN_LATER, numbers)
             return
         self.pooled = pooled
         protocol = self.protocol = RealtimeConversation(served(self.pool), pooled.id, seed)
@@ -167,7 +180,7 @@ class RealtimeSocket:
                     return
                 received_at = time.perf_counter()
                 if message.get("text") is not None:
-                    room = self.pool.config.queue_depth - sum(1 for item in pooled.queue if item.kind == "unit")
+                    room = self.pool.config.queue_depth - pooled.queued(TICK)
                     actions = protocol.receive(message["text"], room)
                 else:
                     actions = protocol.binary(len(message.get("bytes") or b""))

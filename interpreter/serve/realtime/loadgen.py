@@ -32,7 +32,7 @@ CHUNK_S = 0.1
 @attrs.frozen
 class Script:
     """Each conversation's decisions, unit by unit: `listen` units, then `speak` units of `tokens` (the last
-    ending the turn), over and over; `own`: the model decides every unit."""
+    ending the turn), over and over (no `speak`: it listens throughout); `own`: the model decides every unit."""
 
     listen: int = 1
     speak: int = 2
@@ -42,8 +42,8 @@ class Script:
     def decision(self, unit: int) -> dict[str, Any] | None:
         if self.own:
             return None
-        step = unit % (self.listen + self.speak)
-        if step < self.listen:
+        step = unit % max(1, self.listen + self.speak)
+        if step < self.listen or not self.speak:
             return {"type": "duplexcadence.decision", "kind": "listen"}
         end = step == self.listen + self.speak - 1
         return {"type": "duplexcadence.decision", "kind": "speak", "text": list(self.tokens), "end_of_turn": end}

@@ -1,25 +1,100 @@
-"""The tests' echo engine (echo_engine.py) and a server of it on a thread."""
+"""MiniCPM-o 4.5's conversation engine at the reduced sizes on the CPU (2 conversations, 2 ODE steps), behind the
+conversation server on a thread, shared by the session's tests; and what the engine makes of a conversation
+in-process, on the same engine, for the tests to compare the server's answers with."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import asyncio
+import importlib.util
+import time
 
+import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # echo_engine, by name, as the replicas and `dsl serve` import it
-import echo_engine
+from duplexcadence.interpreter.engine.api import Decision, UnitInput, UnitOutput
+from duplexcadence.interpreter.serve.realtime import audio
+
+ENGINE_OPTIONS = {"sizes": "reduced", "n_timesteps": "2"}
+"""`--param` options of the tests' engine (as `dsl serve` takes them)."""
 
 
-@pytest.fixture
-def echo_server(request):
-    """The echo engine (2 conversations) behind the conversation server on a free port."""
-    from duplexcadence.interpreter.serve.conversations import ConversationPool, ConversationPoolConfig
+def needs_engine() -> None:
+    pytest.importorskip("transformers")
+    if importlib.util.find_spec("stepaudio2") is None:
+        pytest.skip("needs stepaudio2-minicpmo (scripts/model-pins.txt)")
+
+
+class EngineServer:
+    """The server (`ServerThread`) of the engine, and its pool."""
+
+    def __init__(self, running, pool):
+        self.running = running
+        self.pool = pool
+        self.references: dict[tuple, list[UnitOutput]] = {}
+
+    def url(self, path: str = "") -> str:
+        return self.running.url(path)
+
+    def ws_url(self, path: str = "/v1/realtime") -> str:
+        return self.running.ws_url(path)
+
+    def idle(self, timeout: float = 60.0) -> None:
+        """Wait until every conversation of the server has closed."""
+        deadline = time.monotonic() + timeout
+        while self.pool.sessions and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not self.pool.sessions, "a conversation of an earlier test is still open"
+
+    def reference(self, seed: int, pcm16: np.ndarray, decisions: tuple) -> list[UnitOutput]:
+        """What the engine makes in-process of a conversation of `seed` fed PCM16 `pcm16` unit by unit with
+        `decisions`: a conversation opened on the same engine, on its device thread, while the server holds
+        none (remembered for the session)."""
+        key = (seed, pcm16.tobytes(), decisions)
+        if key not in self.references:
+            self.idle()
+            engine = self.pool.engine
+            floats = pcm16.astype(np.float32) / audio.PCM16_SCALE
+            size = engine.unit_samples
+
+            def run() -> list[UnitOutput]:
+                conversation = engine.open(seed)
+                try:
+                    return [
+                        engine.step({conversation: UnitInput(floats[n * size : (n + 1) * size], decision)})[
+                            conversation
+                        ]
+                        for n, decision in enumerate(decisions)
+                    ]
+                finally:
+                    engine.close(conversation)
+
+            self.references[key] = asyncio.run(self.pool.run_on_device(run))
+        return self.references[key]
+
+    @staticmethod
+    def spoken(outputs: list[UnitOutput]) -> np.ndarray:
+        """The audio of `outputs` as a client receives it (PCM16)."""
+        return np.concatenate([audio.to_pcm16(output.audio) for output in outputs])
+
+
+@pytest.fixture(scope="session")
+def engine_server():
+    needs_engine()
+    from duplexcadence.interpreter.serve.conversations import (
+        ConversationPool,
+        ConversationPoolConfig,
+        engine_factory,
+    )
     from duplexcadence.interpreter.serve.realtime.app import make_conversation_app
     from duplexcadence.interpreter.serve.server import ServerThread
 
-    engine = echo_engine.EchoEngine(2)
-    pool = ConversationPool(lambda: engine, "echo", ConversationPoolConfig(gather_s=0))
+    build = engine_factory("minicpmo45", "cpu", 2, ENGINE_OPTIONS)
+    pool = ConversationPool(build, "minicpmo45", ConversationPoolConfig(gather_s=0, idle_timeout_s=300))
     with ServerThread(make_conversation_app(pool)) as running:
-        running.engine = engine
-        yield running
+        yield EngineServer(running, pool)
+
+
+@pytest.fixture
+def decisions():
+    """Decision records by name: LISTEN, SPEAK (11, 12), END (13 and the end of the turn)."""
+    return {"LISTEN": Decision("listen"), "SPEAK": Decision("speak", (11, 12)), "END": Decision("speak", (13,), True)}

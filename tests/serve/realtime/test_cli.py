@@ -1,18 +1,16 @@
-"""`dsl serve ENGINE --conversations N` in a process of its own (the echo engine by MODULE:FUNCTION), driven by
+"""`dsl serve minicpmo45 --conversations 2` (the reduced sizes on the CPU) in a process of its own, driven by
 `dsl loadgen --conversations`; and what the command refuses."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import os
 import re
-from pathlib import Path
 
 import pytest
 
 from duplexcadence.interpreter.cli import main as cli
 
-HERE = Path(__file__).parent
 SERVING_ON = re.compile(r"serving on (http://127\.0\.0\.1:(\d+))/ \(the page\)")
 
 
@@ -20,7 +18,7 @@ SERVING_ON = re.compile(r"serving on (http://127\.0\.0\.1:(\d+))/ \(the page\)")
     ("argv", "says"),
     [
         (
-            ["echo_engine:build", "--conversations", "2", "--workers", "2", "--lockstep", "4"],
+            ["minicpmo45", "--conversations", "2", "--workers", "2", "--lockstep", "4"],
             "dsl serve: error: --workers does not apply to --conversations; --lockstep does not apply to "
             "--conversations\n",
         ),
@@ -36,20 +34,30 @@ def test_what_serving_conversations_refuses(argv, says, capsys):
     assert capsys.readouterr().err == says
 
 
+@pytest.mark.slow
 def test_serve_conversations_and_drive_them_with_loadgen(serve_process, tmp_path, capsys):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
-    server = serve_process(["echo_engine:build", "--conversations", "2", "--port", "0", "--device", "cpu"], SERVING_ON,
-                           re.compile("(?!)"), env)  # fmt: skip
+    pytest.importorskip("transformers")
+    if importlib.util.find_spec("stepaudio2") is None:
+        pytest.skip("needs stepaudio2-minicpmo (scripts/model-pins.txt)")
+    options = ["--param", "sizes=reduced", "--param", "n_timesteps=2"]
+    argv = ["minicpmo45", "--conversations", "2", *options, "--port", "0", "--device", "cpu"]
+    server = serve_process(argv, SERVING_ON, re.compile("(?!)"))
     try:
         assert "<title>DuplexCadence: talk to the model</title>" in server.get("/")
         out = tmp_path / "load.json"
-        argv = ["loadgen", f"ws://127.0.0.1:{server.port}", "--conversations", "3", "--units", "3", "--no-pace"]
-        assert cli.main([*argv, "--json", str(out)]) == 1  # one refused
+        argv = ["loadgen", f"ws://127.0.0.1:{server.port}", "--conversations", "3", "--units", "2", "--no-pace"]
+        assert cli.main([*argv, "--speak-units", "0", "--json", str(out)]) == 1  # one refused
+        capacity = json.loads(server.get("/v1/capacity"))
     finally:
         server.stop()
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0] == "conversations: 2 of 3 opened; refused: at-capacity: at capacity: 2 of 2 conversations"
-    assert printed[1].startswith("units: 6 answered (3 per conversation, unpaced) in ")
+    assert printed[0] == (
+        "conversations: 2 of 3 opened; refused: at-capacity: at capacity: 2 of 2 conversations, predicted tick "
+        "0.0 ms of 1000 ms (headroom 15%); all 2 conversation slots are taken"
+    )
+    assert printed[1].startswith("units: 4 answered (2 per conversation, unpaced) in ")
     report = json.loads(out.read_text())
-    assert (report["opened"], report["units_answered"], report["units_spoken"], report["errors"]) == (2, 6, 4, [])
-    assert "serving conversations of 'build': 2 at most (memory limit 2, time limit 2)" in "".join(server.lines)
+    assert (report["opened"], report["units_answered"], report["units_spoken"], report["errors"]) == (2, 4, 0, [])
+    assert (capacity["slots"], capacity["engine"]["memory_limit"]) == (2, 2)
+    lines = "".join(server.lines)
+    assert "serving conversations of 'minicpmo45': 2 at most (memory limit 2, time limit 2)" in lines

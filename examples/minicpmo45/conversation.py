@@ -369,8 +369,9 @@ class MiniCPMo45Conversations:
     def bytes_per_conversation(self) -> int:
         """Device bytes one conversation's slot holds: its LLM, TTS and encoder cache rows and its tail
         session's arena block."""
+        report = self.tail.runtime.report()
         per_slot = sum(kv.bytes // kv.slots for kv in (self.llm_kv, self.tts_kv, self.audio_kv))
-        return per_slot + self.tail.runtime.report().arena_bytes // max(1, self.slots)
+        return per_slot + report.session_bytes + report.lanes * report.scratch_bytes // self.slots
 
     def detokenize(self, tokens: tuple[int, ...]) -> str:
         """Token ids as text: the released tokenizer cannot be read here, so each id is written ``<id>``."""

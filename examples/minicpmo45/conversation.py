@@ -721,27 +721,29 @@ class MiniCPMo45Conversations:
 
     # -- the tail
 
-    def _tail(self, slots: Sequence[int], speech: Sequence[tuple[int, ...]], ends: Sequence[bool]) -> list[np.ndarray]:
+    def _tail(
+        self, slots: Sequence[int], speech: Sequence[tuple[tuple[int, ...], bool]], ends: Sequence[bool]
+    ) -> list[np.ndarray]:
         """Each speaking row's speech tokens into its token2wav session -> its audio; the rows' regular chunks
         are stepped together (lanes), a turn's flush and last chunks one by one."""
-        calls = []
-        for slot, (tokens, flush), end in zip(slots, speech, ends):
-            calls.append(self.tail_sessions[slot].chunk_calls(list(tokens), flush=flush, end_of_turn=end))
+        calls = [
+            self.tail_sessions[slot].chunk_calls(list(tokens), flush=flush, end_of_turn=end)
+            for slot, (tokens, flush), end in zip(slots, speech, ends)
+        ]
         outputs: list[list[torch.Tensor]] = [[] for _ in slots]
         for wave in range(max((len(c) for c in calls), default=0)):
-            planned = {}
+            planned: dict[Any, tuple[int, torch.Tensor]] = {}
             for index, row_calls in enumerate(calls):
                 if wave >= len(row_calls):
                     continue
                 call = row_calls[wave]
                 session = self.tail_sessions[slots[index]]
                 if call.planned:
-                    tokens = torch.tensor([call.tokens], dtype=torch.int32).to(self.device)
-                    planned[session] = (index, tokens)
+                    planned[session] = (index, torch.tensor([call.tokens], dtype=torch.int32).to(self.device))
                 else:
                     outputs[index].append(session.run_chunk(call))
             if planned:
-                stepped = self.tail.step_new_many({session: tokens for session, (_, tokens) in planned.items()})
+                stepped = self.tail.step_new_many({session: new for session, (_, new) in planned.items()})
                 for session, (index, _) in planned.items():
                     outputs[index].append(stepped[session].cpu())
         for slot, end in zip(slots, ends):

@@ -74,11 +74,11 @@ def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
     return float((out - reference).norm() / reference.norm())
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def make_attention_case():
     return attention_case
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def attention_reference():
     return reference_attention, relative_error

@@ -148,7 +148,7 @@ def test_the_kernel_at_the_released_shapes(make_attention_case, attention_refere
 
 
 @pytest.mark.gpu
-def test_a_graph_captured_at_r_rows_replays_for_any_lengths(make_attention_case, attention_reference) -> None:
+def test_a_graph_captured_at_r_rows_replays_for_any_lengths(make_attention_case, attention_reference, captured) -> None:
     """Captured once over 4 rows at one set of lengths; the lengths, rows and cache change in place; each replay
     equals an eager call on the new inputs (torch.equal) and the float64 reference."""
     reference, relative_error = attention_reference
@@ -161,14 +161,7 @@ def test_a_graph_captured_at_r_rows_replays_for_any_lengths(make_attention_case,
     def call():
         return attend(q, keys, values, rows, lengths, causal=True, scale=scale)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
+    graph, out = captured(call)
     for seed, past in ((2, [3000, 0, 64, 1999]), (3, [1, 1, 4000, 700])):
         fresh = make_attention_case(past, 1, **shape, seed=seed)
         for mine, new in zip(

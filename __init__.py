@@ -15,6 +15,8 @@ The public API is the names in ``__all__``, importable from ``duplexcadence`` it
   ``ClockError``);
 - plans: ``plan_file``, ``make_plan`` (a ``Plan``; no torch);
 - the runtime: ``Runtime``, ``Session``, ``LockstepGroup``, ``verify`` (a ``VerifyReport``);
+- the conversation engine: ``load_engine`` (an ``Engine`` by model name), ``UnitInput``, ``Decision``,
+  ``UnitOutput``, ``ConversationRefused``, ``ConversationError``;
 - the errors: ``ClockError`` (located diagnostics), ``StepError`` (a step refused before anything
   changed), ``SessionFailed`` and ``SessionsFailed`` (a stage raised), ``LockstepError``.
 
@@ -49,12 +51,23 @@ _EXPORTS = {
     "LockstepGroup": "duplexcadence.interpreter.runtime.lockstep",
     "LockstepError": "duplexcadence.interpreter.runtime.lockstep",
     "verify": "duplexcadence.interpreter.runtime.verify",
+    "load_engine": "duplexcadence.interpreter.engine.registry",
+    "Engine": "duplexcadence.interpreter.engine.engine",
+    "UnitInput": "duplexcadence.interpreter.engine.api",
+    "UnitOutput": "duplexcadence.interpreter.engine.api",
+    "Decision": "duplexcadence.interpreter.engine.api",
+    "ConversationRefused": "duplexcadence.interpreter.engine.api",
+    "ConversationError": "duplexcadence.interpreter.engine.api",
     "VerifyReport": "duplexcadence.interpreter.runtime.verify",
 }
 
 __all__ = [
     "CheckResult",
     "ClockError",
+    "ConversationError",
+    "ConversationRefused",
+    "Decision",
+    "Engine",
     "LockstepError",
     "LockstepGroup",
     "Plan",
@@ -64,9 +77,12 @@ __all__ = [
     "SessionFailed",
     "SessionsFailed",
     "StepError",
+    "UnitInput",
+    "UnitOutput",
     "VerifyReport",
     "__version__",
     "check_file",
+    "load_engine",
     "load_program",
     "make_plan",
     "plan_file",
@@ -77,6 +93,15 @@ if TYPE_CHECKING:
     from duplexcadence.dsl.diagnostics import ClockError
     from duplexcadence.dsl.frontend import CheckResult, check_file, load_program
     from duplexcadence.dsl.program import Program
+    from duplexcadence.interpreter.engine.api import (
+        ConversationError,
+        ConversationRefused,
+        Decision,
+        UnitInput,
+        UnitOutput,
+    )
+    from duplexcadence.interpreter.engine.engine import Engine
+    from duplexcadence.interpreter.engine.registry import load_engine
     from duplexcadence.interpreter.plans.plan import Plan, make_plan, plan_file
     from duplexcadence.interpreter.runtime.errors import SessionFailed, SessionsFailed, StepError
     from duplexcadence.interpreter.runtime.lockstep import LockstepError, LockstepGroup

@@ -369,8 +369,9 @@ class MiniCPMo45Conversations:
     def bytes_per_conversation(self) -> int:
         """Device bytes one conversation's slot holds: its LLM, TTS and encoder cache rows and its tail
         session's arena block."""
+        report = self.tail.runtime.report()
         per_slot = sum(kv.bytes // kv.slots for kv in (self.llm_kv, self.tts_kv, self.audio_kv))
-        return per_slot + self.tail.runtime.report().arena_bytes // max(1, self.slots)
+        return per_slot + report.session_bytes + report.lanes * report.scratch_bytes // self.slots
 
     def detokenize(self, tokens: tuple[int, ...]) -> str:
         """Token ids as text: the released tokenizer cannot be read here, so each id is written ``<id>``."""
@@ -720,27 +721,29 @@ class MiniCPMo45Conversations:
 
     # -- the tail
 
-    def _tail(self, slots: Sequence[int], speech: Sequence[tuple[int, ...]], ends: Sequence[bool]) -> list[np.ndarray]:
+    def _tail(
+        self, slots: Sequence[int], speech: Sequence[tuple[tuple[int, ...], bool]], ends: Sequence[bool]
+    ) -> list[np.ndarray]:
         """Each speaking row's speech tokens into its token2wav session -> its audio; the rows' regular chunks
         are stepped together (lanes), a turn's flush and last chunks one by one."""
-        calls = []
-        for slot, (tokens, flush), end in zip(slots, speech, ends):
-            calls.append(self.tail_sessions[slot].chunk_calls(list(tokens), flush=flush, end_of_turn=end))
+        calls = [
+            self.tail_sessions[slot].chunk_calls(list(tokens), flush=flush, end_of_turn=end)
+            for slot, (tokens, flush), end in zip(slots, speech, ends)
+        ]
         outputs: list[list[torch.Tensor]] = [[] for _ in slots]
         for wave in range(max((len(c) for c in calls), default=0)):
-            planned = {}
+            planned: dict[Any, tuple[int, torch.Tensor]] = {}
             for index, row_calls in enumerate(calls):
                 if wave >= len(row_calls):
                     continue
                 call = row_calls[wave]
                 session = self.tail_sessions[slots[index]]
                 if call.planned:
-                    tokens = torch.tensor([call.tokens], dtype=torch.int32).to(self.device)
-                    planned[session] = (index, tokens)
+                    planned[session] = (index, torch.tensor([call.tokens], dtype=torch.int32).to(self.device))
                 else:
                     outputs[index].append(session.run_chunk(call))
             if planned:
-                stepped = self.tail.step_new_many({session: tokens for session, (_, tokens) in planned.items()})
+                stepped = self.tail.step_new_many({session: new for session, (_, new) in planned.items()})
                 for session, (index, _) in planned.items():
                     outputs[index].append(stepped[session].cpu())
         for slot, end in zip(slots, ends):

@@ -16,7 +16,11 @@ Backends, by name (`BACKENDS`; `get(name)` imports only the one asked for):
 
 * `torch`: the reference, on any device: `scaled_dot_product_attention(..., enable_gqa=True)` row by row
   over each row's exact length, read on the host (on CUDA a sync: not capturable).
-`default_backend(device)` is the engine's choice on `device`.
+* `triton`: CUDA (attention_triton.py): a flash-decoding kernel that reads each row's length from the device,
+  so a graph captured at R rows is valid for any lengths; it splits each row's keys over several programs
+  where R rows alone would leave the GPU idle.
+
+`default_backend(device)` is the engine's choice: `triton` on CUDA, `torch` elsewhere.
 
 Public: `AttentionBackend`, `BACKENDS`, `available`, `get`, `default_backend`, `check_inputs`, `TORCH`.
 """
@@ -31,6 +35,7 @@ import torch.nn.functional as F
 
 BACKENDS: dict[str, str] = {
     "torch": "duplexcadence.interpreter.engine.attention:TORCH",
+    "triton": "duplexcadence.interpreter.engine.attention_triton:TRITON",
 }
 """Built-in backends: name -> "module:attribute" of its `AttentionBackend`."""
 
@@ -73,8 +78,8 @@ def get(name: str) -> AttentionBackend:
 
 
 def default_backend(device: str | torch.device) -> str:
-    """The backend the engine uses on `device`."""
-    return "torch"
+    """The backend the engine uses on `device`: `triton` on CUDA, `torch` elsewhere."""
+    return "triton" if torch.device(device).type == "cuda" else "torch"
 
 
 def check_inputs(

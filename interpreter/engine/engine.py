@@ -31,11 +31,18 @@ CADENCE_MS = 1000.0
 
 
 class UnitResultLike(Protocol):
-    kind: str
-    text_tokens: tuple[int, ...]
-    speech_tokens: tuple[int, ...]
-    audio: np.ndarray
-    end_of_turn: bool
+    """One unit of one conversation as a model reports it (the engine adds the ids, the text and the times)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def text_tokens(self) -> tuple[int, ...]: ...
+    @property
+    def speech_tokens(self) -> tuple[int, ...]: ...
+    @property
+    def audio(self) -> np.ndarray: ...
+    @property
+    def end_of_turn(self) -> bool: ...
 
 
 class StageTimesLike(Protocol):
@@ -45,11 +52,16 @@ class StageTimesLike(Protocol):
 class UnitModel(Protocol):
     """A model's duplex unit over slots, batched: what :class:`Engine` runs."""
 
-    name: str
-    input_rate: int
-    output_rate: int
-    unit_samples: int
-    slots: int
+    @property
+    def name(self) -> str: ...
+    @property
+    def input_rate(self) -> int: ...
+    @property
+    def output_rate(self) -> int: ...
+    @property
+    def unit_samples(self) -> int: ...
+    @property
+    def slots(self) -> int: ...
 
     def start(self, slot: int, seed: int) -> None:
         """A fresh conversation in ``slot`` (its caches cleared, its generators seeded, its prompt prefilled)."""

@@ -26,7 +26,7 @@ def available() -> list[str]:
     return sorted({entry.name for entry in entry_points(group=GROUP)})
 
 
-def load(name: str, **options: Any) -> Engine:
+def load_engine(name: str, **options: Any) -> Engine:
     """The engine of the conversation model ``name``, built with ``options``."""
     for entry in entry_points(group=GROUP):
         if entry.name == name:

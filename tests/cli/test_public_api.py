@@ -15,6 +15,10 @@ import duplexcadence
 PUBLIC = [
     "CheckResult",
     "ClockError",
+    "ConversationError",
+    "ConversationRefused",
+    "Decision",
+    "Engine",
     "LockstepError",
     "LockstepGroup",
     "Plan",
@@ -24,9 +28,12 @@ PUBLIC = [
     "SessionFailed",
     "SessionsFailed",
     "StepError",
+    "UnitInput",
+    "UnitOutput",
     "VerifyReport",
     "__version__",
     "check_file",
+    "load_engine",
     "load_program",
     "make_plan",
     "plan_file",
@@ -50,6 +57,13 @@ DEFINED_IN = {
     "LockstepError": "duplexcadence.interpreter.runtime.lockstep",
     "verify": "duplexcadence.interpreter.runtime.verify",
     "VerifyReport": "duplexcadence.interpreter.runtime.verify",
+    "load_engine": "duplexcadence.interpreter.engine.registry",
+    "Engine": "duplexcadence.interpreter.engine.engine",
+    "UnitInput": "duplexcadence.interpreter.engine.api",
+    "UnitOutput": "duplexcadence.interpreter.engine.api",
+    "Decision": "duplexcadence.interpreter.engine.api",
+    "ConversationRefused": "duplexcadence.interpreter.engine.api",
+    "ConversationError": "duplexcadence.interpreter.engine.api",
 }
 
 

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNNABLE = ["README.md", "docs/runtime.md", "docs/bench.md"]  # README.md: the quickstart, on the toy tail
+RUNNABLE = [
+    "README.md",  # the quickstart, on the toy tail
+    "docs/runtime.md",
+    "docs/bench.md",
+    pytest.param("docs/engine.md", marks=pytest.mark.slow),  # MiniCPM-o 4.5's engine at the reduced sizes
+]
 
 
 def python_blocks(path: Path) -> list[str]:

@@ -74,11 +74,29 @@ def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
     return float((out - reference).norm() / reference.norm())
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def make_attention_case():
     return attention_case
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def attention_reference():
     return reference_attention, relative_error
+
+
+def capture_graph(step):
+    """(graph, what `step()` returned inside it): `step` run once on a side stream (warm-up), then captured."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = step()
+    return graph, result
+
+
+@pytest.fixture(scope="session")
+def captured():
+    return capture_graph

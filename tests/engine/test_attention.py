@@ -14,12 +14,12 @@ from duplexcadence.interpreter.engine.kv import SlotKV
 
 
 def test_backends_by_name() -> None:
-    assert available() == ["torch"]
+    assert available() == ["torch", "triton"]
     assert get("torch") is TORCH
-    assert default_backend("cpu") == "torch"
+    assert default_backend("cpu") == "torch" and default_backend(torch.device("cuda", 0)) == "triton"
     with pytest.raises(ValueError) as raised:
         get("flash")
-    assert str(raised.value) == "no attention backend named 'flash'; the backends are torch"
+    assert str(raised.value) == "no attention backend named 'flash'; the backends are torch, triton"
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])

@@ -67,7 +67,7 @@ class Scenario:
 
 @pytest.fixture(scope="module")
 def scenario() -> Scenario:
-    engine = registry.load("minicpmo45", device="cpu", sizes="reduced", conversations=3, n_timesteps=N_TIMESTEPS)
+    engine = registry.load_engine("minicpmo45", device="cpu", sizes="reduced", conversations=3, n_timesteps=N_TIMESTEPS)
     ids: dict[str, int] = {}
     outputs: dict[str, list] = {name: [] for name in SCRIPTS}
     for unit in range(4):

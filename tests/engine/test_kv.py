@@ -136,7 +136,7 @@ def test_errors_say_what_is_wrong(call, message) -> None:
 
 
 @pytest.mark.gpu
-def test_a_captured_step_writes_and_advances_at_the_lengths_of_each_replay() -> None:
+def test_a_captured_step_writes_and_advances_at_the_lengths_of_each_replay(captured) -> None:
     """One graph of write + advance at 2 rows, captured once, replayed while the two slots' lengths differ."""
     kv = slot_kv(torch.bfloat16, "cuda")
     rows = torch.tensor([3, 1], device="cuda")
@@ -147,15 +147,8 @@ def test_a_captured_step_writes_and_advances_at_the_lengths_of_each_replay() -> 
             kv.write(layer, rows, k, k + 100)
         kv.advance(rows, 2)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up: zeros at 0..1 of both slots
-    torch.cuda.current_stream().wait_stream(stream)
+    graph, _ = captured(step)  # the warm-up wrote zeros at 0..1 of both slots
     kv.host_lengths[[3, 1]] += 2
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
     kv.drop(1, 0, 1)  # slot 1 now one entry shorter than slot 3
     for replay in (1, 2, 3):
         k.fill_(replay)

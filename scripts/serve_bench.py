@@ -29,16 +29,7 @@ in this process, `latency_guard_open_sessions` is the largest count up to which 
 (`server_tick_p99_s`) stayed within the budget: where admission's latency guard still admits, beside the
 model's limit (`admission_capacity_sessions`).
 
-`--server-workers N` runs the server as `dsl serve --workers N` does: N processes on one port (started from
-this process, each with 1/N of the slots and lanes, the slots a multiple of N with one unit more each), their
-sessions retried by the client when one full worker refuses. The direct rounds then run on a reference pool in
-this process holding every slot: one `step_many` over all N sessions, the same total load in one process, so
-the overhead is what the N server processes add over stepping every session in one round. The workers' own
-rounds and ticks come from their summed `/metrics` (`server_rounds`, `server_round_mean_s`,
-`server_tick_mean_s`), and each count records the sessions each worker held (`sessions_per_worker`). The
-workers' tick models are kept (`worker_tick_models`), and admission's limit is theirs: every worker counts
-the others' units on the device, so the limit is the units the most lenient model keeps under the budget.
-`--workers` stays the number of load-generator processes. `--bundle K` drives the sessions in bundles of K, a
+`--workers` is the number of load-generator processes. `--bundle K` drives the sessions in bundles of K, a
 websocket each (`/v1/bundle`): one bundle from this process (its first `--sample` sessions recorded), the others
 whole from the load-generator processes; `server_whole_group_ticks` counts the lockstep groups a bundle's
 tick stepped whole (from `/metrics`, 0 when no bundle filled whole groups). A configuration may sweep lanes
@@ -48,8 +39,6 @@ tick stepped whole (from `/metrics`, 0 when no bundle filled whole groups). A co
     source scripts/device_setup.sh
     python scripts/serve_bench.py --out $OUT/serve_bench.json                         # every configuration
     python scripts/serve_bench.py --configs moshi-lockstep --out $OUT/serve_mimi.json
-    python scripts/serve_bench.py --configs moshi-lockstep --server-workers 4 --counts 384,448,512,576 \
-        --out $OUT/serve_mimi_w4.json
     python scripts/serve_bench.py --configs moshi-lockstep --bundle 32 --gather-ms 12 --counts 512,640,768 \
         --out $OUT/serve_mimi_bundle32.json                                          # 32 sessions a websocket
     python scripts/serve_bench.py --configs minicpmo45 --option istft=torch --counts 28 --out $OUT/eager_istft.json
@@ -63,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import importlib.util
 import json
@@ -73,19 +61,16 @@ import re
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import attrs
 import torch
 
 from duplexcadence.interpreter import tails
-from duplexcadence.interpreter.serve.admission import AdmissionRule, TickModel, shared_device_capacity
+from duplexcadence.interpreter.serve.admission import AdmissionRule
 from duplexcadence.interpreter.serve.app import make_app
-from duplexcadence.interpreter.serve.fronts import FrontGroup
 from duplexcadence.interpreter.serve.loadgen import (
     SessionLoad,
     compare_groups_with_stock,
@@ -94,9 +79,8 @@ from duplexcadence.interpreter.serve.loadgen import (
 )
 from duplexcadence.interpreter.serve.modes import unit_count
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool, quantile
-from duplexcadence.interpreter.serve.server import ServerThread, run_loop
+from duplexcadence.interpreter.serve.server import ServerThread
 from duplexcadence.interpreter.serve.tail import served_tail
-from duplexcadence.interpreter.serve.workers import ServeSpec, serve_workers, split_problems
 
 HEADROOM = 0.15
 SAMPLE_SEEDS = 900_000
@@ -331,7 +315,6 @@ async def server_pass(
                     entry["refused"],
                     group=entry.get("group"),
                     row=entry.get("row"),
-                    worker=entry.get("worker"),
                 )
             )
     return loads, {"here": here, "workers": len(outputs)}
@@ -344,20 +327,14 @@ async def measure(
     lanes: int,
     args: argparse.Namespace,
     served: Any,
-    worker_models: list[TickModel] | None = None,
 ) -> dict:
-    """The sweep of one server; `worker_models`: the tick models of its workers (several on one port), whose
-    admission counts every worker's units on the device (`shared_device_capacity`)."""
+    """The sweep of one server."""
     period = pool.tick_period_s
     label = f"{config.name} ({lanes} lanes)"
     rule = pool.rule
     assert rule is not None
     enforced = AdmissionRule(rule.slots, rule.rows, rule.model, period, HEADROOM)  # the bench serves with it off
-    if worker_models:
-        units_held = rule.slots // (rule.rows or 1)
-        admission = shared_device_capacity(worker_models, units_held, rule.rows, period, HEADROOM)
-    else:
-        admission = enforced.capacity()
+    admission = enforced.capacity()
     rows, best, guard_open = [], 0, None
     guard_closed = False
     for sessions in args.counts or config.counts:
@@ -365,12 +342,12 @@ async def measure(
         before = await direct_rounds(pool, sessions, rounds)
         rounds_at = len(pool.round_log)
         ticks_at = len(pool.tick_latencies)
-        loop = asyncio.get_running_loop()  # /metrics may be answered by this loop (--server-fronts): not blocked
+        loop = asyncio.get_running_loop()
         counted = await loop.run_in_executor(None, server_counts, url)
         loads, where = await server_pass(url, config, sessions, args.sample, args.workers, args.folder, args.bundle)
         server_rounds = [seconds for _, seconds in list(pool.round_log)[rounds_at:]]
         server_ticks = list(pool.tick_latencies)[ticks_at:]
-        # the server's own rounds, ticks and waits over this pass, from its /metrics (summed over its workers)
+        # the server's own rounds, ticks and waits over this pass, from its /metrics
         now = await loop.run_in_executor(None, server_counts, url)
         gained = {name: value - counted[name] for name, value in now.items()}
         server_numbers = {
@@ -387,12 +364,11 @@ async def measure(
                 )
             },
         }
-        if args.server_workers == 1:  # the pool runs in this process: its own quantiles too
-            server_numbers |= {
-                "server_tick_p50_s": quantile(server_ticks, 0.5),
-                "server_tick_p99_s": quantile(server_ticks, 0.99),
-                "server_round_p50_s": quantile(server_rounds, 0.5),
-            }
+        server_numbers |= {
+            "server_tick_p50_s": quantile(server_ticks, 0.5),
+            "server_tick_p99_s": quantile(server_ticks, 0.99),
+            "server_round_p50_s": quantile(server_rounds, 0.5),
+        }
         after = await direct_rounds(pool, sessions, rounds)
         latencies = [value for load in loads for value in load.latencies]
         errors = sorted({code for load in loads for code in load.errors})
@@ -427,7 +403,6 @@ async def measure(
             "sampled_ticks_differing": unequal,
             "sampled_ticks_compared_with_group": group_compared,
             "sampled_ticks_differing_from_group": group_unequal,
-            "sessions_per_worker": per_worker(loads, args.server_workers),
             **where,
             **server_numbers,
         }
@@ -475,7 +450,6 @@ async def measure(
             "points": [list(point) for point in rule.model.points],
         },
         "admission_capacity_sessions": admission,
-        "worker_tick_models": [[m.fixed_s, m.per_unit_s] for m in worker_models or []],
         "headroom": HEADROOM,
         "max_sessions_p99_under_period": best,
         "latency_guard_open_sessions": guard_open,
@@ -485,8 +459,7 @@ async def measure(
 
 def server_counts(url: str) -> dict[str, float]:
     """The sums and counts of the server's round, tick latency and tick wait histograms, and its whole-group
-    ticks, from its `/metrics` (by series name less `duplexcadence_`): with several workers, the sum over them
-    (prometheus-client's multiprocess mode)."""
+    ticks, from its `/metrics` (by series name less `duplexcadence_`)."""
     address = url.replace("ws://", "http://", 1).removesuffix("/v1/session") + "/metrics"
     with urllib.request.urlopen(address, timeout=60) as response:
         text = response.read().decode()
@@ -502,44 +475,6 @@ def server_counts(url: str) -> dict[str, float]:
     return counts
 
 
-def per_worker(loads: list[SessionLoad], workers: int) -> list[int] | None:
-    """Sessions opened on each server worker (None for one)."""
-    if workers < 2:
-        return None
-    return [sum(1 for load in loads if load.refused is None and load.worker == index) for index in range(workers)]
-
-
-@contextlib.contextmanager
-def worker_server(spec: ServeSpec) -> Iterator[tuple[str, list[TickModel]]]:
-    """`spec`'s server workers (`dsl serve --workers N`), from a thread of this process: their URL and their
-    tick models."""
-    stop, ready, box = threading.Event(), threading.Event(), {}
-
-    def started(group: Any) -> None:
-        box.update(url=group.ws_url, models=[worker.model for worker in group.started])
-        ready.set()
-
-    def run() -> None:
-        try:
-            serve_workers(spec, log, started, stop)
-        except BaseException as error:
-            box["error"] = error
-        ready.set()
-
-    thread = threading.Thread(target=run, name="serve-bench-workers", daemon=True)
-    thread.start()
-    ready.wait()
-    if "url" not in box:
-        raise RuntimeError(f"the server workers did not start: {box.get('error')}")
-    try:
-        yield box["url"], box["models"]
-    finally:
-        stop.set()
-        thread.join(120)
-        if "error" in box:
-            raise RuntimeError(f"the server workers failed: {box['error']}")
-
-
 def lanes_of(config: Config, args: argparse.Namespace) -> tuple[int, ...]:
     """The lanes a configuration runs at: `--lanes`, else its sweep, else its own."""
     return args.lanes or config.lane_sweep or (config.lanes,)
@@ -552,9 +487,6 @@ def run_config(config: Config, lanes: int, args: argparse.Namespace) -> dict:
         slots = slots_needed
     else:
         slots = math.ceil(slots_needed / config.lockstep)
-    workers = args.server_workers
-    if workers > 1:  # a multiple of the workers, and a unit more each: the kernel's spread is not exact
-        slots = workers * (math.ceil(slots / workers) + 1)
     pool_config = PoolConfig(
         slots=slots,
         lanes=min(lanes, slots),
@@ -570,50 +502,9 @@ def run_config(config: Config, lanes: int, args: argparse.Namespace) -> dict:
     )
     pool = SessionPool(served, pool_config)
     started = time.perf_counter()
-    if workers == 1 and args.server_fronts > 1:
-        # the pool in this process is the server's engine: the direct rounds run on it, between the passes
-
-        async def with_fronts(pool: SessionPool, served: Any) -> dict:
-            await pool.start()
-            group = FrontGroup(pool, args.server_fronts, port=0, log_level="warning")
-            try:
-                await group.start()
-                log(f"{config.name} ({lanes} lanes): {args.server_fronts} fronts ready\n{pool.describe()}")
-                return await measure(pool, group.ws_url, config, lanes, args, served)
-            finally:
-                await pool.stop()
-                await group.stop()
-
-        result = run_loop(with_fronts(pool, served))
-    elif workers == 1:
-        with ServerThread(make_app(pool), log_level="warning") as server:
-            log(f"{config.name} ({lanes} lanes): ready in {time.perf_counter() - started:.1f} s\n{pool.describe()}")
-            result = asyncio.run(measure(pool, server.ws_url(), config, lanes, args, served))
-    else:
-        # `pool` is the in-process reference at the same total load (the direct rounds); the server is
-        # `workers` processes, each with 1/N of the slots and lanes
-        spec = ServeSpec(
-            target=config.tail,
-            pool=pool_config,
-            workers=workers,
-            params=tuple(config.options.items()),
-            device=args.device,
-            port=0,
-            log_level="warning",
-        )
-
-        async def with_workers(pool: SessionPool, served: Any) -> dict:
-            await pool.start()
-            log(f"{config.name} ({lanes} lanes): reference pool ready\n{pool.describe()}")
-            try:
-                with worker_server(spec) as (url, models):
-                    return await measure(pool, url, config, lanes, args, served, models)
-            finally:
-                await pool.stop()
-
-        result = asyncio.run(with_workers(pool, served))
-    result["server_workers"] = workers
-    result["server_fronts"] = args.server_fronts
+    with ServerThread(make_app(pool), log_level="warning") as server:
+        log(f"{config.name} ({lanes} lanes): ready in {time.perf_counter() - started:.1f} s\n{pool.describe()}")
+        result = asyncio.run(measure(pool, server.ws_url(), config, lanes, args, served))
     result["bundle"] = args.bundle
     result["start_seconds"] = time.perf_counter() - started
     del pool, served
@@ -635,10 +526,6 @@ def table(results: list[dict]) -> str:
             lines.append(f"| {result['config']} | skipped: {result['skipped']} | | | | | | |")
             continue
         label = result["config"] if not result.get("lane_sweep") else f"{result['config']} ({result['lanes']} lanes)"
-        if result.get("server_workers", 1) > 1:
-            label = f"{label}, {result['server_workers']} server workers"
-        if result.get("server_fronts", 1) > 1:
-            label = f"{label}, {result['server_fronts']} fronts"
         if result.get("bundle", 1) > 1:
             label = f"{label}, bundles of {result['bundle']}"
         best = result["max_sessions_p99_under_period"]
@@ -682,20 +569,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default=None, help=f"comma-separated, of {', '.join(GPU_CONFIGS)} (default all)")
     parser.add_argument("--workers", type=int, default=None, help="load-generator processes (0: all in this process)")
-    parser.add_argument(
-        "--server-workers",
-        type=int,
-        default=1,
-        metavar="N",
-        help="server processes on the one port (dsl serve --workers N), each with 1/N of the slots and lanes",
-    )
-    parser.add_argument(
-        "--server-fronts",
-        type=int,
-        default=1,
-        metavar="N",
-        help="websocket front processes over the one pool in this process (dsl serve --fronts N)",
-    )
     parser.add_argument(
         "--no-freeze-gc",
         dest="freeze_gc",
@@ -750,21 +623,9 @@ def main() -> int:
     if unknown:
         print(f"unknown configuration(s) {', '.join(unknown)}; they are {', '.join(configs)}", file=sys.stderr)
         return 2
-    for name in chosen:
-        problems = (
-            []
-            if args.server_workers < 2
-            else [
-                problem
-                for lanes in lanes_of(configs[name], args)
-                for problem in split_problems(slots=args.server_workers, lanes=lanes, workers=args.server_workers)
-            ]
-        )
-        if args.server_fronts > 1 and args.server_workers > 1:
-            problems.append("--server-fronts and --server-workers are two ways to split the server: give one")
-        if args.server_workers < 1 or args.server_fronts < 1 or args.bundle < 1 or problems:
-            print(f"{name}: {'; '.join(problems) or '--server-workers must be at least 1'}", file=sys.stderr)
-            return 2
+    if args.bundle < 1:
+        print(f"--bundle must be at least 1, not {args.bundle}", file=sys.stderr)
+        return 2
     options = {}
     for option in args.option:
         key, sep, value = option.partition("=")
@@ -779,8 +640,6 @@ def main() -> int:
         "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
         "device": args.device,
         "workers": args.workers,
-        "server_workers": args.server_workers,
-        "server_fronts": args.server_fronts,
         "bundle": args.bundle,
         "freeze_gc": args.freeze_gc,
         "event_loop": event_loop(),

@@ -14,15 +14,11 @@ latency is what counts). Measured over the run:
   thread and on the device thread (read from /proc);
 * client latency p50 / p99 (send to answer).
 
-`--fronts N` serves through N front processes over the pool in this process (`dsl serve --fronts N`); the
-server's CPU per frame then counts this process alone (the engine), not the fronts'.
-
 On a shared machine compare runs of one invocation (ratios), not absolute numbers.
 
     python scripts/serve_front_bench.py --mode lockstep --sessions 64,128 --out /tmp/front.json
     python scripts/serve_front_bench.py --mode lanes --sessions 16 --workers 2 --out /tmp/front.json
     python scripts/serve_front_bench.py --mode lockstep --sessions 128 --loop asyncio   # against uvloop
-    python scripts/serve_front_bench.py --sessions 256 --paced --unit-ms 1 --fronts 2    # against --fronts 1
     python scripts/serve_front_bench.py --mode lockstep --sessions 256 --bundle 32         # 32 sessions a websocket
 """
 
@@ -45,10 +41,9 @@ import torch
 
 from duplexcadence.interpreter.serve.admission import TickModel
 from duplexcadence.interpreter.serve.app import make_app
-from duplexcadence.interpreter.serve.fronts import FrontGroup
 from duplexcadence.interpreter.serve.loadgen import run_load
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool, quantile
-from duplexcadence.interpreter.serve.server import ServerThread, run_loop
+from duplexcadence.interpreter.serve.server import ServerThread
 from duplexcadence.interpreter.serve.tail import LoadedTail, ServedTail
 
 NULL_CLOCK = """# A Mimi-shaped null decoder: Mimi's frames, one state row per session, almost no compute.
@@ -206,13 +201,10 @@ def measure(args: argparse.Namespace, sessions: int, folder: str) -> dict:
             gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
         ),
     )
-    if args.fronts > 1:
-        latencies, wall, used = through_fronts(pool, args, sessions, folder)
-    else:
-        with ServerThread(make_app(pool), log_level="warning", loop=args.loop) as server:
-            latencies, wall, used = drive(
-                server.ws_url(), sessions, args.ticks, args.workers, folder, args.paced, bundle=args.bundle
-            )
+    with ServerThread(make_app(pool), log_level="warning", loop=args.loop) as server:
+        latencies, wall, used = drive(
+            server.ws_url(), sessions, args.ticks, args.workers, folder, args.paced, bundle=args.bundle
+        )
     rounds = [seconds for _, seconds in pool.round_log]
     frames = len(latencies)
     return {
@@ -233,41 +225,7 @@ def measure(args: argparse.Namespace, sessions: int, folder: str) -> dict:
         "latency_p50_s": quantile(latencies, 0.5),
         "latency_p99_s": quantile(latencies, 0.99),
         "event_loop": event_loop_name(args.loop),
-        "fronts": args.fronts,
     }
-
-
-def through_fronts(pool: SessionPool, args: argparse.Namespace, sessions: int, folder: str) -> tuple:
-    """`drive` against `args.fronts` front processes over `pool`, whose event loop runs on a thread here."""
-    box: dict = {}
-    ready = threading.Event()
-
-    async def engine() -> None:
-        stop = asyncio.Event()
-        await pool.start()
-        group = FrontGroup(pool, args.fronts, port=0, log_level="warning")
-        try:
-            await group.start()
-            box.update(url=group.ws_url, loop=asyncio.get_running_loop(), stop=stop)
-            ready.set()
-            await stop.wait()
-        finally:
-            ready.set()
-            await pool.stop()
-            await group.stop()
-
-    thread = threading.Thread(target=lambda: run_loop(engine()), name="serve-front-bench-engine", daemon=True)
-    thread.start()
-    ready.wait()
-    if "url" not in box:
-        raise RuntimeError("the fronts did not start")
-    try:
-        return drive(
-            box["url"], sessions, args.ticks, args.workers, folder, args.paced, "serve-front-bench-engine", args.bundle
-        )
-    finally:
-        box["loop"].call_soon_threadsafe(box["stop"].set)
-        thread.join(120)
 
 
 def event_loop_name(loop: str) -> str:
@@ -296,7 +254,6 @@ def main() -> int:
     parser.add_argument("--paced", action="store_true", help="a tick every 80 ms per session (default: unpaced)")
     parser.add_argument("--unit-ms", type=float, default=0.0, help="device time a firing waits, GIL released (0)")
     parser.add_argument("--bundle", type=int, default=1, help="sessions per websocket (/v1/bundle; 1: one each)")
-    parser.add_argument("--fronts", type=int, default=1, help="front processes over the pool (dsl serve --fronts)")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args()
     if args.bundle < 1:
@@ -319,13 +276,13 @@ def main() -> int:
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     print(
-        "| mode | fronts | sessions | paced | unit ms | frames/s | server µs/frame | loop µs/frame | device thread µs/frame "
+        "| mode | sessions | paced | unit ms | frames/s | server µs/frame | loop µs/frame | device thread µs/frame "
         "| p50 ms | p99 ms | over 80 ms |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         print(
-            f"| {row['mode']} | {row['fronts']} | {row['sessions']} | {'yes' if row['paced'] else 'no'} | {row['unit_ms']:g} | "
+            f"| {row['mode']} | {row['sessions']} | {'yes' if row['paced'] else 'no'} | {row['unit_ms']:g} | "
             f"{row['frames_per_s']:.0f} | {row['server_us_per_frame']:.0f} | "
             f"{row['loop_us_per_frame']:.0f} | {row['device_thread_us_per_frame']:.0f} | "
             f"{1000 * row['latency_p50_s']:.1f} | {1000 * row['latency_p99_s']:.1f} | {row['missed']} |"

@@ -5,9 +5,6 @@ TAIL_OR_CLOCK is a registered tail (its `Tail.serve` adapter; `--param K=V` are 
 params). The pool loads the runtime with `--slots` session slots in `--lanes` lanes (or `--slots` lockstep
 groups of `--lockstep` rows), opens every slot once, calibrates its tick model, prints it, and serves on
 `--host` (loopback unless given) and `--port` until interrupted. docs/serving.md has the protocol.
-`--workers N` runs N such servers as processes on the one port, the slots and lanes split evenly over them
-(`interpreter/serve/workers.py`); `--fronts N` keeps the one pool in this process and serves its websockets
-from N front processes on the one port (`interpreter/serve/fronts.py`).
 
 Torch, the pool and the web packages are imported by `run` only (`pip install "duplexcadence[serve]"`).
 """
@@ -16,19 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import sys
-import threading
 from collections.abc import Callable
 from typing import Any
-
-import attrs
 
 from duplexcadence.interpreter import tails
 from duplexcadence.interpreter.cli import serve_conversations, serve_ray
 from duplexcadence.interpreter.cli.common import (
     EXIT_CLEAN,
-    EXIT_PROBLEMS,
     UsageError,
     device_name,
     non_negative,
@@ -38,7 +29,6 @@ from duplexcadence.interpreter.cli.common import (
     status,
 )
 from duplexcadence.interpreter.serve import messages
-from duplexcadence.interpreter.serve.workers import split_problems
 
 DESCRIPTION = "Serve one tail's sessions at the cadence on one device, over websockets (docs/serving.md)."
 
@@ -78,11 +68,6 @@ def pairs(values: list[str]) -> dict[str, str]:
     return found
 
 
-def lanes(args: argparse.Namespace) -> int:
-    """`--lanes`, by default one for each worker."""
-    return args.lanes if args.lanes is not None else args.workers
-
-
 def pool_config(args: argparse.Namespace) -> Any:
     """The `PoolConfig` the arguments ask for (a pool here, or each replica's with --ray)."""
     from duplexcadence.interpreter.serve.admission import TickModel
@@ -91,7 +76,7 @@ def pool_config(args: argparse.Namespace) -> Any:
     return PoolConfig(
         tick_model=None if args.tick_model is None else TickModel(*args.tick_model),
         slots=args.slots,
-        lanes=lanes(args),
+        lanes=args.lanes,
         lockstep=args.lockstep,
         headroom=args.headroom,
         idle_timeout_s=args.idle_timeout,
@@ -148,109 +133,11 @@ async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None 
     return EXIT_CLEAN
 
 
-def serve_workers(
-    args: argparse.Namespace, started: Callable[[Any], None] | None = None, stop: threading.Event | None = None
-) -> int:
-    """`--workers N`: N server processes on the one port until interrupted; 1 when a worker exits unasked or
-    fails to start (said on stderr, `-q` or not)."""
-    from duplexcadence.interpreter.serve import workers
-
-    params = pairs(args.param)
-    config = pool_config(args)
-    spec = workers.ServeSpec(
-        target=args.target,
-        pool=config,
-        workers=args.workers,
-        model=args.model,
-        params=tuple(params.items()),
-        device=resolve_device(args.device),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-    )
-    problems = spec.problems()
-    if problems:
-        raise UsageError("; ".join(problems))
-    spec = attrs.evolve(spec, target=serve_ray.checked_target(args, config, params))
-    try:
-        return workers.serve_workers(spec, lambda line: status(args, line), started, stop)
-    except workers.WorkersFailed as failure:
-        if failure.usage:
-            raise UsageError(failure.message) from None
-        print(messages.serve_error(failure.message), file=sys.stderr)
-        return EXIT_PROBLEMS
-
-
-async def serve_fronts(
-    args: argparse.Namespace, started: Callable[[Any], None] | None = None, stop: asyncio.Event | None = None
-) -> int:
-    """`--fronts N`: the pool in this process behind N front processes on the one port, until SIGINT, SIGTERM
-    or SIGHUP (or `stop` is set); 1 when a front exits unasked or fails to start (said on stderr).
-    `started(group)` is called once every front listens."""
-    from duplexcadence.interpreter.serve import fronts, workers
-
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    handled = []
-    if threading.current_thread() is threading.main_thread():
-        for number in workers.STOP_SIGNALS:
-            loop.add_signal_handler(number, stop.set)
-            handled.append(number)
-    pool = None
-    group = None
-    try:
-        status(args, messages.fronts_split(args.fronts, os.getpid()))
-        pool = await started_pool(args)
-        group = fronts.FrontGroup(pool, args.fronts, args.host, args.port, args.log_level)
-        try:
-            await group.start()
-        except workers.WorkersFailed as failure:
-            if failure.usage:
-                raise UsageError(failure.message) from None
-            print(messages.serve_error(failure.message), file=sys.stderr)
-            return EXIT_PROBLEMS
-        for index, pid in enumerate(group.pids):
-            status(args, messages.front_ready(index, pid))
-        status(args, messages.serving_on_fronts(args.fronts, group.ws_url))
-        if started is not None:
-            started(group)
-        problem = await group.wait(stop)
-        if problem is not None:
-            print(messages.serve_error(problem), file=sys.stderr)
-            return EXIT_PROBLEMS
-        status(args, messages.fronts_stopping(args.fronts))
-        return EXIT_CLEAN
-    finally:
-        if pool is not None:
-            await pool.stop()
-        if group is not None:
-            await group.stop()
-        for number in handled:
-            loop.remove_signal_handler(number)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.conversations is not None:
         return serve_conversations.run(args, pairs(args.param))
-    if args.fronts > 1:
-        if args.workers > 1:
-            raise UsageError(messages.fronts_with("--workers"))
-        if serve_ray.wants_ray(args):
-            raise UsageError(messages.fronts_with("--ray"))
-    if args.workers > 1:
-        if args.ray or args.ray_address:
-            raise UsageError(messages.workers_with_ray())
-        problems = split_problems(args.slots, lanes(args), args.workers)
-        if problems:
-            raise UsageError("; ".join(problems))
-    if lanes(args) > args.slots:
-        raise UsageError(messages.lanes_over_slots(lanes(args), args.slots))
-    if args.workers > 1:
-        return serve_workers(args)
-    if args.fronts > 1:
-        from duplexcadence.interpreter.serve.server import run_loop
-
-        return run_loop(serve_fronts(args))
+    if args.lanes > args.slots:
+        raise UsageError(messages.lanes_over_slots(args.lanes, args.slots))
     if serve_ray.wants_ray(args):
         return serve_ray.serve_cluster(args, pool_config(args), pairs(args.param))
     return asyncio.run(serve(args))
@@ -273,28 +160,7 @@ def register(commands) -> None:
         help="a tail's option (e.g. steps=5 for minicpmo45), or a .clock param with --model",
     )
     parser.add_argument("--slots", type=positive, default=1, help="session slots (lockstep: groups) (default 1)")
-    parser.add_argument(
-        "--lanes",
-        type=positive,
-        default=None,
-        help="sessions stepped concurrently (default 1; with --workers, 1 a worker)",
-    )
-    parser.add_argument(
-        "--workers",
-        type=positive,
-        default=1,
-        metavar="N",
-        help="server processes on the one host and port, each with its own pool of 1/N of --slots and --lanes "
-        "on the same device (default 1)",
-    )
-    parser.add_argument(
-        "--fronts",
-        type=positive,
-        default=1,
-        metavar="N",
-        help="websocket front processes on the one host and port over the one pool in this process (default 1: "
-        "the front in this process)",
-    )
+    parser.add_argument("--lanes", type=positive, default=1, help="sessions stepped concurrently (default 1)")
     parser.add_argument(
         "--lockstep", type=positive, default=None, metavar="ROWS", help="sessions in lockstep groups of ROWS rows"
     )

@@ -95,8 +95,8 @@ def problems(args: argparse.Namespace) -> list[str]:
     """The `dsl serve` options that do not apply to conversations."""
     found = []
     for option, value, default in (
-        ("--workers", args.workers, 1),
-        ("--fronts", args.fronts, 1),
+        ("--slots", args.slots, 1),
+        ("--lanes", args.lanes, 1),
         ("--lockstep", args.lockstep, None),
         ("--model", args.model, None),
         ("--tick-model", args.tick_model, None),

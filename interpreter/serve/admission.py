@@ -11,10 +11,6 @@ several units, a least-squares line through their medians) or are given. A sessi
 is free and `tick(n + 1) <= period x (1 - headroom)`, the period being the plan's time per instant (the
 cadence over its instants: 1000 ms for a 1 s chunk, 80 ms for a 12.5 Hz frame).
 
-Pools that share one device (the workers of `dsl serve --workers N`) take turns on it, so a round waits for
-the others' work as well as its own: each pool then counts the units the others step (`shared_units`, read
-from their placement board) in its predicted tick, `tick(units(n) + shared_units)`.
-
 The model predicts the device's round, not the time around it (a websocket front's receive, decode, encode
 and send, the wait for the round before). So admission also watches the ticks themselves: while the p99
 latency of the ticks the pool answered in the last `LATENCY_GUARD_PERIODS` tick periods is over the budget, it
@@ -73,23 +69,6 @@ def fit(points: Sequence[tuple[int, float]], unit: str = "session") -> TickModel
     return TickModel(fixed, slope, unit, tuple(points))
 
 
-def shared_device_capacity(
-    models: Sequence[TickModel], units_held: int, rows: int | None, tick_period_s: float, headroom: float
-) -> int:
-    """The most sessions pools with these tick models admit together on one device when each counts every
-    pool's units (the workers of one port): the units the most lenient model keeps under the budget, at most
-    `units_held` (their slots, or lockstep groups), in sessions (`rows` a unit in lockstep)."""
-    budget = tick_period_s * (1.0 - headroom)
-    most = 0
-    for model in models:
-        if model.per_unit_s <= 0:
-            units = units_held if model.fixed_s <= budget else 0
-        else:
-            units = max(int((budget - model.fixed_s) // model.per_unit_s), 0)
-        most = max(most, min(units, units_held))
-    return most * (rows or 1)
-
-
 @attrs.frozen
 class Capacity:
     """A pool's capacity now (a record a router reads: place a new session where `free` is largest).
@@ -97,8 +76,7 @@ class Capacity:
     `sessions`: active sessions; `slots`: the most sessions the arena holds (session slots, or groups x rows);
     `capacity`: the most the pool admits (`slots`, or fewer where the tick budget binds); `free`: how many
     more it admits now (0 while draining); `predicted_tick_s`: the model's tick with `sessions` active;
-    `budget_s` = `tick_period_s` x (1 - `headroom`); `shared_units`: the other pools' units on the device,
-    counted in the predictions.
+    `budget_s` = `tick_period_s` x (1 - `headroom`).
     """
 
     sessions: int
@@ -114,8 +92,6 @@ class Capacity:
     lanes: int
     lockstep_rows: int | None
     model: TickModel
-    shared_units: int = 0
-    """Units other pools on the same device step, counted in the predicted ticks (0: the device is this pool's)."""
     observed_tick_p99_s: float | None = None
     """The p99 latency of the ticks answered in the guard's window (None: none answered there); over
     `budget_s`, the pool admits nothing new."""
@@ -142,8 +118,8 @@ class Capacity:
 
 
 class AdmissionRefused(Exception):
-    """A session the pool does not admit. `reason`: "at-capacity", "draining", "shutting-down" or (a worker of
-    several on one port) "other-worker"; the numbers as attributes."""
+    """A session the pool does not admit. `reason`: "at-capacity", "draining" or "shutting-down";
+    the numbers as attributes."""
 
     def __init__(
         self,
@@ -201,18 +177,18 @@ class AdmissionRule:
     def units(self, sessions: int) -> int:
         return sessions if self.rows is None else math.ceil(sessions / self.rows)
 
-    def predict(self, sessions: int, shared_units: int = 0) -> float:
-        """The tick with `sessions` here and `shared_units` of other pools on the device."""
+    def predict(self, sessions: int) -> float:
+        """The tick with `sessions` open."""
         own = self.units(sessions)
-        return self.model.predict(own + shared_units) if own else 0.0
+        return self.model.predict(own) if own else 0.0
 
-    def capacity(self, shared_units: int = 0) -> int:
+    def capacity(self) -> int:
         """The most sessions admitted: every slot, unless the budget binds first."""
         if not self.enforce_budget:
             return self.slots
         best = 0
         for count in range(1, self.slots + 1):
-            if self.predict(count, shared_units) > self.budget_s:
+            if self.predict(count) > self.budget_s:
                 break
             best = count
         return best
@@ -222,10 +198,9 @@ class AdmissionRule:
         sessions: int,
         draining: bool,
         lanes: int,
-        shared_units: int = 0,
         observed_p99_s: float | None = None,
     ) -> Capacity:
-        capacity = self.capacity(shared_units)
+        capacity = self.capacity()
         if self.latency_over_budget(observed_p99_s, sessions):
             capacity = min(capacity, sessions)
         return Capacity(
@@ -233,8 +208,8 @@ class AdmissionRule:
             slots=self.slots,
             capacity=capacity,
             free=0 if draining else max(capacity - sessions, 0),
-            predicted_tick_s=self.predict(sessions, shared_units),
-            predicted_tick_at_capacity_s=self.predict(capacity, shared_units),
+            predicted_tick_s=self.predict(sessions),
+            predicted_tick_at_capacity_s=self.predict(capacity),
             tick_period_s=self.tick_period_s,
             headroom=self.headroom,
             budget_s=self.budget_s,
@@ -242,17 +217,14 @@ class AdmissionRule:
             lanes=lanes,
             lockstep_rows=self.rows,
             model=self.model,
-            shared_units=shared_units,
             observed_tick_p99_s=observed_p99_s,
         )
 
-    def refusal(
-        self, sessions: int, draining: bool, shared_units: int = 0, observed_p99_s: float | None = None
-    ) -> AdmissionRefused | None:
-        """Why one more session is not admitted (None: it is), with `shared_units` of other pools on the
-        device and `observed_p99_s` the p99 latency of the ticks answered in the guard's window."""
-        capacity = self.capacity(shared_units)
-        predicted = self.predict(sessions + 1, shared_units)
+    def refusal(self, sessions: int, draining: bool, observed_p99_s: float | None = None) -> AdmissionRefused | None:
+        """Why one more session is not admitted (None: it is), with `observed_p99_s` the p99 latency of the
+        ticks answered in the guard's window."""
+        capacity = self.capacity()
+        predicted = self.predict(sessions + 1)
         numbers = (sessions, capacity, self.slots, predicted, self.tick_period_s, self.headroom)
         if draining:
             return AdmissionRefused(messages.DRAINING, messages.draining(sessions, self.client), *numbers)
@@ -279,7 +251,6 @@ class AdmissionRule:
             sessions >= self.slots,
             self.slots,
             self.budget_s,
-            shared=messages.plural(shared_units, self.model.unit) if shared_units else None,
-            client=self.client,
+            self.client,
         )
         return AdmissionRefused(messages.AT_CAPACITY, message, *numbers)

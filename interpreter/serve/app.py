@@ -45,8 +45,7 @@ CLOSE_CODES = {
 
 
 class ServingSession(Protocol):
-    """What the front needs of a session: a `pool.PooledSession`, or a front process's proxy of one
-    (`fronts.RemoteSession`)."""
+    """What the front needs of a session: a `pool.PooledSession`, or a `bundle.Bundle`."""
 
     closed_event: asyncio.Event
 
@@ -70,8 +69,7 @@ class ServingSession(Protocol):
 
 
 class ServingPool(Protocol):
-    """What the front needs of a pool: a `pool.SessionPool`, or a front process's proxy of the engine's
-    (`fronts.RemotePool`)."""
+    """What the front needs of a pool (a `pool.SessionPool`)."""
 
     async def start(self) -> None: ...
 
@@ -104,25 +102,15 @@ def error_frame(code: str, message: str, tick: int | None = None, members: list[
     return frame
 
 
-def ready_frame(pool: ServingPool, session: ServingSession, worker: tuple[int, int] | None = None) -> dict:
-    """The `ready` frame; `worker` (its index, the server's workers) adds `worker` and `workers` to it."""
-    frame: dict[str, Any] = {"type": "ready", "protocol": PROTOCOL, **session.info(), **pool.ready_fields()}
-    return with_worker(frame, worker)
+def ready_frame(pool: ServingPool, session: ServingSession) -> dict:
+    """The `ready` frame."""
+    return {"type": "ready", "protocol": PROTOCOL, **session.info(), **pool.ready_fields()}
 
 
-def with_worker(frame: dict, worker: tuple[int, int] | None) -> dict:
-    """`frame` with `worker` and `workers` (`worker`: this process's index, the server's workers) when one of
-    several server processes answers; unchanged for a single server."""
-    if worker is not None:
-        frame["worker"], frame["workers"] = worker
-    return frame
-
-
-def make_app(pool: ServingPool, manage_pool: bool = True, worker: tuple[int, int] | None = None) -> Starlette:
+def make_app(pool: ServingPool, manage_pool: bool = True) -> Starlette:
     """The ASGI app of `pool`. With `manage_pool` the app's lifespan starts the pool (load, warm-up,
     calibration: the server accepts connections once it is ready) and stops it at shutdown; without, the
-    caller does both. `worker`: (this process's index, the server's workers) for one of several server
-    processes on one port; its `ready` frames and `/healthz` say which."""
+    caller does both."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -137,8 +125,6 @@ def make_app(pool: ServingPool, manage_pool: bool = True, worker: tuple[int, int
 
     async def healthz(request: Request) -> Response:
         status, health = await pool.health()
-        if status == 200:
-            with_worker(health, worker)
         return JSONResponse(health, status_code=status)
 
     async def capacity(request: Request) -> Response:
@@ -151,10 +137,10 @@ def make_app(pool: ServingPool, manage_pool: bool = True, worker: tuple[int, int
         return Response(await pool.metrics_text(), media_type=CONTENT_TYPE)
 
     async def session_socket(websocket: WebSocket) -> None:
-        await SocketSession(pool, websocket, worker).run()
+        await SocketSession(pool, websocket).run()
 
     async def bundle_socket(websocket: WebSocket) -> None:
-        await SocketSession(pool, websocket, worker, bundle=True).run()
+        await SocketSession(pool, websocket, bundle=True).run()
 
     routes = [
         Route("/healthz", healthz),
@@ -174,12 +160,9 @@ class SocketSession:
     order; when the pool closes the session (asked to, idle, shutting down) the socket closes after the
     answers. With `bundle`, the websocket's session is a bundle of the query's `sessions` (`pool.Bundle`)."""
 
-    def __init__(
-        self, pool: ServingPool, websocket: WebSocket, worker: tuple[int, int] | None = None, bundle: bool = False
-    ):
+    def __init__(self, pool: ServingPool, websocket: WebSocket, bundle: bool = False):
         self.pool = pool
         self.websocket = websocket
-        self.worker = worker
         self.bundle = bundle
         self.answers: asyncio.Queue = asyncio.Queue()
         self.session: ServingSession | None = None
@@ -207,10 +190,7 @@ class SocketSession:
         try:
             session = await (self.pool.open_bundle(count, seed) if self.bundle else self.pool.open(seed))
         except AdmissionRefused as refusal:
-            await self._refuse(refusal.reason, refusal.message, messages.CLOSE_TRY_AGAIN_LATER, self.worker)
-            return
-        except TickError as error:  # a pool that does not serve bundles (a front process's)
-            await self._refuse(error.code, error.message, messages.CLOSE_POLICY)
+            await self._refuse(refusal.reason, refusal.message, messages.CLOSE_TRY_AGAIN_LATER)
             return
         except Exception as error:  # a fault of the pool (a bug): say so, never a silent drop
             LOG.exception("opening a session failed")
@@ -218,7 +198,7 @@ class SocketSession:
             return
         self.session = session
         try:
-            await websocket.send_json(ready_frame(self.pool, session, self.worker))
+            await websocket.send_json(ready_frame(self.pool, session))
         except (WebSocketDisconnect, RuntimeError, OSError):
             session.abort(messages.DISCONNECTED, messages.disconnected())
             return
@@ -234,12 +214,10 @@ class SocketSession:
             await sender
         await self._close(session)
 
-    async def _refuse(self, code: str, message: str, close_code: int, worker: tuple[int, int] | None = None) -> None:
-        """Send the error frame and close; `worker` (an admission refusal by one of several workers) adds
-        `worker` and `workers`, so that a client knows another worker of the port may have room."""
-        frame = with_worker(error_frame(code, message), worker)
+    async def _refuse(self, code: str, message: str, close_code: int) -> None:
+        """Send the error frame and close."""
         with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-            await self.websocket.send_json(frame)
+            await self.websocket.send_json(error_frame(code, message))
             await self.websocket.close(close_code, messages.close_reason(message))
 
     async def _receive(self) -> None:
@@ -315,8 +293,7 @@ class SocketSession:
                         members = error.members if isinstance(error, BundleTickError) else None
                         await self.websocket.send_json(error_frame(error.code, error.message, entry[2], members))
                         continue
-                    # a front process gets the engine's encoded frame; a pool in this process, the tensors
-                    await self.websocket.send_bytes(outputs if isinstance(outputs, bytes) else codec.encode(outputs))
+                    await self.websocket.send_bytes(codec.encode(outputs))
                 elif kind == "reset":
                     try:
                         await entry[1]

@@ -8,16 +8,11 @@
 `send` and `receive` pipeline ticks (the server answers in order). An error frame raises `ServerError` (its
 code and message); a refused session raises `Refused` from `connect` (the reason, with the numbers). Through a
 cluster (`interpreter/serve/cluster`), `replica` names the replica that holds the session (the accept's
-`x-duplexcadence-replica` header), and a session whose replica stops raises `ReplicaLost` naming it. From a
-server of several workers (`dsl serve --workers N`), `worker` is the one that holds it, and `connect` retries a
-refusal by one full worker (another may have room) or by one that leaves the session to another worker, not
-a draining or stopping one's.
+`x-duplexcadence-replica` header), and a session whose replica stops raises `ReplicaLost` naming it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import json
 import urllib.parse
 from collections.abc import Mapping
@@ -45,13 +40,11 @@ class ServerError(Exception):
 
 
 class Refused(ServerError):
-    """The server did not open the session (at capacity, draining...): its error frame and close code, and
-    the workers of a server of several on one port (None: a single server)."""
+    """The server did not open the session (at capacity, draining...): its error frame and close code."""
 
-    def __init__(self, code: str, message: str, close_code: int | None, workers: int | None = None):
+    def __init__(self, code: str, message: str, close_code: int | None):
         super().__init__(code, message)
         self.close_code = close_code
-        self.workers = workers
 
 
 class SessionClosedByServer(ServerError):
@@ -70,31 +63,6 @@ class ReplicaLost(SessionClosedByServer):
     def __init__(self, message: str, close_code: int | None, replica: str | None):
         super().__init__(messages.REPLICA_LOST, message, close_code)
         self.replica = replica
-
-
-RETRY_PAUSE_S = 0.01
-"""The pause before `connect`'s first retry of a full worker; each next one doubles, up to `RETRY_PAUSE_MOST_S`."""
-
-RETRY_PAUSE_MOST_S = 0.2
-
-OTHER_WORKER_PAUSE_S = 0.001
-"""The pause before reconnecting when a worker left the session to another: that worker has room now."""
-
-
-def retry_pause(refusal: Refused, attempt: int, retries: int | None) -> float | None:
-    """How long `connect` waits before retrying after `refusal`, its `attempt`th retry of that refusal's code
-    (0: the first); None: it does not retry. Only a server of several workers is retried: a full worker's
-    `at-capacity` up to `retries` times (None: 8 times the workers) after a pause of 10 ms that doubles up to
-    200 ms; a worker's `other-worker` (another worker takes the session at a lower cost) up to 64 times the
-    workers after 1 ms, each new connection hashed to a worker anew."""
-    workers = refusal.workers or 1
-    if workers < 2 or refusal.close_code != messages.CLOSE_TRY_AGAIN_LATER:
-        return None
-    if refusal.code == messages.OTHER_WORKER:
-        return OTHER_WORKER_PAUSE_S if attempt < 64 * workers else None
-    if refusal.code != messages.AT_CAPACITY or attempt >= (8 * workers if retries is None else retries):
-        return None
-    return min(RETRY_PAUSE_S * 2**attempt, RETRY_PAUSE_MOST_S)
 
 
 def bundle_url(session_url: str, count: int) -> str:
@@ -116,35 +84,12 @@ class SessionClient:
         response = connection.response
         self.replica: str | None = response.headers.get(messages.REPLICA_HEADER) if response is not None else None
         """The replica that holds the session (a cluster), None for a single server."""
-        self.worker: int | None = ready.get("worker")
-        """The worker process that holds the session (a server of several on one port), None for one."""
         self.bundle: int | None = ready.get("bundle")
         """The sessions of a bundle (`/v1/bundle?sessions=N`), None for one session."""
 
     @classmethod
-    async def connect(
-        cls, url: str, seed: int = 0, open_timeout: float = 600.0, retries: int | None = None
-    ) -> SessionClient:
-        """Open a session; `Refused` when the server does not admit it. A server of several workers on one
-        port (`dsl serve --workers N`) says so in its refusal: one worker may be full while another has room,
-        or leave the session to a worker that takes it at a lower cost, and each new connection may reach
-        another, so such a worker's `at-capacity` and `other-worker` refusals are retried with a new
-        connection (`retry_pause` says how often and after what pause). A single server's refusal, and a
-        draining or stopping worker's, is final."""
-        attempts: collections.Counter = collections.Counter()
-        while True:
-            try:
-                return await cls.connect_once(url, seed, open_timeout)
-            except Refused as refusal:
-                pause = retry_pause(refusal, attempts[refusal.code], retries)
-                if pause is None:
-                    raise
-                await asyncio.sleep(pause)
-                attempts[refusal.code] += 1
-
-    @classmethod
-    async def connect_once(cls, url: str, seed: int = 0, open_timeout: float = 600.0) -> SessionClient:
-        """One connection: the session, or `Refused`."""
+    async def connect(cls, url: str, seed: int = 0, open_timeout: float = 600.0) -> SessionClient:
+        """Open a session; `Refused` when the server does not admit it (its reason, with the numbers)."""
         separator = "&" if "?" in url else "?"
         connection = await connect(
             f"{url}{separator}seed={seed}",
@@ -165,7 +110,7 @@ class SessionClient:
                 await connection.recv()
             except ConnectionClosed as closed:
                 close_code = closed.rcvd.code if closed.rcvd else None
-            raise Refused(first.get("code", "?"), first.get("message", ""), close_code, first.get("workers"))
+            raise Refused(first.get("code", "?"), first.get("message", ""), close_code)
         return cls(connection, first)
 
     @property

@@ -43,8 +43,7 @@ Inputs = Callable[[int, int], Mapping[str, torch.Tensor]]
 class SessionLoad:
     """One driven session: its seed, ticks answered with outputs, error codes, latencies (seconds), blocked
     sends, whether it was refused (with the reason), its recorded outputs (`record`), the replica that held
-    it (through a cluster; None for a single server), its lockstep group and row (None in lanes), and the worker
-    that held it (a server of several workers on one port; None for one)."""
+    it (through a cluster; None for a single server), and its lockstep group and row (None in lanes)."""
 
     seed: int
     ticks: int
@@ -56,7 +55,6 @@ class SessionLoad:
     replica: str | None = None
     group: int | None = None
     row: int | None = None
-    worker: int | None = None
 
 
 @attrs.frozen
@@ -100,7 +98,6 @@ class LoadReport:
                 "replica": s.replica,
                 "group": s.group,
                 "row": s.row,
-                "worker": s.worker,
             }
             for s in self.per_session
         ]
@@ -228,7 +225,6 @@ async def drive_session(
             client.replica,
             member.get("group"),
             member.get("row"),
-            client.worker,
         )
         for index, (seed, member) in enumerate(zip(seeds, members, strict=True))
     ]
@@ -330,10 +326,10 @@ def compare_groups_with_stock(served: ServedTail, loads: Sequence[SessionLoad], 
         raise ValueError(f"the '{served.name}' tail has no batched stock loop to verify lockstep rows against")
     inputs = served.inputs
     assert inputs is not None
-    groups: dict[tuple[int | None, int], list[SessionLoad]] = collections.defaultdict(list)
+    groups: dict[int, list[SessionLoad]] = collections.defaultdict(list)
     for load in loads:
         if load.refused is None and load.group is not None and load.row is not None:
-            groups[load.worker, load.group].append(load)  # each worker of a server has groups of its own
+            groups[load.group].append(load)
     sessions = compared = unequal = 0
     for members in groups.values():
         recorded = [load for load in members if load.outputs]

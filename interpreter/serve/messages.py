@@ -8,7 +8,6 @@ has a section for each (tests/serve/test_messages.py checks it).
 from __future__ import annotations
 
 import errno
-import signal
 from collections.abc import Iterable
 
 # --- websocket close codes (RFC 6455 section 7.4; 4000-4999 are private) ---------------------------------
@@ -49,7 +48,6 @@ QUEUE_FULL = "queue-full"
 BAD_CONTROL = "bad-control"
 AT_CAPACITY = "at-capacity"
 DRAINING = "draining"
-OTHER_WORKER = "other-worker"
 IDLE_TIMEOUT = "idle-timeout"
 SHUTTING_DOWN = "shutting-down"
 INTERNAL = "internal"
@@ -78,7 +76,6 @@ ERROR_CODES: dict[str, str] = {
     BAD_CONTROL: "a text frame that is not a control frame this server knows",
     AT_CAPACITY: "admission refused: no slot, or the predicted tick would pass the budget",
     DRAINING: "admission refused: the pool is draining",
-    OTHER_WORKER: "admission left to another worker of the port, which takes the session at a lower cost",
     IDLE_TIMEOUT: "the session sent nothing for the idle timeout and was closed",
     SHUTTING_DOWN: "the server is stopping; the session is closed",
     INTERNAL: "a server fault (a bug): the session is closed",
@@ -113,12 +110,10 @@ def at_capacity(
     slots_full: bool,
     session_slots: int,
     budget_s: float,
-    shared: str | None = None,
     client: str = "session",
 ) -> str:
     """The refusal of a session (a `client`: "conversation" for a conversation pool) the pool has no room for.
-    `predicted_s`: the tick predicted with it admitted; `shared`: the other pools' units on the device it counts
-    ("12 groups"), None when there are none."""
+    `predicted_s`: the tick predicted with it admitted."""
     clients = f"{client}s"
     held = (
         f"{active} of {capacity} {clients}" if active <= capacity else f"{active} {clients} open (room for {capacity})"
@@ -127,8 +122,6 @@ def at_capacity(
         f"at capacity: {held}, predicted tick {milliseconds(predicted_s)} of "
         f"{milliseconds(period_s)} (headroom {percent(headroom)})"
     )
-    if shared is not None:
-        head = f"{head}, the other workers' {shared} on the device included"
     if slots_full:
         return f"{head}; all {session_slots} {client} slots are taken"
     return f"{head}; one more {client} would pass the budget of {milliseconds(budget_s)}"
@@ -153,19 +146,6 @@ def latency_over_budget(
 
 def draining(active: int, client: str = "session") -> str:
     return f"draining: this pool admits no new {client} while its {plural(active, client)} finish"
-
-
-def other_worker(
-    here: int, other: int, cost_here: tuple[int, int], cost_there: tuple[int, int], unit: str, workers: int
-) -> str:
-    """A worker of several on one port leaves a new session to `other`; a cost is (1 if the session starts a
-    unit there, the units stepped then), `unit` a lockstep "group" or a "session"."""
-    units = "lockstep group" if unit == "group" else unit
-    if cost_there[0] < cost_here[0]:
-        why = f"which has a free row in a running {units} (this worker would start a new one)"
-    else:
-        why = f"which would then step {plural(cost_there[1], units)} (this worker would step {cost_here[1]})"
-    return f"worker {here} of {workers} leaves this session to worker {other}, {why}: connect again"
 
 
 def shutting_down() -> str:
@@ -423,33 +403,6 @@ def serve_already_running(running: int, asked: int) -> str:
     )
 
 
-# --- several server processes on one host and port (`workers.py`) ------------------------------------
-
-
-def uneven_split(option: str, total: int, workers: int) -> str:
-    """`option` (`--slots`, `--lanes`) of `total` that does not give each of `workers` workers the same number
-    of at least 1: the legal totals either side, with what each worker would get."""
-    lower = total // workers * workers
-    upper = lower + workers
-    legal = [count for count in (lower, upper) if count >= workers]
-    each = " or ".join(str(count // workers) for count in legal)
-    return (
-        f"{option} {total} does not split evenly over --workers {workers}: give a multiple of {workers} "
-        f"({' or '.join(map(str, legal))}: {each} a worker)"
-    )
-
-
-def workers_with_ray() -> str:
-    return (
-        "--workers runs several server processes on this host and port; with --ray each replica is one server "
-        "process: give --replicas instead"
-    )
-
-
-def too_few_workers(workers: int) -> str:
-    return f"workers must be at least 1, not {workers}"
-
-
 def lanes_over_slots(lanes: int, slots: int) -> str:
     return f"--lanes {lanes} is more than --slots {slots}: a lane needs a slot"
 
@@ -460,115 +413,5 @@ def clock_problem(target: str, problem: str) -> str:
 
 
 def serve_error(message: str) -> str:
-    """A `dsl serve --workers N` failure that is not the command line's fault, on stderr."""
+    """A `dsl serve` failure that is not the command line's fault, on stderr."""
     return f"dsl serve: error: {message}"
-
-
-def workers_need_reuseport(platform: str, option: str = "--workers") -> str:
-    return f"{option} needs the kernel to spread one port's connections over processes (SO_REUSEPORT on Linux), not {platform}"
-
-
-def workers_cannot_bind(host: str, port: int, reason: str, code: int | None, who: str = "the workers") -> str:
-    """`reason`: the OSError's text; `code`: its errno (EADDRINUSE: worded as the Serve proxy's taken port);
-    `who`: the processes that would listen."""
-    if code == errno.EADDRINUSE:
-        return f"{who} cannot listen on {host}:{port}: the port is in use (another port, or 0 for a free one)"
-    hint = {
-        errno.EADDRNOTAVAIL: f" ({host} is not an address of this machine)",
-        errno.EACCES: " (a port below 1024 needs privileges: another port, or 0 for a free one)",
-    }.get(code or 0, "")
-    return f"{who} cannot listen on {host}:{port}: {reason}{hint}"
-
-
-def worker_split(workers: int, slots: int, lanes: int, lockstep: int | None) -> str:
-    what = f"{plural(slots, 'session slot')}" if lockstep is None else f"{plural(slots, 'lockstep group')}"
-    return f"{workers} workers on one port, each with its own pool of {what} in {lanes} lane(s)"
-
-
-def worker_ready(index: int, pid: int) -> str:
-    return f"worker {index} (pid {pid}):"
-
-
-def serving_on_workers(workers: int, url: str) -> str:
-    return f"serving on {workers} worker(s) through {url}"
-
-
-def worker_died(index: int, pid: int | None, exitcode: int | None, starting: bool) -> str:
-    """A worker that exited without being asked to (`exitcode` negative: the signal that ended it)."""
-    how = exit_how(exitcode)
-    if starting:
-        return f"worker {index} (pid {pid}) {how} while starting; the server stops its other workers and does not serve"
-    return (
-        f"worker {index} (pid {pid}) {how} while serving; its sessions are lost and the server stops its other "
-        "workers rather than serve with fewer"
-    )
-
-
-def worker_failed(index: int, reason: str) -> str:
-    return f"worker {index} did not start: {reason}"
-
-
-def workers_stopping(workers: int) -> str:
-    return f"stopping: {workers} worker(s) close their sessions (1001) and exit"
-
-
-# --- one engine, several front processes (`fronts.py`) ----------------------------------------------
-
-
-def fronts_with(option: str) -> str:
-    """`--fronts` beside `--workers` or `--ray`, which run pools of their own."""
-    return (
-        f"--fronts runs one pool in this process behind several websocket front processes; {option} runs a pool in "
-        "each of its processes: give one of them"
-    )
-
-
-def fronts_split(fronts: int, pid: int) -> str:
-    return f"{fronts} front processes on one port, one pool in the engine process (pid {pid})"
-
-
-def front_ready(index: int, pid: int) -> str:
-    return f"front {index} (pid {pid}) listens"
-
-
-def serving_on_fronts(fronts: int, url: str) -> str:
-    return f"serving on {fronts} front(s) through {url}"
-
-
-def front_died(index: int, pid: int | None, exitcode: int | None, starting: bool) -> str:
-    """A front process that exited without being asked to (`exitcode` negative: the signal that ended it)."""
-    how = exit_how(exitcode)
-    if starting:
-        return f"front {index} (pid {pid}) {how} while starting; the server stops and does not serve"
-    return (
-        f"front {index} (pid {pid}) {how} while serving; its sessions are lost and the server stops rather than "
-        "serve with fewer fronts (the port would keep sending connections to its socket)"
-    )
-
-
-def front_lost(index: int) -> str:
-    """The engine's word for the sessions of a front whose link closed."""
-    return f"the front process of this session (front {index}) is gone"
-
-
-def engine_lost() -> str:
-    """A front's word for its sessions when the engine process's link closed."""
-    return "the engine process that steps this session is gone; its state is lost: open a new session"
-
-
-def fronts_stopping(fronts: int) -> str:
-    return f"stopping: the sessions close (1001) and {fronts} front(s) exit"
-
-
-def exit_how(exitcode: int | None) -> str:
-    how = f"exited with code {exitcode}"
-    if exitcode is not None and exitcode < 0:
-        how = f"was ended by signal {-exitcode} ({signal_name(-exitcode)})"
-    return how
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return "unknown"

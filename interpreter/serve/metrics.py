@@ -1,39 +1,25 @@
 """A pool's metrics with prometheus-client, in a `CollectorRegistry` of its own (several pools in one process
-do not share a series; the workers of one server do, summed, in multiprocess mode below). `/metrics` serves
-`exposition()`.
+do not share a series). `/metrics` serves `exposition()`.
 
 Tick latency is per session tick, from the tick's arrival at the pool to its outputs on the host; a tick
 whose latency passes the tick period is missed. Its wait is the part before its round starts on the device.
 The histograms' buckets are fractions of the period, so p50 and p99 read off them in periods. The pool puts
-its answered ticks in them every 100 ms and when its own `exposition()` is read, not on the answers' path (in
-multiprocess mode the other workers' within 100 ms). The runtime's counters (graph replays, eager firings) and
+its answered ticks in them every 100 ms and when its own `exposition()` is read, not on the answers' path. The
+runtime's counters (graph replays, eager firings) and
 the arena's bytes come from `Runtime.report()`, taken on the device thread after a round at most once a second
-(`take_report`). In prometheus-client's multiprocess mode (`MULTIPROCESS_DIR` set: the workers of one
-server) `exposition()` is the sum over the server's processes.
+(`take_report`).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.multiprocess import MultiProcessCollector
 
 PERIOD_FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0)
 """The latency histograms' bucket bounds, in tick periods."""
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
-"""The variable that puts prometheus-client in its multiprocess mode (read when prometheus-client is first
-imported): every process of a `dsl serve --workers N` server writes its series to files in that folder, and
-`exposition()` in any of them reads them all. Counters and histograms are summed over the processes; each
-gauge says how (its `multiprocess_mode`: `livesum`, or `livemax` where a sum means nothing)."""
-
-
-def multiprocess_dir() -> str | None:
-    return os.environ.get(MULTIPROCESS_DIR) or None
 
 
 class PoolMetrics:
@@ -43,9 +29,7 @@ class PoolMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
         buckets = tuple(round(fraction * tick_period_s, 9) for fraction in PERIOD_FRACTIONS)
-        self.sessions_active = Gauge(
-            "duplexcadence_sessions_active", "Sessions open in the pool", registry=registry, multiprocess_mode="livesum"
-        )
+        self.sessions_active = Gauge("duplexcadence_sessions_active", "Sessions open in the pool", registry=registry)
         self.admitted = Counter("duplexcadence_sessions_admitted", "Sessions admitted", registry=registry)
         self.refused = Counter(
             "duplexcadence_sessions_refused", "Sessions refused, by reason", ["reason"], registry=registry
@@ -94,47 +78,38 @@ class PoolMetrics:
             "duplexcadence_tick_period_seconds",
             "The tick period: cadence over instants",
             registry=registry,
-            multiprocess_mode="livemax",
         )
         self.tick_period.set(tick_period_s)
         self.predicted_tick = Gauge(
             "duplexcadence_predicted_tick_seconds",
-            "The admission model's tick with the active sessions (several workers: the largest)",
+            "The admission model's tick with the active sessions",
             registry=registry,
-            multiprocess_mode="livemax",
         )
         self.observed_tick_p99 = Gauge(
             "duplexcadence_observed_tick_p99_seconds",
-            "p99 latency of the ticks answered in admission's guard window, 0 with none (several workers: the largest)",
+            "p99 latency of the ticks answered in admission's guard window, 0 with none",
             registry=registry,
-            multiprocess_mode="livemax",
         )
         self.capacity = Gauge(
             "duplexcadence_capacity_sessions",
             "Sessions the pool admits (slots, or the tick budget)",
             registry=registry,
-            multiprocess_mode="livesum",
         )
-        self.slots = Gauge(
-            "duplexcadence_session_slots", "Sessions the arena holds", registry=registry, multiprocess_mode="livesum"
-        )
+        self.slots = Gauge("duplexcadence_session_slots", "Sessions the arena holds", registry=registry)
         self.draining = Gauge(
             "duplexcadence_draining",
             "1 while the pool admits nothing new",
             registry=registry,
-            multiprocess_mode="livemax",
         )
         self.arena_bytes = Gauge(
             "duplexcadence_arena_bytes",
             "Bytes of the runtime's arena (one device allocation)",
             registry=registry,
-            multiprocess_mode="livesum",
         )
         self.arena_session_bytes = Gauge(
             "duplexcadence_arena_session_bytes",
             "Arena bytes per session slot (the plan's)",
             registry=registry,
-            multiprocess_mode="livemax",
         )
         self.graph_replays = Counter(
             "duplexcadence_graph_replays", "Stage firings replayed from CUDA graphs", registry=registry
@@ -149,7 +124,6 @@ class PoolMetrics:
             "duplexcadence_graphs_captured",
             "Instant graphs captured (fused stage graphs)",
             registry=registry,
-            multiprocess_mode="livesum",
         )
         self.report: Any = None
         """The last `RuntimeReport` taken (None before the first)."""
@@ -170,9 +144,4 @@ class PoolMetrics:
             self.eager_firings.labels(kind).inc(max(0, now - before))
 
     def exposition(self) -> bytes:
-        folder = multiprocess_dir()
-        if folder is None:
-            return generate_latest(self.registry)
-        merged = CollectorRegistry()
-        MultiProcessCollector(merged, path=folder)
-        return generate_latest(merged)
+        return generate_latest(self.registry)

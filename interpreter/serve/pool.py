@@ -36,11 +36,10 @@ from duplexcadence.interpreter.serve.bundle import Bundle
 from duplexcadence.interpreter.serve.deadlines import DeadlineReport, SessionStats, quantile
 from duplexcadence.interpreter.serve.metrics import PoolMetrics
 from duplexcadence.interpreter.serve.modes import MODES, TensorSpec
-from duplexcadence.interpreter.serve.placement import BoardSeat, WorkerLoad
 from duplexcadence.interpreter.serve.rounds import InputCheck, TailRounds, calibrate
 from duplexcadence.interpreter.serve.scheduler import (
     CLOSE,
-    PUBLISH_EVERY_S,
+    OBSERVE_EVERY_S,
     RESET,
     Client,
     Item,
@@ -55,7 +54,7 @@ from duplexcadence.interpreter.serve.tail import LoadedTail, ServedTail
 GATHER_FRACTION = 0.05
 
 __all__ = [
-    "PUBLISH_EVERY_S",
+    "OBSERVE_EVERY_S",
     "Bundle",
     "DeadlineReport",
     "PoolConfig",
@@ -178,9 +177,7 @@ class PooledSession(Client):
 class SessionPool(Scheduler):
     """Sessions of one tail on one device (see the module docstring)."""
 
-    def __init__(self, served: ServedTail, config: PoolConfig | None = None, placement: BoardSeat | None = None):
-        """`placement`: this pool's seat on the board of the workers of one port (`placement.PlacementBoard`):
-        the pool publishes its load there and leaves a new session to a worker that takes it at a lower cost."""
+    def __init__(self, served: ServedTail, config: PoolConfig | None = None):
         config = config or PoolConfig()
         problems = config.problems()
         if problems:
@@ -188,7 +185,6 @@ class SessionPool(Scheduler):
         super().__init__(config)
         self.config: PoolConfig = config
         self.served = served
-        self.placement = placement
         self.sessions: dict[int, PooledSession] = {}
         self.loaded: LoadedTail | None = None
         self.mode: Any = None
@@ -284,10 +280,8 @@ class SessionPool(Scheduler):
         `_group_for_new_session` picks."""
         assert self.rule is not None and self.metrics is not None, "start() the pool first"
         refusal = self.admission_refusal()
-        if refusal is None and not self.stopping:
-            refusal = self._placed_elsewhere(len(self.sessions) + self.opening)
         if refusal is not None:
-            raise self.refused(refusal)  # published: whether it admits depends on the other workers' units too
+            raise self.refused(refusal)
         rows = self.config.lockstep
         if group_choice is not None and rows is not None and self._rows_taken()[group_choice] >= rows:
             group_choice = None  # taken meanwhile by a session that found no other room
@@ -295,12 +289,10 @@ class SessionPool(Scheduler):
         self.opening += 1
         if group is not None:
             self._opening_groups[group] += 1
-        self.publish()
         try:
             handle = await self.run_on_device(self.mode.join, seed, group)
         except BaseException:
             self._opened(group)
-            self.publish()
             raise
         self._opened(group)
         session = PooledSession(self, next(self.ids), seed, handle, group)
@@ -319,14 +311,13 @@ class SessionPool(Scheduler):
             assert self.metrics is not None
             self.metrics.refused.labels(messages.AT_CAPACITY).inc()
             message = messages.bundle_over_slots(count, free, self.rule.slots)
-            shared = self.shared_units()
             raise AdmissionRefused(
                 messages.AT_CAPACITY,
                 message,
                 active,
-                self.rule.capacity(shared),
+                self.rule.capacity(),
                 self.rule.slots,
-                self.rule.predict(active + count, shared),
+                self.rule.predict(active + count),
                 self.tick_period_s,
                 self.config.headroom,
             )
@@ -414,46 +405,6 @@ class SessionPool(Scheduler):
         if choice is None:
             raise AssertionError("admission let in a session with every row taken")
         return choice
-
-    def placement_load(self) -> WorkerLoad:
-        """This pool's load as a placement board holds it: whether it admits a session now, the units it
-        steps (groups with members, or sessions) and the free rows of its groups with members."""
-        assert self.rule is not None, "start() the pool first"
-        active = len(self.sessions) + self.opening
-        refusal = self.rule.refusal(active, self.draining, self.shared_units(), self.observed_tick_p99())
-        admits = not self.stopping and refusal is None
-        rows = self.config.lockstep
-        if rows is None:
-            return WorkerLoad(admits, active)
-        running = [count for count in self._rows_taken().values() if count > 0]
-        return WorkerLoad(admits, len(running), sum(rows - count for count in running))
-
-    def _placed_elsewhere(self, active: int) -> AdmissionRefused | None:
-        """The refusal of a session another worker of the port takes at a lower cost (None: it is taken here)."""
-        if self.placement is None:
-            return None
-        assert self.rule is not None
-        here = self.placement_load()
-        other = self.placement.better_worker(here)
-        if other is None:
-            return None
-        there = self.placement.board.loads()[other]
-        message = messages.other_worker(
-            self.placement.index, other, here.cost(), there.cost(), self.mode.unit, self.placement.workers
-        )
-        shared = self.shared_units()
-        numbers = (self.rule.capacity(shared), self.rule.slots, self.rule.predict(active + 1, shared))
-        return AdmissionRefused(
-            messages.OTHER_WORKER, message, active, *numbers, self.tick_period_s, self.config.headroom
-        )
-
-    def shared_units(self) -> int:
-        """The units other pools step on this pool's device (0 without a placement board)."""
-        return 0 if self.placement is None else self.placement.shared_units()
-
-    def publish(self) -> None:
-        if self.placement is not None and self.rule is not None:
-            self.placement.publish(self.placement_load())
 
     # --- inputs ----------------------------------------------------------------------------------
 

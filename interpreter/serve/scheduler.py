@@ -44,9 +44,8 @@ TICK = "tick"
 RESET = "reset"
 CLOSE = "close"
 
-PUBLISH_EVERY_S = 0.1
-"""How often the scheduler sets its observed p99 and latency histograms (also set at each scrape), and
-publishes its load where it has somewhere to (`publish`)."""
+OBSERVE_EVERY_S = 0.1
+"""How often the scheduler sets its observed p99 and latency histograms (also set at each scrape)."""
 
 
 class TickError(Exception):
@@ -316,7 +315,7 @@ class Scheduler:
         self, runner: RoundRunner, rule: AdmissionRule, metrics: PoolMetrics, gather_s: float | None, gather: float
     ) -> None:
         """Start the rounds: `runner` steps them under `rule`, at the rule's tick period; a round gathers for
-        `gather_s` (None: `gather` of the period). Then the scheduler, the idle reaper and the republisher
+        `gather_s` (None: `gather` of the period). Then the scheduler, the idle reaper and the observer
         run."""
         self.runner = runner
         self.rule = rule
@@ -332,7 +331,7 @@ class Scheduler:
         self._tasks = [
             self.loop.create_task(self._schedule(), name="duplexcadence-scheduler"),
             self.loop.create_task(self._reap(), name="duplexcadence-idle-reaper"),
-            self.loop.create_task(self._republish(), name="duplexcadence-republish"),
+            self.loop.create_task(self._observe(), name="duplexcadence-observe"),
         ]
 
     async def stop(self) -> None:
@@ -341,7 +340,6 @@ class Scheduler:
         if self.stopping:
             return
         self.stopping = True
-        self.publish()
         for client in list(self.sessions.values()):
             client.abort(messages.SHUTTING_DOWN, messages.shutting_down())
         if self.sessions and self._empty is not None:
@@ -378,17 +376,12 @@ class Scheduler:
             len(self.sessions),
             self.draining or self.stopping,
             self.lanes(),
-            self.shared_units(),
             self.observed_tick_p99(),
         )
 
     def lanes(self) -> int:
         """The lanes the runner steps clients in, for the capacity record."""
         return 1
-
-    def shared_units(self) -> int:
-        """Units other schedulers step on this one's device, counted in its predictions (0: none)."""
-        return 0
 
     def observed_tick_p99(self) -> float | None:
         """The p99 latency of the ticks answered in admission's guard window (None: none answered there)."""
@@ -410,13 +403,12 @@ class Scheduler:
                 self.tick_period_s,
                 self.config.headroom,
             )
-        return self.rule.refusal(active, self.draining, self.shared_units(), self.observed_tick_p99())
+        return self.rule.refusal(active, self.draining, self.observed_tick_p99())
 
     def refused(self, refusal: AdmissionRefused) -> AdmissionRefused:
-        """`refusal`, counted in the metrics (and published), to raise."""
+        """`refusal`, counted in the metrics, to raise."""
         assert self.metrics is not None
         self.metrics.refused.labels(refusal.reason).inc()
-        self.publish()
         return refusal
 
     def add(self, client: Client) -> None:
@@ -436,10 +428,6 @@ class Scheduler:
         """Wait until the scheduler holds no client."""
         assert self._empty is not None, "start() the pool first"
         await self._empty.wait()
-
-    def publish(self) -> None:
-        """Say the scheduler's load where a subclass has somewhere to (at each open, close and refusal, and
-        every `PUBLISH_EVERY_S`)."""
 
     # --- the loop-side hooks -------------------------------------------------------------------------
 
@@ -640,13 +628,12 @@ class Scheduler:
                 if idle and now - client.last_activity > timeout:
                     client.abort(messages.IDLE_TIMEOUT, messages.idle_timeout(timeout))
 
-    async def _republish(self) -> None:
-        """Every `PUBLISH_EVERY_S`: set the observed p99's gauge and the latency histograms, and publish."""
+    async def _observe(self) -> None:
+        """Every `OBSERVE_EVERY_S`: set the observed p99's gauge and the latency histograms."""
         while True:
-            await asyncio.sleep(PUBLISH_EVERY_S)
+            await asyncio.sleep(OBSERVE_EVERY_S)
             self.set_observed_gauge()
             self.observe_answered()
-            self.publish()
 
     # --- reports -----------------------------------------------------------------------------------
 
@@ -658,7 +645,6 @@ class Scheduler:
     def refresh_gauges(self) -> None:
         if self.metrics is None or self.rule is None:
             return
-        self.publish()
         snapshot = self.capacity()
         self.metrics.sessions_active.set(snapshot.sessions)
         self.metrics.predicted_tick.set(snapshot.predicted_tick_s)

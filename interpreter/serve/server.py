@@ -1,14 +1,12 @@
-"""uvicorn around the app: the configuration `dsl serve` runs, how it (or each of its workers) starts its pool
-and serves it, and a server on a thread of its own (its own event loop) for tests and benchmarks that drive it
-from the same process."""
+"""uvicorn around the app: the configuration `dsl serve` runs, how it starts its pool and serves it, and a server
+on a thread of its own (its own event loop) for tests and benchmarks that drive it from the same process."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import uvicorn
@@ -42,15 +40,6 @@ def server_config(
     )
 
 
-class ChildServer(uvicorn.Server):
-    """uvicorn without its own signal handlers, for a server process started by another (a worker, a front):
-    its own SIGTERM handler sets `should_exit`, and its parent takes the interrupts."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 def run_loop(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run `coroutine` to its end on a new event loop: uvloop's where it is installed (as uvicorn's "auto"
     takes), else asyncio's."""
@@ -75,15 +64,12 @@ def start_problem(target: str, error: Exception) -> str | None:
 
 
 async def serve_pool(
-    pool: Any,
-    server: uvicorn.Server,
-    started: Callable[[uvicorn.Server], None] | None = None,
-    sockets: list[Any] | None = None,
+    pool: Any, server: uvicorn.Server, started: Callable[[uvicorn.Server], None] | None = None
 ) -> None:
-    """Serve the started `pool` with `server` (its app made with `manage_pool=False`), on `sockets` if given,
-    until the server exits; `started(server)` once it listens. The pool is stopped at the end."""
+    """Serve the started `pool` with `server` (its app made with `manage_pool=False`) until the server exits;
+    `started(server)` once it listens. The pool is stopped at the end."""
     try:
-        task = asyncio.create_task(server.serve(sockets=sockets))
+        task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started and started is not None:

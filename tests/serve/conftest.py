@@ -69,8 +69,7 @@ def metric() -> Callable[[str, str], float]:
 
 class ServeProcess:
     """`python -m duplexcadence serve ARGV` in a process of its own, read until its `serving_on` line (whose
-    groups are the URL and the port): then `url`, `port`, and `pids` (index -> pid of each line `child` matches,
-    its workers or fronts)."""
+    groups are the URL and the port): then `url`, `port`, and `pids` (index -> pid of each line `child` matches)."""
 
     def __init__(self, argv: list[str], serving_on: re.Pattern, child: re.Pattern, env: dict | None = None):
         command = [sys.executable, "-m", "duplexcadence", "serve", *argv]

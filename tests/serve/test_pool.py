@@ -15,7 +15,7 @@ import torch
 from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, TickModel, fit
 from duplexcadence.interpreter.serve.loadgen import SessionLoad, compare_with_stock
-from duplexcadence.interpreter.serve.pool import PUBLISH_EVERY_S, PoolConfig, SessionClosed, SessionPool
+from duplexcadence.interpreter.serve.pool import OBSERVE_EVERY_S, PoolConfig, SessionClosed, SessionPool
 from duplexcadence.interpreter.serve.scheduler import TickError
 from duplexcadence.interpreter.serve.tail import served_tail
 
@@ -347,7 +347,7 @@ def test_the_latency_histograms_take_the_answered_ticks_within_a_publish_period_
         session = await pool.open(seed=0)
         for tick in range(3):
             await session.step(TOY.inputs(0, tick))
-        await asyncio.sleep(3 * PUBLISH_EVERY_S)
+        await asyncio.sleep(3 * OBSERVE_EVERY_S)
         samples = {
             sample.name: sample.value
             for histogram in (pool.metrics.tick_latency, pool.metrics.tick_wait)

@@ -75,25 +75,3 @@ def test_lanes_and_counts_override_the_configuration(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     (result,) = json.loads(out.read_text())["results"]
     assert (result["config"], result["lanes"], [row["sessions"] for row in result["sweep"]]) == ("toy", 1, [2])
-
-
-def test_server_workers_run_the_server_as_processes_on_one_port(tmp_path):
-    out = tmp_path / "serve.json"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--cpu-dry-run", "--configs", "toy", "--server-workers", "2", "--workers", "0"]
-        + ["--counts", "2", "--sample", "2", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    payload = json.loads(out.read_text())
-    (result,) = payload["results"]
-    assert payload["server_workers"] == result["server_workers"] == 2
-    (row,) = result["sweep"]
-    assert row["opened"] == 2 and sum(row["sessions_per_worker"]) == 2
-    assert (row["sampled_ticks_compared"], row["sampled_ticks_differing"]) == (6, 0)
-    assert row["server_rounds"] > 0 and row["overhead_p50_s"] is not None
-    assert not {"server_tick_p50_s", "server_tick_p99_s", "server_round_p50_s"} & set(row)  # the workers' own
-    assert "serving on 2 worker(s) through ws://127.0.0.1:" in done.stderr
-    assert done.stdout.strip().splitlines()[2].startswith("| toy, 2 server workers | ")

@@ -18,8 +18,8 @@ SERVING_ON = re.compile(r"serving on (http://127\.0\.0\.1:(\d+))/ \(the page\)")
     ("argv", "says"),
     [
         (
-            ["minicpmo45", "--conversations", "2", "--workers", "2", "--lockstep", "4"],
-            "dsl serve: error: --workers does not apply to --conversations; --lockstep does not apply to "
+            ["minicpmo45", "--conversations", "2", "--slots", "2", "--lockstep", "4"],
+            "dsl serve: error: --slots does not apply to --conversations; --lockstep does not apply to "
             "--conversations\n",
         ),
         (

@@ -17,7 +17,6 @@ engine's own refusal (`ConversationRefused`) is the last word.
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,6 +32,7 @@ from duplexcadence.interpreter.engine.api import (
     Decision,
     UnitInput,
 )
+from duplexcadence.interpreter.engine.registry import load_engine
 from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, TickModel
 from duplexcadence.interpreter.serve.metrics import PoolMetrics
@@ -72,8 +72,7 @@ def engine_factory(
         except tails.ImportFailed as error:
             raise EngineSetupError(str(error)) from None
         return lambda: build(device=device, conversations=conversations, **options)
-    registry = importlib.import_module("duplexcadence.interpreter.engine.registry")
-    return lambda: registry.load(target, device=device, conversations=conversations, **options)
+    return lambda: load_engine(target, device=device, conversations=conversations, **options)
 
 
 def engine_name(target: str) -> str:

@@ -265,3 +265,36 @@ def test_every_error_code_and_event_has_its_row_in_the_docs():
         r'"(duplexcadence\.[a-z._]+)"', (Path(audio.__file__).parent / "conversation.py").read_text()
     ):
         assert f"`{name}`" in section, name
+
+
+def test_a_unit_the_engine_fails_is_an_error_event_and_a_reset_recovers(engine_server, monkeypatch):
+    engine_server.idle()
+    model = engine_server.pool.engine.model
+    run_units = model.run_units
+    calls = []
+
+    def fails_once(slots, inputs):
+        calls.append(len(inputs))
+        if len(calls) == 1:
+            raise RuntimeError("the device fell over")
+        return run_units(slots, inputs)
+
+    monkeypatch.setattr(model, "run_units", fails_once)
+    unit = pcm(1.0, seed=6)
+    with connect(engine_server, seed=9) as connection:
+        connection.recv()
+        connection.send(event_of(LISTEN))
+        connection.input_audio_buffer.append(audio=b64(unit))
+        failed = connection.recv()
+        connection.send(event_of(LISTEN))
+        connection.input_audio_buffer.append(audio=b64(unit))
+        refused = connection.recv()
+        connection.send({"type": "duplexcadence.reset"})
+        assert connection.recv().type == "duplexcadence.reset.done"
+        connection.send(event_of(LISTEN))
+        connection.input_audio_buffer.append(audio=b64(unit))
+        recovered = events_until_units(connection, 1)
+    assert (failed.type, failed.error.type, failed.error.code) == ("error", "server_error", messages.UNIT_FAILED)
+    assert failed.error.message.startswith("unit 0 failed in the engine: RuntimeError: the device fell over;")
+    assert refused.error.code == messages.UNIT_FAILED and "reset it to go on" in refused.error.message
+    assert (recovered[-1].unit, recovered[-1].kind) == (0, "listen") and calls == [1, 1]

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
 from starlette.applications import Starlette
@@ -112,17 +112,6 @@ def make_app(pool: ServingPool, manage_pool: bool = True) -> Starlette:
     calibration: the server accepts connections once it is ready) and stops it at shutdown; without, the
     caller does both."""
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if manage_pool:
-            await pool.start()
-            LOG.info("%s", pool.describe())
-        try:
-            yield
-        finally:
-            if manage_pool:
-                await pool.stop()
-
     async def healthz(request: Request) -> Response:
         status, health = await pool.health()
         return JSONResponse(health, status_code=status)
@@ -150,9 +139,56 @@ def make_app(pool: ServingPool, manage_pool: bool = True) -> Starlette:
         WebSocketRoute("/v1/session", session_socket),
         WebSocketRoute("/v1/bundle", bundle_socket),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan_of(pool, manage_pool))
     app.state.pool = pool
     return app
+
+
+def lifespan_of(pool: Any, manage_pool: bool) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    """An app's lifespan over `pool` (a tail's or a conversation pool): with `manage_pool` it starts the pool and
+    logs its start-up lines before the server accepts connections, and stops it at shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if manage_pool:
+            await pool.start()
+            LOG.info("%s", pool.describe())
+        try:
+            yield
+        finally:
+            if manage_pool:
+                await pool.stop()
+
+    return lifespan
+
+
+async def pump(
+    closed: asyncio.Event,
+    receive: Callable[[], Coroutine[Any, Any, None]],
+    send: Callable[[], Coroutine[Any, Any, None]],
+    answers: asyncio.Queue,
+) -> None:
+    """A websocket's receiver and sender, until its client (session, conversation) is `closed`: then the receiver
+    stops and the sender answers what is queued in `answers` (a None ends it)."""
+    receiver = asyncio.create_task(receive())
+    sender = asyncio.create_task(send())
+    try:
+        await closed.wait()
+    finally:
+        receiver.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await receiver
+        await answers.put(None)
+        await sender
+
+
+def drain_quietly(answers: asyncio.Queue) -> None:
+    """The answers left once the socket is gone: nobody will send them, but their futures' errors are retrieved
+    (an entry is a tuple whose second item may be a future)."""
+    while not answers.empty():
+        entry = answers.get_nowait()
+        if entry is not None and isinstance(entry[1], asyncio.Future):
+            entry[1].add_done_callback(lambda future: future.cancelled() or future.exception())
 
 
 class SocketSession:
@@ -202,16 +238,7 @@ class SocketSession:
         except (WebSocketDisconnect, RuntimeError, OSError):
             session.abort(messages.DISCONNECTED, messages.disconnected())
             return
-        receiver = asyncio.create_task(self._receive())
-        sender = asyncio.create_task(self._send())
-        try:
-            await session.closed_event.wait()
-        finally:
-            receiver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await receiver
-            await self.answers.put(None)
-            await sender
+        await pump(session.closed_event, self._receive, self._send, self.answers)
         await self._close(session)
 
     async def _refuse(self, code: str, message: str, close_code: int) -> None:
@@ -306,14 +333,8 @@ class SocketSession:
             except (WebSocketDisconnect, RuntimeError, OSError):
                 if self.session is not None:
                     self.session.abort(messages.DISCONNECTED, messages.disconnected())
-                self._drain_quietly()
+                drain_quietly(self.answers)
                 return
-
-    def _drain_quietly(self) -> None:
-        while not self.answers.empty():
-            entry = self.answers.get_nowait()
-            if entry is not None and isinstance(entry[1], asyncio.Future):
-                entry[1].add_done_callback(lambda future: future.cancelled() or future.exception())
 
     async def _close(self, session: ServingSession) -> None:
         websocket = self.websocket

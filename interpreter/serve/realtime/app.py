@@ -14,7 +14,6 @@ import contextlib
 import importlib.resources
 import logging
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
@@ -26,6 +25,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from duplexcadence.interpreter.engine.api import UnitOutput
 from duplexcadence.interpreter.serve import messages as serve_messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused
+from duplexcadence.interpreter.serve.app import drain_quietly, lifespan_of, pump
 from duplexcadence.interpreter.serve.conversations import ConversationPool, PooledConversation
 from duplexcadence.interpreter.serve.metrics import CONTENT_TYPE
 from duplexcadence.interpreter.serve.realtime import messages
@@ -62,16 +62,6 @@ def make_conversation_app(pool: ConversationPool, manage_pool: bool = True) -> S
     """The ASGI app of `pool`; with `manage_pool` its lifespan starts the pool (the server accepts connections
     once the engine is built) and stops it at shutdown."""
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if manage_pool:
-            await pool.start()
-        try:
-            yield
-        finally:
-            if manage_pool:
-                await pool.stop()
-
     async def index(request: Request) -> Response:
         return HTMLResponse(page())
 
@@ -100,7 +90,7 @@ def make_conversation_app(pool: ConversationPool, manage_pool: bool = True) -> S
         Route("/metrics", metrics),
         WebSocketRoute(PATH, realtime),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan_of(pool, manage_pool))
     app.state.pool = pool
     return app
 
@@ -139,16 +129,7 @@ class RealtimeSocket:
         except (WebSocketDisconnect, RuntimeError, OSError):
             pooled.abort(serve_messages.DISCONNECTED, serve_messages.disconnected())
             return
-        receiver = asyncio.create_task(self._receive())
-        sender = asyncio.create_task(self._send())
-        try:
-            await pooled.closed_event.wait()
-        finally:
-            receiver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await receiver
-            await self.answers.put(None)
-            await sender
+        await pump(pooled.closed_event, self._receive, self._send, self.answers)
         await self._close(pooled)
 
     def _query_problem(self) -> EventError | None:
@@ -220,13 +201,13 @@ class RealtimeSocket:
             except (WebSocketDisconnect, RuntimeError, OSError):
                 if self.pooled is not None:
                     self.pooled.abort(serve_messages.DISCONNECTED, serve_messages.disconnected())
-                self._drain_quietly()
+                drain_quietly(self.answers)
                 return
             except Exception as error:  # a fault of the server: the conversation closes, saying so
                 LOG.exception("answering a conversation's event failed")
                 if self.pooled is not None:
                     self.pooled.abort(serve_messages.INTERNAL, serve_messages.internal(error))
-                self._drain_quietly()
+                drain_quietly(self.answers)
                 return
 
     async def _events(self, protocol: RealtimeConversation, entry: tuple) -> list[dict[str, Any]]:
@@ -248,12 +229,6 @@ class RealtimeSocket:
             return protocol.was_reset()
         assert isinstance(result, UnitOutput)
         return protocol.answer(entry[2], result, time.perf_counter() - entry[3])
-
-    def _drain_quietly(self) -> None:
-        while not self.answers.empty():
-            entry = self.answers.get_nowait()
-            if entry is not None and isinstance(entry[1], asyncio.Future):
-                entry[1].add_done_callback(lambda future: future.cancelled() or future.exception())
 
     async def _close(self, pooled: PooledConversation) -> None:
         websocket = self.websocket

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from duplexcadence.interpreter.engine.api import Decision, UnitInput
+from duplexcadence.interpreter.engine.api import UnitInput
 from duplexcadence.interpreter.serve.conversations import (
     ConversationPool,
     ConversationPoolConfig,
@@ -40,7 +40,7 @@ from duplexcadence.interpreter.serve.conversations import (
     engine_name,
 )
 from duplexcadence.interpreter.serve.realtime.app import make_conversation_app
-from duplexcadence.interpreter.serve.realtime.audio import PCM16_SCALE
+from duplexcadence.interpreter.serve.realtime.audio import PCM16_SCALE, to_pcm16
 from duplexcadence.interpreter.serve.realtime.loadgen import Script, run_conversations, unit_audio
 from duplexcadence.interpreter.serve.server import ServerThread
 
@@ -53,7 +53,8 @@ def quantile(values: list[float], q: float) -> float | None:
 
 
 def in_process(engine: Any, count: int, units: int, script: Script, first_seed: int) -> dict[str, Any]:
-    """`count` conversations stepped together on `engine`, paced at the cadence; each unit's round time."""
+    """`count` conversations stepped together on `engine` (on the pool's device thread, the server idle), paced at
+    the cadence; each unit's latency is its round's time. The audio each conversation spoke, as PCM16."""
     opened, refused = [], None
     for index in range(count):
         try:
@@ -62,7 +63,8 @@ def in_process(engine: Any, count: int, units: int, script: Script, first_seed: 
             refused = str(error)
             break
     cadence = engine.unit_samples / engine.input_rate
-    latencies = []
+    latencies: list[float] = []
+    spoken: dict[int, list[np.ndarray]] = {seed: [] for _, seed in opened}
     try:
         if refused is None:
             start = time.perf_counter()
@@ -70,25 +72,27 @@ def in_process(engine: Any, count: int, units: int, script: Script, first_seed: 
                 delay = start + (number + 1) * cadence - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
-                decision = script.decision(number)
-                chosen = (
-                    None
-                    if decision is None
-                    else Decision(decision["kind"], tuple(decision.get("text", ())), decision.get("end_of_turn", False))
-                )
+                decision = script.choice(number)
+                samples = {seed: unit_audio(seed, number, engine.unit_samples) for _, seed in opened}
                 step = {
-                    key: UnitInput(
-                        unit_audio(seed, number, engine.unit_samples).astype(np.float32) / PCM16_SCALE, chosen
-                    )
-                    for key, seed in opened
+                    key: UnitInput(samples[seed].astype(np.float32) / PCM16_SCALE, decision) for key, seed in opened
                 }
                 began = time.perf_counter()
-                engine.step(step)
+                outputs = engine.step(step)
                 latencies += [time.perf_counter() - began] * count
+                for key, seed in opened:
+                    spoken[seed].append(to_pcm16(outputs[key].audio))
     finally:
         for key, _ in opened:
             engine.close(key)
-    return summary(latencies, cadence, refused, errors=0)
+    return {
+        **summary(latencies, cadence, refused, errors=0),
+        "audio": {seed: join(parts) for seed, parts in spoken.items()},
+    }
+
+
+def join(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, "<i2")
 
 
 def summary(latencies: list[float], cadence: float, refused: str | None, errors: int) -> dict[str, Any]:
@@ -107,12 +111,15 @@ def summary(latencies: list[float], cadence: float, refused: str | None, errors:
 
 def through_server(server: ServerThread, count: int, units: int, script: Script, first_seed: int) -> dict[str, Any]:
     report = asyncio.run(
-        run_conversations(server.ws_url("/v1/realtime"), count, units, script, paced=True, first_seed=first_seed)
+        run_conversations(
+            server.ws_url("/v1/realtime"), count, units, script, paced=True, first_seed=first_seed, record=True
+        )
     )
     found = report.to_json()
     refusals = found["refusals"]
     result = summary(report.latencies, report.cadence_s or 1.0, refusals[0] if refusals else None, report.errors)
-    return {**result, "errors_text": found["errors"][:5]}
+    audio = {run.seed: join(run.audio) for run in report.runs if run.refused is None}
+    return {**result, "errors_text": found["errors"][:5], "audio": audio}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,31 +131,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--units", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", required=True, metavar="PATH")
-    parser.add_argument("--cpu-dry-run", action="store_true", help="reduced sizes on the CPU, counts 1,2, 3 units")
+    parser.add_argument(
+        "--cpu-dry-run", action="store_true", help="reduced sizes on the CPU, counts 1,2, 2 units (listen, speak)"
+    )
     args = parser.parse_args(argv)
     params = dict(pair.split("=", 1) for pair in args.param)
     counts = [int(text) for text in args.counts.split(",")]
     if args.cpu_dry_run:
-        args.device, counts, args.units = "cpu", [1, 2], 3
+        args.device, counts, args.units = "cpu", [1, 2], 2
         params.setdefault("sizes", "reduced")
+        params.setdefault("n_timesteps", "2")
     engine = engine_factory(args.engine, args.device, max(counts), params)()
-    script = Script()
+    script = Script(listen=1, speak=1) if args.cpu_dry_run else Script()
     pool = ConversationPool(lambda: engine, engine_name(args.engine), ConversationPoolConfig())
     rows = []
     with ServerThread(make_conversation_app(pool)) as server:
         for count in counts:
-            row = {
+            direct = asyncio.run(pool.run_on_device(in_process, engine, count, args.units, script, args.seed))
+            served = through_server(server, count, args.units, script, args.seed)
+            mine, theirs = direct.pop("audio"), served.pop("audio")
+            row: dict[str, Any] = {
                 "conversations": count,
-                "in_process": in_process(engine, count, args.units, script, args.seed),
-                "server": through_server(server, count, args.units, script, args.seed),
+                "in_process": direct,
+                "server": served,
+                "audio_equal_conversations": sum(
+                    seed in theirs and np.array_equal(mine[seed], theirs[seed]) for seed in mine
+                ),
             }
-            direct, served = row["in_process"]["p50_s"], row["server"]["p50_s"]
-            if direct is not None and served is not None:
-                row["overhead_p50_s"] = served - direct
-                row["overhead_fraction_of_cadence"] = (served - direct) * engine.input_rate / engine.unit_samples
+            if direct["p50_s"] is not None and served["p50_s"] is not None:
+                row["overhead_p50_s"] = served["p50_s"] - direct["p50_s"]
+                row["overhead_fraction_of_cadence"] = row["overhead_p50_s"] * engine.input_rate / engine.unit_samples
             rows.append(row)
             print(json.dumps(row), flush=True)
-            if not (row["in_process"]["passes"] or row["server"]["passes"]):
+            if not (direct["passes"] or served["passes"]):
                 break
     result = {
         "engine": args.engine,

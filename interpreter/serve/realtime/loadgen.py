@@ -24,6 +24,7 @@ import attrs
 import numpy as np
 import websockets
 
+from duplexcadence.interpreter.engine.api import LISTEN, SPEAK, Decision
 from duplexcadence.interpreter.serve.realtime import audio
 
 CHUNK_S = 0.1
@@ -39,14 +40,22 @@ class Script:
     tokens: tuple[int, ...] = (11, 12, 13)
     own: bool = False
 
-    def decision(self, unit: int) -> dict[str, Any] | None:
+    def choice(self, unit: int) -> Decision | None:
+        """The decision of the conversation's unit `unit` (None: the model's own)."""
         if self.own:
             return None
         step = unit % max(1, self.listen + self.speak)
         if step < self.listen or not self.speak:
-            return {"type": "duplexcadence.decision", "kind": "listen"}
-        end = step == self.listen + self.speak - 1
-        return {"type": "duplexcadence.decision", "kind": "speak", "text": list(self.tokens), "end_of_turn": end}
+            return Decision(LISTEN)
+        return Decision(SPEAK, self.tokens, end_of_turn=step == self.listen + self.speak - 1)
+
+    def event(self, unit: int) -> dict[str, Any] | None:
+        """The `duplexcadence.decision` event of unit `unit` (None: none sent)."""
+        decision = self.choice(unit)
+        if decision is None:
+            return None
+        fields = {"kind": decision.kind, "text": list(decision.text), "end_of_turn": decision.end_of_turn}
+        return {"type": "duplexcadence.decision", **fields}
 
 
 @attrs.define
@@ -169,7 +178,7 @@ async def converse(url: str, seed: int, units: int, script: Script, paced: bool,
         receiver = asyncio.create_task(receive())
         start = time.perf_counter()
         for number in range(units):
-            decision = script.decision(number)
+            decision = script.event(number)
             if decision is not None:
                 await socket.send(json.dumps(decision))
             samples = unit_audio(seed, number, unit_samples)

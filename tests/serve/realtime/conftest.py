@@ -77,6 +77,12 @@ class EngineServer:
         return np.concatenate([audio.to_pcm16(output.audio) for output in outputs])
 
 
+@pytest.fixture
+def engine_installed() -> None:
+    """Skips where MiniCPM-o 4.5's model packages are not installed."""
+    needs_engine()
+
+
 @pytest.fixture(scope="session")
 def engine_server():
     needs_engine()

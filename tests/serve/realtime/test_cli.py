@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 
@@ -35,10 +34,7 @@ def test_what_serving_conversations_refuses(argv, says, capsys):
 
 
 @pytest.mark.slow
-def test_serve_conversations_and_drive_them_with_loadgen(serve_process, tmp_path, capsys):
-    pytest.importorskip("transformers")
-    if importlib.util.find_spec("stepaudio2") is None:
-        pytest.skip("needs stepaudio2-minicpmo (scripts/model-pins.txt)")
+def test_serve_conversations_and_drive_them_with_loadgen(engine_installed, serve_process, tmp_path, capsys):
     options = ["--param", "sizes=reduced", "--param", "n_timesteps=2"]
     argv = ["minicpmo45", "--conversations", "2", *options, "--port", "0", "--device", "cpu"]
     server = serve_process(argv, SERVING_ON, re.compile("(?!)"))

@@ -259,7 +259,14 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
         },
     }
+
+    def save() -> None:  # after every phase: a run cut short keeps what it measured
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+
     payload["baseline"] = baseline(args, device, say) if args.baseline else {}
+    save()
     from duplexcadence.interpreter.engine import registry
 
     slots = max(args.counts)
@@ -292,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         largest = run
         payload["engine"]["counts"][str(count)] = {k: v for k, v in run.items() if k not in ("outputs", "seeds")}
+        save()
     if device.type == "cuda":
         payload["engine"]["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
         payload["engine"]["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
@@ -305,9 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     payload["graphs_vs_eager"] = verify_graphs(engine)
     ok = payload["tail_vs_stock"]["units_differing"] == 0 and payload["graphs_vs_eager"]["differing"] == 0
     payload["all_equal"] = ok
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    save()
     print(table(payload))
     return 0 if ok else 1
 

@@ -84,6 +84,7 @@ from duplexcadence.interpreter.engine.attention import default_backend
 from duplexcadence.interpreter.engine.engine import Engine
 from duplexcadence.interpreter.engine.kv import SlotKV
 from duplexcadence.interpreter.engine.rowgraphs import RowGraphs
+from duplexcadence.interpreter.engine.sampling import NEVER, Sampler, SamplingConfig
 from duplexcadence.interpreter.engine.stacks import LlamaStack, WhisperStack
 
 OUTPUT_RATE = 24_000
@@ -96,6 +97,8 @@ ENCODER_CONTEXT_FRAMES = 2
 SYSTEM_TOKENS = len(SYSTEM_PREFIX) + int(REFERENCE_AUDIO_SECONDS * AUDIO_EMBEDDINGS_PER_SECOND) + len(SYSTEM_SUFFIX)
 """The system prompt's LLM tokens: the prefix, the reference audio's embeddings, the suffix (43)."""
 STAGES = ("listen", "llm", "tts", "tail")
+SPEECH_STREAM = 2**40
+"""Added to a conversation's seed for its speech sampler's stream (the text sampler's is the seed itself)."""
 
 
 def unit_tokens(settings: DecodeSettings) -> int:
@@ -119,44 +122,6 @@ def decision_tokens(decision: Decision) -> tuple[int, ...]:
 # ---------------------------------------------------------------------------------------------- sampling
 
 
-def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """One token per row of ``probs`` [R, V] drawn with ``uniforms`` [R] in [0, 1): the first index whose
-    cumulative probability passes ``u`` (a draw of ``torch.multinomial``'s distribution)."""
-    cdf = probs.cumsum(dim=-1)
-    picks = torch.searchsorted(cdf, (uniforms[:, None] * cdf[:, -1:]).contiguous())
-    return picks[:, 0].clamp_(max=probs.shape[-1] - 1)
-
-
-def top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """``StreamDecoder``'s top-k then top-p filter, row by row (-inf outside)."""
-    if top_k > 0:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p > 0.0:
-        ordered, order = torch.sort(logits, descending=True, dim=-1)
-        cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
-        remove = cumulative > top_p
-        remove[:, 1:] = remove[:, :-1].clone()
-        remove[:, 0] = False
-        logits = logits.masked_fill(remove.scatter(1, order, remove), float("-inf"))
-    return logits
-
-
-class RowRandom:
-    """Each conversation's own generator on the device, seeded at open and at every reset: a row's draws depend
-    on its seed and its own history only, never on the rows beside it."""
-
-    def __init__(self, slots: int, device: torch.device) -> None:
-        self.device = device
-        self.generators = [torch.Generator(device=device) for _ in range(slots)]
-
-    def seed(self, slot: int, seed: int) -> None:
-        self.generators[slot].manual_seed(seed)
-
-    def uniforms(self, slots: Sequence[int]) -> torch.Tensor:
-        return torch.cat([torch.rand(1, generator=self.generators[slot], device=self.device) for slot in slots])
-
-
 # ---------------------------------------------------------------------------------------------- state
 
 
@@ -176,8 +141,6 @@ class ConversationState:
     """The LLM cache's length when the current unit began."""
     system_length: int = 0
     turn_ended: bool = True
-    generated: list[int] = attrs.field(factory=list)
-    """The text tokens the LLM chose (the repetition penalty reads the last 512)."""
     tts_position: int = 0
     """``text_start_pos``: where the turn's next TTS condition goes (the TTS cache's length)."""
     dropped_units: int = 0
@@ -306,7 +269,23 @@ class MiniCPMo45Conversations:
         self.tts_stack = LlamaStack(tts.model, self.tts_kv, self.attention)
         self.encoder_stack = WhisperStack(apm, self.audio_kv, self.attention)
         self.rope_theta = rope_theta(llm.config)
-        self.random = RowRandom(slots, self.device)
+        settings = self.settings
+        self.text_sampler = Sampler(
+            SamplingConfig(
+                vocab=llm.config.vocab_size,
+                window=settings.text_repetition_window_size,
+                penalty="distinct",
+                banned=2,
+                candidates=settings.top_k,
+            ),
+            slots,
+            self.device,
+        )
+        self.speech_sampler = Sampler(
+            SamplingConfig(vocab=TTS_AUDIO_TOKENS, window=settings.tts_repetition_window, penalty="repeat", banned=1),
+            slots,
+            self.device,
+        )
         self.states: dict[int, ConversationState] = {}
         self.mel_pool = ThreadPoolExecutor(max_workers=max(1, min(mel_threads, slots)), thread_name_prefix="mel")
         self._build_steps()
@@ -384,7 +363,19 @@ class MiniCPMo45Conversations:
         tokens, the reference audio's embeddings, the suffix: one prefill), its tail at a turn start."""
         for kv in (self.llm_kv, self.tts_kv, self.audio_kv):
             kv.clear(slot)
-        self.random.seed(slot, seed)
+        settings = self.settings
+        self.text_sampler.open(
+            slot,
+            seed,
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
+            penalty=settings.text_repetition_penalty,
+            banned=[(TTS_PAD_TOKEN, NEVER), (CHUNK_EOS_TOKEN, NEVER)],
+        )
+        self.speech_sampler.open(
+            slot, seed + SPEECH_STREAM, temperature=settings.tts_temperature, penalty=settings.tts_repetition_penalty
+        )
         tail = self.tail_sessions[slot]
         tail.session_seed = tail.session.seed = seed  # the tail's draws: the conversation's own, as stock's
         tail.reset()
@@ -525,28 +516,19 @@ class MiniCPMo45Conversations:
 
     def _sample_text(self, slots: Sequence[int], logits: torch.Tensor) -> tuple[list[int], list[int]]:
         """``StreamDecoder.decode``'s sampling of every row -> (the first draw, on the raw distribution: a chunk
-        end there ends the chunk; the draw after forbidden tokens, repetition and length penalties, temperature,
-        top-k and top-p)."""
+        end there ends the chunk; the draw after the forbidden tokens, the repetition and length penalties, the
+        temperature, top-k and top-p)."""
         s = self.settings
-        logits = logits.float()
-        raw = inverse_cdf(logits.softmax(dim=-1), self.random.uniforms(slots))
-        logits = logits.clone()
-        logits[:, [TTS_PAD_TOKEN, CHUNK_EOS_TOKEN]] = float("-inf")
-        if s.text_repetition_penalty != 1.0:
-            seen = torch.zeros_like(logits, dtype=torch.bool)
-            for row, slot in enumerate(slots):
-                window = self.states[slot].generated[-s.text_repetition_window_size :]
-                if window:
-                    seen[row, torch.tensor(sorted(set(window)), device=self.device)] = True
-            logits = torch.where(seen, logits / s.text_repetition_penalty, logits)
-        if s.length_penalty != 1.0:
+        rows = self._set_rows(slots)
+        raw = self.text_sampler.draw(rows, logits)
+        if s.length_penalty != 1.0 or s.listen_prob_scale != 1.0:
+            logits = logits.float()
             eos = logits[:, TURN_EOS_TOKEN]
             logits[:, TURN_EOS_TOKEN] = torch.where(eos > 0, eos / s.length_penalty, eos * s.length_penalty)
-        if s.listen_prob_scale != 1.0:
             logits[:, LISTEN_TOKEN] *= s.listen_prob_scale
-        logits = top_k_top_p(logits / s.temperature, s.top_k, s.top_p)
-        final = inverse_cdf(logits.softmax(dim=-1), self.random.uniforms(slots))
-        return raw.tolist(), final.tolist()
+        final = self.text_sampler.sample(rows, logits)
+        both = torch.stack([raw, final]).tolist()
+        return both[0], both[1]
 
     def _decide(
         self, slots: Sequence[int], logits: torch.Tensor, decisions: Sequence[Decision | None]
@@ -561,11 +543,12 @@ class MiniCPMo45Conversations:
                 break
             active_slots = [slots[i] for i in active]
             if step == limit - 1:
-                tokens = [CHUNK_EOS_TOKEN] * len(active)
-                self._feed(active_slots, tokens)
+                self._feed(active_slots, [CHUNK_EOS_TOKEN] * len(active))
                 break
             raw, final = self._sample_text(active_slots, logits)
-            tokens = []
+            tokens: list[int] = []
+            chosen: list[int] = []
+            kept: list[bool] = []
             for row, index in enumerate(active):
                 state = self.states[slots[index]]
                 choices = forced[index]
@@ -574,12 +557,17 @@ class MiniCPMo45Conversations:
                     if choices is not None
                     else (CHUNK_EOS_TOKEN if raw[row] == CHUNK_EOS_TOKEN else final[row])
                 )
-                if raw[row] != CHUNK_EOS_TOKEN and choice != CHUNK_EOS_TOKEN:
-                    state.generated.append(choice)
+                chosen.append(choice)
+                kept.append(raw[row] != CHUNK_EOS_TOKEN and choice != CHUNK_EOS_TOKEN)
                 if choice == LISTEN_TOKEN and not state.turn_ended:
                     choice = TTS_BOS_TOKEN  # no listening inside a turn
                 results[index].is_listen = choice == LISTEN_TOKEN
                 tokens.append(choice)
+            self.text_sampler.record(
+                self._set_rows(active_slots),
+                torch.tensor(chosen, device=self.device),
+                torch.tensor(kept, device=self.device),
+            )
             logits, hidden = self._feed(active_slots, tokens)
             still = []
             for row, (index, token) in enumerate(zip(active, tokens)):
@@ -664,20 +652,15 @@ class MiniCPMo45Conversations:
         tokens: list[list[int]] = [[] for _ in slots]
         active = list(range(len(slots)))
         eos = TTS_AUDIO_TOKENS - 1
-        temperature = self.settings.tts_temperature
+        for slot, least in zip(slots, minimum):
+            self.speech_sampler.restart(slot)  # the repetition window is this unit's tokens
+            self.speech_sampler.ban(slot, [(eos, least)])
         for step in range(TTS_TOKENS_PER_UNIT):
             active_slots = [slots[i] for i in active]
-            scores = logits / temperature
-            if step > 0 and self.settings.tts_repetition_penalty != 1:
-                seen = torch.tensor(
-                    [tokens[i][-self.settings.tts_repetition_window :] for i in active], device=self.device
-                )
-                counts = F.one_hot(seen, TTS_AUDIO_TOKENS).sum(1)
-                alpha = torch.pow(self.settings.tts_repetition_penalty, counts)
-                scores = torch.where(scores < 0, scores * alpha, scores / alpha)
-            blocked = torch.tensor([step < minimum[i] for i in active], device=self.device)
-            scores[:, eos] = torch.where(blocked, float("-inf"), scores[:, eos])
-            picked = inverse_cdf(scores.softmax(dim=-1), self.random.uniforms(active_slots)).tolist()
+            rows = self._set_rows(active_slots)
+            sampled = self.speech_sampler.sample(rows, logits)
+            self.speech_sampler.record(rows, sampled)
+            picked = sampled.tolist()
             still = []
             for row, (index, token) in enumerate(zip(active, picked)):
                 if token == eos:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -417,6 +418,17 @@ class SessionPool(Scheduler):
     def outputs(self) -> list[TensorSpec]:
         return self.mode.facts.outputs
 
+    def max_frame_bytes(self, sessions: int = 1) -> int:
+        """The longest binary frame a tick of `sessions` sessions (a bundle's) can be: every input at the most
+        units the plan feeds it at one instant, with room for the longest header."""
+        facts = self.mode.facts
+        total = 0
+        for spec in self.inputs:
+            units = facts.most_units.get(spec.name, spec.units or 1)
+            dims = [units if axis == spec.time_axis else (dim or 1) for axis, dim in enumerate(spec.shape)]
+            total += math.prod(dims) * codec.TORCH_DTYPES[spec.dtype].itemsize
+        return sessions * total + codec.MAX_HEADER_BYTES
+
     def check_inputs(self, inputs: Mapping[str, torch.Tensor], last: bool = False) -> None:
         """TickError (unknown-input, missing-input, wrong-dtype, wrong-shape, bad-input) for a tick the tail
         cannot take; what the runtime checks at the instant it checks itself."""
@@ -498,6 +510,7 @@ class SessionPool(Scheduler):
             "lockstep": self.config.lockstep,
             "queue_depth": self.config.queue_depth,
             "idle_timeout_s": self.config.idle_timeout_s,
+            "max_frame_bytes": self.max_frame_bytes(),
         }
 
     async def health(self) -> tuple[int, dict]:

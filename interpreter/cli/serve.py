@@ -44,6 +44,17 @@ def headroom(text: str) -> float:
     return value
 
 
+def pace(text: str) -> float:
+    """An argparse type: ticks a period, a finite number >= 0 (0: no pace)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of ticks a period >= 0, not {text!r}") from None
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of ticks a period >= 0, not {value}")
+    return value
+
+
 def tick_model(text: str) -> tuple[float, float]:
     """An argparse type: `FIXED_MS+PER_UNIT_MS`, the numbers of a `calibrated tick` line; seconds."""
     fixed, plus, per_unit = text.partition("+")
@@ -82,6 +93,7 @@ def pool_config(args: argparse.Namespace) -> Any:
         idle_timeout_s=args.idle_timeout,
         queue_depth=args.queue_depth,
         gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
+        pace=args.pace or None,
         latency_guard=args.latency_guard,
         freeze_gc=args.freeze_gc,
     )
@@ -180,6 +192,14 @@ def register(commands) -> None:
         default=None,
         metavar="MS",
         help="how long a round may wait for the other sessions' ticks (default: 5%% of the tick period; 0: none)",
+    )
+    parser.add_argument(
+        "--pace",
+        type=pace,
+        default=2.0,
+        metavar="TICKS",
+        help="a session's ticks are stepped at most TICKS a tick period on average, after a burst of "
+        "--queue-depth (default 2; 0: no limit)",
     )
     parser.add_argument(
         "--tick-model",

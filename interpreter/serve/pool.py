@@ -91,6 +91,8 @@ class PoolConfig:
     `gather_s`: how long a round may wait, from its oldest tick's arrival, for the other sessions' ticks
     (sessions paced by the same cadence arrive a few milliseconds apart; one round for all of them costs less
     than two); None: 5 % of the tick period; 0: a round starts as soon as anything is queued.
+    `pace`: a session's ticks are stepped at most `pace` a tick period on average, after a burst of
+    `queue_depth` (a client ahead of the cadence waits in its own queue); None: as fast as they come.
     """
 
     slots: int = 1
@@ -110,6 +112,7 @@ class PoolConfig:
     deterministic: bool = True
     freeze_gc: bool = True
     gather_s: float | None = None
+    pace: float | None = 2.0
 
     def problems(self) -> list[str]:
         found = []
@@ -127,6 +130,8 @@ class PoolConfig:
             found.append(f"the queue depth must be at least 1, not {self.queue_depth}")
         if self.tick_period_s is not None and not self.tick_period_s > 0:
             found.append(f"the tick period must be above 0 s, not {self.tick_period_s}")
+        if self.pace is not None and not self.pace > 0:
+            found.append(f"the pace must be above 0 ticks a period, not {self.pace}")
         if self.gather_s is not None and not self.gather_s >= 0:
             found.append(f"the gather time must be 0 s or more, not {self.gather_s}")
         return found

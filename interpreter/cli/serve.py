@@ -12,7 +12,6 @@ Torch, the pool and the web packages are imported by `run` only (`pip install "d
 from __future__ import annotations
 
 import argparse
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -134,13 +133,16 @@ async def started_pool(args: argparse.Namespace) -> Any:
 async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None = None) -> int:
     """Start the pool, then serve until the server is told to exit (an interrupt, or `server.should_exit`).
     `started(server)` is called once it listens."""
-    import uvicorn
+    import uvicorn  # before the pool loads: a missing serving package is said at once
 
     from duplexcadence.interpreter.serve.app import make_app
-    from duplexcadence.interpreter.serve.server import serve_pool, server_config
+    from duplexcadence.interpreter.serve.server import ConnectionLimits, DrainingServer, serve_pool, server_config
 
     pool = await started_pool(args)
-    server = uvicorn.Server(server_config(make_app(pool, manage_pool=False), args.host, args.port, args.log_level))
+    limits = ConnectionLimits(args.header_timeout, args.max_connections, args.drain_timeout)
+    app = make_app(pool, manage_pool=False)
+    config: uvicorn.Config = server_config(app, args.host, args.port, args.log_level, limits=limits)
+    server = DrainingServer(config, args.drain_timeout)
     await serve_pool(pool, server, started)
     return EXIT_CLEAN
 
@@ -150,7 +152,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(messages.lanes_over_slots(args.lanes, args.slots))
     if serve_ray.wants_ray(args):
         return serve_ray.serve_cluster(args, pool_config(args), pairs(args.param))
-    return asyncio.run(serve(args))
+    from duplexcadence.interpreter.serve.server import run_loop
+
+    return run_loop(serve(args))
 
 
 def register(commands) -> None:
@@ -219,6 +223,20 @@ def register(commands) -> None:
         dest="freeze_gc",
         action="store_false",
         help="leave what the pool loaded in the garbage collector's walk (by default it is frozen once started)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="cut a connection whose request headers have not all arrived in SECONDS (10)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=positive,
+        default=1024,
+        metavar="N",
+        help="connections served at once, 503 past them; at most the open-file limit less 64 (1024)",
     )
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     serve_ray.add_ray_options(parser)

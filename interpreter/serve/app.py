@@ -160,6 +160,8 @@ def make_app(pool: ServingPool, manage_pool: bool = True, limits: FrontLimits | 
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.pool = pool
+    app.state.schedulers = [pool]  # drained by the server on SIGTERM (server.DrainingServer); a route of
+    # another scheduler adds its own
     return app
 
 

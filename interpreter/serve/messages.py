@@ -423,6 +423,14 @@ def clock_problem(target: str, problem: str) -> str:
     return f"{target}: {problem}"
 
 
+def header_timeout(seconds: float) -> str:
+    return f"a connection sent no complete request headers within {seconds:g} s: cut"
+
+
+def repeats_held(count: int, interval_s: float) -> str:
+    return f"{count} more like it in the last {interval_s:g} s not logged"
+
+
 def serve_error(message: str) -> str:
     """A `dsl serve` failure that is not the command line's fault, on stderr."""
     return f"dsl serve: error: {message}"

@@ -170,10 +170,18 @@ class Client(ClosingState):
         if self.closed:
             return
         if self.closing is None:
-            self.closing = (messages.CLIENT_CLOSED, "closed by the client")
-            await self.enqueue(Item(CLOSE, self.scheduler.loop.create_future()))
+            await self.close_after(messages.CLIENT_CLOSED, "closed by the client")
         else:
             await self.closed_event.wait()
+
+    def close_after(self, code: str, message: str) -> asyncio.Future:
+        """Close with `code` once the items queued before it are done (a drain); no item is taken after it."""
+        if self.closing is None:
+            self.closing = (code, message)
+            return self.enqueue(Item(CLOSE, self.scheduler.loop.create_future()))
+        future = self.scheduler.loop.create_future()
+        future.set_result(None)
+        return future
 
     def abort(self, code: str, message: str) -> None:
         """Close now (a client gone, an idle timeout, the scheduler stopping): the queued ticks and resets fail
@@ -276,6 +284,7 @@ class Scheduler:
         self.sessions: dict[int, Any] = {}
         """The open clients by id."""
         self.draining = False
+        self.shutting_down = False
         self.stopping = False
         self.runner: RoundRunner | None = None
         self.rule: AdmissionRule | None = None
@@ -373,6 +382,17 @@ class Scheduler:
             gc.unfreeze()
             self._froze_gc = False
 
+    async def shut_down(self, limit_s: float) -> None:
+        """Drain for a shutdown: admit nothing new (`shutting-down`), answer every item already queued, then
+        close each client with `shutting-down`; returns when none is left or after `limit_s` (`stop()` then
+        closes the rest at once)."""
+        self.shutting_down = True
+        for client in list(self.sessions.values()):
+            client.close_after(messages.SHUTTING_DOWN, messages.shutting_down())
+        if self.sessions and self._empty is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._empty.wait(), timeout=limit_s)
+
     def unload(self) -> None:
         """On the device thread, last: what the subclass's loading changed, put back."""
 
@@ -389,7 +409,7 @@ class Scheduler:
         assert self.rule is not None, "start() the pool first"
         return self.rule.snapshot(
             len(self.sessions),
-            self.draining or self.stopping,
+            self.draining or self.stopping or self.shutting_down,
             self.lanes(),
             self.observed_tick_p99(),
         )
@@ -407,7 +427,7 @@ class Scheduler:
         """Why `extra` more clients are not admitted now (None: they are), with the numbers."""
         assert self.rule is not None, "start() the pool first"
         active = len(self.sessions) + self.opening
-        if self.stopping:
+        if self.stopping or self.shutting_down:
             return AdmissionRefused(
                 messages.SHUTTING_DOWN,
                 messages.shutting_down(),

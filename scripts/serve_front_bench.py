@@ -199,6 +199,7 @@ def measure(args: argparse.Namespace, sessions: int, folder: str) -> dict:
             enforce_tick_budget=False,
             idle_timeout_s=600,
             gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
+            pace=None,  # unpaced sessions measure the front's own limit
         ),
     )
     with ServerThread(make_app(pool), log_level="warning", loop=args.loop) as server:

@@ -12,7 +12,6 @@ Torch, the pool and the web packages are imported by `run` only (`pip install "d
 from __future__ import annotations
 
 import argparse
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +40,17 @@ def headroom(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a fraction from 0 to below 1, not {text!r}") from None
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"must be a fraction from 0 to below 1, not {value}")
+    return value
+
+
+def pace(text: str) -> float:
+    """An argparse type: ticks a period, a finite number >= 0 (0: no pace)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of ticks a period >= 0, not {text!r}") from None
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of ticks a period >= 0, not {value}")
     return value
 
 
@@ -82,6 +92,7 @@ def pool_config(args: argparse.Namespace) -> Any:
         idle_timeout_s=args.idle_timeout,
         queue_depth=args.queue_depth,
         gather_s=None if args.gather_ms is None else args.gather_ms / 1000,
+        pace=args.pace or None,
         latency_guard=args.latency_guard,
         freeze_gc=args.freeze_gc,
     )
@@ -122,13 +133,16 @@ async def started_pool(args: argparse.Namespace) -> Any:
 async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None = None) -> int:
     """Start the pool, then serve until the server is told to exit (an interrupt, or `server.should_exit`).
     `started(server)` is called once it listens."""
-    import uvicorn
+    import uvicorn  # before the pool loads: a missing serving package is said at once
 
     from duplexcadence.interpreter.serve.app import make_app
-    from duplexcadence.interpreter.serve.server import serve_pool, server_config
+    from duplexcadence.interpreter.serve.server import ConnectionLimits, DrainingServer, serve_pool, server_config
 
     pool = await started_pool(args)
-    server = uvicorn.Server(server_config(make_app(pool, manage_pool=False), args.host, args.port, args.log_level))
+    limits = ConnectionLimits(args.header_timeout, args.max_connections, args.drain_timeout)
+    app = make_app(pool, manage_pool=False)
+    config: uvicorn.Config = server_config(app, args.host, args.port, args.log_level, limits=limits)
+    server = DrainingServer(config, args.drain_timeout)
     await serve_pool(pool, server, started)
     return EXIT_CLEAN
 
@@ -140,7 +154,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(messages.lanes_over_slots(args.lanes, args.slots))
     if serve_ray.wants_ray(args):
         return serve_ray.serve_cluster(args, pool_config(args), pairs(args.param))
-    return asyncio.run(serve(args))
+    from duplexcadence.interpreter.serve.server import run_loop
+
+    return run_loop(serve(args))
 
 
 def register(commands) -> None:
@@ -184,6 +200,14 @@ def register(commands) -> None:
         help="how long a round may wait for the other sessions' ticks (default: 5%% of the tick period; 0: none)",
     )
     parser.add_argument(
+        "--pace",
+        type=pace,
+        default=2.0,
+        metavar="TICKS",
+        help="a session's ticks are stepped at most TICKS a tick period on average, after a burst of "
+        "--queue-depth (default 2; 0: no limit)",
+    )
+    parser.add_argument(
         "--tick-model",
         type=tick_model,
         default=None,
@@ -201,6 +225,20 @@ def register(commands) -> None:
         dest="freeze_gc",
         action="store_false",
         help="leave what the pool loaded in the garbage collector's walk (by default it is frozen once started)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="cut a connection whose request headers have not all arrived in SECONDS (10)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=positive,
+        default=1024,
+        metavar="N",
+        help="connections served at once, 503 past them; at most the open-file limit less 64 (1024)",
     )
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     serve_conversations.add_options(parser)

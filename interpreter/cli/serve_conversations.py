@@ -9,7 +9,6 @@ or `MODULE:FUNCTION`, a function of yours that returns a `ConversationEngine` (c
 from __future__ import annotations
 
 import argparse
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -55,7 +54,7 @@ def where(url: str) -> str:
 
 
 async def serve(args: argparse.Namespace, params: dict[str, str], started: Callable[[Any], None] | None = None) -> int:
-    import uvicorn
+    import uvicorn  # before the engine loads: a missing serving package is said at once
 
     from duplexcadence.interpreter.serve.conversations import (
         ConversationPool,
@@ -64,7 +63,7 @@ async def serve(args: argparse.Namespace, params: dict[str, str], started: Calla
         engine_name,
     )
     from duplexcadence.interpreter.serve.realtime.app import make_conversation_app
-    from duplexcadence.interpreter.serve.server import serve_pool, server_config
+    from duplexcadence.interpreter.serve.server import ConnectionLimits, DrainingServer, serve_pool, server_config
 
     device = resolve_device(args.device)
     try:
@@ -74,11 +73,12 @@ async def serve(args: argparse.Namespace, params: dict[str, str], started: Calla
     pool = ConversationPool(build, engine_name(args.target), pool_config(args))
     try:
         await pool.start()
-    except (LookupError, ValueError, TypeError) as error:
-        await pool.stop()
+    except (LookupError, ValueError, TypeError) as error:  # an unknown engine, an option it does not take
         raise UsageError(f"cannot build the conversation engine '{args.target}': {error}") from None
+    limits = ConnectionLimits(args.header_timeout, args.max_connections, args.drain_timeout)
     app = make_conversation_app(pool, manage_pool=False)
-    server = uvicorn.Server(server_config(app, args.host, args.port, args.log_level))
+    config: uvicorn.Config = server_config(app, args.host, args.port, args.log_level, limits=limits)
+    server = DrainingServer(config, args.drain_timeout)
 
     def listening(running: Any) -> None:
         port = running.servers[0].sockets[0].getsockname()[1]
@@ -117,6 +117,7 @@ def pool_config(args: argparse.Namespace) -> Any:
         latency_guard=args.latency_guard,
         calibration=tuple(args.calibrate),
         freeze_gc=args.freeze_gc,
+        pace=args.pace or None,
     )
 
 
@@ -126,4 +127,6 @@ def run(args: argparse.Namespace, params: dict[str, str]) -> int:
         raise UsageError("; ".join(found))
     if serve_ray.wants_ray(args):
         return serve_ray.serve_cluster(args, pool_config(args), params)
-    return asyncio.run(serve(args, params))
+    from duplexcadence.interpreter.serve.server import run_loop
+
+    return run_loop(serve(args, params))

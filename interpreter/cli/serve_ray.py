@@ -54,7 +54,8 @@ def add_ray_options(parser: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=600.0,
         metavar="SECONDS",
-        help="at shutdown, how long a replica waits for its sessions (600)",
+        help="at shutdown (SIGTERM, SIGINT), how long the server answers its queued ticks before it closes its "
+        "sessions; with --ray, how long a replica waits for its sessions (600)",
     )
     group.add_argument(
         "--stats-period",

@@ -18,9 +18,10 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+import attrs
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -36,9 +37,13 @@ from duplexcadence.interpreter.serve.scheduler import TickError
 PROTOCOL = codec.VERSION
 LOG = logging.getLogger("duplexcadence.serve")
 
+SEED_LIMIT = 2**64
+"""Seeds are whole numbers from 0 to 2^64 - 1 (a torch generator's)."""
+
 CLOSE_CODES = {
     messages.CLIENT_CLOSED: messages.CLOSE_NORMAL,
     messages.IDLE_TIMEOUT: messages.CLOSE_IDLE,
+    messages.UNREAD_ANSWERS: messages.CLOSE_UNREAD_ANSWERS,
     messages.SHUTTING_DOWN: messages.CLOSE_GOING_AWAY,
     messages.INTERNAL: messages.CLOSE_INTERNAL,
 }
@@ -83,6 +88,8 @@ class ServingPool(Protocol):
 
     def ready_fields(self) -> dict: ...
 
+    def max_frame_bytes(self, sessions: int) -> int: ...
+
     async def health(self) -> tuple[int, dict]: ...
 
     async def capacity_json(self) -> dict: ...
@@ -107,10 +114,22 @@ def ready_frame(pool: ServingPool, session: ServingSession) -> dict:
     return {"type": "ready", "protocol": PROTOCOL, **session.info(), **pool.ready_fields()}
 
 
-def make_app(pool: ServingPool, manage_pool: bool = True) -> Starlette:
+def make_app(pool: ServingPool, manage_pool: bool = True, limits: FrontLimits | None = None) -> Starlette:
     """The ASGI app of `pool`. With `manage_pool` the app's lifespan starts the pool (load, warm-up,
     calibration: the server accepts connections once it is ready) and stops it at shutdown; without, the
-    caller does both."""
+    caller does both. `limits`: what one websocket may hold (`FrontLimits()` unless given)."""
+    limits = limits or FrontLimits()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if manage_pool:
+            await pool.start()
+            LOG.info("%s", pool.describe())
+        try:
+            yield
+        finally:
+            if manage_pool:
+                await pool.stop()
 
     async def healthz(request: Request) -> Response:
         status, health = await pool.health()
@@ -126,10 +145,10 @@ def make_app(pool: ServingPool, manage_pool: bool = True) -> Starlette:
         return Response(await pool.metrics_text(), media_type=CONTENT_TYPE)
 
     async def session_socket(websocket: WebSocket) -> None:
-        await SocketSession(pool, websocket).run()
+        await SocketSession(pool, websocket, limits).run()
 
     async def bundle_socket(websocket: WebSocket) -> None:
-        await SocketSession(pool, websocket, bundle=True).run()
+        await SocketSession(pool, websocket, limits, bundle=True).run()
 
     routes = [
         Route("/healthz", healthz),
@@ -139,87 +158,56 @@ def make_app(pool: ServingPool, manage_pool: bool = True) -> Starlette:
         WebSocketRoute("/v1/session", session_socket),
         WebSocketRoute("/v1/bundle", bundle_socket),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan_of(pool, manage_pool))
+    app = Starlette(routes=routes, lifespan=lifespan)
     app.state.pool = pool
+    app.state.schedulers = [pool]  # drained by the server on SIGTERM (server.DrainingServer); a route of
+    # another scheduler adds its own
     return app
 
 
-def lifespan_of(pool: Any, manage_pool: bool) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
-    """An app's lifespan over `pool` (a tail's or a conversation pool): with `manage_pool` it starts the pool and
-    logs its start-up lines before the server accepts connections, and stops it at shutdown."""
+@attrs.frozen
+class FrontLimits:
+    """What one websocket may hold of the server: `answers_waiting` answers queued to be sent (past them the
+    server stops reading the socket, so TCP holds the client back); `answer_timeout_s`, how long one answer may
+    wait to be written before the session is closed (`unread-answers`, close 4429: a client that does not read
+    its answers); `control_bytes`, the longest text frame read as a control."""
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if manage_pool:
-            await pool.start()
-            LOG.info("%s", pool.describe())
-        try:
-            yield
-        finally:
-            if manage_pool:
-                await pool.stop()
-
-    return lifespan
-
-
-async def pump(
-    closed: asyncio.Event,
-    receive: Callable[[], Coroutine[Any, Any, None]],
-    send: Callable[[], Coroutine[Any, Any, None]],
-    answers: asyncio.Queue,
-) -> None:
-    """A websocket's receiver and sender, until its client (session, conversation) is `closed`: then the receiver
-    stops and the sender answers what is queued in `answers` (a None ends it)."""
-    receiver = asyncio.create_task(receive())
-    sender = asyncio.create_task(send())
-    try:
-        await closed.wait()
-    finally:
-        receiver.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await receiver
-        await answers.put(None)
-        await sender
-
-
-def drain_quietly(answers: asyncio.Queue) -> None:
-    """The answers left once the socket is gone: nobody will send them, but their futures' errors are retrieved
-    (an entry is a tuple whose second item may be a future)."""
-    while not answers.empty():
-        entry = answers.get_nowait()
-        if entry is not None and isinstance(entry[1], asyncio.Future):
-            entry[1].add_done_callback(lambda future: future.cancelled() or future.exception())
+    answers_waiting: int = 32
+    answer_timeout_s: float = 5.0
+    control_bytes: int = 4096
 
 
 class SocketSession:
     """One websocket's session: a receiver queues each frame's tick or control, a sender answers them in
     order; when the pool closes the session (asked to, idle, shutting down) the socket closes after the
-    answers. With `bundle`, the websocket's session is a bundle of the query's `sessions` (`pool.Bundle`)."""
+    answers. With `bundle`, the websocket's session is a bundle of the query's `sessions` (`bundle.Bundle`).
 
-    def __init__(self, pool: ServingPool, websocket: WebSocket, bundle: bool = False):
+    A fault in one frame's handling (a bug) answers that frame with an `internal` error frame, logged; the
+    session goes on. The answers waiting to be sent are bounded (`FrontLimits`)."""
+
+    def __init__(self, pool: ServingPool, websocket: WebSocket, limits: FrontLimits, bundle: bool = False):
         self.pool = pool
         self.websocket = websocket
+        self.limits = limits
         self.bundle = bundle
-        self.answers: asyncio.Queue = asyncio.Queue()
+        self.answers: asyncio.Queue = asyncio.Queue(limits.answers_waiting)
         self.session: ServingSession | None = None
         self.frames = 0
+        self.frame_limit = 0
+        self.unread = False
 
     async def run(self) -> None:
         websocket = self.websocket
         await websocket.accept()
         seed_text = websocket.query_params.get("seed", "0")
-        try:
-            seed = int(seed_text)
-        except ValueError:
-            await self._refuse(messages.BAD_CONTROL, messages.bad_seed(seed_text), messages.CLOSE_POLICY)
+        seed = whole_number(seed_text, 0, SEED_LIMIT)
+        if seed is None:
+            await self._refuse(messages.BAD_CONTROL, messages.bad_seed(seed_text, SEED_LIMIT), messages.CLOSE_POLICY)
             return
-        count = 0
+        count = 1
         if self.bundle:
             count_text = websocket.query_params.get("sessions", "")
-            try:
-                count = int(count_text)
-            except ValueError:
-                count = 0
+            count = whole_number(count_text, 1, None) or 0
             if count < 1:
                 await self._refuse(messages.BAD_CONTROL, messages.bad_bundle_size(count_text), messages.CLOSE_POLICY)
                 return
@@ -233,12 +221,22 @@ class SocketSession:
             await self._refuse(messages.INTERNAL, messages.internal(error), messages.CLOSE_INTERNAL)
             return
         self.session = session
+        self.frame_limit = self.pool.max_frame_bytes(count)
         try:
             await websocket.send_json(ready_frame(self.pool, session))
         except (WebSocketDisconnect, RuntimeError, OSError):
             session.abort(messages.DISCONNECTED, messages.disconnected())
             return
-        await pump(session.closed_event, self._receive, self._send, self.answers)
+        receiver = asyncio.create_task(self._receive())
+        sender = asyncio.create_task(self._send())
+        try:
+            await session.closed_event.wait()
+        finally:
+            receiver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await receiver
+            await self.answers.put(None)  # the sender takes it once it has sent (or given up on) the answers before
+            await sender
         await self._close(session)
 
     async def _refuse(self, code: str, message: str, close_code: int) -> None:
@@ -250,102 +248,149 @@ class SocketSession:
     async def _receive(self) -> None:
         session = self.session
         assert session is not None
-        try:
-            while True:
+        while True:
+            try:
                 message = await self.websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    session.abort(messages.DISCONNECTED, messages.disconnected())
-                    return
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                session.abort(messages.DISCONNECTED, messages.disconnected())
+                return
+            if message["type"] == "websocket.disconnect":
+                session.abort(messages.DISCONNECTED, messages.disconnected())
+                return
+            try:
                 if message.get("bytes") is not None:
-                    self._tick(message["bytes"])
-                elif message.get("text") is not None and self._control(message["text"]) == "close":
-                    return
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            session.abort(messages.DISCONNECTED, messages.disconnected())
-        except Exception as error:  # a fault of the server: never a silent hang
-            LOG.exception("websocket receive failed")
-            session.abort(messages.INTERNAL, messages.internal(error))
+                    entry = self._tick(message["bytes"])
+                elif message.get("text") is not None:
+                    entry = self._control(message["text"])
+                else:
+                    continue
+            except Exception as error:  # a fault of the server in this frame: it fails, the session goes on
+                LOG.exception("a frame of session %s failed", getattr(session, "id", "?"))
+                entry = ("error", error_frame(messages.INTERNAL, messages.internal(error)))
+            await self.answers.put(entry)  # while `answers_waiting` answers wait, the socket is not read
+            if entry[0] == "closing":
+                return
 
-    def _tick(self, data: bytes) -> None:
+    def _tick(self, data: bytes) -> tuple:
         session = self.session
         assert session is not None
         tick = self.frames
         self.frames += 1
+        if len(data) > self.frame_limit:
+            message = messages.frame_too_large(len(data), self.frame_limit)
+            return ("error", error_frame(messages.FRAME_TOO_LARGE, message, tick))
         try:
             future = session.submit_frame(data)
         except (codec.FrameError, TickError) as error:
-            self.answers.put_nowait(("error", error_frame(error.code, error.message, tick)))
-            return
-        self.answers.put_nowait(("tick", future, tick))
+            return ("error", error_frame(error.code, error.message, tick))
+        return ("tick", future, tick)
 
-    def _control(self, text: str) -> str | None:
+    def _control(self, text: str) -> tuple:
         session = self.session
         assert session is not None
-        try:
-            control = json.loads(text)
-        except ValueError:
-            control = None
-        kind = control.get("type") if isinstance(control, dict) else None
-        if kind == "reset":
+        control: Any = None
+        if len(text) > self.limits.control_bytes:
+            problem = f"a text frame of {len(text)} characters (a control is at most {self.limits.control_bytes})"
+        else:
             try:
-                self.answers.put_nowait(("reset", session.reset()))
-            except TickError as error:
-                self.answers.put_nowait(("error", error_frame(error.code, error.message)))
-            return kind
-        if kind == "close":
-            self.answers.put_nowait(("closing", asyncio.ensure_future(session.close())))
-            return kind
-        problem = "the text frame is not JSON" if control is None and kind is None else f"unknown control {text[:80]!r}"
-        if isinstance(control, dict) and kind is not None:
-            problem = f"unknown control type {kind!r}"
-        self.answers.put_nowait(("error", error_frame(messages.BAD_CONTROL, messages.bad_control(problem))))
-        return None
+                control = json.loads(text)
+            except (ValueError, RecursionError):
+                control = None
+            kind = control.get("type") if isinstance(control, dict) else None
+            if kind == "reset":
+                try:
+                    return ("reset", session.reset())
+                except TickError as error:
+                    return ("error", error_frame(error.code, error.message))
+            if kind == "close":
+                return ("closing", asyncio.ensure_future(session.close()))
+            if isinstance(control, dict) and kind is not None:
+                problem = f"unknown control type {str(kind)[:80]!r}"
+            elif control is None:
+                problem = "the text frame is not JSON"
+            else:
+                problem = f"unknown control {text[:80]!r}"
+        return ("error", error_frame(messages.BAD_CONTROL, messages.bad_control(problem)))
 
     async def _send(self) -> None:
-        """Answer the queued frames in order; after the socket is gone, only wait for them."""
+        """Answer the queued frames in order; after the socket is gone, only wait for them. An answer not
+        written within `answer_timeout_s` closes the session (`unread-answers`)."""
         while True:
             entry = await self.answers.get()
             if entry is None:
                 return
-            kind = entry[0]
             try:
-                if kind == "error":
-                    await self.websocket.send_json(entry[1])
-                elif kind == "tick":
-                    try:
-                        outputs = await entry[1]
-                    except TickError as error:
-                        if error.code in (messages.CLIENT_CLOSED, messages.DISCONNECTED):
-                            continue
-                        members = error.members if isinstance(error, BundleTickError) else None
-                        await self.websocket.send_json(error_frame(error.code, error.message, entry[2], members))
-                        continue
-                    await self.websocket.send_bytes(codec.encode(outputs))
-                elif kind == "reset":
-                    try:
-                        await entry[1]
-                    except TickError as error:
-                        await self.websocket.send_json(error_frame(error.code, error.message))
-                        continue
-                    await self.websocket.send_json({"type": "reset"})
-                elif kind == "closing":
-                    await entry[1]
+                frame = await self._answer(entry)
+                if frame is not None:
+                    await asyncio.wait_for(self._write(frame), self.limits.answer_timeout_s)
+            except TimeoutError:
+                self.unread = True
+                if self.session is not None:
+                    timeout = self.limits.answer_timeout_s
+                    self.session.abort(messages.UNREAD_ANSWERS, messages.unread_answers(timeout))
+                self._drain_quietly()
+                return
             except (WebSocketDisconnect, RuntimeError, OSError):
                 if self.session is not None:
                     self.session.abort(messages.DISCONNECTED, messages.disconnected())
-                drain_quietly(self.answers)
+                self._drain_quietly()
                 return
+
+    async def _answer(self, entry: tuple) -> dict | bytes | None:
+        """The frame that answers `entry` once it is done (None: nothing to send)."""
+        kind = entry[0]
+        if kind == "error":
+            return entry[1]
+        if kind == "closing":
+            await entry[1]
+            return None
+        try:
+            outputs = await entry[1]
+        except TickError as error:
+            if kind == "tick" and error.code in (messages.CLIENT_CLOSED, messages.DISCONNECTED):
+                return None
+            members = error.members if isinstance(error, BundleTickError) else None
+            return error_frame(error.code, error.message, entry[2] if kind == "tick" else None, members)
+        if kind == "reset":
+            return {"type": "reset"}
+        return codec.encode(outputs)
+
+    async def _write(self, frame: dict | bytes) -> None:
+        if isinstance(frame, bytes):
+            await self.websocket.send_bytes(frame)
+        else:
+            await self.websocket.send_json(frame)
+
+    def _drain_quietly(self) -> None:
+        while not self.answers.empty():
+            entry = self.answers.get_nowait()
+            if entry is not None and isinstance(entry[1], asyncio.Future):
+                entry[1].add_done_callback(lambda future: future.cancelled() or future.exception())
 
     async def _close(self, session: ServingSession) -> None:
         websocket = self.websocket
         if websocket.client_state != WebSocketState.CONNECTED or session.close_code == messages.DISCONNECTED:
             return
         code = session.close_code or messages.CLIENT_CLOSED
-        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-            if code == messages.CLIENT_CLOSED:
-                await websocket.send_json({"type": "closed", **session.stats_json()})
-                await websocket.close(messages.CLOSE_NORMAL)
-            else:
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError, TimeoutError):
+            async with asyncio.timeout(self.limits.answer_timeout_s):
+                if code == messages.CLIENT_CLOSED:
+                    await websocket.send_json({"type": "closed", **session.stats_json()})
+                    await websocket.close(messages.CLOSE_NORMAL)
+                    return
                 message = session.close_message or code
-                await websocket.send_json(error_frame(code, message))
-                await websocket.close(CLOSE_CODES.get(code, messages.CLOSE_INTERNAL), messages.close_reason(message))
+                if not self.unread:
+                    await websocket.send_json(error_frame(code, message))
+                close_code = CLOSE_CODES.get(code, messages.CLOSE_INTERNAL)
+                await websocket.close(close_code, messages.close_reason(message))
+
+
+def whole_number(text: str, least: int, limit: int | None) -> int | None:
+    """`text` as a whole number from `least` to below `limit` (None: no limit); None when it is not one."""
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    if value < least or (limit is not None and value >= limit):
+        return None
+    return value

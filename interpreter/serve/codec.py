@@ -34,6 +34,10 @@ KNOWN_FLAGS = FLAG_LAST
 MAX_TENSORS = 64
 MAX_NAME_BYTES = 255
 MAX_DIMS = 8
+MAX_HEADER_BYTES = 10 + MAX_TENSORS * (2 + MAX_NAME_BYTES + 2 + 4 * MAX_DIMS)
+"""The longest header a frame can have."""
+MAX_ELEMENTS = 2**31 - 1
+"""The most elements an empty tensor's other dimensions may hold (a tensor with data is bounded by the frame)."""
 
 DTYPE_CODES: dict[int, str] = {
     1: "f32",
@@ -236,6 +240,8 @@ def _layout(view: memoryview) -> Layout:
     for name, dtype, shape in specs:
         dtype_ = TORCH_DTYPES[dtype]
         size = math.prod(shape) * dtype_.itemsize
+        if size == 0 and math.prod(dim for dim in shape if dim) > MAX_ELEMENTS:  # torch's strides would overflow
+            raise FrameError(messages.BAD_FRAME, messages.empty_shape_too_large(name, shape, MAX_ELEMENTS))
         _need(view, offset, size, f"the data of tensor '{name}'")
         placed.append((name, dtype_, shape, offset, size))
         offset += size
@@ -247,9 +253,9 @@ def _layout(view: memoryview) -> Layout:
 def _tensor(data: memoryview, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     if len(data) == 0:
         return torch.empty(shape, dtype=dtype)
-    if dtype == torch.bool and max(data) > 1:
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # one copy; every check below is vectorised
+    if dtype == torch.bool and bool((raw > 1).any()):
         raise FrameError(messages.BAD_FRAME, messages.bad_bool())
     if sys.byteorder != "little" and dtype.itemsize > 1:
-        raw = swap_bytes(torch.frombuffer(bytearray(data), dtype=torch.uint8), dtype.itemsize)
-        return raw.view(dtype).reshape(shape)
-    return torch.frombuffer(bytearray(data), dtype=dtype).view(shape)
+        raw = swap_bytes(raw, dtype.itemsize)
+    return raw.view(dtype).view(shape)

@@ -94,7 +94,8 @@ class ConversationPoolConfig:
     admission keeps free; `latency_guard`: also refuse while the p99 unit latency of the
     last 5 cadences is over the budget; `calibration`: conversation counts the engine's round model is timed at
     when the pool starts (`Engine.calibrate`, scripted turns; empty: admission by the slots and the guard);
-    `freeze_gc`: as `PoolConfig`'s."""
+    `freeze_gc` and `pace` (units stepped a cadence at most on average, after a burst of the queue depth): as
+    `PoolConfig`'s."""
 
     queue_depth: int = 4
     idle_timeout_s: float = 30.0
@@ -103,6 +104,7 @@ class ConversationPoolConfig:
     latency_guard: bool = True
     calibration: tuple[int, ...] = ()
     freeze_gc: bool = True
+    pace: float | None = 2.0
 
     def problems(self) -> list[str]:
         found = []
@@ -112,6 +114,8 @@ class ConversationPoolConfig:
             found.append(f"the idle timeout must be above 0 s, not {self.idle_timeout_s}")
         if self.gather_s is not None and not self.gather_s >= 0:
             found.append(f"the gather time must be 0 s or more, not {self.gather_s}")
+        if self.pace is not None and not self.pace > 0:
+            found.append(f"the pace must be above 0 units a cadence, not {self.pace}")
         if not 0.0 <= self.headroom < 1.0:
             found.append(f"headroom must be from 0 to below 1, not {self.headroom}")
         return found

@@ -24,6 +24,8 @@ CLOSE_TRY_AGAIN_LATER = 1013
 """Admission refused: the pool is at capacity or draining; the reason says which, with the numbers."""
 CLOSE_IDLE = 4408
 """The session sent nothing for the pool's idle timeout: its slot was freed."""
+CLOSE_UNREAD_ANSWERS = 4429
+"""The client left an answer unread past the server's answer timeout: its slot was freed."""
 
 CLOSE_REASON_BYTES = 123
 """A close frame's reason is at most 123 bytes of UTF-8 (RFC 6455 section 5.5)."""
@@ -45,6 +47,8 @@ STAGE_FAILED = "stage-failed"
 SESSION_FAILED = "session-failed"
 FINISHED = "finished"
 QUEUE_FULL = "queue-full"
+FRAME_TOO_LARGE = "frame-too-large"
+UNREAD_ANSWERS = "unread-answers"
 BAD_CONTROL = "bad-control"
 AT_CAPACITY = "at-capacity"
 DRAINING = "draining"
@@ -73,6 +77,8 @@ ERROR_CODES: dict[str, str] = {
     SESSION_FAILED: "a tick sent to a failed session before its reset",
     FINISHED: "a tick sent after the stream's last tick, before a reset",
     QUEUE_FULL: "more ticks queued than the pool holds per session",
+    FRAME_TOO_LARGE: "a binary frame longer than any tick of the tail can be (refused before it is read)",
+    UNREAD_ANSWERS: "the client left an answer unread past the answer timeout: the session is closed",
     BAD_CONTROL: "a text frame that is not a control frame this server knows",
     AT_CAPACITY: "admission refused: no slot, or the predicted tick would pass the budget",
     DRAINING: "admission refused: the pool is draining",
@@ -189,6 +195,10 @@ def bad_bool() -> str:
     return "a bool tensor holds a byte other than 0 or 1"
 
 
+def empty_shape_too_large(name: str, shape: tuple[int, ...], most: int) -> str:
+    return f"tensor '{name}' has shape {list(shape)}: its dimensions other than the empty one hold more than {most} elements"
+
+
 def duplicate_name(name: str) -> str:
     return f"tensor '{name}' appears twice in the frame"
 
@@ -268,8 +278,20 @@ def finished() -> str:
     return 'the session\'s stream has finished (a last tick was sent); send {"type": "reset"} to start the next one'
 
 
-def bad_seed(text: str) -> str:
-    return f"the query parameter seed={text!r} is not a whole number; /v1/session?seed=N seeds the session"
+def bad_seed(text: str, limit: int) -> str:
+    shown = text if len(text) <= 40 else text[:40] + "..."
+    return (
+        f"the query parameter seed={shown!r} is not a whole number from 0 to {limit - 1}; /v1/session?seed=N seeds "
+        "the session"
+    )
+
+
+def frame_too_large(found: int, most: int) -> str:
+    return f"a binary frame of {found} bytes; a tick of this tail is at most {most} bytes: the frame was not read"
+
+
+def unread_answers(seconds: float) -> str:
+    return f"an answer waited {seconds:g} s to be sent: the client does not read its answers; the session is closed"
 
 
 def no_last_in_lockstep() -> str:
@@ -410,6 +432,14 @@ def lanes_over_slots(lanes: int, slots: int) -> str:
 def clock_problem(target: str, problem: str) -> str:
     """A `.clock` file's first problem (its diagnostic's message), naming the file `target`."""
     return f"{target}: {problem}"
+
+
+def header_timeout(seconds: float) -> str:
+    return f"a connection sent no complete request headers within {seconds:g} s: cut"
+
+
+def repeats_held(count: int, interval_s: float) -> str:
+    return f"{count} more like it in the last {interval_s:g} s not logged"
 
 
 def serve_error(message: str) -> str:

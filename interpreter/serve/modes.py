@@ -109,6 +109,13 @@ class PlanFacts:
         ]
         fed = [set(feeds) for feeds in self.feeds]
         self.always_fed = sorted(set.intersection(*fed)) if fed else []
+        self.most_units: dict[str, int] = {}
+        """The most time units the plan feeds each input at one instant (an input with a time axis)."""
+        for feeds in self.feeds:
+            for name, shape in feeds.items():
+                axis = program.regions[name].time_axis
+                if axis is not None:
+                    self.most_units[name] = max(self.most_units.get(name, 0), shape[axis])
 
     def _spec(self, region: Any, first: Mapping[str, tuple[int, ...]], written: int | None = None) -> TensorSpec:
         shape = list(region.shape)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -90,6 +91,8 @@ class PoolConfig:
     `gather_s`: how long a round may wait, from its oldest tick's arrival, for the other sessions' ticks
     (sessions paced by the same cadence arrive a few milliseconds apart; one round for all of them costs less
     than two); None: 5 % of the tick period; 0: a round starts as soon as anything is queued.
+    `pace`: a session's ticks are stepped at most `pace` a tick period on average, after a burst of
+    `queue_depth` (a client ahead of the cadence waits in its own queue); None: as fast as they come.
     """
 
     slots: int = 1
@@ -109,6 +112,7 @@ class PoolConfig:
     deterministic: bool = True
     freeze_gc: bool = True
     gather_s: float | None = None
+    pace: float | None = 2.0
 
     def problems(self) -> list[str]:
         found = []
@@ -126,6 +130,8 @@ class PoolConfig:
             found.append(f"the queue depth must be at least 1, not {self.queue_depth}")
         if self.tick_period_s is not None and not self.tick_period_s > 0:
             found.append(f"the tick period must be above 0 s, not {self.tick_period_s}")
+        if self.pace is not None and not self.pace > 0:
+            found.append(f"the pace must be above 0 ticks a period, not {self.pace}")
         if self.gather_s is not None and not self.gather_s >= 0:
             found.append(f"the gather time must be 0 s or more, not {self.gather_s}")
         return found
@@ -417,6 +423,17 @@ class SessionPool(Scheduler):
     def outputs(self) -> list[TensorSpec]:
         return self.mode.facts.outputs
 
+    def max_frame_bytes(self, sessions: int = 1) -> int:
+        """The longest binary frame a tick of `sessions` sessions (a bundle's) can be: every input at the most
+        units the plan feeds it at one instant, with room for the longest header."""
+        facts = self.mode.facts
+        total = 0
+        for spec in self.inputs:
+            units = facts.most_units.get(spec.name, spec.units or 1)
+            dims = [units if axis == spec.time_axis else (dim or 1) for axis, dim in enumerate(spec.shape)]
+            total += math.prod(dims) * codec.TORCH_DTYPES[spec.dtype].itemsize
+        return sessions * total + codec.MAX_HEADER_BYTES
+
     def check_inputs(self, inputs: Mapping[str, torch.Tensor], last: bool = False) -> None:
         """TickError (unknown-input, missing-input, wrong-dtype, wrong-shape, bad-input) for a tick the tail
         cannot take; what the runtime checks at the instant it checks itself."""
@@ -498,6 +515,7 @@ class SessionPool(Scheduler):
             "lockstep": self.config.lockstep,
             "queue_depth": self.config.queue_depth,
             "idle_timeout_s": self.config.idle_timeout_s,
+            "max_frame_bytes": self.max_frame_bytes(),
         }
 
     async def health(self) -> tuple[int, dict]:

@@ -10,6 +10,10 @@ its error. Around that loop it owns:
   client, so a client's items run in the order it sent them;
 * the gather: a round waits, up to `gather_s` from its oldest tick, for every awaited client to have
   something queued, so that clients paced by one cadence share a round;
+* the pace: a client's ticks are stepped at most `pace` a tick period on average, after a burst of
+  `queue_depth` (a generic cell-rate rule: each client's theoretical time for its next tick), so a client
+  that sends ahead of the cadence waits in its own queue (`queue-full` past it) and takes no rounds from
+  the others;
 * admission: `admission_refusal` (a slot, the calibrated round model against the period, the observed
   latency guard) with the numbers, `capacity()`, `drain()` and `drained()`;
 * deadline accounting (`deadlines.LatencyBook`), the metrics (`metrics.PoolMetrics`), the idle reaper, and
@@ -72,6 +76,9 @@ class RoundSettings(Protocol):
     @property
     def freeze_gc(self) -> bool: ...
 
+    @property
+    def pace(self) -> float | None: ...
+
 
 class SessionClosed(TickError):
     """A tick, reset or close of a client that is closed (or closing): `code` says why it closed."""
@@ -128,6 +135,8 @@ class Client(ClosingState):
         self.closed_event = asyncio.Event()
         self.queued_on: Client | None = None
         """A client whose items another client queues for it (a fused group's member, on its lead)."""
+        self.due = 0.0
+        """When this client's next tick is due at its pace (perf_counter seconds; the burst may run ahead)."""
         self.ticks = 0
         self.missed = 0
         self.errors = 0
@@ -161,10 +170,18 @@ class Client(ClosingState):
         if self.closed:
             return
         if self.closing is None:
-            self.closing = (messages.CLIENT_CLOSED, "closed by the client")
-            await self.enqueue(Item(CLOSE, self.scheduler.loop.create_future()))
+            await self.close_after(messages.CLIENT_CLOSED, "closed by the client")
         else:
             await self.closed_event.wait()
+
+    def close_after(self, code: str, message: str) -> asyncio.Future:
+        """Close with `code` once the items queued before it are done (a drain); no item is taken after it."""
+        if self.closing is None:
+            self.closing = (code, message)
+            return self.enqueue(Item(CLOSE, self.scheduler.loop.create_future()))
+        future = self.scheduler.loop.create_future()
+        future.set_result(None)
+        return future
 
     def abort(self, code: str, message: str) -> None:
         """Close now (a client gone, an idle timeout, the scheduler stopping): the queued ticks and resets fail
@@ -267,6 +284,7 @@ class Scheduler:
         self.sessions: dict[int, Any] = {}
         """The open clients by id."""
         self.draining = False
+        self.shutting_down = False
         self.stopping = False
         self.runner: RoundRunner | None = None
         self.rule: AdmissionRule | None = None
@@ -275,6 +293,10 @@ class Scheduler:
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.tick_period_s = 0.0
         self.gather_s = 0.0
+        self.interval_s = 0.0
+        """A client's ticks are stepped at most one per `interval_s` on average (0: no pace)."""
+        self.held_until: float | None = None
+        """The earliest time a tick held back by its client's pace may run (None: none is held)."""
         self.opening = 0
         """Clients being opened (admitted, not yet in `sessions`): admission counts them."""
         self.ids = itertools.count(1)
@@ -322,6 +344,8 @@ class Scheduler:
         self.metrics = metrics
         self.tick_period_s = rule.tick_period_s
         self.gather_s = gather * self.tick_period_s if gather_s is None else gather_s
+        pace = self.config.pace
+        self.interval_s = self.tick_period_s / pace if pace else 0.0
         self.book = LatencyBook(self.tick_period_s, rule.guard_window_s)
         self.refresh_gauges()
         if self.config.freeze_gc:
@@ -358,6 +382,17 @@ class Scheduler:
             gc.unfreeze()
             self._froze_gc = False
 
+    async def shut_down(self, limit_s: float) -> None:
+        """Drain for a shutdown: admit nothing new (`shutting-down`), answer every item already queued, then
+        close each client with `shutting-down`; returns when none is left or after `limit_s` (`stop()` then
+        closes the rest at once)."""
+        self.shutting_down = True
+        for client in list(self.sessions.values()):
+            client.close_after(messages.SHUTTING_DOWN, messages.shutting_down())
+        if self.sessions and self._empty is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._empty.wait(), timeout=limit_s)
+
     def unload(self) -> None:
         """On the device thread, last: what the subclass's loading changed, put back."""
 
@@ -374,7 +409,7 @@ class Scheduler:
         assert self.rule is not None, "start() the pool first"
         return self.rule.snapshot(
             len(self.sessions),
-            self.draining or self.stopping,
+            self.draining or self.stopping or self.shutting_down,
             self.lanes(),
             self.observed_tick_p99(),
         )
@@ -392,7 +427,7 @@ class Scheduler:
         """Why `extra` more clients are not admitted now (None: they are), with the numbers."""
         assert self.rule is not None, "start() the pool first"
         active = len(self.sessions) + self.opening
-        if self.stopping:
+        if self.stopping or self.shutting_down:
             return AdmissionRefused(
                 messages.SHUTTING_DOWN,
                 messages.shutting_down(),
@@ -462,7 +497,7 @@ class Scheduler:
     async def _schedule(self) -> None:
         assert self._wakeup is not None and self.runner is not None
         while True:
-            await self._wakeup.wait()
+            await self._woken()
             self._wakeup.clear()
             while True:
                 await self._gather()
@@ -477,6 +512,15 @@ class Scheduler:
                 self._deliver(outcome)
                 if not self._wakeup.is_set():  # nothing queued (`_deliver` wakes it if anything is): the
                     break  # answers go out before the next scan of the clients
+
+    async def _woken(self) -> None:
+        """Wait for a wake-up, or until a tick held by its client's pace is due."""
+        assert self._wakeup is not None
+        if self.held_until is None:
+            await self._wakeup.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), max(0.0, self.held_until - time.perf_counter()))
 
     async def _gather(self) -> None:
         """Hold the next round until every awaited idle client has something queued, or the oldest queued
@@ -506,6 +550,9 @@ class Scheduler:
         tick (those `choose` picks). Ticks `screen` answers are answered here, without the device."""
         work = Round()
         candidates: dict[Any, Item] = {}
+        now = time.perf_counter()
+        burst = (self.config.queue_depth - 1) * self.interval_s
+        self.held_until = None
         for client in list(self.sessions.values()):
             if client.in_flight or client.closed:
                 continue
@@ -526,10 +573,15 @@ class Scheduler:
                     break
                 self.answer_error(client, client.queue.popleft(), error)
             if client.queue and client.queue[0].kind == TICK:
+                if now < client.due - burst:  # ahead of its pace: held in its queue until due
+                    due = client.due - burst
+                    self.held_until = due if self.held_until is None else min(self.held_until, due)
+                    continue
                 candidates[client] = client.queue[0]
         for client in self.choose(candidates, work):
             work.ticks.append((client, client.queue.popleft()))
             client.in_flight = True
+            client.due = max(client.due, now) + self.interval_s
         return work
 
     def answer_error(self, client: Client, item: Item, error: TickError) -> None:

@@ -96,6 +96,12 @@ MALFORMED = {
     "extra bytes": (VALID + b"\x00\x00", messages.BAD_FRAME, "the frame has 2 bytes after the data of its tensors"),
     "name not utf-8": (mutated(12, b"\xff"), messages.BAD_FRAME, "the name of tensor 0 is not UTF-8 text"),
     "too many dims": (mutated(18, bytes([9])), messages.BAD_FRAME, "tensor 'codes' has 9 dimensions"),
+    "an empty tensor of an impossible shape": (
+        b"DCTF" + struct.pack("<HHHH", 1, 0, 1, 5) + b"codes" + struct.pack("<BB8I", 5, 8, 0, *[2**32 - 1] * 7),
+        messages.BAD_FRAME,
+        "tensor 'codes' has shape [0, 4294967295, 4294967295, 4294967295, 4294967295, 4294967295, 4294967295, "
+        "4294967295]: its dimensions other than the empty one hold more than 2147483647 elements",
+    ),
 }
 
 

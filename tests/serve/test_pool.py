@@ -143,6 +143,24 @@ def test_the_admission_rule_and_the_calibration_line():
     )
 
 
+def test_a_session_ahead_of_the_cadence_is_stepped_at_its_pace_in_order():
+    """Pace 1 tick a period of 100 ms, queue depth 2: a session that sends each tick as soon as the last is
+    answered gets its first two at once (its burst), then one a period: 8 ticks take at least 600 ms, in
+    order and equal to stock. (Before the pace it took a few milliseconds, every round its own.)"""
+
+    async def scenario():
+        pool = await started(tick_period_s=0.1, pace=1.0, queue_depth=2, gather_s=0.0)
+        session = await pool.open(seed=5)
+        began = time.perf_counter()
+        outputs = [await session.step(TOY.inputs(5, tick)) for tick in range(8)]
+        took = time.perf_counter() - began
+        await pool.stop()
+        return outputs, took
+
+    outputs, took = run(scenario())
+    assert took >= 0.6 and equal_to_stock(5, outputs)
+
+
 def test_the_latency_guard_forgets_its_window_once_the_last_session_closes():
     """Slow ticks of a session that has left say nothing of a new one: once the pool is empty the guard's
     window is cleared, so a session opened at once is admitted (under CPU load this refused with none open)."""
@@ -366,7 +384,7 @@ def test_the_latency_histograms_take_the_answered_ticks_within_a_publish_period_
 @pytest.mark.parametrize(("period", "missed"), [(1e-9, 5), (3600.0, 0)])
 def test_deadline_accounting_counts_the_ticks_over_the_period(period, missed):
     async def scenario():
-        pool = await started(tick_period_s=period, enforce_tick_budget=False)
+        pool = await started(tick_period_s=period, enforce_tick_budget=False, pace=None)
         session = await pool.open(seed=0)
         for tick in range(5):
             await session.step(TOY.inputs(0, tick))

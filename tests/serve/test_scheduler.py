@@ -26,6 +26,7 @@ class Settings:
     idle_timeout_s: float = 30.0
     headroom: float = 0.15
     freeze_gc: bool = False
+    pace: float | None = None
 
 
 class ScaledEngine:

@@ -35,6 +35,7 @@ def test_every_error_code_and_close_code_has_its_row():
         "CLOSE_INTERNAL",
         "CLOSE_TRY_AGAIN_LATER",
         "CLOSE_IDLE",
+        "CLOSE_UNREAD_ANSWERS",
     ):
         assert f"| {getattr(messages, name)} |" in TEXT, name
 

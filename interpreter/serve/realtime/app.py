@@ -14,6 +14,7 @@ import contextlib
 import importlib.resources
 import logging
 import time
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from starlette.applications import Starlette
@@ -25,7 +26,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from duplexcadence.interpreter.engine.api import UnitOutput
 from duplexcadence.interpreter.serve import messages as serve_messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused
-from duplexcadence.interpreter.serve.app import drain_quietly, lifespan_of, pump
+from duplexcadence.interpreter.serve.app import FrontLimits
 from duplexcadence.interpreter.serve.conversations import ConversationPool, PooledConversation
 from duplexcadence.interpreter.serve.metrics import CONTENT_TYPE
 from duplexcadence.interpreter.serve.realtime import messages
@@ -35,11 +36,14 @@ from duplexcadence.interpreter.serve.scheduler import TICK, TickError
 
 LOG = logging.getLogger("duplexcadence.serve.realtime")
 PATH = "/v1/realtime"
+EVENT_BYTES = 4 * 2**20
+"""The longest client event read (an append of about 20 s of 48 kHz audio); a longer text frame is refused."""
 ADMISSION_NUMBERS = ("sessions", "capacity", "slots", "predicted_tick_s", "tick_period_s", "headroom")
 """The numbers of an admission refusal, in its `error.duplexcadence`."""
 
 CLOSE_CODES = {
     serve_messages.IDLE_TIMEOUT: serve_messages.CLOSE_IDLE,
+    serve_messages.UNREAD_ANSWERS: serve_messages.CLOSE_UNREAD_ANSWERS,
     serve_messages.SHUTTING_DOWN: serve_messages.CLOSE_GOING_AWAY,
     serve_messages.INTERNAL: serve_messages.CLOSE_INTERNAL,
 }
@@ -58,9 +62,24 @@ def served(pool: ConversationPool) -> Served:
     )
 
 
-def make_conversation_app(pool: ConversationPool, manage_pool: bool = True) -> Starlette:
+def make_conversation_app(
+    pool: ConversationPool, manage_pool: bool = True, limits: FrontLimits | None = None
+) -> Starlette:
     """The ASGI app of `pool`; with `manage_pool` its lifespan starts the pool (the server accepts connections
-    once the engine is built) and stops it at shutdown."""
+    once the engine is built) and stops it at shutdown. `limits`: what one websocket may hold (`FrontLimits`:
+    answers waiting, how long one may wait to be written, the longest event)."""
+    limits = limits or FrontLimits(control_bytes=EVENT_BYTES)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if manage_pool:
+            await pool.start()
+            LOG.info("%s", pool.describe())
+        try:
+            yield
+        finally:
+            if manage_pool:
+                await pool.stop()
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page())
@@ -80,7 +99,7 @@ def make_conversation_app(pool: ConversationPool, manage_pool: bool = True) -> S
         return Response(pool.exposition(), media_type=CONTENT_TYPE)
 
     async def realtime(websocket: WebSocket) -> None:
-        await RealtimeSocket(pool, websocket).run()
+        await RealtimeSocket(pool, websocket, limits).run()
 
     routes = [
         Route("/", index),
@@ -90,8 +109,9 @@ def make_conversation_app(pool: ConversationPool, manage_pool: bool = True) -> S
         Route("/metrics", metrics),
         WebSocketRoute(PATH, realtime),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan_of(pool, manage_pool))
+    app = Starlette(routes=routes, lifespan=lifespan)
     app.state.pool = pool
+    app.state.schedulers = [pool]  # drained by the server on SIGTERM (server.DrainingServer)
     return app
 
 
@@ -100,10 +120,12 @@ class RealtimeSocket:
     order; a sender awaits each and sends its events. Refused events are answered with an `error` event and
     change nothing."""
 
-    def __init__(self, pool: ConversationPool, websocket: WebSocket):
+    def __init__(self, pool: ConversationPool, websocket: WebSocket, limits: FrontLimits):
         self.pool = pool
         self.websocket = websocket
-        self.answers: asyncio.Queue = asyncio.Queue()
+        self.limits = limits
+        self.answers: asyncio.Queue = asyncio.Queue(limits.answers_waiting)
+        self.unread = False
         self.pooled: PooledConversation | None = None
         self.protocol: RealtimeConversation | None = None
 
@@ -129,7 +151,16 @@ class RealtimeSocket:
         except (WebSocketDisconnect, RuntimeError, OSError):
             pooled.abort(serve_messages.DISCONNECTED, serve_messages.disconnected())
             return
-        await pump(pooled.closed_event, self._receive, self._send, self.answers)
+        receiver = asyncio.create_task(self._receive())
+        sender = asyncio.create_task(self._send())
+        try:
+            await pooled.closed_event.wait()
+        finally:
+            receiver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await receiver
+            await self.answers.put(None)  # the sender takes it once it has sent (or given up on) the answers before
+            await sender
         await self._close(pooled)
 
     def _query_problem(self) -> EventError | None:
@@ -153,42 +184,53 @@ class RealtimeSocket:
     async def _receive(self) -> None:
         pooled, protocol = self.pooled, self.protocol
         assert pooled is not None and protocol is not None
-        try:
-            while True:
+        while True:
+            try:
                 message = await self.websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    pooled.abort(serve_messages.DISCONNECTED, serve_messages.disconnected())
-                    return
-                received_at = time.perf_counter()
-                if message.get("text") is not None:
-                    room = self.pool.config.queue_depth - pooled.queued(TICK)
-                    actions = protocol.receive(message["text"], room)
-                else:
-                    actions = protocol.binary(len(message.get("bytes") or b""))
-                for action in actions:
-                    self._queue(action, received_at)
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            pooled.abort(serve_messages.DISCONNECTED, serve_messages.disconnected())
-        except Exception as error:  # a fault of the server: never a silent hang
-            LOG.exception("websocket receive failed")
-            pooled.abort(serve_messages.INTERNAL, serve_messages.internal(error))
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                pooled.abort(serve_messages.DISCONNECTED, serve_messages.disconnected())
+                return
+            if message["type"] == "websocket.disconnect":
+                pooled.abort(serve_messages.DISCONNECTED, serve_messages.disconnected())
+                return
+            received_at = time.perf_counter()
+            try:
+                actions = self._actions(message)
+                entries = [self._entry(action, received_at) for action in actions]
+            except Exception as error:  # a fault of the server in this event: it fails, the conversation goes on
+                LOG.exception("an event of conversation %s failed", pooled.id)
+                failure = EventError(
+                    serve_messages.INTERNAL, serve_messages.internal(error), kind=messages.SERVER_ERROR
+                )
+                entries = [("events", [protocol.events.error(failure)])]
+            for entry in entries:
+                await self.answers.put(entry)  # while `answers_waiting` answers wait, the socket is not read
 
-    def _queue(self, action: Send | Unit | Reset, received_at: float) -> None:
+    def _actions(self, message: Mapping[str, Any]) -> list[Send | Unit | Reset]:
+        protocol, pooled = self.protocol, self.pooled
+        assert protocol is not None and pooled is not None
+        text = message.get("text")
+        if text is None:
+            return protocol.binary(len(message.get("bytes") or b""))
+        if len(text) > self.limits.control_bytes:
+            return protocol.too_large(len(text), self.limits.control_bytes)
+        return protocol.receive(text, self.pool.config.queue_depth - pooled.queued(TICK))
+
+    def _entry(self, action: Send | Unit | Reset, received_at: float) -> tuple:
         pooled = self.pooled
         assert pooled is not None
         if isinstance(action, Send):
-            self.answers.put_nowait(("events", [action.event]))
-            return
+            return ("events", [action.event])
         try:
             if isinstance(action, Unit):
-                self.answers.put_nowait(("unit", pooled.submit(action.input), action.number, received_at))
-            else:
-                self.answers.put_nowait(("reset", pooled.reset()))
+                return ("unit", pooled.submit(action.input), action.number, received_at)
+            return ("reset", pooled.reset())
         except TickError as error:
-            self.answers.put_nowait(("failed", error, getattr(action, "number", None)))
+            return ("failed", error, getattr(action, "number", None))
 
     async def _send(self) -> None:
-        """Send the queued answers in order; after the socket is gone, only wait for them."""
+        """Send the queued answers in order; after the socket is gone, only wait for them. An answer not written
+        within `answer_timeout_s` closes the conversation (`unread-answers`)."""
         protocol = self.protocol
         assert protocol is not None
         while True:
@@ -197,18 +239,27 @@ class RealtimeSocket:
                 return
             try:
                 for event in await self._events(protocol, entry):
-                    await self.websocket.send_json(event)
+                    await asyncio.wait_for(self.websocket.send_json(event), self.limits.answer_timeout_s)
+            except TimeoutError:
+                self.unread = True
+                self._abort(serve_messages.UNREAD_ANSWERS, serve_messages.unread_answers(self.limits.answer_timeout_s))
+                return
             except (WebSocketDisconnect, RuntimeError, OSError):
-                if self.pooled is not None:
-                    self.pooled.abort(serve_messages.DISCONNECTED, serve_messages.disconnected())
-                drain_quietly(self.answers)
+                self._abort(serve_messages.DISCONNECTED, serve_messages.disconnected())
                 return
             except Exception as error:  # a fault of the server: the conversation closes, saying so
                 LOG.exception("answering a conversation's event failed")
-                if self.pooled is not None:
-                    self.pooled.abort(serve_messages.INTERNAL, serve_messages.internal(error))
-                drain_quietly(self.answers)
+                self._abort(serve_messages.INTERNAL, serve_messages.internal(error))
                 return
+
+    def _abort(self, code: str, message: str) -> None:
+        """Close the conversation now; the answers left are not sent (their futures' errors retrieved)."""
+        if self.pooled is not None:
+            self.pooled.abort(code, message)
+        while not self.answers.empty():
+            entry = self.answers.get_nowait()
+            if entry is not None and isinstance(entry[1], asyncio.Future):
+                entry[1].add_done_callback(lambda future: future.cancelled() or future.exception())
 
     async def _events(self, protocol: RealtimeConversation, entry: tuple) -> list[dict[str, Any]]:
         kind = entry[0]
@@ -235,14 +286,15 @@ class RealtimeSocket:
         if websocket.client_state != WebSocketState.CONNECTED or pooled.close_code == serve_messages.DISCONNECTED:
             return
         code = pooled.close_code or serve_messages.CLIENT_CLOSED
-        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-            if code == serve_messages.CLIENT_CLOSED:
-                await websocket.close(serve_messages.CLOSE_NORMAL)
-                return
-            message = pooled.close_message or code
-            assert self.protocol is not None
-            error = EventError(code, message, kind=messages.SERVER_ERROR)
-            await websocket.send_json(self.protocol.events.error(error))
-            await websocket.close(
-                CLOSE_CODES.get(code, serve_messages.CLOSE_INTERNAL), serve_messages.close_reason(message)
-            )
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError, TimeoutError):
+            async with asyncio.timeout(self.limits.answer_timeout_s):
+                if code == serve_messages.CLIENT_CLOSED:
+                    await websocket.close(serve_messages.CLOSE_NORMAL)
+                    return
+                message = pooled.close_message or code
+                if not self.unread:
+                    assert self.protocol is not None
+                    error = EventError(code, message, kind=messages.SERVER_ERROR)
+                    await websocket.send_json(self.protocol.events.error(error))
+                close_code = CLOSE_CODES.get(code, serve_messages.CLOSE_INTERNAL)
+                await websocket.close(close_code, serve_messages.close_reason(message))

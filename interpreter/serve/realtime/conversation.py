@@ -126,6 +126,10 @@ class RealtimeConversation:
             event["error"]["duplexcadence"] = dict(numbers)
         return event
 
+    def too_large(self, size: int, most: int) -> list[Action]:
+        error = EventError(messages.EVENT_TOO_LARGE, messages.event_too_large(size, most))
+        return [Send(self.events.error(error))]
+
     def binary(self, size: int) -> list[Action]:
         error = EventError(messages.BINARY_FRAME, messages.binary_frame(size))
         return [Send(self.events.error(error))]

@@ -17,6 +17,7 @@ ADMISSION = "duplexcadence.admission"
 
 INVALID_JSON = "invalid_json"
 BINARY_FRAME = "binary_frame"
+EVENT_TOO_LARGE = "event_too_large"
 UNKNOWN_EVENT = "unknown_event"
 UNSUPPORTED_EVENT = "unsupported_event"
 INVALID_VALUE = "invalid_value"
@@ -30,6 +31,7 @@ BAD_SEED = "invalid_seed"
 ERROR_CODES: dict[str, str] = {
     INVALID_JSON: "a text frame that is not one JSON object with a string `type`",
     BINARY_FRAME: "a binary frame: audio travels base64 in `input_audio_buffer.append`",
+    EVENT_TOO_LARGE: "a text frame longer than the server reads as one event (append the audio in smaller pieces)",
     UNKNOWN_EVENT: "an event type this protocol does not have",
     UNSUPPORTED_EVENT: "an event of OpenAI's Realtime API that a full-duplex conversation does not take",
     INVALID_VALUE: "a field of a known event with a value it cannot take (`param` names it)",
@@ -63,6 +65,10 @@ def invalid_json(problem: str) -> str:
 
 def binary_frame(size: int) -> str:
     return f"a binary frame ({size} bytes) is not an event: send audio as base64 PCM16 in `input_audio_buffer.append`"
+
+
+def event_too_large(size: int, most: int) -> str:
+    return f"an event of {size} characters is more than the {most} this server reads: append audio in smaller pieces"
 
 
 def unknown_event(kind: str, known: Iterable[str]) -> str:

@@ -11,6 +11,10 @@ keywords) with room for the largest count, and for each conversation count N, gr
   thread of this process), N conversations from `run_conversations` over loopback, paced at the cadence: a
   unit's latency runs from the send of its last 100 ms append to its `duplexcadence.unit` event, end to end.
 
+Each conversation's audio through the server is compared with its audio in-process (`audio_equal_conversations`):
+equal where the server's rounds group the units as the in-process steps do (its gather and pace usually do),
+counted rather than required, since a row's arithmetic may depend on the rows stepped beside it.
+
 N passes when every conversation opened, no error came back and the p99 unit latency is under the cadence. The
 conversations per GPU are the largest N that passes, in-process and through the server; the server's overhead
 at N is its p50 less the in-process p50, also as a fraction of the cadence.

@@ -213,9 +213,16 @@ class MiniCPMo45Conversations:
         from duplexcadence.examples.minicpmo45.cadence import load_runtime
         from duplexcadence.examples.minicpmo45.model import build_tail, random_prompt
 
-        say = progress or (lambda message: None)
+        def say(message: str) -> None:
+            if progress is None:
+                return
+            if self.device.type == "cuda":  # what each phase holds, for the plan's bytes to be checked against
+                message += f" ({torch.cuda.memory_allocated(self.device) / 2**30:.2f} GiB allocated)"
+            progress(message)
+
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}")
+        self.device = torch.device(device)
         self.sizes = sizes
         self.slots = slots
         self.settings = settings or DecodeSettings()
@@ -288,7 +295,12 @@ class MiniCPMo45Conversations:
         )
         self.states: dict[int, ConversationState] = {}
         self.mel_pool = ThreadPoolExecutor(max_workers=max(1, min(mel_threads, slots)), thread_name_prefix="mel")
+        say(f"caches of {slots} conversations allocated: {self.bytes_per_conversation() / 2**20:.0f} MiB each")
         self._build_steps()
+        if self.capture:
+            self.capture_steps()
+            self._warm_kernels()
+            say("graphs captured at every row count, kernels compiled")
 
     # -- the graphed steps
 
@@ -304,6 +316,9 @@ class MiniCPMo45Conversations:
         self.llm_hidden = torch.zeros(slots, hidden, dtype=dtype, device=device)
         self.tts_step_in = torch.zeros(slots, 1, tts_hidden, dtype=dtype, device=device)
         self.tts_logits = torch.zeros(slots, TTS_AUDIO_TOKENS, dtype=torch.float32, device=device)
+        apm = self.model.apm
+        self.encoder_in = torch.zeros(slots, ENCODER_FRAMES_PER_UNIT, apm.config.d_model, dtype=dtype, device=device)
+        self.encoder_out = torch.zeros(slots, AUDIO_EMBEDDINGS_PER_SECOND, hidden, dtype=dtype, device=device)
         pool = torch.cuda.graph_pool_handle() if self.capture else None
 
         def llm_step(rows: int) -> None:
@@ -319,9 +334,13 @@ class MiniCPMo45Conversations:
             out = self.tts_stack(self.tts_step_in[:rows], self.rows[:rows])[:, -1]
             self.tts_logits[:rows].copy_(self._speech_logits(out))
 
+        def encoder(rows: int) -> None:
+            self.encoder_out[:rows].copy_(self._encoder_layers(self.encoder_in[:rows], self.rows[:rows]))
+
         self.llm_step = RowGraphs("LLM one-token step", llm_step, slots, device, self.capture, pool)
         self.llm_listen = RowGraphs("LLM LISTEN prefill", llm_listen, slots, device, self.capture, pool)
         self.tts_step = RowGraphs("TTS one-token step", tts_step, slots, device, self.capture, pool)
+        self.encoder = RowGraphs("audio encoder", encoder, slots, device, self.capture, pool)
 
     def capture_steps(self) -> None:
         """Capture every row count's graphs now (the first use would otherwise capture it)."""
@@ -329,7 +348,25 @@ class MiniCPMo45Conversations:
             graphs.capture(range(1, self.slots + 1))
 
     def step_graphs(self) -> tuple[RowGraphs, ...]:
-        return (self.llm_step, self.llm_listen, self.tts_step)
+        return (self.llm_step, self.llm_listen, self.tts_step, self.encoder)
+
+    def _warm_kernels(self) -> None:
+        """Compile, before the first round, the attention kernels the eager calls will launch (a kernel is
+        compiled for each tile and split shape it meets): the TTS condition prefills at every length and row
+        count, the system prompt's prefill."""
+        decode_steps = self.settings.max_new_speak_tokens_per_chunk
+        for stack, steps, counts in (
+            (self.tts_stack, range(1, decode_steps + 1), range(1, self.slots + 1)),
+            (self.llm_stack, (SYSTEM_TOKENS,), (1,)),
+        ):
+            kv, first = stack.kv, stack.model.layers[0].self_attn
+            heads = first.config.num_attention_heads
+            for rows in counts:
+                slots = torch.arange(rows, device=self.device)
+                for count in steps:
+                    query = torch.zeros(rows, count, heads, stack.head_dim, dtype=kv.dtype, device=self.device)
+                    stack.attention(query, kv.keys[0], kv.values[0], slots, kv.lengths, causal=True, scale=stack.scale)
+        torch.cuda.synchronize(self.device)
 
     def _speech_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         with parametrize.cached():
@@ -503,14 +540,23 @@ class MiniCPMo45Conversations:
         new = hidden.shape[1]
         kv.check_room(slots, new)
         rows = self._set_rows(slots)
-        positions = kv.lengths[rows][:, None] + torch.arange(new, device=self.device)
-        hidden = hidden + apm.embed_positions.weight[positions]
-        states = apm.layer_norm(self.encoder_stack(hidden, rows))
+        if new == ENCODER_FRAMES_PER_UNIT:
+            self.encoder_in[: len(slots)].copy_(hidden)
+            self.encoder(len(slots))
+            embeds = self.encoder_out[: len(slots)].clone()
+        else:  # a unit of another length (never at the released settings): the same computation, eagerly
+            embeds = self._encoder_layers(hidden, rows)
         self._advance(kv, slots, new)
+        return embeds
+
+    def _encoder_layers(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The encoder's layers after each row's cached past, its final norm, the projector and the pooling:
+        [R, frames, d_model] -> the unit's audio embeddings [R, frames // 5, hidden]."""
+        apm = self.model.apm
+        positions = self.audio_kv.lengths[rows][:, None] + torch.arange(hidden.shape[1], device=hidden.device)
+        states = apm.layer_norm(self.encoder_stack(hidden + apm.embed_positions.weight[positions], rows))
         embeds = self.model.audio_projection(states).transpose(1, 2)
-        embeds = self.model.audio_pool(embeds).transpose(1, 2)
-        tokens = ((encoder_frames - 5) // 5) + 1
-        return embeds[:, :tokens]
+        return self.model.audio_pool(embeds).transpose(1, 2)
 
     # -- the LLM's decisions
 

@@ -130,6 +130,20 @@ async def started_pool(args: argparse.Namespace) -> Any:
     return pool
 
 
+def access_policy(args: argparse.Namespace) -> Any:
+    """The `AccessPolicy` the arguments ask for."""
+    from duplexcadence.interpreter.serve.access import AccessPolicy
+
+    return AccessPolicy.serving_on(
+        args.host,
+        args.api_key,
+        allowed_origins=tuple(args.allowed_origin),
+        trusted_hosts=tuple(args.trusted_host),
+        open_routes=("/healthz", *args.open_route),
+        hidden_routes=tuple(args.hide_route),
+    )
+
+
 async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None = None) -> int:
     """Start the pool, then serve until the server is told to exit (an interrupt, or `server.should_exit`).
     `started(server)` is called once it listens."""
@@ -140,7 +154,7 @@ async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None 
 
     pool = await started_pool(args)
     limits = ConnectionLimits(args.header_timeout, args.max_connections, args.drain_timeout)
-    app = make_app(pool, manage_pool=False)
+    app = make_app(pool, manage_pool=False, access=access_policy(args))
     config: uvicorn.Config = server_config(app, args.host, args.port, args.log_level, limits=limits)
     server = DrainingServer(config, args.drain_timeout)
     await serve_pool(pool, server, started)
@@ -225,6 +239,40 @@ def register(commands) -> None:
         dest="freeze_gc",
         action="store_false",
         help="leave what the pool loaded in the garbage collector's walk (by default it is frozen once started)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="every route but /healthz needs 'Authorization: Bearer KEY' (default: DUPLEXCADENCE_API_KEY, if set)",
+    )
+    parser.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web page's origin allowed besides the server's own (repeat; *: any); other browsers are refused",
+    )
+    parser.add_argument(
+        "--trusted-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="a Host header the server answers (repeat; *: any; default: the loopback names on a loopback address)",
+    )
+    parser.add_argument(
+        "--open-route",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a route served without the API key, besides /healthz (repeat; e.g. /metrics for a scraper)",
+    )
+    parser.add_argument(
+        "--hide-route",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a route answered 404 to everyone (repeat; e.g. /v1/sessions, its sessions' ids and seeds)",
     )
     parser.add_argument(
         "--header-timeout",

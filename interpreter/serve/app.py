@@ -23,12 +23,14 @@ from typing import Any, Protocol
 
 import attrs
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from duplexcadence.interpreter.serve import codec, messages
+from duplexcadence.interpreter.serve.access import AccessMiddleware, AccessPolicy
 from duplexcadence.interpreter.serve.admission import AdmissionRefused
 from duplexcadence.interpreter.serve.bundle import BundleTickError
 from duplexcadence.interpreter.serve.metrics import CONTENT_TYPE
@@ -114,10 +116,17 @@ def ready_frame(pool: ServingPool, session: ServingSession) -> dict:
     return {"type": "ready", "protocol": PROTOCOL, **session.info(), **pool.ready_fields()}
 
 
-def make_app(pool: ServingPool, manage_pool: bool = True, limits: FrontLimits | None = None) -> Starlette:
+def make_app(
+    pool: ServingPool,
+    manage_pool: bool = True,
+    limits: FrontLimits | None = None,
+    access: AccessPolicy | None = None,
+) -> Starlette:
     """The ASGI app of `pool`. With `manage_pool` the app's lifespan starts the pool (load, warm-up,
     calibration: the server accepts connections once it is ready) and stops it at shutdown; without, the
-    caller does both. `limits`: what one websocket may hold (`FrontLimits()` unless given)."""
+    caller does both. `limits`: what one websocket may hold (`FrontLimits()` unless given). `access`: who may
+    use it, checked before every route, a route added later included (`AccessPolicy()` unless given: no key,
+    every host, cross-site browsers refused)."""
     limits = limits or FrontLimits()
 
     @contextlib.asynccontextmanager
@@ -158,7 +167,8 @@ def make_app(pool: ServingPool, manage_pool: bool = True, limits: FrontLimits | 
         WebSocketRoute("/v1/session", session_socket),
         WebSocketRoute("/v1/bundle", bundle_socket),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    middleware = [Middleware(AccessMiddleware, policy=access or AccessPolicy())]
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.pool = pool
     app.state.schedulers = [pool]  # drained by the server on SIGTERM (server.DrainingServer); a route of
     # another scheduler adds its own

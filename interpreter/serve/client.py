@@ -14,6 +14,7 @@ cluster (`interpreter/serve/cluster`), `replica` names the replica that holds th
 from __future__ import annotations
 
 import json
+import os
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
@@ -23,6 +24,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from duplexcadence.interpreter.serve import codec, messages
+from duplexcadence.interpreter.serve.access import API_KEY_ENV
 
 MAX_FRAME_BYTES = 64 * 2**20
 
@@ -88,11 +90,16 @@ class SessionClient:
         """The sessions of a bundle (`/v1/bundle?sessions=N`), None for one session."""
 
     @classmethod
-    async def connect(cls, url: str, seed: int = 0, open_timeout: float = 600.0) -> SessionClient:
-        """Open a session; `Refused` when the server does not admit it (its reason, with the numbers)."""
+    async def connect(
+        cls, url: str, seed: int = 0, open_timeout: float = 600.0, api_key: str | None = None
+    ) -> SessionClient:
+        """Open a session; `Refused` when the server does not admit it (its reason, with the numbers).
+        `api_key`: the server's (`Authorization: Bearer`); None: `DUPLEXCADENCE_API_KEY`'s, if set."""
         separator = "&" if "?" in url else "?"
+        key = api_key or os.environ.get(API_KEY_ENV)
         connection = await connect(
             f"{url}{separator}seed={seed}",
+            additional_headers={"Authorization": f"Bearer {key}"} if key else None,
             compression=None,
             max_size=MAX_FRAME_BYTES,
             open_timeout=open_timeout,

@@ -48,6 +48,10 @@ SESSION_FAILED = "session-failed"
 FINISHED = "finished"
 QUEUE_FULL = "queue-full"
 FRAME_TOO_LARGE = "frame-too-large"
+UNAUTHORIZED = "unauthorized"
+FORBIDDEN_ORIGIN = "forbidden-origin"
+UNTRUSTED_HOST = "untrusted-host"
+NOT_FOUND = "not-found"
 UNREAD_ANSWERS = "unread-answers"
 BAD_CONTROL = "bad-control"
 AT_CAPACITY = "at-capacity"
@@ -79,6 +83,10 @@ ERROR_CODES: dict[str, str] = {
     QUEUE_FULL: "more ticks queued than the pool holds per session",
     FRAME_TOO_LARGE: "a binary frame longer than any tick of the tail can be (refused before it is read)",
     UNREAD_ANSWERS: "the client left an answer unread past the answer timeout: the session is closed",
+    UNAUTHORIZED: "a request without the server's API key (HTTP 401)",
+    FORBIDDEN_ORIGIN: "a browser's request from an origin the server does not allow (HTTP 403)",
+    UNTRUSTED_HOST: "a request whose Host header names no trusted host (HTTP 400)",
+    NOT_FOUND: "a route the server hides (HTTP 404)",
     BAD_CONTROL: "a text frame that is not a control frame this server knows",
     AT_CAPACITY: "admission refused: no slot, or the predicted tick would pass the budget",
     DRAINING: "admission refused: the pool is draining",
@@ -284,6 +292,28 @@ def bad_seed(text: str, limit: int) -> str:
         f"the query parameter seed={shown!r} is not a whole number from 0 to {limit - 1}; /v1/session?seed=N seeds "
         "the session"
     )
+
+
+def unauthorized(variable: str) -> str:
+    return (
+        "this server needs an API key: send 'Authorization: Bearer KEY' (a browser's websocket: the subprotocol "
+        f"'openai-insecure-api-key.KEY'); the server's key is its --api-key or {variable}"
+    )
+
+
+def forbidden_origin(origin: str) -> str:
+    return (
+        f"a request from the web page of {origin[:120]!r}, which this server does not allow: serve it with "
+        "--allowed-origin for that origin"
+    )
+
+
+def untrusted_host(host: str, trusted: tuple[str, ...]) -> str:
+    return f"the Host header {host[:120]!r} names no host this server trusts ({', '.join(trusted)}; --trusted-host)"
+
+
+def route_hidden(path: str) -> str:
+    return f"{path[:120]} is not served here"
 
 
 def frame_too_large(found: int, most: int) -> str:

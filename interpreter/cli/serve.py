@@ -163,7 +163,7 @@ async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None 
 
 def run(args: argparse.Namespace) -> int:
     if args.conversations is not None:
-        return serve_conversations.run(args, pairs(args.param))
+        return serve_conversations.run(args, pairs(args.param), access_policy(args))
     if args.lanes > args.slots:
         raise UsageError(messages.lanes_over_slots(args.lanes, args.slots))
     if serve_ray.wants_ray(args):

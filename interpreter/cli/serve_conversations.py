@@ -53,7 +53,11 @@ def where(url: str) -> str:
     return f"serving on {url}/ (the page) and {url.replace('http', 'ws', 1)}/v1/realtime"
 
 
-async def serve(args: argparse.Namespace, params: dict[str, str], started: Callable[[Any], None] | None = None) -> int:
+async def serve(
+    args: argparse.Namespace, params: dict[str, str], access: Any, started: Callable[[Any], None] | None = None
+) -> int:
+    """Build the engine and its pool, then serve until the server is told to exit; `access`: the
+    `AccessPolicy` of `dsl serve`'s options. `started(server)` is called once it listens."""
     import uvicorn  # before the engine loads: a missing serving package is said at once
 
     from duplexcadence.interpreter.serve.conversations import (
@@ -76,7 +80,7 @@ async def serve(args: argparse.Namespace, params: dict[str, str], started: Calla
     except (LookupError, ValueError, TypeError) as error:  # an unknown engine, an option it does not take
         raise UsageError(f"cannot build the conversation engine '{args.target}': {error}") from None
     limits = ConnectionLimits(args.header_timeout, args.max_connections, args.drain_timeout)
-    app = make_conversation_app(pool, manage_pool=False)
+    app = make_conversation_app(pool, manage_pool=False, access=access)
     config: uvicorn.Config = server_config(app, args.host, args.port, args.log_level, limits=limits)
     server = DrainingServer(config, args.drain_timeout)
 
@@ -121,7 +125,7 @@ def pool_config(args: argparse.Namespace) -> Any:
     )
 
 
-def run(args: argparse.Namespace, params: dict[str, str]) -> int:
+def run(args: argparse.Namespace, params: dict[str, str], access: Any) -> int:
     found = problems(args)
     if found:
         raise UsageError("; ".join(found))
@@ -129,4 +133,4 @@ def run(args: argparse.Namespace, params: dict[str, str]) -> int:
         return serve_ray.serve_cluster(args, pool_config(args), params)
     from duplexcadence.interpreter.serve.server import run_loop
 
-    return run_loop(serve(args, params))
+    return run_loop(serve(args, params, access))

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
@@ -25,6 +26,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from duplexcadence.interpreter.engine.api import UnitOutput
 from duplexcadence.interpreter.serve import messages as serve_messages
+from duplexcadence.interpreter.serve.access import AccessMiddleware, AccessPolicy
 from duplexcadence.interpreter.serve.admission import AdmissionRefused
 from duplexcadence.interpreter.serve.app import FrontLimits
 from duplexcadence.interpreter.serve.conversations import ConversationPool, PooledConversation
@@ -63,11 +65,16 @@ def served(pool: ConversationPool) -> Served:
 
 
 def make_conversation_app(
-    pool: ConversationPool, manage_pool: bool = True, limits: FrontLimits | None = None
+    pool: ConversationPool,
+    manage_pool: bool = True,
+    limits: FrontLimits | None = None,
+    access: AccessPolicy | None = None,
 ) -> Starlette:
     """The ASGI app of `pool`; with `manage_pool` its lifespan starts the pool (the server accepts connections
     once the engine is built) and stops it at shutdown. `limits`: what one websocket may hold (`FrontLimits`:
-    answers waiting, how long one may wait to be written, the longest event)."""
+    answers waiting, how long one may wait to be written, the longest event). `access`: who may use it
+    (`access.AccessPolicy`, checked before every route as for a tail's app; the page at `/` too, unless it is
+    one of the policy's open routes)."""
     limits = limits or FrontLimits(control_bytes=EVENT_BYTES)
 
     @contextlib.asynccontextmanager
@@ -109,7 +116,8 @@ def make_conversation_app(
         Route("/metrics", metrics),
         WebSocketRoute(PATH, realtime),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    middleware = [Middleware(AccessMiddleware, policy=access or AccessPolicy())]
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.pool = pool
     app.state.schedulers = [pool]  # drained by the server on SIGTERM (server.DrainingServer)
     return app

@@ -16,6 +16,8 @@ from duplexcadence.interpreter.serve.realtime import audio
 
 ENGINE_OPTIONS = {"sizes": "reduced", "n_timesteps": "2"}
 """`--param` options of the tests' engine (as `dsl serve` takes them)."""
+API_KEY = "realtime-test-key"
+"""The server asks for it on every route but /healthz and the page (`dsl serve --api-key ... --open-route /`)."""
 
 
 def needs_engine() -> None:
@@ -27,6 +29,8 @@ def needs_engine() -> None:
 class EngineServer:
     """The server (`ServerThread`) of the engine, and its pool."""
 
+    key = API_KEY
+
     def __init__(self, running, pool):
         self.running = running
         self.pool = pool
@@ -37,6 +41,13 @@ class EngineServer:
 
     def ws_url(self, path: str = "/v1/realtime") -> str:
         return self.running.ws_url(path)
+
+    def connect(self, path: str = "/v1/realtime", **options):
+        """A websocket (websockets' sync client) to `path`, with the key."""
+        import websockets.sync.client
+
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        return websockets.sync.client.connect(self.ws_url(path), additional_headers=headers, **options)
 
     def idle(self, timeout: float = 60.0) -> None:
         """Wait until every conversation of the server has closed."""
@@ -86,6 +97,7 @@ def engine_installed() -> None:
 @pytest.fixture(scope="session")
 def engine_server():
     needs_engine()
+    from duplexcadence.interpreter.serve.access import AccessPolicy
     from duplexcadence.interpreter.serve.conversations import (
         ConversationPool,
         ConversationPoolConfig,
@@ -96,7 +108,8 @@ def engine_server():
 
     build = engine_factory("minicpmo45", "cpu", 2, ENGINE_OPTIONS)
     pool = ConversationPool(build, "minicpmo45", ConversationPoolConfig(gather_s=0, idle_timeout_s=300))
-    with ServerThread(make_conversation_app(pool)) as running:
+    access = AccessPolicy(api_keys=(API_KEY,), open_routes=("/healthz", "/"))
+    with ServerThread(make_conversation_app(pool, access=access)) as running:
         yield EngineServer(running, pool)
 
 

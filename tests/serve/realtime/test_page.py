@@ -65,7 +65,7 @@ def test_the_page_talks_to_the_model_and_plays_its_answer(engine_server, tmp_pat
     capture = tmp_path / "speech.wav"
     write_speech_like(capture)
     state, transcript, units = talk(
-        engine_server.url("/?script=1&seed=5&units=3"),
+        engine_server.url(f"/?script=1&seed=5&units=3&key={engine_server.key}"),
         capture,
         tmp_path,
         until="window.duplexcadence.units >= 3 && window.duplexcadence.audioSamples > 0",

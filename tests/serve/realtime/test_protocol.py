@@ -38,7 +38,7 @@ def b64(samples: np.ndarray) -> str:
 
 
 def connect(server, **query):
-    client = openai.OpenAI(base_url=server.url("/v1"), api_key="unused")
+    client = openai.OpenAI(base_url=server.url("/v1"), api_key=server.key)
     return client.realtime.connect(model="minicpmo45", extra_query=query)
 
 
@@ -125,7 +125,7 @@ BAD_EVENTS = [
 def test_malformed_events_get_an_error_event_and_leave_the_conversation_unchanged(engine_server):
     engine_server.idle()
     sent = pcm(1.0, seed=2)
-    with websockets.sync.client.connect(engine_server.ws_url("/v1/realtime?seed=4")) as socket:
+    with engine_server.connect("/v1/realtime?seed=4") as socket:
         assert json.loads(socket.recv())["type"] == "session.created"
         socket.send(json.dumps(event_of(END)))
         socket.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(sent[:10000])}))
@@ -216,7 +216,7 @@ def test_a_conversation_over_capacity_is_refused_with_the_numbers(engine_server)
     engine_server.idle()
     with connect(engine_server) as one, connect(engine_server) as two:
         assert one.recv().type == two.recv().type == "session.created"
-        with websockets.sync.client.connect(engine_server.ws_url()) as third:
+        with engine_server.connect() as third:
             refusal = json.loads(third.recv())
             with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
                 third.recv()
@@ -230,12 +230,24 @@ def test_a_conversation_over_capacity_is_refused_with_the_numbers(engine_server)
     assert closed.value.rcvd.code == 1013
 
 
+def test_the_api_key_and_the_origin_are_checked_before_a_conversation_opens(engine_server):
+    with pytest.raises(websockets.exceptions.InvalidStatus) as no_key:
+        websockets.sync.client.connect(engine_server.ws_url())
+    with pytest.raises(websockets.exceptions.InvalidStatus) as cross_site:
+        engine_server.connect(origin="http://elsewhere.example")
+    assert (no_key.value.response.status_code, cross_site.value.response.status_code) == (401, 403)
+    protocol = f"openai-insecure-api-key.{engine_server.key}"  # a browser's way to send it
+    with websockets.sync.client.connect(engine_server.ws_url(), subprotocols=[protocol]) as socket:
+        assert json.loads(socket.recv())["type"] == "session.created"
+    engine_server.idle()
+
+
 def test_another_model_or_a_bad_seed_is_refused(engine_server):
     for query, code, text in (
         ("model=gpt-realtime", messages.MODEL_NOT_SERVED, "this server serves 'minicpmo45', not 'gpt-realtime'"),
         ("seed=x", messages.BAD_SEED, "the seed must be a whole number, not 'x'"),
     ):
-        with websockets.sync.client.connect(engine_server.ws_url(f"/v1/realtime?{query}")) as socket:
+        with engine_server.connect(f"/v1/realtime?{query}") as socket:
             error = json.loads(socket.recv())["error"]
             with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
                 socket.recv()
@@ -246,7 +258,10 @@ def test_another_model_or_a_bad_seed_is_refused(engine_server):
 def test_the_docs_python_client_holds_a_conversation(engine_server, capsys):
     engine_server.idle()
     (block,) = re.findall(r"```py\n(.*?)```", DOC.read_text(), flags=re.S)
-    exec(compile(block.replace("http://127.0.0.1:8000/v1", engine_server.url("/v1")), "docs/serving.md:py", "exec"), {})
+    block = block.replace("http://127.0.0.1:8000/v1", engine_server.url("/v1")).replace(
+        '"unused"', repr(engine_server.key)
+    )
+    exec(compile(block, "docs/serving.md:py", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     expected = engine_server.reference(3, np.zeros(48000, "<i2"), (LISTEN, SPEAK, END))
     assert [line.split(",")[0] for line in printed[:3]] == [f"unit {n}: {o.kind}" for n, o in enumerate(expected)]

@@ -162,7 +162,7 @@ async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None 
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.conversations is not None:
+    if getattr(args, "conversations", None) is not None:  # a Namespace of the tail's options alone has none
         return serve_conversations.run(args, pairs(args.param), access_policy(args))
     if args.lanes > args.slots:
         raise UsageError(messages.lanes_over_slots(args.lanes, args.slots))

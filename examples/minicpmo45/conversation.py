@@ -680,11 +680,16 @@ class MiniCPMo45Conversations:
         flushes: list[bool] = []
         groups: dict[int, list[int]] = {}
         conditions = []
+        longest_unit = self.settings.max_new_speak_tokens_per_chunk + TTS_TOKENS_PER_UNIT
         for index, (slot, decided) in enumerate(zip(slots, decisions)):
             state = self.states[slot]
             condition = self._condition(decided)
             conditions.append(condition)
             groups.setdefault(condition.shape[0], []).append(index)
+            after = state.tts_position + condition.shape[0] + TTS_TOKENS_PER_UNIT
+            if not decided.end_of_turn and after + longest_unit > self.tts_kv.capacity:
+                decided.end_of_turn = True  # the turn's cache is full after this unit: the turn ends here
+                state.turn_ended = True
             flushes.append(state.tts_position == 0)
             minimum.append(0 if (decided.end_of_turn or flushes[-1]) else TTS_TOKENS_PER_UNIT)
             self.tts_kv.check_room([slot], condition.shape[0] + TTS_TOKENS_PER_UNIT)

@@ -16,6 +16,9 @@ from duplexcadence.dsl.diagnostics import InternalError
 from duplexcadence.interpreter.plans.allocation import AllocationSchedule
 
 ALIGNMENT = 512  # the CUDA caching allocator's block granularity: views start where stock tensors would
+SEGMENT_ROUNDING = 2 * 2**20
+"""PyTorch's CUDA caching allocator gives an allocation over 10 MiB a segment of its own, its size rounded up
+to 2 MiB (`kRoundLarge`); smaller ones share segments with other tensors."""
 
 
 def align(value: int, alignment: int = ALIGNMENT) -> int:
@@ -51,6 +54,12 @@ class ArenaPlan:
         """One device allocation: `sessions` persistent blocks, then one scratch block per lane (the
         sessions of a lane share it; lanes step concurrently, so each needs its own)."""
         return sessions * self.session_bytes + lanes * self.scratch_bytes
+
+    def reserved_bytes(self, sessions: int, lanes: int = 1) -> int:
+        """What the device's caching allocator reserves for the arena's one allocation: its bytes rounded up to
+        `SEGMENT_ROUNDING` (an arena under 10 MiB shares a segment with other tensors: its bytes, rounded the
+        same way)."""
+        return align(self.total_bytes(sessions, lanes), SEGMENT_ROUNDING)
 
     def allocation(self, name: str) -> Allocation:
         for item in self.allocations:

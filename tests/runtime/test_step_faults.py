@@ -266,7 +266,8 @@ def test_a_bad_call_off_the_plan_and_at_finish_changes_nothing(tmp_path):
         ({"tokens": torch.tensor([[5, 6]]), "x": torch.tensor([[1]])}, "unexpected x"),
     ]
     got = [session.step(**chunked.feed(chunks[0]))]
-    assert not session.on_plan  # the short first chunk took the session off its plan (6 history frames where the plan has 8)
+    # the short first chunk took the session off its plan (6 history frames where the plan has 8)
+    assert not session.on_plan
     for index in (1, 2, 3):  # off the plan, then back on it: the next full chunk trims the history to 8
         for inputs, says in bad:
             before = snapshot(session)

@@ -17,8 +17,9 @@ from duplexcadence.interpreter.plans.allocation import AllocationSchedule
 
 ALIGNMENT = 512  # the CUDA caching allocator's block granularity: views start where stock tensors would
 SEGMENT_ROUNDING = 2 * 2**20
-"""PyTorch's CUDA caching allocator gives an allocation over 10 MiB a segment of its own, its size rounded up
-to 2 MiB (`kRoundLarge`); smaller ones share segments with other tensors."""
+LARGE_ALLOCATION = 10 * 2**20
+"""PyTorch's CUDA caching allocator gives an allocation of at least 10 MiB (`kMinLargeAlloc`) a segment of its
+own, its size rounded up to 2 MiB (`kRoundLarge`); a smaller one shares a segment with other tensors."""
 
 
 def align(value: int, alignment: int = ALIGNMENT) -> int:
@@ -56,10 +57,11 @@ class ArenaPlan:
         return sessions * self.session_bytes + lanes * self.scratch_bytes
 
     def reserved_bytes(self, sessions: int, lanes: int = 1) -> int:
-        """What the device's caching allocator reserves for the arena's one allocation: its bytes rounded up to
-        `SEGMENT_ROUNDING` (an arena under 10 MiB shares a segment with other tensors: its bytes, rounded the
-        same way)."""
-        return align(self.total_bytes(sessions, lanes), SEGMENT_ROUNDING)
+        """What the device's caching allocator reserves for the arena's one allocation: a segment of its own,
+        its bytes rounded up to `SEGMENT_ROUNDING`; under `LARGE_ALLOCATION` it shares a segment with other
+        tensors, and this is its bytes in blocks of `ALIGNMENT`."""
+        total = self.total_bytes(sessions, lanes)
+        return align(total, SEGMENT_ROUNDING) if total >= LARGE_ALLOCATION else align(total)
 
     def allocation(self, name: str) -> Allocation:
         for item in self.allocations:

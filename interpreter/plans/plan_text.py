@@ -344,9 +344,9 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
     )
     out += _wrap(
         f"reserved on a GPU: {human_bytes(plan.arena.reserved_bytes(1))} for 1 session (the arena's one "
-        f"allocation, in the allocator's 2 MiB segments), each further session {human_bytes(plan.arena.session_bytes)} "
-        f"and lane {human_bytes(plan.arena.scratch_bytes)}; each lane's graphs reserve a memory pool besides (the "
-        "model's working memory, measured at load: runtime.report())",
+        f"allocation as PyTorch's caching allocator rounds it), each further session "
+        f"{human_bytes(plan.arena.session_bytes)} and lane {human_bytes(plan.arena.scratch_bytes)}; each lane's "
+        "graphs reserve a memory pool besides (the model's working memory, measured at load: runtime.report())",
         "  ",
         "    ",
     )

@@ -11,7 +11,9 @@ state of its instant again (it is back on the plan). Every instant on the way wh
 instant has, in that order, is an *off-plan instant*: the runtime captures its graph runs ahead of time,
 like a planned instant's, so a session that takes only declared steps fires nothing eagerly.
 
-A pure function of the plan's passes and the declaration: no torch.
+The declaration is data (`OffPlanStep`, or its text for `dsl plan --off-plan`), so a construct of the
+language that bounds what a step may bring (an input's units counted at run time) can produce the same
+records. A pure function of the plan's passes and the declaration: no torch.
 
 Public: `OffPlanStep`, `OffPlanInstant`, `OffPlanPlan`, `OffPlanError`, `plan_off_plan`, `back_on_plan`,
 `over_capacity`.

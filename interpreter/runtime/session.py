@@ -66,7 +66,8 @@ class Session:
     stage bodies), `graphs`, `runs` and `replays` (its slot's captured graphs, each planned instant's runs,
     and their resolved replays), `counters`, `failed` (the exception that failed it, else None),
     `finished`, `rng_state`, and the clock position: `simulator` (stale after on-plan steps, which skip
-    it), `on_plan`."""
+    it), `on_plan` (whether its state is the planned state of its instant: false after a step off the plan
+    until one brings it back, plans/off_plan.back_on_plan)."""
 
     last_outputs: Any = None
     failed: BaseException | None = None
@@ -169,7 +170,9 @@ class Session:
 
         An input with fewer units than the plan expects (a flush of a short input) makes the
         instant cover that fraction of its planned time: every advance of the instant scales with
-        it (StepError if one comes out fractional); such firings run eagerly, outside the plan."""
+        it (StepError if one comes out fractional). Such an instant is off the plan: it replays the
+        graphs captured for it when the runtime's declared steps lead to it (`Runtime.load(off_plan=...)`),
+        else its firings run eagerly (`counters.undeclared_steps`)."""
         return self._step(args, inputs, last=False)
 
     def finish(self, *args: torch.Tensor, **inputs: torch.Tensor):

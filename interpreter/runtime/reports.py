@@ -81,6 +81,8 @@ class RuntimeReport:
     after each capture; 0 without graphs."""
     arena_reserved_bytes: int = 0
     """What the caching allocator reserves for the arena (`ArenaPlan.reserved_bytes`): the plan's number."""
+    off_plan_blocked: tuple[Diagnostic, ...] = ()
+    """Stages that run eagerly at off-plan instants only (captured everywhere else), with why."""
 
     @property
     def stock_bytes(self) -> int:
@@ -132,8 +134,9 @@ class RuntimeReport:
                 f"per slot; stage replays there {self.replays_off_plan}; {self.undeclared_steps} steps off the plan "
                 "that no declared step leads to (eager)"
             )
-        for diagnostic in self.blocked:
-            where = diagnostic.span
-            located = f" ({where.path}:{where.line}:{where.column})" if where is not None else ""
-            lines.append(f"  blocked: {diagnostic.message}{located}")
+        for label, diagnostics in (("blocked", self.blocked), ("blocked off the plan", self.off_plan_blocked)):
+            for diagnostic in diagnostics:
+                where = diagnostic.span
+                located = f" ({where.path}:{where.line}:{where.column})" if where is not None else ""
+                lines.append(f"  {label}: {diagnostic.message}{located}")
         return "\n".join(lines)

@@ -253,6 +253,8 @@ class Runtime:
         """The firings' signatures of every planned and declared off-plan instant (a step's `undeclared`)."""
         self.off_plan_blocked: dict[bool, dict[str, Diagnostic]] = {}
         """Stages that run eagerly at off-plan instants only (by whether the instant is a stream's last)."""
+        self.off_plan_probed: set[tuple[str, bool]] = set()
+        """The (stage, last) kinds of off-plan firing probed for capture (once for every slot)."""
         self.storage_dtypes = {name: TORCH_DTYPES[r.dtype] for name, r in plan.program.regions.items()}
         self.pruned_inputs = frozenset(r.name for r in plan.pruning.regions if r.input)
         self.pruned_given = frozenset(
@@ -463,6 +465,7 @@ class Runtime:
                 totals.undeclared_steps,
                 sum(self.pool_bytes.values()),
                 self.plan.arena.reserved_bytes(self.arena.sessions, self.lanes),
+                tuple(d for blocked in self.off_plan_blocked.values() for d in blocked.values()),
             )
 
     def verify(self, stock, inputs, ticks: int | None = None, seed: int = 0):

@@ -105,10 +105,11 @@ def _probe(session: Session, firing: Firing, lengths: dict[str, int]) -> list:
 def _probe_off_plan(session: Session) -> None:
     """Probe each stage once more for each kind of off-plan firing its planned firings are not (the last
     instant of a stream, which hooks see as `firing.last`), at its first off-plan graph: a stage whose probe
-    finds an obstacle, or that raises, runs eagerly at such instants only (`Runtime.off_plan_blocked`)."""
+    finds an obstacle, or that raises, runs eagerly at such instants only (`Runtime.off_plan_blocked`). Once
+    for the runtime's slots (`Runtime.off_plan_probed`)."""
     runtime = session.runtime
     planned = (runtime.first_firing[g.signature] for g in runtime.plan.capture.captured)
-    probed = {(firing.stage, firing.last) for firing in planned}
+    probed = runtime.off_plan_probed | {(firing.stage, firing.last) for firing in planned}
     for found in runtime.plan.off_plan.instants:
         for firing in found.firings:
             kind = (firing.stage, firing.last)
@@ -119,6 +120,7 @@ def _probe_off_plan(session: Session) -> None:
             ):
                 continue
             probed.add(kind)
+            runtime.off_plan_probed.add(kind)
             stage = runtime.program.stages[firing.stage]
             try:
                 obstacles = _probe(session, firing, found.lengths)

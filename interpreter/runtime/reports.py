@@ -130,9 +130,9 @@ class RuntimeReport:
         )
         if self.off_plan_instants or self.undeclared_steps:
             lines.append(
-                f"  off the plan: {self.off_plan_instants} declared instants captured as {self.off_plan_graphs} graphs "
-                f"per slot; stage replays there {self.replays_off_plan}; {self.undeclared_steps} steps off the plan "
-                "that no declared step leads to (eager)"
+                f"  off the plan: {self.off_plan_instants} declared instants ({self.off_plan_graphs} graphs a slot "
+                f"captured for them); stage replays there {self.replays_off_plan}; {self.undeclared_steps} steps off "
+                "the plan that no declared step leads to (eager)"
             )
         for label, diagnostics in (("blocked", self.blocked), ("blocked off the plan", self.off_plan_blocked)):
             for diagnostic in diagnostics:

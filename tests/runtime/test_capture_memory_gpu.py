@@ -118,3 +118,63 @@ def _stock_outputs(stock: ToyStockStream, stream: torch.Tensor, seed: int, ticks
     with torch.random.fork_rng(devices=[device]):
         set_rng_state(device, seeded_rng_state(seed, device))
         return [stock.step(codes=stream[:, tick : tick + 1]).clone() for tick in range(ticks)]
+
+
+def test_two_tails_graphs_interleaved_and_the_first_dropped_stay_equal_to_stock():
+    """The toy and Qwen3-Omni's Code2Wav (released size, bf16: its `dsl bench` subject) on one device, their
+    sessions stepped in turn; the toy's runtime, which captured first on the capture stream they share, is
+    dropped half-way, its graphs destroyed and its pool released, and Code2Wav's keep replaying: every output
+    `torch.equal` to its stock loop's, the tensors in every block the allocator held untouched."""
+    pytest.importorskip("transformers")
+    from duplexcadence.interpreter import tails
+
+    device = torch.device("cuda")
+    rounds, per_round = 6, 12  # Code2Wav's 1 s chunks, and 12 toy frames beside each
+    subjects = {
+        "toy": tails.get("toy").subject.resolve()(device=device, seconds=rounds),
+        "qwen3omni": tails.get("qwen3omni").subject.resolve()(device=device, seconds=rounds, dtype="bf16"),
+    }
+    ticks = {"toy": rounds * per_round, "qwen3omni": rounds}
+    expected = {name: _subject_outputs(subject, "stock eager", ticks[name]) for name, subject in subjects.items()}
+    runners = {name: _made(subject, "duplexcadence") for name, subject in subjects.items()}
+    guards = take_cached_blocks()
+    got: dict[str, list] = {name: [] for name in subjects}
+    for round_ in range(rounds):
+        if round_ == rounds // 2:
+            dropped = runners.pop("toy")
+            close = getattr(dropped, "close", None)
+            if callable(close):
+                close()
+            del dropped, close
+            gc.collect()
+            guards += take_cached_blocks()
+        if "toy" in runners:
+            for tick in range(round_ * per_round, (round_ + 1) * per_round):
+                got["toy"].append(_cloned(runners["toy"].step(**subjects["toy"].inputs(tick))))
+        got["qwen3omni"].append(_cloned(runners["qwen3omni"].step(**subjects["qwen3omni"].inputs(round_))))
+    torch.cuda.synchronize()
+    assert all(bool((guard == 7.0).all()) for guard in guards)
+    assert len(got["toy"]) == rounds // 2 * per_round and len(got["qwen3omni"]) == rounds
+    for name, outputs in got.items():
+        for tick, (mine, theirs) in enumerate(zip(outputs, expected[name])):
+            assert torch.equal(mine, theirs), f"{name}, tick {tick}"
+
+
+def _made(subject, name: str):
+    runner = next(variant for variant in subject.variants if variant.name == name).make()
+    runner.reset()
+    return runner
+
+
+def _cloned(output):
+    return output["output"].clone() if isinstance(output, dict) else output.clone()
+
+
+def _subject_outputs(subject, name: str, ticks: int) -> list[torch.Tensor]:
+    """`ticks` outputs of the subject's variant `name`, which is then closed."""
+    runner = _made(subject, name)
+    outputs = [_cloned(runner.step(**subject.inputs(tick))) for tick in range(ticks)]
+    close = getattr(runner, "close", None)
+    if callable(close):
+        close()
+    return outputs

@@ -33,6 +33,7 @@ from duplexcadence.interpreter.cli.common import (
     positive,
     print_diagnostics,
 )
+from duplexcadence.interpreter.plans.off_plan import OffPlanError, OffPlanStep
 from duplexcadence.interpreter.plans.plan import Plan, make_plan, to_json
 from duplexcadence.interpreter.plans.plan_text import format_plan
 from duplexcadence.interpreter.plans.samples import SessionLengthError
@@ -69,12 +70,22 @@ def plan_of_file(
                 diagnostics = list(error.diagnostics)
             except SessionLengthError as error:
                 raise UsageError(str(error), ("give fewer --seconds",)) from None
+            except OffPlanError as error:
+                raise UsageError(str(error), ("see `dsl plan --help`, --off-plan",)) from None
     if diagnostics_format == "json":
         print(diagnostics_json([(item.path, diagnostics)]))
     else:
         color = color_wanted(getattr(args, "color", "auto"), sys.stderr)
         print_diagnostics(diagnostics, sources, "full", color, sys.stderr, item.path)
     return None, sources
+
+
+def off_plan_step(text: str) -> OffPlanStep:
+    """An argparse type: an off-plan step as `OffPlanStep.parse` reads it."""
+    try:
+        return OffPlanStep.parse(text)
+    except OffPlanError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         sessions=args.sessions,
         seconds=args.seconds,
         prune=args.prune,
+        off_plan=args.off_plan,
     )
     if plan is None:
         return EXIT_PROBLEMS
@@ -143,6 +155,16 @@ def register(commands) -> None:
         default=None,
         metavar="T",
         help="count every output's units over a session of T seconds (default 60, whole cadences, fewer where 60 s has over 10 000 000 instants)",
+    )
+    plan.add_argument(
+        "--off-plan",
+        type=off_plan_step,
+        action="append",
+        default=[],
+        metavar="STEP",
+        help="a step off the plan a session may take, traced and counted like the planned ones: "
+        "'step NAME=COUNTS [at start|any]' (an input with other unit counts) or 'finish NAME=COUNTS [at ...]' "
+        "(the last instant), COUNTS a number or LOW-HIGH; e.g. --off-plan 'finish tokens=0' (repeatable)",
     )
     add_prune_option(plan)
     add_stdin_filename_option(plan)

@@ -1,5 +1,5 @@
 """The plan driver: a checked program -> pruning -> clocks -> shape trace -> allocation schedule ->
-arena -> capture plan -> sample accounting, composed in that order. Each pass is a pure function of
+arena -> capture plan -> sample accounting (-> the declared off-plan instants), composed in that order. Each pass is a pure function of
 what came before; the result is one frozen `Plan`, printable (`dsl plan`) and JSON-serialisable (`dsl plan --json`).
 
 `Plan.program` is the program the passes planned: the checked one without the stages the pruning left
@@ -8,7 +8,7 @@ out and the regions only they touch (`Plan.pruning`, with the checked program as
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from duplexcadence.interpreter.plans.allocation import AllocationSchedule, sched
 from duplexcadence.interpreter.plans.arena import ArenaPlan, plan_arena
 from duplexcadence.interpreter.plans.capture import CapturePlan, plan_capture
 from duplexcadence.interpreter.plans.clocks import ClockPlan, plan_clocks
+from duplexcadence.interpreter.plans.off_plan import OffPlanPlan, OffPlanStep, plan_off_plan
 from duplexcadence.interpreter.plans.prune import Pruning, prune_unobserved
 from duplexcadence.interpreter.plans.samples import SampleAccount, TickSamples, account_samples
 from duplexcadence.interpreter.plans.trace import Trace, repeating_counters, trace_shapes
@@ -40,6 +41,8 @@ class Plan:
     capture: CapturePlan
     pruning: Pruning
     samples: SampleAccount
+    off_plan: OffPlanPlan = attrs.field(factory=OffPlanPlan)
+    """The declared off-plan steps and the instants they lead to (off_plan.py); empty when none are declared."""
 
     @property
     def path(self) -> str:
@@ -59,12 +62,14 @@ def make_plan(
     limits: Limits | Mapping[str, int] | None = None,
     prune: bool = True,
     seconds: Fraction | None = None,
+    off_plan: Sequence[OffPlanStep] = (),
 ) -> Plan:
     """Run every pass under the program's limits (or `limits`, a `Limits` or a mapping that raises
     some of the defaults); raises ClockError when the plan would pass one (checked before the pass
     that would cost it), or when the arena exceeds `max_arena_bytes` (over-budget), and ValueError for
-    a `seconds` the sample accounting refuses (default: a 60 s session). `prune`: leave out the stages
-    no output sees (interpreter/plans/prune.py)."""
+    a `seconds` the sample accounting refuses (default: a 60 s session) or `off_plan` steps it cannot
+    take. `prune`: leave out the stages no output sees (interpreter/plans/prune.py). `off_plan`: the
+    steps off the plan a session may take (interpreter/plans/off_plan.py)."""
     if limits is not None:
         program = attrs.evolve(program, limits=Limits.of(limits))
     pruning = prune_unobserved(program, prune)
@@ -96,7 +101,8 @@ def make_plan(
         raise ClockError([messages.over_arena_budget(arena.total_bytes(sessions), max_arena_bytes, span)])
     capture = plan_capture(shape_trace, max_graphs)
     samples = account_samples(program, clock_plan, shape_trace, seconds)
-    return Plan(program, clock_plan, shape_trace, allocation, arena, capture, pruning, samples)
+    off = plan_off_plan(program, clock_plan, shape_trace, allocation, capture, off_plan)
+    return Plan(program, clock_plan, shape_trace, allocation, arena, capture, pruning, samples, off)
 
 
 def plan_file(
@@ -251,6 +257,29 @@ def to_json(plan: Plan) -> dict:
             "eager_firings": plan.capture.eager_firings,
         },
         "samples": _samples_json(plan.samples),
+        **({"off_plan": _off_plan_json(plan)} if plan.off_plan.declared else {}),
+    }
+
+
+def _off_plan_json(plan: Plan) -> dict:
+    off = plan.off_plan
+    keys = {g.signature: g.key for g in plan.capture.graphs if g.captured} | off.graphs
+    return {
+        "steps": [step.text() for step in off.steps],
+        "states": off.states,
+        "refused": off.refused,
+        "graphs": sorted(off.graphs.values()),
+        "instants": [
+            {
+                "instant": i.instant,
+                "units": dict(i.units),
+                "last": i.last,
+                "from_plan": i.from_plan,
+                "stages": [f.stage for f in i.firings],
+                "graphs": [keys.get(f.signature) for f in i.firings],
+            }
+            for i in off.instants
+        ],
     }
 
 

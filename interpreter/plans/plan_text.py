@@ -342,6 +342,14 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
         f"{human_bytes(plan.arena.scratch_bytes)} (one copy per lane); arena for 1 session "
         f"{human_bytes(plan.arena.total_bytes(1))}"
     )
+    out += _wrap(
+        f"reserved on a GPU: {human_bytes(plan.arena.reserved_bytes(1))} for 1 session (the arena's one "
+        f"allocation as PyTorch's caching allocator rounds it), each further session "
+        f"{human_bytes(plan.arena.session_bytes)} and lane {human_bytes(plan.arena.scratch_bytes)}; each lane's "
+        "graphs reserve a memory pool besides (the model's working memory, measured at load: runtime.report())",
+        "  ",
+        "    ",
+    )
     if schedule.stock_bytes:
         saved = schedule.stock_bytes - schedule.compared_demand_bytes
         out.append(
@@ -376,10 +384,63 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
     out += _wrap(capture.eager_rule, "  rule: ", "        ")
     out.append("")
 
+    out += _off_plan_section(plan, verbose, heading)
     out += _samples_section(plan.samples, clocks.hyperperiod, verbose, heading)
     if not verbose:
         out.append("  dsl plan --verbose: every family member, the views of every graph, the units of every firing")
     return "\n".join(out) + "\n"
+
+
+def _off_plan_section(plan: Plan, verbose: bool, heading) -> list[str]:
+    """The declared off-plan steps and the instants they lead to (interpreter/plans/off_plan.py); nothing
+    when none are declared."""
+    off = plan.off_plan
+    if not off.declared:
+        return []
+    keys = {g.signature: g.key for g in plan.capture.graphs if g.captured} | off.graphs
+    out = [heading("Off-plan instants (declared steps, captured like planned instants)")]
+    out += _wrap_parts([step.text() for step in off.steps], "  declared: ", "            ")
+    groups: dict[tuple, list] = {}
+    for found in off.instants:
+        kind = "finish" if found.last else ("step" if found.units else "planned inputs")
+        groups.setdefault((kind, found.from_plan), []).append(found)
+    rows = []
+    for (kind, from_plan), members in groups.items():
+        counts: dict[str, set[int]] = {}
+        for found in members:
+            for name, count in found.units:
+                counts.setdefault(name, set()).add(count)
+        units = ", ".join(f"{name} {number_ranges(sorted(values))}" for name, values in sorted(counts.items()))
+        rows.append(
+            [
+                kind,
+                "the plan" if from_plan else "off the plan",
+                len(members),
+                units or "as planned",
+                number_ranges(sorted({found.instant for found in members})),
+            ]
+        )
+    out += table(["instant", "starts from", "instants", "units", "at instants"], rows, right=(2,))
+    if verbose:
+        out.append("  every off-plan instant and the graph of each of its firings:")
+        for found in off.instants:
+            graphs = ", ".join(f"{f.stage} {keys.get(f.signature, 'eager')}" for f in found.firings)
+            out += _wrap(f"{found.describe()}: {graphs}", "    ", "        ")
+    out += _wrap(
+        f"{plural(len(off.instants), 'instant')} off the plan ({plural(off.states, 'state')} off the plan "
+        f"reached); {plural(len(off.graphs), 'stage graph')} more than the capture plan's; "
+        f"{off.refused} declared steps the runtime would refuse where they were tried",
+        "  ",
+        "  ",
+    )
+    out += _wrap(
+        "each off-plan instant is captured as a planned one is, per session slot, and a session that takes only "
+        "declared steps fires nothing eagerly; an undeclared step runs eagerly",
+        "  ",
+        "  ",
+    )
+    out.append("")
+    return out
 
 
 def _output_notes(o: OutputSamples, session: Fraction, hyperperiod: Fraction) -> list[str]:

@@ -101,9 +101,11 @@ class Firing:
 
     @property
     def signature(self) -> tuple:
-        """Everything that fixes the firing's shapes and arena offsets: one graph per distinct value."""
+        """Everything that fixes the firing's shapes and arena offsets, and whether it ends the stream (a stage
+        sees `firing.last`): one graph per distinct value."""
         views = tuple(view.key() for view in self.views)
-        return (self.stage,) + views + ((("advances",) + self.advances,) if self.advances else ())
+        advances = (("advances",) + self.advances,) if self.advances else ()
+        return (self.stage,) + views + advances + ((("last",),) if self.last else ())
 
 
 @attrs.frozen

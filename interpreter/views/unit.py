@@ -19,7 +19,6 @@ import graphviz
 import networkx as nx
 
 from duplexcadence.dsl import depgraph
-
 from duplexcadence.interpreter.plans.plan import Plan
 from duplexcadence.interpreter.plans.plan_text import seconds
 from duplexcadence.interpreter.views.style import (

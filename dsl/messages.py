@@ -1809,13 +1809,14 @@ def run_time_start(region: str, keyword: str, span: Span | None) -> Diagnostic:
 
 def slide_marks(region: str, first: int, high: int, low: int, span: Span | None) -> Diagnostic:
     head = f"first {first} + " if first else ""
+    legal = f"{head}slide {low} to {high}" if low > high else f"first {low} + slide {high} to {low}"
     return Diagnostic(
         BAD_SLIDE,
         f"region '{region}' keeps `{head}slide {high} to {low}`: the marks must be first <= low <= high",
         span,
         helps=(
             "above the high mark, whole cadences after the pinned first units are dropped until at most the low "
-            f"mark remain: e.g. `{head}slide {max(high, low)} to {min(high, low)}`",
+            f"mark remain, so the pinned first units fit under the low mark: e.g. `{legal}`",
         ),
     )
 

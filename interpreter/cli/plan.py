@@ -52,11 +52,12 @@ def session_length(text: str) -> Fraction:
 def memory_size(text: str) -> int:
     """An argparse type: a number of bytes, with an optional binary unit (`80GiB`, `512 MiB`, `1000000`)."""
     match = _SIZE.fullmatch(text.strip())
-    if match is None or Fraction(match.group(1)) <= 0:
+    size = int(Fraction(match.group(1)) * _SIZE_UNITS[match.group(2)]) if match is not None else 0
+    if size < 1:
         raise argparse.ArgumentTypeError(
             f"must be a positive size such as 80GiB, 512MiB or 1000000 (bytes), not {text!r}"
         )
-    return int(Fraction(match.group(1)) * _SIZE_UNITS[match.group(2)])
+    return size
 
 
 def device_memory() -> Memory | None:

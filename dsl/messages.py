@@ -1858,3 +1858,22 @@ def rows_with_run_time_shape(stage: str, region: str, span: Span | None, advance
         notes=(Note("the run-time advance", advance),),
         helps=("drop `rows` (the stage runs eagerly), or advance by a fixed `+N`",),
     )
+
+
+def engine_only(kind: str, name: str, span: Span | None) -> Diagnostic:
+    """At load: a program with counts decided at run time is a conversation engine's (`kind`: `bound`, a stage
+    on a bounded clock; `rows`, a batched stage; `slide`, a region keeping a slide)."""
+    code, what = {
+        "bound": (BAD_BOUND, f"stage '{name}' is on a bounded clock"),
+        "rows": (BAD_ROWS, f"stage '{name}' runs on rows"),
+        "slide": (BAD_SLIDE, f"region '{name}' keeps a slide"),
+    }[kind]
+    return Diagnostic(
+        code,
+        f"{what}: its counts are decided at run time, and the runtime steps instants whose every shape the plan knows",
+        span,
+        helps=(
+            "a conversation engine steps such a program (interpreter/engine/; it reads the plan with "
+            "duplexcadence.interpreter.plans.plan.conversation_plan); load the tail it uses on its own",
+        ),
+    )

@@ -269,6 +269,20 @@ class Program:
         """Up to how many times `stage` fires at each of its instants, for a stage on a bounded clock."""
         return self.clocks[self.stages[stage].clock].bound
 
+    def run_time_count(self) -> tuple[str, str, Span | None] | None:
+        """The first declaration whose counts are decided at run time, for what cannot step it: (`bound`, a
+        stage on a bounded clock), (`rows`, a batched stage) or (`slide`, a region keeping a slide), with its
+        name and position; None when the plan knows every count."""
+        for stage in self.stages.values():
+            if self.clocks[stage.clock].bound is not None:
+                return "bound", stage.name, stage.span
+            if stage.rows is not None:
+                return "rows", stage.name, stage.rows_span
+        for name, region in self.regions.items():
+            if region.retention.kind == "slide":
+                return "slide", name, region.retention.span
+        return None
+
     def on_bounded_clock(self, name: str) -> bool:
         """Whether region `name` advances on a bounded clock."""
         clock = self.regions[name].clock

@@ -10,14 +10,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from fractions import Fraction
 from typing import Literal, TypeVar
 
 import attrs
 
 from duplexcadence.dsl import messages, syntax
-from duplexcadence.dsl.diagnostics import ClockError, DiagnosticBag
+from duplexcadence.dsl.diagnostics import ClockError, Diagnostic, DiagnosticBag
 from duplexcadence.dsl.evaluate import (
     HERTZ,
     PLAIN,
@@ -497,18 +497,29 @@ class _Resolver:
             )
             self.bag.add(messages.bound_per(declaration.name, node.rate.id, problem, node.rate.span))
             return None
+        with self.in_scope_of(declaration):
+            count = self._firings_count(
+                node.bound,
+                f"the bound of clock '{node.name}'",
+                lambda value, limit, span: messages.bound_too_large(declaration.name, value, limit, span),
+            )
+        return None if count is None else (count, self.canonical(per))
+
+    def _firings_count(
+        self, expr: syntax.Expr, what: str, too_many: Callable[[int, int, Span | None], Diagnostic]
+    ) -> int | None:
+        """A positive whole count within the `firings` limit (a bound, rows); None when it is not (reported)."""
         try:
-            with self.in_scope_of(declaration):
-                count = require_int(self.evaluate_in(node.bound), node.bound, f"the bound of clock '{node.name}'", 1)
+            count = require_int(self.evaluate_in(expr), expr, what, 1)
         except EvalError as error:
             self.bag.extend(error.diagnostics)
             return None
         except _Skip:
             return None
         if count > self.limits.firings:
-            self.bag.add(messages.bound_too_large(declaration.name, count, self.limits.firings, node.bound.span))
+            self.bag.add(too_many(count, self.limits.firings, expr.span))
             return None
-        return count, self.canonical(per)
+        return count
 
     def region_members(self, declaration: Declaration) -> list[RegionInfo] | None:
         """The region (or the family's members), added to the program; None if it failed."""
@@ -1182,17 +1193,12 @@ class _Resolver:
         for extra in items[1:]:
             self.bag.add(messages.duplicate_clause("rows", node.name, extra.span, items[0].span))
         item = items[0]
-        try:
-            count = require_int(self.evaluate_in(item.count), item.count, f"the rows of stage '{node.name}'", 1)
-        except EvalError as error:
-            self.bag.extend(error.diagnostics)
-            return False
-        except _Skip:
-            return False
-        if count > self.limits.firings:
-            self.bag.add(messages.rows_too_many(node.name, count, self.limits.firings, item.count.span))
-            return False
-        return (count, item.span) if len(items) == 1 else False
+        count = self._firings_count(
+            item.count,
+            f"the rows of stage '{node.name}'",
+            lambda value, limit, span: messages.rows_too_many(node.name, value, limit, span),
+        )
+        return (count, item.span) if count is not None and len(items) == 1 else False
 
     def _accesses(self, item) -> list[Access]:
         ref: syntax.RegionRef = item.region

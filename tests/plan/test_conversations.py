@@ -100,3 +100,16 @@ def test_a_bad_memory_size_is_a_usage_error(size, capsys):
         main(["plan", "models.minicpmo45_duplex", "--memory", size])
     assert exit_.value.code == 2
     assert "--memory: must be a positive size such as 80GiB, 512MiB or 1000000 (bytes)" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_without_memory_dsl_plan_fits_conversations_in_the_devices_free_memory(capsys):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    free, _total = torch.cuda.mem_get_info()
+    assert main(["plan", "models.minicpmo45_duplex", "--format", "json"]) == 0
+    memory = json.loads(capsys.readouterr().out)["conversations"]["memory"]
+    assert memory["source"] == f"free on {torch.cuda.get_device_name()}"
+    assert abs(memory["bytes"] - free) < 2**30  # free memory moves a little between the two readings
+    assert memory["conversations"] == (memory["bytes"] - 438_648_832) // 1_240_538_112

@@ -52,8 +52,9 @@ class Retention:
     kind is one of: `fixed` (a region without a time axis: the whole tensor, always), `last` (window of `last` newest units, oldest first), `ring` (a ring of `last`
     slots, always handed whole to the module), `first_last` (a pinned head of `first` units plus the
     `last` newest), `all` (everything up to `horizon` units), `scratch` (dead after the instant),
-    `slide` (a pinned head of `first` units; at the end of a cadence that leaves more than `last` units,
-    whole cadences after the head dropped from the front until at most `low` remain; handed whole).
+    `slide` (at the end of a cadence that leaves more than `last` units, whole cadences dropped from the front
+    until at most `low` remain; the units the session starts with and a pinned head of `first` stay; handed
+    whole).
     """
 
     kind: str

@@ -206,8 +206,8 @@ class KeepSlide:
     """A window with a high and a low mark: `retain slide 1400 to 0`, `retain first 43 + slide 4000 to 3500`.
 
     At the end of every cadence in which the region holds more than `high` units, the units of whole
-    cadences after the pinned `first` are dropped from the front until at most `low` remain; the module
-    is handed the whole region, its length a run-time value.
+    cadences are dropped from the front until at most `low` remain (what the session starts with, and the
+    first `first` units, stay); the module is handed the whole region, its length a run-time value.
     """
 
     first: Expr | None

@@ -245,7 +245,7 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False, memory: 
     def heading(text: str) -> str:
         return f"\x1b[1m{text}\x1b[0m" if color else text
 
-    out = [heading(f"Plan for {plan.path}"), f"params: {_params(plan)}", ""]
+    out = [heading(f"Plan for {plan.path}"), *_wrap(f"params: {_params(plan)}", "", "  "), ""]
 
     out.append(heading("Clocks"))
     out += table(

@@ -21,5 +21,5 @@ def test_hover_says_what_is_counted_at_run_time():
     region = hover_text(analysis, "llm_kv") or ""
     assert "- clock `llm_position` at up to 32 per unit" in region
     assert "- its length is decided at run time: handed whole, at its capacity" in region
-    assert "- retain first 43 + slide 4000 to 3500, start given 43" in region
+    assert "- retain slide 4000 to 3500, start given 43" in region
     assert "- plan: capacity 4032 units, shape [36, 2, 8, 4032, 128], 567.0 MiB" in region

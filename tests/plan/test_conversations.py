@@ -76,7 +76,7 @@ def test_params_size_the_unit():
 def test_dsl_plan_prints_the_conversations_and_what_fits(capsys):
     assert main(["plan", "models.minicpmo45_duplex", "--memory", "80GiB"]) == 0
     out = capsys.readouterr().out
-    assert "  llm_kv         first 43 + slide 4000 to 3500      4032  567.0 MiB" in out
+    assert "  llm_kv         slide 4000 to 3500        4032  567.0 MiB" in out
     assert "  llm_token     up to 21 per unit" in out and "  llm_step     llm_token     up to 21" in out
     assert "batched graphs, 48 in all: listen (graph 3) at rows 1..16;" in out
     assert "  conversations that fit in 80.0 GiB (--memory): 68" in out

@@ -35,10 +35,12 @@ from duplexcadence.interpreter.cli.common import (
 )
 from duplexcadence.interpreter.plans.off_plan import OffPlanError, OffPlanStep
 from duplexcadence.interpreter.plans.plan import Plan, make_plan, to_json
-from duplexcadence.interpreter.plans.plan_text import format_plan
+from duplexcadence.interpreter.plans.plan_text import Memory, format_plan
 from duplexcadence.interpreter.plans.samples import SessionLengthError
 
 _DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(B|KiB|MiB|GiB|TiB)?")
+_SIZE_UNITS = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 def session_length(text: str) -> Fraction:
@@ -46,6 +48,29 @@ def session_length(text: str) -> Fraction:
     if not _DECIMAL.fullmatch(text) or Fraction(text) <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds (60, 2.5), not {text!r}")
     return Fraction(text)
+
+
+def memory_size(text: str) -> int:
+    """An argparse type: a number of bytes, with an optional binary unit (`80GiB`, `512 MiB`, `1000000`)."""
+    match = _SIZE.fullmatch(text.strip())
+    size = int(Fraction(match.group(1)) * _SIZE_UNITS[match.group(2)]) if match is not None else 0
+    if size < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive size such as 80GiB, 512MiB or 1000000 (bytes), not {text!r}"
+        )
+    return size
+
+
+def device_memory() -> Memory | None:
+    """The free memory of the CUDA device torch sees, or None (no torch, no device)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    free, _total = torch.cuda.mem_get_info()
+    return Memory(free, f"free on {torch.cuda.get_device_name()}")
 
 
 def plan_of_file(
@@ -102,10 +127,21 @@ def run(args: argparse.Namespace) -> int:
     )
     if plan is None:
         return EXIT_PROBLEMS
+    memory = Memory(args.memory, "--memory") if args.memory is not None else None
+    if memory is None and plan.conversations.batched:
+        memory = device_memory()
     if form == "json":
-        print(json.dumps(to_json(plan), indent=1, sort_keys=True))
+        document = to_json(plan)
+        if memory is not None:
+            document["conversations"]["memory"] = {
+                "bytes": memory.bytes,
+                "source": memory.source,
+                "conversations": plan.conversations.fits(memory.bytes),
+            }
+        print(json.dumps(document, indent=1, sort_keys=True))
     else:
-        sys.stdout.write(format_plan(plan, verbose=args.verbose, color=color_wanted(args.color, sys.stdout)))
+        text = format_plan(plan, verbose=args.verbose, color=color_wanted(args.color, sys.stdout), memory=memory)
+        sys.stdout.write(text)
     return EXIT_CLEAN
 
 
@@ -165,6 +201,14 @@ def register(commands) -> None:
         help="a step off the plan a session may take, traced and counted like the planned ones: "
         "'step NAME=COUNTS [at start|any]' (an input with other unit counts) or 'finish NAME=COUNTS [at ...]' "
         "(the last instant), COUNTS a number or LOW-HIGH; e.g. --off-plan 'finish tokens=0' (repeatable)",
+    )
+    plan.add_argument(
+        "--memory",
+        type=memory_size,
+        default=None,
+        metavar="SIZE",
+        help="say how many conversations fit in SIZE (80GiB, 512MiB, bytes): the memory left for their state "
+        "(default, for a file with batched stages: the free memory of the CUDA device torch sees, if any)",
     )
     add_prune_option(plan)
     add_stdin_filename_option(plan)

@@ -1,4 +1,4 @@
-"""Pass 7 (declared), off-plan instants: the steps a session may take off the plan, traced from every state
+"""Pass 8 (declared), off-plan instants: the steps a session may take off the plan, traced from every state
 they can start at until the session is back on the plan.
 
 A session leaves the plan when an instant's inputs bring another number of units than planned (a forced

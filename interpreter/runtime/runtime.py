@@ -351,6 +351,9 @@ class Runtime:
             clock if isinstance(clock, Program) else load_program(clock, {k: str(v) for k, v in (params or {}).items()})
         )
         plan = make_plan(program, max_graphs=max_graphs, prune=prune, off_plan=off_plan)
+        counted = plan.program.run_time_count()
+        if counted is not None:
+            raise ClockError([messages.engine_only(*counted)])
         callables, attributes = bind_program(plan.program, model, hooks, device)
         sources = bind_objects(plan.program, model, hooks, objects, device)
         check_arena_fits(plan, sessions, device, lanes)

@@ -290,7 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     engine_rounds(engine, slots, args.warmup_units, args.seed + 999, say)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    payload["engine"] = {"load_s": load_s, "bytes_per_conversation": model.bytes_per_conversation(), "counts": {}}
+    payload["engine"] = {
+        "load_s": load_s,
+        "plan_bytes_per_conversation": model.bytes_per_conversation(),
+        "allocated_per_conversation": model.allocated_per_conversation,
+        "counts": {},
+    }
     largest = None
     for count in args.counts:
         say(f"engine: {count} conversation(s), {args.units} units")

@@ -347,8 +347,16 @@ class Token2wavRuntime:
         region = self.runtime.program.regions[name]
         return RegionStorage(region, self.runtime.arena.block(name, None), None).view()
 
-    def session(self, prompt: PromptConditioning, seed: int = 0, base_on_host: bool = False) -> CadenceToken2wavSession:
-        return CadenceToken2wavSession(self, prompt, seed, base_on_host)
+    def session(
+        self,
+        prompt: PromptConditioning,
+        seed: int = 0,
+        base_on_host: bool = False,
+        initial: Mapping[str, torch.Tensor] | None = None,
+    ) -> CadenceToken2wavSession:
+        """A session of ``prompt``'s voice; ``initial``: that voice's :meth:`voice_initial`, computed once and
+        shared by the sessions of one voice (a turn's start only reads it)."""
+        return CadenceToken2wavSession(self, prompt, seed, base_on_host, initial)
 
     def step_new_many(
         self, chunks: Mapping[CadenceToken2wavSession, torch.Tensor]
@@ -446,11 +454,18 @@ class CadenceToken2wavSession:
     the new tokens of each chunk (stock's records hold the whole window).
     """
 
-    def __init__(self, bound: Token2wavRuntime, prompt: PromptConditioning, seed: int = 0, base_on_host: bool = False):
+    def __init__(
+        self,
+        bound: Token2wavRuntime,
+        prompt: PromptConditioning,
+        seed: int = 0,
+        base_on_host: bool = False,
+        initial: Mapping[str, torch.Tensor] | None = None,
+    ):
         self.bound = bound
         self.prompt = prompt
         self.session_seed = seed
-        self.initial = bound.voice_initial(prompt)
+        self.initial = dict(initial) if initial is not None else bound.voice_initial(prompt)
         if base_on_host and self.device.type == "cuda":
             self.initial = {name: value.cpu().pin_memory() for name, value in self.initial.items()}
         self.session: Session = bound.runtime.session(initial=self.initial, seed=seed)

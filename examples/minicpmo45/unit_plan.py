@@ -47,8 +47,10 @@ def clock_params(
     settings: DecodeSettings | None = None,
     conversations: int = 16,
     n_timesteps: int = 10,
+    turn_seconds: int = 60,
 ) -> dict[str, str]:
-    """The params of `models.minicpmo45_duplex` for these sizes (as `--param` takes them)."""
+    """The params of `models.minicpmo45_duplex` for these sizes (as `--param` takes them); `turn_seconds`: the
+    longest speaking turn, which sizes the TTS cache."""
     window = window or WindowSettings()
     settings = settings or DecodeSettings()
     system = len(SYSTEM_PREFIX) + int(REFERENCE_AUDIO_SECONDS * AUDIO_EMBEDDINGS_PER_SECOND) + len(SYSTEM_SUFFIX)
@@ -74,6 +76,7 @@ def clock_params(
         "tts_vocab": TTS_AUDIO_TOKENS,
         "tts_positions": sizes.tts_max_positions,
         "speech_tokens": TTS_TOKENS_PER_UNIT - 1,
+        "turn": f"{turn_seconds} s",
         "P": sizes.prompt_frames,
         "steps": n_timesteps,
         "layers": sizes.tail.encoder_blocks + sizes.tail.encoder_up_blocks,

@@ -252,7 +252,7 @@ class MiniCPMo45Conversations:
         )
         voice = self.tail.voice_initial(self.prompt)  # one copy for every conversation of the voice
         self.tail_sessions = [self.tail.session(self.prompt, seed=0, initial=voice) for _ in range(slots)]
-        capacity = {name: self.plan.region(name).capacity for name in ("llm_kv", "tts_kv", "audio_kv")}
+        capacity = {name: self._capacity(name) for name in ("llm_kv", "tts_kv", "audio_kv")}
         llm, tts, apm = self.model.llm, self.model.tts, self.model.apm
         before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         dtype = llm.lm_head.weight.dtype
@@ -404,6 +404,12 @@ class MiniCPMo45Conversations:
         kv.host_lengths[list(slots)] += count
 
     # -- memory
+
+    def _capacity(self, region: str) -> int:
+        capacity = self.plan.region(region).capacity
+        if capacity is None:
+            raise ValueError(f"models.minicpmo45_duplex declares {region} without a time axis; the engine needs one")
+        return capacity
 
     def bytes_per_conversation(self) -> int:
         """Device bytes one conversation holds, from the plan of ``models.minicpmo45_duplex`` (its caches at the

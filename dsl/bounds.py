@@ -126,6 +126,8 @@ def slowest_fill(program: Program) -> Fill | None:
         region = program.regions[name]
         if region.clock is None or region.retention.keeps is None:  # fixed, or scratch
             continue
+        if program.run_time_length(name):  # handed whole at its capacity: no length the planner traces
+            continue
         start = 0 if region.retention.kind == "ring" else region.start_length  # a ring's fill starts at 0
         units = region.retention.keeps - start
         if units <= 0:

@@ -41,6 +41,8 @@ def check_rates(program: Program) -> Iterator[Diagnostic]:
         stage_clock = program.clocks[stage.clock]
         for access in stage.accesses:
             region = program.regions[access.region]
+            if _run_time_count(program, stage, region):
+                continue  # counted at run time: check_run_time_lengths
             if region.fixed:
                 if access.advance is not None or access.window != "all":
                     yield messages.fixed_advance(stage.name, access.region, access.span)
@@ -120,6 +122,8 @@ def check_accesses(program: Program) -> Iterator[Diagnostic]:
         for access in stage.accesses:
             region = program.regions[access.region]
             if access.kind == "read":
+                if program.run_time_length(access.region):
+                    continue  # handed whole: check_run_time_lengths
                 if region.retention.kind == "ring" and access.window != "all":
                     window = f"last {access.count}" if access.window == "last" else "new units"
                     yield messages.window_on_ring(stage.name, access.region, window, access.span)
@@ -156,6 +160,9 @@ def check_accesses(program: Program) -> Iterator[Diagnostic]:
             written[access.region] = access
             if region.fixed:
                 continue
+            if program.on_bounded_clock(access.region):
+                writer_of.setdefault(access.region, (stage.name, access))
+                continue  # the stages of a unit share a region on a bounded clock: check_run_time_lengths
             if access.region in writer_of and writer_of[access.region][0] != stage.name:
                 other, first = writer_of[access.region]
                 yield messages.several_writers(access.region, stage.name, other, access.span, first.span)
@@ -192,7 +199,7 @@ def check_retention(program: Program) -> Iterator[Diagnostic]:
         order = None
     for stage in program.stages.values():
         for access in stage.accesses:
-            if access.kind != "read" or program.regions[access.region].fixed:
+            if access.kind != "read" or program.regions[access.region].fixed or program.run_time_length(access.region):
                 continue
             region = program.regions[access.region]
             found = read_need(program, stage, access)
@@ -415,6 +422,90 @@ def check_objects(program: Program) -> Iterator[Diagnostic]:
         yield messages.object_unpassed(key, region.bind_object, region.bind_span, declared, _kind(region))
 
 
+# --- the duplex unit: bounded clocks, sliding windows, rows ------------------------------------------
+
+
+def _run_time_count(program: Program, stage: StageInfo, region: RegionInfo) -> bool:
+    """Whether the stage's units of the region are counted at run time: the stage is on a bounded clock
+    (and the region is not fixed), or the region is."""
+    return not region.fixed and (program.burst(stage.name) is not None or program.on_bounded_clock(region.name))
+
+
+def check_run_time_lengths(program: Program) -> Iterator[Diagnostic]:
+    """Bounded clocks (`up to N per CLOCK`) and `slide` windows: lengths decided at run time. A region on a
+    bounded clock is no input, keeps a slide, `all` or scratch, and its writers, on the clock it counts per
+    or on clocks bounded per it, add up to its bound; a stage on a bounded clock advances only such regions
+    and reads no `new` units; a region with a run-time length is read whole; a slide is updated, not
+    appended to; a stage with `rows` has fixed shapes."""
+    for name, region in program.regions.items():
+        if region.clock is None:
+            continue
+        clock = program.clocks[region.clock]
+        if region.retention.kind == "slide" and region.role in ("input", "output"):
+            yield messages.slide_role(name, region.role, region.retention.span or region.span)
+        if clock.bound is None:
+            continue
+        if region.role == "input":
+            yield messages.bounded_input(name, clock.name, region.span)
+            continue
+        if region.retention.kind not in ("slide", "all", "scratch", "io"):
+            yield messages.bounded_retention(name, clock.name, region.retention.describe(), region.retention.span)
+        yield from _bounded_writers(program, name, region, clock)
+    for stage in program.stages.values():
+        burst = program.burst(stage.name)
+        for access in stage.accesses:
+            region = program.regions[access.region]
+            if region.fixed:
+                continue
+            bounded = program.on_bounded_clock(access.region)
+            slide = region.retention.kind == "slide" and not bounded
+            if access.kind == "read":
+                if program.run_time_length(access.region) and access.window != "all":
+                    window = f"the last {access.count}" if access.window == "last" else "the new units"
+                    why = "keeps a slide" if slide else f"is on bounded clock '{region.clock}'"
+                    yield messages.run_time_window(stage.name, access.region, why, window, slide, access.span)
+                elif burst is not None and access.window == "new":
+                    yield messages.burst_reads_new(stage.name, stage.clock, access.region, access.span)
+                continue
+            if burst is not None and not bounded:
+                yield messages.burst_advances_exact(stage.name, stage.clock, access.region, access.span)
+                continue
+            if access.up_to and not bounded:
+                yield messages.up_to_on_exact(stage.name, access.region, region.clock or "", access.span)
+                continue
+            if slide and access.kind == "write":
+                yield messages.slide_appended(stage.name, access.region, access.span, region.retention.span)
+            if stage.rows is not None and access.up_to:
+                yield messages.rows_with_run_time_shape(stage.name, access.region, stage.rows_span, access.span)
+
+
+def _bounded_writers(program: Program, name: str, region: RegionInfo, clock) -> Iterator[Diagnostic]:
+    """A region on a bounded clock: its writers count per its clock's `per`, and add up to its bound."""
+    total, parts, notes, complete = 0, [], [], True
+    for stage in program.stages.values():
+        for access in stage.writes():
+            if access.region != name:
+                continue
+            stage_clock = program.clocks[stage.clock]
+            if clock.per not in (stage.clock, stage_clock.per):
+                complete = False
+                yield messages.bounded_writer(
+                    stage.name, stage.clock, name, clock.name, clock.per, access.span, clock.span
+                )
+                continue
+            if access.advance is None:
+                complete = False
+                yield messages.bounded_advance_missing(stage.name, name, access.span)
+                continue
+            times = stage_clock.bound or 1
+            total += times * access.advance
+            advance = f"up to {access.advance}" if access.up_to else f"+{access.advance}"
+            parts.append(f"'{stage.name}' {advance}" + (f" x up to {times} firings" if stage_clock.bound else ""))
+            notes.append(Note(f"'{stage.name}' advances it here", access.span))
+    if complete and parts and total != clock.bound:
+        yield messages.bounded_total(name, clock.name, clock.bound, clock.per, total, parts, region.span, notes)
+
+
 RULES = (
     check_bounds,
     check_rates,
@@ -429,6 +520,7 @@ RULES = (
     check_unused,
     check_hyperperiod,
     check_boundary_loss,
+    check_run_time_lengths,
 )
 # rules about what is missing would only echo an earlier error when a declaration failed to resolve
 WHOLE_PROGRAM_RULES = (check_roles, check_unused, check_data_starts, check_counters, check_objects)

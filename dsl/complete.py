@@ -95,7 +95,14 @@ def derive_advances(program: Program) -> Program:
         accesses = []
         for access in stage.accesses:
             region = program.regions[access.region]
-            if access.kind == "write" and access.advance is None and region.role != "output" and not region.fixed:
+            counted_at_run_time = program.burst(name) is not None or program.run_time_length(access.region)
+            if (
+                access.kind == "write"
+                and access.advance is None
+                and region.role != "output"
+                and not region.fixed
+                and not counted_at_run_time
+            ):
                 per_firing = units_per_firing(program, stage, access.region)
                 if per_firing.denominator == 1:
                     access = attrs.evolve(access, advance=per_firing.numerator)

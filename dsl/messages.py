@@ -113,6 +113,21 @@ BOUNDARY_LOSS = ErrorCode(
     "boundary-loss", "an output that loses units at every boundary between two firings", Severity.WARNING
 )
 
+# --- the duplex unit: bounded clocks, sliding windows, rows (the wording is at the end of the file) --
+BAD_BOUND = ErrorCode(
+    "bad-bound",
+    "a bounded clock (`up to N per CLOCK`) that is not N whole firings per a clock of exact rate, or a use of "
+    "one that the run-time count cannot serve (a window, an input, writers that do not add up to N)",
+)
+BAD_SLIDE = ErrorCode(
+    "bad-slide",
+    "a `slide` window whose marks are not first <= low <= high, that is appended to or read in a window, "
+    "or that is an input or output",
+)
+BAD_ROWS = ErrorCode(
+    "bad-rows", "a stage's `rows` that is not a positive whole number, or on a stage whose shapes vary at run time"
+)
+
 ALL_CODES: tuple[ErrorCode, ...] = tuple(value for value in globals().values() if isinstance(value, ErrorCode))
 
 DTYPES: dict[str, int] = {
@@ -1653,5 +1668,212 @@ def boundary_loss(
             f"(`latency {loss}`, released by the end of the stream) and keep the state, or a context that covers "
             "the receptive field, so that the next firing completes them",
             f"if the clock reproduces a stock loop that loses them, say so: `loses {loss} intended`",
+        ),
+    )
+
+
+# --- the duplex unit: bounded clocks, sliding windows, rows -----------------------------------------
+
+
+def bound_per(clock: str, per: str, problem: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_BOUND,
+        f"clock '{clock}' counts up to its bound per '{per}', which {problem}",
+        span,
+        helps=(f"`clock {clock} = up to N per unit`, where `unit` is a clock with a rate, e.g. `clock unit = 1 Hz`",),
+    )
+
+
+def bound_too_large(clock: str, count: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_BOUND,
+        f"clock '{clock}' ticks up to {count_text(count)} times an instant, over the `firings` limit of "
+        f"{count_text(limit)}",
+        span,
+        helps=(f"check the bound; {_raise_limit('firings', count)}",),
+    )
+
+
+def bounded_input(region: str, clock: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_BOUND,
+        f"input '{region}' is on bounded clock '{clock}': `step()` feeds an input the units its clock's exact "
+        "rate brings",
+        span,
+        helps=("put the input on a clock of exact rate; a stage on a bounded clock may read it",),
+    )
+
+
+def bounded_retention(region: str, clock: str, retention: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_BOUND,
+        f"region '{region}' on bounded clock '{clock}' keeps `{retention}`, but its length is decided at run "
+        "time: it is handed whole, at its capacity",
+        span,
+        helps=(
+            "a region on a bounded clock keeps `slide H to L` (a window with marks), `all horizon H` or "
+            "`scratch` (one instant's units)",
+        ),
+    )
+
+
+def bounded_writer(
+    stage: str, stage_clock: str, region: str, clock: str, per: str, span: Span | None, declared: Span | None
+) -> Diagnostic:
+    return Diagnostic(
+        BAD_BOUND,
+        f"stage '{stage}' on clock '{stage_clock}' advances region '{region}', whose clock '{clock}' counts "
+        f"units per tick of '{per}'",
+        span,
+        notes=(Note(f"'{clock}' is declared here", declared),),
+        helps=(f"advance it from a stage on '{per}', or on a clock bounded per '{per}' (`up to N per {per}`)",),
+    )
+
+
+def bounded_advance_missing(stage: str, region: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_BOUND,
+        f"stage '{stage}' advances region '{region}', on a bounded clock, without saying by how much",
+        span,
+        helps=("write `+N` (every firing N units) or `up to N` (at most N, decided at run time)",),
+    )
+
+
+def bounded_total(
+    region: str, clock: str, bound: int, per: str, total: int, parts: list[str], span: Span | None, notes: list[Note]
+) -> Diagnostic:
+    return Diagnostic(
+        BAD_BOUND,
+        f"region '{region}' on clock '{clock}' gets up to {units(bound)} per tick of '{per}', but its writers "
+        f"add up to {total}: {', '.join(parts)}",
+        span,
+        notes=tuple(notes),
+        helps=(f"declare `clock {clock} = up to {total} per {per}`, or correct the advances",),
+    )
+
+
+def burst_advances_exact(stage: str, clock: str, region: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_BOUND,
+        f"stage '{stage}' on bounded clock '{clock}' advances region '{region}', whose clock has an exact rate: "
+        "how often the stage fires is decided at run time",
+        span,
+        helps=(
+            f"put '{region}' on a bounded clock counted per the same clock (`up to N per ...`), or advance it from "
+            "a stage of exact rate",
+        ),
+    )
+
+
+def burst_reads_new(stage: str, clock: str, region: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_BOUND,
+        f"stage '{stage}' on bounded clock '{clock}' reads the new units of region '{region}': which of its "
+        "firings would see them is decided at run time",
+        span,
+        helps=(f"read the units it keeps, `read {region}` or `read {region} last N`",),
+    )
+
+
+def run_time_window(stage: str, region: str, why: str, window: str, slide: bool, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_SLIDE if slide else BAD_BOUND,
+        f"stage '{stage}' reads {window} of region '{region}', which {why}: its length is decided at run time, "
+        "so it is handed whole",
+        span,
+        helps=(f"`read {region}`: the whole region, its length a run-time value",),
+    )
+
+
+def up_to_on_exact(stage: str, region: str, clock: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_BOUND,
+        f"stage '{stage}' advances region '{region}' `up to` a count, but '{region}' is on clock '{clock}', of "
+        "exact rate",
+        span,
+        helps=(
+            "a run-time advance needs a region on a bounded clock (`clock c = up to N per unit`); on an exact "
+            "clock write the advance, `+N`",
+        ),
+    )
+
+
+def run_time_start(region: str, keyword: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_VALUE,
+        f"region '{region}' has a length decided at run time, so `start {keyword}` has no length to fill",
+        span,
+        helps=("start it `empty`, or `given N` (N units handed over at session start: a prefilled prompt)",),
+    )
+
+
+def slide_marks(region: str, first: int, high: int, low: int, span: Span | None) -> Diagnostic:
+    head = f"first {first} + " if first else ""
+    legal = f"{head}slide {low} to {high}" if low > high else f"first {low} + slide {high} to {low}"
+    return Diagnostic(
+        BAD_SLIDE,
+        f"region '{region}' keeps `{head}slide {high} to {low}`: the marks must be first <= low <= high",
+        span,
+        helps=(
+            "above the high mark, whole cadences after the pinned first units are dropped until at most the low "
+            f"mark remain, so the pinned first units fit under the low mark: e.g. `{legal}`",
+        ),
+    )
+
+
+def slide_appended(stage: str, region: str, span: Span | None, declared: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_SLIDE,
+        f"stage '{stage}' writes (appends to) region '{region}', a `slide` its stages keep in place",
+        span,
+        notes=(Note(f"'{region}' keeps a slide here", declared),),
+        helps=(f"`update {region} +N`: the stage is handed the whole region and writes its new units in place",),
+    )
+
+
+def slide_role(region: str, role: str, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_SLIDE,
+        f"{role} '{region}' keeps a `slide`: an {role} keeps what its readers need, not a window with marks",
+        span,
+        helps=("keep the window in a state region the stage updates",),
+    )
+
+
+def rows_too_many(stage: str, count: int, limit: int, span: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_ROWS,
+        f"stage '{stage}' runs on up to {count_text(count)} rows, over the `firings` limit of {count_text(limit)}",
+        span,
+        helps=(f"check the count; {_raise_limit('firings', count)}",),
+    )
+
+
+def rows_with_run_time_shape(stage: str, region: str, span: Span | None, advance: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_ROWS,
+        f"stage '{stage}' declares `rows` (a graph per row count), but advances region '{region}' by a count "
+        "decided at run time, so its shapes vary",
+        span,
+        notes=(Note("the run-time advance", advance),),
+        helps=("drop `rows` (the stage runs eagerly), or advance by a fixed `+N`",),
+    )
+
+
+def engine_only(kind: str, name: str, span: Span | None) -> Diagnostic:
+    """At load: a program with counts decided at run time is a conversation engine's (`kind`: `bound`, a stage
+    on a bounded clock; `rows`, a batched stage; `slide`, a region keeping a slide)."""
+    code, what = {
+        "bound": (BAD_BOUND, f"stage '{name}' is on a bounded clock"),
+        "rows": (BAD_ROWS, f"stage '{name}' runs on rows"),
+        "slide": (BAD_SLIDE, f"region '{name}' keeps a slide"),
+    }[kind]
+    return Diagnostic(
+        code,
+        f"{what}: its counts are decided at run time, and the runtime steps instants whose every shape the plan knows",
+        span,
+        helps=(
+            "a conversation engine steps such a program (interpreter/engine/; it reads the plan with "
+            "duplexcadence.interpreter.plans.plan.conversation_plan); load the tail it uses on its own",
         ),
     )

@@ -283,8 +283,8 @@ def _close_keywords(word: str, expected: set[str]) -> list[str]:
 _GROUPS = (
     (frozenset(STATEMENT_KEYWORDS), "the next statement (use, cadence, param, clock, region, stage, counter, object)"),
     (
-        frozenset({"module", "hook", "read", "update", "write", "rng"}),
-        "a stage item (module, hook, read, update, write, rng)",
+        frozenset({"module", "hook", "read", "update", "write", "rng", "rows"}),
+        "a stage item (module, hook, read, update, write, rng, rows)",
     ),
     (
         frozenset({"on", "retain", "start", "stock", "bind", "input", "output"}),
@@ -448,6 +448,11 @@ class _ToAst(Transformer):
         name, rate = children
         return syntax.Clock(str(name), rate, span=self._span(meta), name_span=self._token_span(name))
 
+    def bounded_clock_stmt(self, meta, children):
+        name, (_, bound), per = children
+        per_name = syntax.Name(str(per), span=self._token_span(per))
+        return syntax.Clock(str(name), per_name, span=self._span(meta), name_span=self._token_span(name), bound=bound)
+
     def region_stmt(self, meta, children):
         name, family, dtype, shape, *clauses = children
         return syntax.Region(
@@ -512,6 +517,10 @@ class _ToAst(Transformer):
 
     def keep_scratch(self, meta, children):
         return syntax.KeepScratch(span=self._span(meta))
+
+    def slide_retention(self, meta, children):
+        first, high, low = children if len(children) == 3 else (None, *children)
+        return syntax.KeepSlide(first, high, low, span=self._span(meta))
 
     def start_zeros(self, meta, children):
         return syntax.StartZeros(span=self._span(meta))
@@ -607,26 +616,35 @@ class _ToAst(Transformer):
     def update_item(self, meta, children):
         region, *advance = children
         advance = [a for a in advance if a is not None]
-        return syntax.UpdateItem(region, advance[0][1] if advance else None, span=self._span(meta))
+        return syntax.UpdateItem(
+            region,
+            advance[0][1] if advance else None,
+            span=self._span(meta),
+            up_to=bool(advance) and advance[0][0] == "up_to",
+        )
 
     def write_item(self, meta, children):
         region, *rest = children
         rest = [p for p in rest if p is not None]
-        advance = next((p[1] for p in rest if p[0] == "advance"), None)
+        advance = next((p for p in rest if p[0] in ("advance", "up_to")), None)
         latency = next((p for p in rest if p[0] == "latency"), None)
         loss = next((p for p in rest if p[0] == "loss"), None)
         return syntax.WriteItem(
             region,
-            advance,
+            advance[1] if advance else None,
             latency[1] if latency else None,
             latency_dropped=bool(latency and latency[2]),
             loss=loss[1] if loss else None,
             loss_intended=bool(loss and loss[2]),
             span=self._span(meta),
+            up_to=advance is not None and advance[0] == "up_to",
         )
 
     def rng_item(self, meta, children):
         return syntax.RngItem(span=self._span(meta))
+
+    def rows_item(self, meta, children):
+        return syntax.RowsItem(children[0], span=self._span(meta))
 
     def region_ref(self, meta, children):
         name, *index = children
@@ -648,7 +666,11 @@ class _ToAst(Transformer):
         return ("alias", str(children[0]), self._token_span(children[0]))
 
     def advance(self, meta, children):
-        return ("advance", children[0])
+        [value] = children
+        return value if isinstance(value, tuple) else ("advance", value)
+
+    def up_to(self, meta, children):
+        return ("up_to", children[0])
 
     def latency(self, meta, children):
         value, *dropped = children

@@ -76,6 +76,9 @@ def _retention(node: syntax.Retention) -> str:
         return f"first {expr(node.first)} + last {expr(node.last)}"
     if isinstance(node, syntax.KeepAll):
         return "all" if node.horizon is None else f"all horizon {expr(node.horizon)}"
+    if isinstance(node, syntax.KeepSlide):
+        first = f"first {expr(node.first)} + " if node.first is not None else ""
+        return f"{first}slide {expr(node.high)} to {expr(node.low)}"
     return "scratch"
 
 
@@ -106,6 +109,11 @@ def _bind(node: syntax.BindClause) -> str:
     return " ".join(parts) + f' "{node.path}"'
 
 
+def _advance(node: syntax.Expr, up_to: bool) -> str:
+    """`+2`, or `up to 19` for an advance decided at run time."""
+    return f"up to {expr(node)}" if up_to else f"+{expr(node, 3)}"
+
+
 def _ref(node: syntax.RegionRef) -> str:
     return node.name if node.index is None else f"{node.name}[{expr(node.index)}]"
 
@@ -117,6 +125,8 @@ def _item(node: syntax.StageItem) -> str:
         return f"hook {node.name}"
     if isinstance(node, syntax.RngItem):
         return "rng"
+    if isinstance(node, syntax.RowsItem):
+        return f"rows {expr(node.count)}"
     if isinstance(node, syntax.ReadItem):
         parts = ["read"] + (["prev"] if node.prev else []) + [_ref(node.region)]
         if isinstance(node.span_clause, syntax.SpanLast):
@@ -131,10 +141,10 @@ def _item(node: syntax.StageItem) -> str:
     if isinstance(node, syntax.UpdateItem):
         if node.advance is None:
             return f"update {_ref(node.region)}"
-        return f"update {_ref(node.region)} +{expr(node.advance, 3)}"
+        return f"update {_ref(node.region)} {_advance(node.advance, node.up_to)}"
     parts = ["write", _ref(node.region)]
     if node.advance is not None:
-        parts.append(f"+{expr(node.advance, 3)}")
+        parts.append(_advance(node.advance, node.up_to))
     if node.latency is not None:
         parts.append(f"latency {expr(node.latency)}" + (" dropped" if node.latency_dropped else ""))
     if node.loss is not None:
@@ -179,6 +189,8 @@ def statement(node: syntax.Statement) -> str:
     if isinstance(node, syntax.Param):
         return f"param {node.name} = {expr(node.default)}"
     if isinstance(node, syntax.Clock):
+        if node.bound is not None:
+            return f"clock {node.name} = up to {expr(node.bound)} per {expr(node.rate)}"
         return f"clock {node.name} = {expr(node.rate)}"
     if isinstance(node, syntax.Region):
         return "\n".join(text for text, _ in _region_lines(node))

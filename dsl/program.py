@@ -29,10 +29,20 @@ class ClockInfo:
     rate: Fraction
     uses: tuple[str, ...] = ()
     span: Span | None = _span_field()
+    bound: int | None = attrs.field(default=None, kw_only=True)
+    """A bounded clock (`clock text = up to 21 per unit`) ticks up to `bound` times at each tick of the clock
+    `per`, the count decided at run time; its `rate` is then the rate of `per` (the instants it ticks at)."""
+    per: str | None = attrs.field(default=None, kw_only=True)
 
     @property
     def period(self) -> Fraction:
         return 1 / self.rate
+
+    @property
+    def unit_rate(self) -> Fraction:
+        """The most units a second of a region on this clock: its rate, times its bound when it has one
+        (durations in counts are converted with it)."""
+        return self.rate * (self.bound or 1)
 
 
 @attrs.frozen
@@ -41,7 +51,10 @@ class Retention:
 
     kind is one of: `fixed` (a region without a time axis: the whole tensor, always), `last` (window of `last` newest units, oldest first), `ring` (a ring of `last`
     slots, always handed whole to the module), `first_last` (a pinned head of `first` units plus the
-    `last` newest), `all` (everything up to `horizon` units), `scratch` (dead after the instant).
+    `last` newest), `all` (everything up to `horizon` units), `scratch` (dead after the instant),
+    `slide` (at the end of a cadence that leaves more than `last` units, whole cadences dropped from the front
+    until at most `low` remain; the units the session starts with and a pinned head of `first` stay; handed
+    whole).
     """
 
     kind: str
@@ -49,11 +62,13 @@ class Retention:
     last: int = 0
     horizon: int | None = None
     span: Span | None = _span_field()
+    low: int = attrs.field(default=0, kw_only=True)
+    """The low mark of a `slide` (its high mark is `last`)."""
 
     @property
     def keeps(self) -> int | None:
         """The most units kept between firings (None for scratch: nothing survives an instant)."""
-        if self.kind in ("last", "ring"):
+        if self.kind in ("last", "ring", "slide"):
             return self.last
         if self.kind == "first_last":
             return self.first + self.last
@@ -67,7 +82,7 @@ class Retention:
             return min(length, self.last)
         if self.kind == "first_last":
             return min(length, self.first + self.last)
-        if self.kind == "all":
+        if self.kind in ("all", "slide"):  # a slide drops whole cadences at run time
             return length
         return 0
 
@@ -86,6 +101,8 @@ class Retention:
             return f"all horizon {self.horizon}"
         if self.kind == "scratch":
             return "scratch"
+        if self.kind == "slide":
+            return (f"first {self.first} + " if self.first else "") + f"slide {self.last} to {self.low}"
         return f"{self.kind} {self.last}"
 
 
@@ -179,6 +196,8 @@ class Access:
     loss: int = 0
     loss_intended: bool = False
     span: Span | None = _span_field()
+    up_to: bool = attrs.field(default=False, kw_only=True)
+    """`update kv up to 19`: each firing advances the region by a count decided at run time, at most `advance`."""
 
 
 @attrs.frozen
@@ -196,6 +215,9 @@ class StageInfo:
     passes: tuple[ObjectPass, ...] = attrs.field(default=(), kw_only=True)
     """The caller-owned objects the stage passes (`read caches`, `update caches`), placed among its
     accesses by `ObjectPass.before`."""
+    rows: int | None = attrs.field(default=None, kw_only=True)
+    """`rows N`: the stage runs on 1 to N conversations at once, each a row of its batch."""
+    rows_span: Span | None = attrs.field(default=None, eq=False, repr=False, kw_only=True)
 
     def reads(self) -> list[Access]:
         return [a for a in self.accesses if a.kind in ("read", "update")]
@@ -241,6 +263,67 @@ class Program:
     def units_per_firing(self, stage: str, region: str) -> Fraction:
         """How many units of `region`'s clock pass per firing of `stage` (may be a fraction)."""
         return self.rate_of_region(region) / self.clocks[self.stages[stage].clock].rate
+
+    # --- lengths decided at run time (bounded clocks, `slide`) -----------------------------------
+
+    def burst(self, stage: str) -> int | None:
+        """Up to how many times `stage` fires at each of its instants, for a stage on a bounded clock."""
+        return self.clocks[self.stages[stage].clock].bound
+
+    def run_time_count(self) -> tuple[str, str, Span | None] | None:
+        """The first declaration whose counts are decided at run time, for what cannot step it: (`bound`, a
+        stage on a bounded clock), (`rows`, a batched stage) or (`slide`, a region keeping a slide), with its
+        name and position; None when the plan knows every count."""
+        for stage in self.stages.values():
+            if self.clocks[stage.clock].bound is not None:
+                return "bound", stage.name, stage.span
+            if stage.rows is not None:
+                return "rows", stage.name, stage.rows_span
+        for name, region in self.regions.items():
+            if region.retention.kind == "slide":
+                return "slide", name, region.retention.span
+        return None
+
+    def on_bounded_clock(self, name: str) -> bool:
+        """Whether region `name` advances on a bounded clock."""
+        clock = self.regions[name].clock
+        return clock is not None and self.clocks[clock].bound is not None
+
+    def run_time_length(self, name: str) -> bool:
+        """Whether the region's length is decided at run time (on a bounded clock, or `retain slide`): it is
+        handed to its stages whole, at its capacity, its length a run-time value."""
+        return self.on_bounded_clock(name) or self.regions[name].retention.kind == "slide"
+
+    def units_per_instant(self, name: str) -> int:
+        """The most units the stages that fire at one instant write into region `name` (each writer's advance
+        times up to how often it fires at that instant)."""
+        return sum(
+            (self.burst(stage.name) or 1) * (access.advance or 0)
+            for stage in self.stages.values()
+            for access in stage.writes()
+            if access.region == name
+        )
+
+    def units_per_cadence(self, name: str) -> int:
+        """The most units region `name` receives in one cadence (its writers' most per instant, times their
+        instants per cadence)."""
+        total = Fraction(0)
+        for stage in self.stages.values():
+            per_cadence = self.cadence * self.clocks[stage.clock].rate * (self.burst(stage.name) or 1)
+            total += per_cadence * sum(a.advance or 0 for a in stage.writes() if a.region == name)
+        return math.ceil(total)
+
+    def run_time_capacity(self, name: str) -> int:
+        """The units a region with a run-time length is allocated (`run_time_length`): a slide its high mark
+        (or its pinned head or start, when longer) plus a cadence's units; `all` its horizon; scratch what one
+        instant writes."""
+        region = self.regions[name]
+        retention = region.retention
+        if retention.kind == "slide":
+            return max(retention.last, retention.first, region.start_length) + self.units_per_cadence(name)
+        if retention.kind == "all" and retention.horizon is not None:
+            return retention.horizon
+        return (retention.keeps or 0) + self.units_per_instant(name)
 
 
 # --- counters and caller-owned objects -----------------------------------------------------------

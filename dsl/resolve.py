@@ -10,14 +10,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from fractions import Fraction
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import attrs
 
 from duplexcadence.dsl import messages, syntax
-from duplexcadence.dsl.diagnostics import ClockError, DiagnosticBag
+from duplexcadence.dsl.diagnostics import ClockError, Diagnostic, DiagnosticBag
 from duplexcadence.dsl.evaluate import (
     HERTZ,
     PLAIN,
@@ -467,15 +467,59 @@ class _Resolver:
                 self.resolved_clocks[key] = None
             else:
                 name = self.canonical(declaration)
+                node = declaration.node_as(syntax.Clock)
+                bound = self._bound(declaration, node) if node.bound is not None else None
+                if node.bound is not None and bound is None:
+                    self.resolved_clocks[key] = None
+                    return None
                 info = ClockInfo(
                     name,
                     rate,
-                    self.canonical_uses(declaration, declaration.node_as(syntax.Clock).rate),
+                    self.canonical_uses(declaration, node),
                     span=declaration.span,
+                    bound=bound[0] if bound else None,
+                    per=bound[1] if bound else None,
                 )
                 self.clocks[name] = info
                 self.resolved_clocks[key] = info
         return self.resolved_clocks[key]
+
+    def _bound(self, declaration: Declaration, node: syntax.Clock) -> tuple[int, str] | None:
+        """A bounded clock's bound and the clock it counts per (`up to N per CLOCK`); None when either is
+        wrong (reported): CLOCK must be a clock of its own rate, N a whole number of firings."""
+        assert node.bound is not None and isinstance(node.rate, syntax.Name), "the grammar writes `per NAME`"
+        per = self.scopes[declaration.unit].get(node.rate.id)
+        if per is None or per.kind != "clock" or per.node_as(syntax.Clock).bound is not None:
+            problem = (
+                "is bounded itself: count per a clock of exact rate"
+                if per is not None and per.kind == "clock"
+                else f"is {'not declared' if per is None else 'a ' + per.kind}, not a clock"
+            )
+            self.bag.add(messages.bound_per(declaration.name, node.rate.id, problem, node.rate.span))
+            return None
+        with self.in_scope_of(declaration):
+            count = self._firings_count(
+                node.bound,
+                f"the bound of clock '{node.name}'",
+                lambda value, limit, span: messages.bound_too_large(declaration.name, value, limit, span),
+            )
+        return None if count is None else (count, self.canonical(per))
+
+    def _firings_count(
+        self, expr: syntax.Expr, what: str, too_many: Callable[[int, int, Span | None], Diagnostic]
+    ) -> int | None:
+        """A positive whole count within the `firings` limit (a bound, rows); None when it is not (reported)."""
+        try:
+            count = require_int(self.evaluate_in(expr), expr, what, 1)
+        except EvalError as error:
+            self.bag.extend(error.diagnostics)
+            return None
+        except _Skip:
+            return None
+        if count > self.limits.firings:
+            self.bag.add(too_many(count, self.limits.firings, expr.span))
+            return None
+        return count
 
     def region_members(self, declaration: Declaration) -> list[RegionInfo] | None:
         """The region (or the family's members), added to the program; None if it failed."""
@@ -736,6 +780,11 @@ class _Resolver:
         if clause is None:
             return ("zeros", 0) if fixed else ("empty", 0)
         policy = clause.policy
+        run_time = not fixed and clock is not None and (clock.bound is not None or retention.kind == "slide")
+        if run_time and isinstance(policy, (syntax.StartZeros, syntax.StartFirst, syntax.StartFirstFiring)):
+            keyword = {syntax.StartZeros: "zeros", syntax.StartFirst: "first"}.get(type(policy), "first-firing")
+            self.bag.add(messages.run_time_start(name, keyword, clause.span))
+            raise _Skip()
         if isinstance(policy, (syntax.StartFirst, syntax.StartFirstFiring)):
             return self._data_start(name, policy, retention, fixed, role, clause.span)
         if fixed:
@@ -779,7 +828,11 @@ class _Resolver:
             raise _Skip()
         assert clock is not None, "a region with a time axis has a clock (`_region` checked it)"
         length = count_of(
-            self.evaluate_in(policy.count, local), clock.rate, policy.count, f"the start length of region '{name}'", 0
+            self.evaluate_in(policy.count, local),
+            clock.unit_rate,
+            policy.count,
+            f"the start length of region '{name}'",
+            0,
         )
         keeps = retention.keeps
         if keeps is not None and length > keeps:
@@ -966,7 +1019,9 @@ class _Resolver:
 
         def count(expr: syntax.Expr, what: str, minimum: int, limit: int | None = None) -> int:
             """The count, within `limit` (the retention limit unless given)."""
-            units = count_of(self.evaluate_in(expr, local), clock.rate, expr, f"{what} of region '{name}'", minimum)
+            units = count_of(
+                self.evaluate_in(expr, local), clock.unit_rate, expr, f"{what} of region '{name}'", minimum
+            )
             if limit is None and units > self.limits.retention:
                 self.bag.add(messages.retention_too_long(what, name, units, self.limits.retention, expr.span))
                 raise _Skip()
@@ -992,6 +1047,13 @@ class _Resolver:
                 return None
             horizon = count(keep.horizon, "the horizon", 1, limit=self.limits.horizon)
             return Retention("all", horizon=horizon, span=clause.span)
+        if isinstance(keep, syntax.KeepSlide):
+            first = count(keep.first, "the pinned head", 0) if keep.first is not None else 0
+            high, low = count(keep.high, "the high mark", 1), count(keep.low, "the low mark", 0)
+            if not first <= low <= high:
+                self.bag.add(messages.slide_marks(name, first, high, low, clause.span))
+                return None
+            return Retention("slide", first=first, last=high, low=low, span=clause.span)
         return Retention("scratch", span=clause.span)
 
     def _stock(
@@ -1103,7 +1165,8 @@ class _Resolver:
                     ok = False
                 except _Skip:
                     ok = False
-        if not ok:
+        rows = self._rows(node)
+        if not ok or rows is False:
             return None
         assert clock is not None, "a stage whose clock failed is not ok"
         target = callables[0]
@@ -1118,7 +1181,24 @@ class _Resolver:
             span=node.span,
             callable_span=target.span,
             passes=tuple(passes),
+            rows=rows[0] if rows else None,
+            rows_span=rows[1] if rows else None,
         )
+
+    def _rows(self, node: syntax.Stage) -> tuple[int, Span | None] | Literal[False] | None:
+        """The stage's `rows N` and where it is written; None without one, False when it is wrong (reported)."""
+        items = node.items_of(syntax.RowsItem)
+        if not items:
+            return None
+        for extra in items[1:]:
+            self.bag.add(messages.duplicate_clause("rows", node.name, extra.span, items[0].span))
+        item = items[0]
+        count = self._firings_count(
+            item.count,
+            f"the rows of stage '{node.name}'",
+            lambda value, limit, span: messages.rows_too_many(node.name, value, limit, span),
+        )
+        return (count, item.span) if count is not None and len(items) == 1 else False
 
     def _accesses(self, item) -> list[Access]:
         ref: syntax.RegionRef = item.region
@@ -1159,7 +1239,7 @@ class _Resolver:
 
         for member in members:
             region = self.regions[member]
-            rate = self.clocks[region.clock].rate if region.clock else Fraction(1)
+            rate = self.clocks[region.clock].unit_rate if region.clock else Fraction(1)
             if isinstance(item, syntax.ReadItem):
                 window, count, context = "all", 0, 0
                 if isinstance(item.span_clause, syntax.SpanLast):
@@ -1179,7 +1259,7 @@ class _Resolver:
                 advance = None
                 if item.advance is not None:
                     advance = count_of(self.evaluate_in(item.advance), rate, item.advance, "an advance", 0)
-                result.append(Access("update", member, advance=advance, span=item.span))
+                result.append(Access("update", member, advance=advance, span=item.span, up_to=item.up_to))
             else:
                 advance = None
                 if item.advance is not None:
@@ -1200,6 +1280,7 @@ class _Resolver:
                         loss=loss,
                         loss_intended=item.loss_intended,
                         span=item.span,
+                        up_to=item.up_to,
                     )
                 )
         return result

@@ -126,12 +126,16 @@ class Param:
 
 @attrs.frozen
 class Clock:
-    """A counter with an exact rate: `clock mel = 50 Hz` or derived, `clock frame = sample / 1920`."""
+    """A counter with an exact rate: `clock mel = 50 Hz` or derived, `clock frame = sample / 1920`.
+
+    With `bound`, a bounded clock: `clock text = up to 21 per unit` ticks up to `bound` times at each tick
+    of the clock `rate` names (a `Name`), the count decided at run time."""
 
     name: str
     rate: Expr
     span: Span | None = _span_field()
     name_span: Span | None = _span_field()
+    bound: Expr | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen
@@ -197,7 +201,22 @@ class KeepScratch:
     span: Span | None = _span_field()
 
 
-Retention = KeepLast | KeepRing | KeepFirstLast | KeepAll | KeepScratch
+@attrs.frozen
+class KeepSlide:
+    """A window with a high and a low mark: `retain slide 1400 to 0`, `retain first 43 + slide 4000 to 3500`.
+
+    At the end of every cadence in which the region holds more than `high` units, the units of whole
+    cadences are dropped from the front until at most `low` remain (what the session starts with, and the
+    first `first` units, stay); the module is handed the whole region, its length a run-time value.
+    """
+
+    first: Expr | None
+    high: Expr
+    low: Expr
+    span: Span | None = _span_field()
+
+
+Retention = KeepLast | KeepRing | KeepFirstLast | KeepAll | KeepScratch | KeepSlide
 
 
 @attrs.frozen
@@ -404,6 +423,8 @@ class UpdateItem:
     region: RegionRef
     advance: Expr | None = None
     span: Span | None = _span_field()
+    up_to: bool = attrs.field(default=False, kw_only=True)
+    """`update kv up to 19`: the advance is decided at run time, at most `advance` units."""
 
 
 @attrs.frozen
@@ -421,6 +442,8 @@ class WriteItem:
     loss: Expr | None = None
     loss_intended: bool = False
     span: Span | None = _span_field()
+    up_to: bool = attrs.field(default=False, kw_only=True)
+    """`write text up to 18`: the advance is decided at run time, at most `advance` units."""
 
 
 @attrs.frozen
@@ -430,7 +453,15 @@ class RngItem:
     span: Span | None = _span_field()
 
 
-StageItem = ModuleItem | HookItem | ReadItem | UpdateItem | WriteItem | RngItem
+@attrs.frozen
+class RowsItem:
+    """The stage runs on 1 to `count` conversations at once, each a row of its batch: `rows conversations`."""
+
+    count: Expr
+    span: Span | None = _span_field()
+
+
+StageItem = ModuleItem | HookItem | ReadItem | UpdateItem | WriteItem | RngItem | RowsItem
 
 
 @attrs.frozen

@@ -54,7 +54,12 @@ def summarize(payload: dict, stock: str, cadence: str, command: str) -> dict:
         "stock_peak_bytes": theirs["peak_allocated_bytes"],
         "cadence_peak_bytes": ours["peak_allocated_bytes"],
         "cadence_over_stock_eager_bytes": next(
-            (over["over_bytes"] for over in payload.get("memory_over_stock", []) if over["variant"] == cadence), None
+            (
+                over["over_bytes"]
+                for over in payload.get("memory_over_stock", [])
+                if over["variant"] == cadence and over.get("kind", "allocated") == "allocated"
+            ),
+            None,
         ),
         "bit_identical": ours["bit_identical"],
         "ticks": ours["ticks"],

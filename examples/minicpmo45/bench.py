@@ -80,14 +80,27 @@ class StockBufferStore:
 
 
 class Runner:
-    """The bench protocol (`reset()`, `step(tokens=...)`) over a stock or a runtime MiniCPM-o session."""
+    """The bench protocol (`reset()`, `step(tokens=...)`, `close()`) over a stock or a runtime MiniCPM-o
+    session; `on_close` gives the variant's state back (stock's CFM / DiT buffers leave the device, so the
+    next variant's peaks do not hold them)."""
 
-    def __init__(self, session, bound=None):
+    def __init__(self, session, bound=None, on_close=None):
         self.session = session
         self.bound = bound
+        self.on_close = on_close
+
+    @property
+    def runtime(self):
+        """The DuplexCadence runtime (None for stock): the bench reads its report."""
+        return None if self.bound is None else self.bound.runtime
 
     def reset(self) -> None:
         self.session.reset()
+
+    def close(self) -> None:
+        if self.on_close is not None:
+            self.on_close()
+            self.on_close = None
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         (chunk,) = self.session.push_tokens(tokens[0].tolist())
@@ -171,7 +184,8 @@ def subject(
 
     def stock() -> Runner:
         buffers.install()
-        return Runner(StockToken2wavSession(tail, conditioning, n_timesteps=steps, session_seed=seed))
+        session = StockToken2wavSession(tail, conditioning, n_timesteps=steps, session_seed=seed)
+        return Runner(session, on_close=buffers.release)
 
     def cadence(base_on_host: bool = False) -> Runner:
         buffers.install_noise_head(estimator_cache_frames(prompt_frames))  # load_runtime keeps this much

@@ -29,15 +29,17 @@ runtime binds the arena's views), and loads the clock with ``P`` and ``steps``. 
 :class:`CadenceToken2wavSession` is MiniCPM-o's driver over a runtime session, the same interface
 as :class:`.stock.StockToken2wavSession`: a turn starts with 3 silence tokens; every 25 new tokens
 are one planned instant (25 new + the 3 held as lookahead); a forced flush streams what is
-buffered (8..27 tokens) as a short instant, which the runtime runs eagerly with every advance
-scaled to (k - 3) / 25 of a chunk; the end of a turn is ``Session.finish``: the 3 lookahead tokens
-become frames too and the 3840 held-back samples are released (eager, off the plan). After the end
-of a turn, :meth:`~CadenceToken2wavSession.reset` starts the next one.
+buffered (8..27 tokens) as a short instant, every advance scaled to (k - 3) / 25 of a chunk; the end
+of a turn is ``Session.finish``: the 3 lookahead tokens become frames too and the 3840 held-back
+samples are released. Both are off the plan: :func:`turn_boundaries` declares them to the runtime
+(``load_runtime(off_plan=...)``), which captures the instants they lead to ahead of time, as it does the
+planned ones; an undeclared one runs eagerly. After the end of a turn,
+:meth:`~CadenceToken2wavSession.reset` starts the next one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +71,7 @@ from duplexcadence.examples.minicpmo45.stock import (
     ChunkRecord,
     setup_stream_caches,
 )
+from duplexcadence.interpreter.plans.off_plan import OffPlanStep
 from duplexcadence.interpreter.plans.trace import Firing, View
 from duplexcadence.interpreter.runtime.runtime import Runtime
 from duplexcadence.interpreter.runtime.session import Session
@@ -145,6 +148,29 @@ def deferred_istft(hift: HiFTGenerator) -> Iterator[_DeferredIstft]:
         yield deferred
     finally:
         del hift._istft
+
+
+def turn_boundaries(flush_tokens: Iterable[int] = (), end_tokens: Iterable[int] = (0,)) -> tuple[OffPlanStep, ...]:
+    """The steps off the plan a MiniCPM-o turn takes, declared for :func:`load_runtime`: a forced flush of the
+    turn's first chunk with ``flush_tokens`` new tokens (5 to 24: an 8- to 27-token window; 25 is the
+    planned chunk), and the end of the turn (``finish``) with ``end_tokens`` new tokens, after any chunk.
+
+    The default is the end of a turn whose TTS units each brought a whole chunk (25 tokens): ``finish`` with
+    only the 3 lookahead tokens, 3 instants (after the first, second or a steady chunk). Each flush size adds
+    the flush chunk and the two chunks after it until the turn is back on the plan, and each end size one
+    instant per state a turn can end in; ``dsl plan models.step_audio2_token2wav --off-plan ...`` counts
+    them (docs/runtime.md, "Steps off the plan"): ``turn_boundaries(range(5, 25))`` is 103 instants a
+    session slot captures. Raises ValueError for a count outside those ranges."""
+    flushes, ends = sorted(set(flush_tokens)), sorted(set(end_tokens))
+    if any(not FLUSH_MIN_TOKENS - PRE_LOOKAHEAD_TOKENS <= count < CHUNK_TOKENS for count in flushes):
+        raise ValueError(
+            f"a forced flush streams {FLUSH_MIN_TOKENS - PRE_LOOKAHEAD_TOKENS} to {CHUNK_TOKENS - 1} new tokens "
+            f"short of the planned {CHUNK_TOKENS}, not {flushes}"
+        )
+    if any(not 0 <= count < CHUNK_TOKENS for count in ends):
+        raise ValueError(f"the end of a turn streams 0 to {CHUNK_TOKENS - 1} new tokens, not {ends}")
+    steps = [OffPlanStep.of({"tokens": flushes}, at="start")] if flushes else []
+    return tuple(steps + ([OffPlanStep.of({"tokens": ends}, last=True)] if ends else []))
 
 
 def _fixed_shape(region: RegionInfo) -> tuple[int, ...]:
@@ -321,8 +347,16 @@ class Token2wavRuntime:
         region = self.runtime.program.regions[name]
         return RegionStorage(region, self.runtime.arena.block(name, None), None).view()
 
-    def session(self, prompt: PromptConditioning, seed: int = 0, base_on_host: bool = False) -> CadenceToken2wavSession:
-        return CadenceToken2wavSession(self, prompt, seed, base_on_host)
+    def session(
+        self,
+        prompt: PromptConditioning,
+        seed: int = 0,
+        base_on_host: bool = False,
+        initial: Mapping[str, torch.Tensor] | None = None,
+    ) -> CadenceToken2wavSession:
+        """A session of ``prompt``'s voice; ``initial``: that voice's :meth:`voice_initial`, computed once and
+        shared by the sessions of one voice (a turn's start only reads it)."""
+        return CadenceToken2wavSession(self, prompt, seed, base_on_host, initial)
 
     def step_new_many(
         self, chunks: Mapping[CadenceToken2wavSession, torch.Tensor]
@@ -347,11 +381,14 @@ def load_runtime(
     max_graphs: int | None = None,
     lanes: int = 1,
     istft: str = "captured",
+    off_plan: Sequence[OffPlanStep] | None = None,
 ) -> Token2wavRuntime:
     """Bind ``step_audio2_token2wav.clock`` to ``tail`` (see the module docstring); the tail is the runtime's now.
 
     ``lanes``: sessions that :meth:`Token2wavRuntime.step_new_many` can run concurrently (see ``Runtime.load``).
-    ``istft``: how ``hift_back`` runs HiFT's iSTFT (:class:`Token2wavHooks`)."""
+    ``istft``: how ``hift_back`` runs HiFT's iSTFT (:class:`Token2wavHooks`).
+    ``off_plan``: the turn boundaries captured ahead of time (default :func:`turn_boundaries`: a turn's end
+    after chunks of 25 tokens)."""
     check_istft(istft)
     if "timestep_embedding" not in vars(tail.flow.decoder.estimator.t_embedder):  # not patched yet
         apply_constant_patches(tail)
@@ -381,6 +418,7 @@ def load_runtime(
             graphs=graphs,
             max_graphs=max_graphs,
             lanes=lanes,
+            off_plan=turn_boundaries() if off_plan is None else off_plan,
         )
     except Exception:
         for name, (owner, attribute) in BUFFER_REGIONS.items():
@@ -416,11 +454,18 @@ class CadenceToken2wavSession:
     the new tokens of each chunk (stock's records hold the whole window).
     """
 
-    def __init__(self, bound: Token2wavRuntime, prompt: PromptConditioning, seed: int = 0, base_on_host: bool = False):
+    def __init__(
+        self,
+        bound: Token2wavRuntime,
+        prompt: PromptConditioning,
+        seed: int = 0,
+        base_on_host: bool = False,
+        initial: Mapping[str, torch.Tensor] | None = None,
+    ):
         self.bound = bound
         self.prompt = prompt
         self.session_seed = seed
-        self.initial = bound.voice_initial(prompt)
+        self.initial = dict(initial) if initial is not None else bound.voice_initial(prompt)
         if base_on_host and self.device.type == "cuda":
             self.initial = {name: value.cpu().pin_memory() for name, value in self.initial.items()}
         self.session: Session = bound.runtime.session(initial=self.initial, seed=seed)

@@ -79,6 +79,7 @@ from duplexcadence.examples.minicpmo45.live_model import (
     rope_theta,
     rotate_keys,
 )
+from duplexcadence.examples.minicpmo45.unit_plan import unit_plan
 from duplexcadence.interpreter.engine.api import LISTEN, SPEAK, Decision, UnitInput
 from duplexcadence.interpreter.engine.attention import default_backend
 from duplexcadence.interpreter.engine.engine import Engine
@@ -99,17 +100,6 @@ SYSTEM_TOKENS = len(SYSTEM_PREFIX) + int(REFERENCE_AUDIO_SECONDS * AUDIO_EMBEDDI
 STAGES = ("listen", "llm", "tts", "tail")
 SPEECH_STREAM = 2**40
 """Added to a conversation's seed for its speech sampler's stream (the text sampler's is the seed itself)."""
-
-
-def unit_tokens(settings: DecodeSettings) -> int:
-    """The most LLM tokens one unit adds: the LISTEN prefill, every decode feed, ``</unit>``."""
-    return LISTEN_TOKENS + settings.max_new_speak_tokens_per_chunk + 1
-
-
-def llm_capacity(window: WindowSettings, settings: DecodeSettings) -> int:
-    """Entries of a conversation's LLM cache: the window's high mark (or the system prompt, if longer) plus the
-    longest unit, fed before the window is enforced."""
-    return max(window.high, SYSTEM_TOKENS) + unit_tokens(settings)
 
 
 def decision_tokens(decision: Decision) -> tuple[int, ...]:
@@ -204,7 +194,8 @@ class MiniCPMo45Conversations:
         attention: str | None = None,
         settings: DecodeSettings | None = None,
         window: WindowSettings | None = None,
-        tts_capacity: int | None = None,
+        turn_seconds: int = 60,
+        memory_fraction: float = 0.9,
         model_seed: int = 4242,
         tail_seed: int = 1234,
         mel_threads: int = 8,
@@ -233,6 +224,24 @@ class MiniCPMo45Conversations:
         self.attention = attention or default_backend(self.device)
         self.capture = capture and self.device.type == "cuda"
         self.prompt = random_prompt(sizes.prompt_frames, seed=4321, device=self.device)
+        self.plan = unit_plan(
+            sizes,
+            window=self.window,
+            settings=self.settings,
+            conversations=slots,
+            n_timesteps=n_timesteps,
+            turn_seconds=turn_seconds,
+        )
+        if self.device.type == "cuda":
+            free = int(torch.cuda.mem_get_info(self.device)[0] * memory_fraction)
+            fits = self.plan.fits(free, lanes)
+            if slots > fits:
+                raise ValueError(
+                    f"{slots} conversations need {slots * self.plan.bytes_per_conversation / 2**30:.1f} GiB "
+                    f"({self.plan.bytes_per_conversation / 2**20:.0f} MiB each, the plan of "
+                    f"models.minicpmo45_duplex); {memory_fraction:.0%} of the {free / memory_fraction / 2**30:.1f} "
+                    f"GiB free on {self.device} holds {fits}: ask for at most {fits}"
+                )
         say(f"loading the token2wav tail under the runtime: {slots} sessions, {lanes} lane(s)")
         self.tail = load_runtime(
             build_tail(sizes.tail, seed=tail_seed, device=self.device),
@@ -241,14 +250,17 @@ class MiniCPMo45Conversations:
             sessions=slots,
             lanes=lanes,
         )
-        self.tail_sessions = [self.tail.session(self.prompt, seed=0) for _ in range(slots)]
+        voice = self.tail.voice_initial(self.prompt)  # one copy for every conversation of the voice
+        self.tail_sessions = [self.tail.session(self.prompt, seed=0, initial=voice) for _ in range(slots)]
+        capacity = {name: self._capacity(name) for name in ("llm_kv", "tts_kv", "audio_kv")}
         llm, tts, apm = self.model.llm, self.model.tts, self.model.apm
+        before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         dtype = llm.lm_head.weight.dtype
         self.llm_kv = SlotKV(
             layers=llm.config.num_hidden_layers,
             slots=slots,
             kv_heads=llm.config.num_key_value_heads,
-            capacity=llm_capacity(self.window, self.settings),
+            capacity=capacity["llm_kv"],
             head_dim=llm.config.head_dim,
             dtype=dtype,
             device=self.device,
@@ -258,7 +270,7 @@ class MiniCPMo45Conversations:
             layers=tts_config.num_hidden_layers,
             slots=slots,
             kv_heads=tts_config.num_key_value_heads,
-            capacity=tts_capacity or sizes.tts_max_positions,
+            capacity=capacity["tts_kv"],
             head_dim=tts_config.hidden_size // tts_config.num_attention_heads,
             dtype=dtype,
             device=self.device,
@@ -267,11 +279,19 @@ class MiniCPMo45Conversations:
             layers=len(apm.layers),
             slots=slots,
             kv_heads=apm.layers[0].self_attn.num_heads,
-            capacity=apm.embed_positions.weight.shape[0],
+            capacity=capacity["audio_kv"],
             head_dim=apm.layers[0].self_attn.head_dim,
             dtype=dtype,
             device=self.device,
         )
+        caches = (
+            (torch.cuda.memory_allocated(self.device) - before)
+            if self.device.type == "cuda"
+            else sum(kv.bytes for kv in (self.llm_kv, self.tts_kv, self.audio_kv))
+        )
+        self.allocated_per_conversation = caches // slots + self.tail.runtime.report().session_bytes
+        """What one conversation's slot holds on the device, as allocated: its rows of the three caches and its
+        tail session's block of the arena (:meth:`bytes_per_conversation` is the plan's figure)."""
         self.llm_stack = LlamaStack(llm.model, self.llm_kv, self.attention)
         self.tts_stack = LlamaStack(tts.model, self.tts_kv, self.attention)
         self.encoder_stack = WhisperStack(apm, self.audio_kv, self.attention)
@@ -295,7 +315,10 @@ class MiniCPMo45Conversations:
         )
         self.states: dict[int, ConversationState] = {}
         self.mel_pool = ThreadPoolExecutor(max_workers=max(1, min(mel_threads, slots)), thread_name_prefix="mel")
-        say(f"caches of {slots} conversations allocated: {self.bytes_per_conversation() / 2**20:.0f} MiB each")
+        say(
+            f"caches of {slots} conversations allocated: {self.allocated_per_conversation / 2**20:.1f} MiB each "
+            f"(the plan: {self.bytes_per_conversation() / 2**20:.1f} MiB)"
+        )
         self._build_steps()
         if self.capture:
             self.capture_steps()
@@ -382,12 +405,16 @@ class MiniCPMo45Conversations:
 
     # -- memory
 
+    def _capacity(self, region: str) -> int:
+        capacity = self.plan.region(region).capacity
+        if capacity is None:
+            raise ValueError(f"models.minicpmo45_duplex declares {region} without a time axis; the engine needs one")
+        return capacity
+
     def bytes_per_conversation(self) -> int:
-        """Device bytes one conversation's slot holds: its LLM, TTS and encoder cache rows and its tail
-        session's arena block."""
-        report = self.tail.runtime.report()
-        per_slot = sum(kv.bytes // kv.slots for kv in (self.llm_kv, self.tts_kv, self.audio_kv))
-        return per_slot + report.session_bytes + report.lanes * report.scratch_bytes // self.slots
+        """Device bytes one conversation holds, from the plan of ``models.minicpmo45_duplex`` (its caches at the
+        declared capacities and its tail session's block)."""
+        return self.plan.bytes_per_conversation
 
     def detokenize(self, tokens: tuple[int, ...]) -> str:
         """Token ids as text: the released tokenizer cannot be read here, so each id is written ``<id>``."""
@@ -680,11 +707,16 @@ class MiniCPMo45Conversations:
         flushes: list[bool] = []
         groups: dict[int, list[int]] = {}
         conditions = []
+        longest_unit = self.settings.max_new_speak_tokens_per_chunk + TTS_TOKENS_PER_UNIT
         for index, (slot, decided) in enumerate(zip(slots, decisions)):
             state = self.states[slot]
             condition = self._condition(decided)
             conditions.append(condition)
             groups.setdefault(condition.shape[0], []).append(index)
+            after = state.tts_position + condition.shape[0] + TTS_TOKENS_PER_UNIT
+            if not decided.end_of_turn and after + longest_unit > self.tts_kv.capacity:
+                decided.end_of_turn = True  # the turn's cache is full after this unit: the turn ends here
+                state.turn_ended = True
             flushes.append(state.tts_position == 0)
             minimum.append(0 if (decided.end_of_turn or flushes[-1]) else TTS_TOKENS_PER_UNIT)
             self.tts_kv.check_room([slot], condition.shape[0] + TTS_TOKENS_PER_UNIT)

@@ -49,6 +49,27 @@ def cublas_workspace_bytes(device: torch.device) -> int | None:
     return torch.cuda.memory_allocated(device) - before
 
 
+def reserved_accounting(runner: Any, before: int | None, peak: int | None) -> dict | None:
+    """For a runner that holds a DuplexCadence runtime (`runner.runtime`), on CUDA: its peak reserved memory
+    against what the runtime accounts for: what was reserved before the variant was built (`before`), the
+    arena's segment (the plan's `ArenaPlan.reserved_bytes`) and the graph pools (measured after each capture);
+    `unaccounted_bytes` is the rest (eager caches the pools cannot use, workspaces, allocator segments). None
+    for any other runner, or off CUDA."""
+    report = getattr(getattr(runner, "runtime", None), "report", None)
+    if report is None or before is None or peak is None:
+        return None
+    numbers = report()
+    accounted = before + numbers.arena_reserved_bytes + numbers.graph_pool_bytes
+    return {
+        "before_bytes": before,
+        "arena_bytes": numbers.arena_reserved_bytes,
+        "graph_pool_bytes": numbers.graph_pool_bytes,
+        "accounted_bytes": accounted,
+        "peak_bytes": peak,
+        "unaccounted_bytes": peak - accounted,
+    }
+
+
 def module_bytes(root: Any, device: torch.device, depth: int = 4) -> int:
     """Bytes of the parameters and buffers of every nn.Module reachable from `root` (attributes,
     dicts, lists; `depth` levels), each storage counted once, on `device` only."""

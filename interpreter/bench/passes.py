@@ -13,7 +13,12 @@ import attrs
 import torch
 
 from duplexcadence.interpreter.bench.budget import error_text, failed_result, recover, time_budget
-from duplexcadence.interpreter.bench.memory import cublas_workspace_bytes, fresh_peak, memory_breakdown
+from duplexcadence.interpreter.bench.memory import (
+    cublas_workspace_bytes,
+    fresh_peak,
+    memory_breakdown,
+    reserved_accounting,
+)
 from duplexcadence.interpreter.bench.profile import profile_all
 from duplexcadence.interpreter.bench.subject import Subject, Variant, VariantResult
 from duplexcadence.interpreter.bench.timing import (
@@ -83,6 +88,7 @@ def run_variant(
     output with `reference` (the reference variant's outputs, which this returns when `variant` is it)."""
     device = subject.device
     base_allocated = fresh_peak(device)
+    base_reserved = torch.cuda.memory_reserved(device) if device.type == "cuda" else None
     started = time.perf_counter()
     runner = variant.make()
     try:
@@ -141,6 +147,9 @@ def run_variant(
             info = {**info, "compared_outputs": list(variant.outputs)}
         if largest_difference is not None:
             info = {**info, "max_abs_diff_vs_reference": largest_difference}
+        reserved = reserved_accounting(runner, base_reserved, peak_reserved)
+        if reserved is not None:
+            info = {**info, "reserved": reserved}
         memory = memory_breakdown(subject, runner, info, peak_allocated, state_bytes)
         result = VariantResult(
             variant.name,

@@ -118,15 +118,24 @@ def format_table(subject: Subject, results: list[VariantResult]) -> str:
             None,
         )
         lines.append(
-            f"  {over['variant']}: peak allocated {human_bytes(over['peak_bytes'])}, over stock by "
+            f"  {over['variant']}: peak {over['kind']} {human_bytes(over['peak_bytes'])}, over stock by "
             f"{human_bytes(over['over_bytes'])} ({over['stock_variant']}: {human_bytes(over['stock_peak_bytes'])})"
             + (
                 f"; a cuBLAS workspace is {human_bytes(workspace)} here, one per stream that runs cuBLAS"
-                if workspace
+                if workspace and over["kind"] == "allocated"
                 else ""
             )
         )
     for r in results:
+        reserved = r.info.get("reserved")
+        if reserved:
+            lines.append(
+                f"  {r.name}: peak reserved {human_bytes(reserved['peak_bytes'])} = before it "
+                f"{human_bytes(reserved['before_bytes'])} + the arena {human_bytes(reserved['arena_bytes'])} (the plan) "
+                f"+ graph pools {human_bytes(reserved['graph_pool_bytes'])} + "
+                f"{human_bytes(reserved['unaccounted_bytes'])} unaccounted "
+                f"({reserved['unaccounted_bytes'] / reserved['peak_bytes']:.0%})"
+            )
         if r.first_mismatch:
             lines.append(f"  {r.name}: first mismatch at {r.first_mismatch}")
         if r.error is not None:

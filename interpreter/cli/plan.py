@@ -33,11 +33,14 @@ from duplexcadence.interpreter.cli.common import (
     positive,
     print_diagnostics,
 )
+from duplexcadence.interpreter.plans.off_plan import OffPlanError, OffPlanStep
 from duplexcadence.interpreter.plans.plan import Plan, make_plan, to_json
-from duplexcadence.interpreter.plans.plan_text import format_plan
+from duplexcadence.interpreter.plans.plan_text import Memory, format_plan
 from duplexcadence.interpreter.plans.samples import SessionLengthError
 
 _DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(B|KiB|MiB|GiB|TiB)?")
+_SIZE_UNITS = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 def session_length(text: str) -> Fraction:
@@ -45,6 +48,29 @@ def session_length(text: str) -> Fraction:
     if not _DECIMAL.fullmatch(text) or Fraction(text) <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds (60, 2.5), not {text!r}")
     return Fraction(text)
+
+
+def memory_size(text: str) -> int:
+    """An argparse type: a number of bytes, with an optional binary unit (`80GiB`, `512 MiB`, `1000000`)."""
+    match = _SIZE.fullmatch(text.strip())
+    size = int(Fraction(match.group(1)) * _SIZE_UNITS[match.group(2)]) if match is not None else 0
+    if size < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive size such as 80GiB, 512MiB or 1000000 (bytes), not {text!r}"
+        )
+    return size
+
+
+def device_memory() -> Memory | None:
+    """The free memory of the CUDA device torch sees, or None (no torch, no device)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    free, _total = torch.cuda.mem_get_info()
+    return Memory(free, f"free on {torch.cuda.get_device_name()}")
 
 
 def plan_of_file(
@@ -69,12 +95,22 @@ def plan_of_file(
                 diagnostics = list(error.diagnostics)
             except SessionLengthError as error:
                 raise UsageError(str(error), ("give fewer --seconds",)) from None
+            except OffPlanError as error:
+                raise UsageError(str(error), ("see `dsl plan --help`, --off-plan",)) from None
     if diagnostics_format == "json":
         print(diagnostics_json([(item.path, diagnostics)]))
     else:
         color = color_wanted(getattr(args, "color", "auto"), sys.stderr)
         print_diagnostics(diagnostics, sources, "full", color, sys.stderr, item.path)
     return None, sources
+
+
+def off_plan_step(text: str) -> OffPlanStep:
+    """An argparse type: an off-plan step as `OffPlanStep.parse` reads it."""
+    try:
+        return OffPlanStep.parse(text)
+    except OffPlanError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,13 +123,25 @@ def run(args: argparse.Namespace) -> int:
         sessions=args.sessions,
         seconds=args.seconds,
         prune=args.prune,
+        off_plan=args.off_plan,
     )
     if plan is None:
         return EXIT_PROBLEMS
+    memory = Memory(args.memory, "--memory") if args.memory is not None else None
+    if memory is None and plan.conversations.batched:
+        memory = device_memory()
     if form == "json":
-        print(json.dumps(to_json(plan), indent=1, sort_keys=True))
+        document = to_json(plan)
+        if memory is not None:
+            document["conversations"]["memory"] = {
+                "bytes": memory.bytes,
+                "source": memory.source,
+                "conversations": plan.conversations.fits(memory.bytes),
+            }
+        print(json.dumps(document, indent=1, sort_keys=True))
     else:
-        sys.stdout.write(format_plan(plan, verbose=args.verbose, color=color_wanted(args.color, sys.stdout)))
+        text = format_plan(plan, verbose=args.verbose, color=color_wanted(args.color, sys.stdout), memory=memory)
+        sys.stdout.write(text)
     return EXIT_CLEAN
 
 
@@ -143,6 +191,24 @@ def register(commands) -> None:
         default=None,
         metavar="T",
         help="count every output's units over a session of T seconds (default 60, whole cadences, fewer where 60 s has over 10 000 000 instants)",
+    )
+    plan.add_argument(
+        "--off-plan",
+        type=off_plan_step,
+        action="append",
+        default=[],
+        metavar="STEP",
+        help="a step off the plan a session may take, traced and counted like the planned ones: "
+        "'step NAME=COUNTS [at start|any]' (an input with other unit counts) or 'finish NAME=COUNTS [at ...]' "
+        "(the last instant), COUNTS a number or LOW-HIGH; e.g. --off-plan 'finish tokens=0' (repeatable)",
+    )
+    plan.add_argument(
+        "--memory",
+        type=memory_size,
+        default=None,
+        metavar="SIZE",
+        help="say how many conversations fit in SIZE (80GiB, 512MiB, bytes): the memory left for their state "
+        "(default, for a file with batched stages: the free memory of the CUDA device torch sees, if any)",
     )
     add_prune_option(plan)
     add_stdin_filename_option(plan)

@@ -17,7 +17,7 @@ from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
 from duplexcadence.dsl.frontend import CheckResult, check_file
 from duplexcadence.dsl.parse import parse_module
 from duplexcadence.dsl.printer import number_text
-from duplexcadence.dsl.program import Program
+from duplexcadence.dsl.program import ClockInfo, Program
 from duplexcadence.dsl.source import Span
 from duplexcadence.interpreter.plans.plan import Plan, make_plan
 from duplexcadence.interpreter.plans.plan_text import human_bytes, seconds
@@ -116,6 +116,11 @@ def _rate(value: Fraction) -> str:
     return f"{number_text(value)} Hz"
 
 
+def _clock_rate(clock: ClockInfo) -> str:
+    """`50 Hz`, or `up to 21 per unit` for a bounded clock."""
+    return f"up to {clock.bound} per {clock.per}" if clock.bound is not None else _rate(clock.rate)
+
+
 def _members(program: Program, name: str) -> tuple[str, ...]:
     if name in program.families:
         return program.families[name]
@@ -131,7 +136,9 @@ def _region_hover(analysis: Analysis, program: Program, name: str) -> str | None
     title = f"region {name}" + (f" ({len(members)} members, {members[0]} shown)" if len(members) > 1 else "")
     lines = [f"**{title}**: {region.dtype}[{shape}]"]
     if region.clock is not None:
-        lines.append(f"- clock `{region.clock}` at {_rate(program.clocks[region.clock].rate)}")
+        lines.append(f"- clock `{region.clock}` at {_clock_rate(program.clocks[region.clock])}")
+    if program.run_time_length(members[0]):
+        lines.append("- its length is decided at run time: handed whole, at its capacity")
     lines.append(
         f"- retain {region.retention.describe()}, start {region.start}"
         + (f" {region.start_length}" if region.start == "given" and region.start_length else "")
@@ -170,7 +177,13 @@ def _clock_hover(analysis: Analysis, program: Program, name: str) -> str | None:
     if clock is None:
         return None
     stages = [s.name for s in program.stages.values() if s.clock == name]
-    lines = [f"**clock {name}**: {_rate(clock.rate)}, one tick every {seconds(clock.period)}"]
+    if clock.bound is not None:
+        lines = [
+            f"**clock {name}**: up to {clock.bound} ticks at each tick of `{clock.per}` "
+            f"({_rate(clock.rate)}), the count decided at run time"
+        ]
+    else:
+        lines = [f"**clock {name}**: {_rate(clock.rate)}, one tick every {seconds(clock.period)}"]
     if stages:
         lines.append(f"- stages on it: {', '.join(stages)}")
     return "\n".join(lines)
@@ -181,19 +194,27 @@ def _stage_hover(analysis: Analysis, program: Program, name: str) -> str | None:
     if stage is None:
         return None
     lines = [
-        f"**stage {name}** on `{stage.clock}` ({_rate(program.clocks[stage.clock].rate)}): "
+        f"**stage {name}** on `{stage.clock}` ({_clock_rate(program.clocks[stage.clock])}): "
         f"{stage.callable_kind} `{stage.target}`"
     ]
+    if stage.rows is not None:
+        lines.append(f"- batched: runs on 1 to {stage.rows} conversations at once, a graph per row count")
     plan = analysis.plan
     pruned = None if plan is None else plan.pruning.reason_for(name)
     if plan is not None and pruned is not None:
         lines.append(f"- pruned: {pruned}; it never fires (`dsl plan --no-prune` keeps it)")
     elif plan is not None:
         timing = plan.clocks.stages[name]
-        lines.append(
-            f"- fires {number_text(timing.per_cadence)} times per cadence ({seconds(plan.clocks.cadence)}), "
-            f"{timing.per_hyperperiod} per hyperperiod ({seconds(plan.clocks.hyperperiod)})"
-        )
+        if timing.burst is not None:
+            lines.append(
+                f"- fires up to {timing.burst} times at each of its instants, the count decided at run time "
+                f"({number_text(timing.per_cadence)} per cadence of {seconds(plan.clocks.cadence)})"
+            )
+        else:
+            lines.append(
+                f"- fires {number_text(timing.per_cadence)} times per cadence ({seconds(plan.clocks.cadence)}), "
+                f"{timing.per_hyperperiod} per hyperperiod ({seconds(plan.clocks.hyperperiod)})"
+            )
         graphs = [g for g in plan.capture.graphs if g.stage == name]
         steady = sum(1 for g in graphs if g.steady)
         captured = sum(1 for g in graphs if g.captured)

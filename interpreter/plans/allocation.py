@@ -3,7 +3,8 @@
 A region's capacity is the most units it ever holds over the traced session: every view handed to
 a stage, every append before the end-of-instant trim, the start and the retained lengths (a ring is
 its size; a fixed region its shape), also in a last instant (`Session.finish`) at any point of the
-trace. Not the stock implementation's constant.
+trace; a region whose length is decided at run time, what its declaration bounds it to
+(`Program.run_time_capacity`). Not the stock implementation's constant.
 """
 
 from __future__ import annotations
@@ -78,13 +79,15 @@ class AllocationSchedule:
         return sum(r.bytes for r in self.regions.values() if r.stock_bytes is not None)
 
 
-def _capacity(region: RegionInfo, trace: Trace, views: Sequence[View]) -> int | None:
+def _capacity(program: Program, region: RegionInfo, trace: Trace, views: Sequence[View]) -> int | None:
     """`views`: every view of the region, in the traced firings and the last instants."""
     if region.fixed:
         return None
     retention = region.retention
     if retention.kind == "ring":
         return retention.last
+    if program.run_time_length(region.name):
+        return program.run_time_capacity(region.name)
     most = region.start_length
     for view in views:
         if view.length is not None:
@@ -114,7 +117,7 @@ def schedule_allocations(program: Program, trace: Trace, stage_order: tuple[str,
             finishing[view.region].append(view)
     plans = {}
     for name, region in program.regions.items():
-        capacity = _capacity(region, trace, traced[name] + finishing[name])
+        capacity = _capacity(program, region, trace, traced[name] + finishing[name])
         # capacity None: a fixed region, whose dims are all declared
         shape = tuple(d for d in region.shape if d is not None) if capacity is None else region.shape_at(capacity)
         nbytes = math.prod(shape) * region.itemsize

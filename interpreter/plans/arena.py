@@ -16,6 +16,10 @@ from duplexcadence.dsl.diagnostics import InternalError
 from duplexcadence.interpreter.plans.allocation import AllocationSchedule
 
 ALIGNMENT = 512  # the CUDA caching allocator's block granularity: views start where stock tensors would
+SEGMENT_ROUNDING = 2 * 2**20
+LARGE_ALLOCATION = 10 * 2**20
+"""PyTorch's CUDA caching allocator gives an allocation of at least 10 MiB (`kMinLargeAlloc`) a segment of its
+own, its size rounded up to 2 MiB (`kRoundLarge`); a smaller one shares a segment with other tensors."""
 
 
 def align(value: int, alignment: int = ALIGNMENT) -> int:
@@ -51,6 +55,13 @@ class ArenaPlan:
         """One device allocation: `sessions` persistent blocks, then one scratch block per lane (the
         sessions of a lane share it; lanes step concurrently, so each needs its own)."""
         return sessions * self.session_bytes + lanes * self.scratch_bytes
+
+    def reserved_bytes(self, sessions: int, lanes: int = 1) -> int:
+        """What the device's caching allocator reserves for the arena's one allocation: a segment of its own,
+        its bytes rounded up to `SEGMENT_ROUNDING`; under `LARGE_ALLOCATION` it shares a segment with other
+        tensors, and this is its bytes in blocks of `ALIGNMENT`."""
+        total = self.total_bytes(sessions, lanes)
+        return align(total, SEGMENT_ROUNDING) if total >= LARGE_ALLOCATION else align(total)
 
     def allocation(self, name: str) -> Allocation:
         for item in self.allocations:

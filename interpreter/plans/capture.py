@@ -1,6 +1,7 @@
 """Pass 5, capture plan: one CUDA graph per distinct (stage, exact-shape signature).
 
-Every firing of the trace maps to exactly one graph key or to eager. Under a `max_graphs` budget the
+Every firing of the trace maps to exactly one graph key or to eager (a firing whose shapes are decided at
+run time, an advance `up to N`, always to eager). Under a `max_graphs` budget the
 rule for which graphs are kept is: graphs used in the steady period first (they replay forever),
 then warm-up graphs by how many firings they serve (most first), ties by first use; firings of the
 graphs left out run eagerly. Firings outside the plan at run time (a flush chunk, a shape the
@@ -66,15 +67,16 @@ class CapturePlan:
 
 EAGER_RULE = (
     "graphs used in the steady period are kept first, then warm-up graphs by the number of "
-    "firings they serve, ties by first use; firings of graphs over the budget, and firings "
-    "outside the plan, run eagerly"
+    "firings they serve, ties by first use; firings of graphs over the budget, firings whose "
+    "shapes are decided at run time (`up to N`), and firings outside the plan, run eagerly"
 )
 
 
 def plan_capture(trace: Trace, max_graphs: int | None = None) -> CapturePlan:
     order: dict[tuple, list] = {}
     for firing in trace.firings:
-        order.setdefault(firing.signature, []).append(firing)
+        if not firing.varies:  # shapes decided at run time: always eager
+            order.setdefault(firing.signature, []).append(firing)
     steady_signatures = {f.signature for f in trace.steady()} if trace.periodic else set()
     ranked = sorted(
         order.items(),
@@ -97,9 +99,8 @@ def plan_capture(trace: Trace, max_graphs: int | None = None) -> CapturePlan:
         )
 
     def replay(firing) -> Replay:
-        return Replay(
-            firing.instant, firing.stage, firing.count, key_of[firing.signature] if firing.signature in keep else None
-        )
+        key = key_of[firing.signature] if firing.signature in keep and not firing.varies else None
+        return Replay(firing.instant, firing.stage, firing.count, key)
 
     warmup = tuple(replay(f) for f in trace.warmup())
     steady = tuple(replay(f) for f in trace.steady())

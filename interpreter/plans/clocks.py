@@ -1,7 +1,8 @@
 """Pass 1, clock algebra: exact rates, base tick, hyperperiod, firings and in-instant order.
 
 All clocks start together at t = 0. A stage on a clock of period p fires at t = 0, p, 2p, ...;
-an *instant* is a time at which at least one stage fires. The hyperperiod is the least common
+an *instant* is a time at which at least one stage fires. A stage on a bounded clock (`up to N per unit`)
+fires at the instants of the clock it counts per, up to N times at each (the count decided at run time). The hyperperiod is the least common
 multiple of the cadence, the stage periods and the periods of fractional arrival patterns: the
 firing pattern and the units each firing sees repeat after it.
 """
@@ -27,6 +28,9 @@ class StageTiming:
     period: Fraction
     per_cadence: Fraction
     per_hyperperiod: int
+    burst: int | None = None
+    """On a bounded clock: up to this many firings at each of its instants, the count decided at run time
+    (`per_cadence` and `per_hyperperiod` count its instants)."""
 
 
 @attrs.frozen
@@ -96,7 +100,9 @@ def plan_clocks(program: Program) -> ClockPlan:
         rate = rates[stage.clock]
         per_hyper = hyperperiod * rate
         assert per_hyper.denominator == 1, "the hyperperiod is a multiple of every stage period"
-        stages[name] = StageTiming(name, stage.clock, rate, 1 / rate, program.cadence * rate, per_hyper.numerator)
+        stages[name] = StageTiming(
+            name, stage.clock, rate, 1 / rate, program.cadence * rate, per_hyper.numerator, program.burst(name)
+        )
     times: dict[Fraction, list[str]] = {}
     for name in order:
         timing = stages[name]

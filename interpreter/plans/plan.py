@@ -1,5 +1,5 @@
 """The plan driver: a checked program -> pruning -> clocks -> shape trace -> allocation schedule ->
-arena -> capture plan -> sample accounting, composed in that order. Each pass is a pure function of
+arena -> capture plan -> sample accounting -> conversations (-> the declared off-plan instants), composed in that order. Each pass is a pure function of
 what came before; the result is one frozen `Plan`, printable (`dsl plan`) and JSON-serialisable (`dsl plan --json`).
 
 `Plan.program` is the program the passes planned: the checked one without the stages the pruning left
@@ -8,7 +8,7 @@ out and the regions only they touch (`Plan.pruning`, with the checked program as
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 
@@ -23,6 +23,8 @@ from duplexcadence.interpreter.plans.allocation import AllocationSchedule, sched
 from duplexcadence.interpreter.plans.arena import ArenaPlan, plan_arena
 from duplexcadence.interpreter.plans.capture import CapturePlan, plan_capture
 from duplexcadence.interpreter.plans.clocks import ClockPlan, plan_clocks
+from duplexcadence.interpreter.plans.conversations import ConversationPlan, plan_conversations
+from duplexcadence.interpreter.plans.off_plan import OffPlanPlan, OffPlanStep, plan_off_plan
 from duplexcadence.interpreter.plans.prune import Pruning, prune_unobserved
 from duplexcadence.interpreter.plans.samples import SampleAccount, TickSamples, account_samples
 from duplexcadence.interpreter.plans.trace import Trace, repeating_counters, trace_shapes
@@ -40,6 +42,9 @@ class Plan:
     capture: CapturePlan
     pruning: Pruning
     samples: SampleAccount
+    conversations: ConversationPlan
+    off_plan: OffPlanPlan = attrs.field(factory=OffPlanPlan)
+    """The declared off-plan steps and the instants they lead to (off_plan.py); empty when none are declared."""
 
     @property
     def path(self) -> str:
@@ -59,12 +64,14 @@ def make_plan(
     limits: Limits | Mapping[str, int] | None = None,
     prune: bool = True,
     seconds: Fraction | None = None,
+    off_plan: Sequence[OffPlanStep] = (),
 ) -> Plan:
     """Run every pass under the program's limits (or `limits`, a `Limits` or a mapping that raises
     some of the defaults); raises ClockError when the plan would pass one (checked before the pass
     that would cost it), or when the arena exceeds `max_arena_bytes` (over-budget), and ValueError for
-    a `seconds` the sample accounting refuses (default: a 60 s session). `prune`: leave out the stages
-    no output sees (interpreter/plans/prune.py)."""
+    a `seconds` the sample accounting refuses (default: a 60 s session) or `off_plan` steps it cannot
+    take. `prune`: leave out the stages no output sees (interpreter/plans/prune.py). `off_plan`: the
+    steps off the plan a session may take (interpreter/plans/off_plan.py)."""
     if limits is not None:
         program = attrs.evolve(program, limits=Limits.of(limits))
     pruning = prune_unobserved(program, prune)
@@ -96,7 +103,9 @@ def make_plan(
         raise ClockError([messages.over_arena_budget(arena.total_bytes(sessions), max_arena_bytes, span)])
     capture = plan_capture(shape_trace, max_graphs)
     samples = account_samples(program, clock_plan, shape_trace, seconds)
-    return Plan(program, clock_plan, shape_trace, allocation, arena, capture, pruning, samples)
+    conversations = plan_conversations(program, allocation, arena, capture)
+    off = plan_off_plan(program, clock_plan, shape_trace, allocation, capture, off_plan)
+    return Plan(program, clock_plan, shape_trace, allocation, arena, capture, pruning, samples, conversations, off)
 
 
 def plan_file(
@@ -106,6 +115,16 @@ def plan_file(
     **options,
 ) -> Plan:
     return make_plan(load_program(path, params, limits=limits), **options)
+
+
+def conversation_plan(
+    path: str | Path, params: Mapping[str, str] | None = None, limits: Limits | Mapping[str, int] | None = None
+) -> ConversationPlan:
+    """What a conversation engine reads from a `.clock` file (no torch): each conversation's bytes by region,
+    the batched stages' graphs per row count, and `fits(memory_bytes)` (interpreter/plans/conversations.py).
+    `params` as `--param` takes them, `{"llm_layers": "2"}`; a stdlib module's path is
+    `duplexcadence.dsl.loader.stdlib_path("models.minicpmo45_duplex")`."""
+    return plan_file(path, params, limits).conversations
 
 
 # --- JSON ---------------------------------------------------------------------------------------
@@ -138,6 +157,11 @@ def to_json(plan: Plan) -> dict:
             "hyperperiod_s": _rational(clocks.hyperperiod),
             "instants_per_hyperperiod": clocks.instants_per_hyperperiod,
             "rates_hz": {name: _rational(rate) for name, rate in sorted(clocks.rates.items())},
+            "bounds": {
+                name: {"up_to": clock.bound, "per": clock.per}
+                for name, clock in sorted(program.clocks.items())
+                if clock.bound is not None
+            },
             "stage_order": list(clocks.stage_order),
             "stages": {
                 name: {
@@ -145,6 +169,7 @@ def to_json(plan: Plan) -> dict:
                     "rate_hz": _rational(t.rate),
                     "per_cadence": _rational(t.per_cadence),
                     "per_hyperperiod": t.per_hyperperiod,
+                    "burst": t.burst,
                 }
                 for name, t in clocks.stages.items()
             },
@@ -251,6 +276,53 @@ def to_json(plan: Plan) -> dict:
             "eager_firings": plan.capture.eager_firings,
         },
         "samples": _samples_json(plan.samples),
+        "conversations": _conversations_json(plan.conversations),
+        **({"off_plan": _off_plan_json(plan)} if plan.off_plan.declared else {}),
+    }
+
+
+def _off_plan_json(plan: Plan) -> dict:
+    off = plan.off_plan
+    keys = {g.signature: g.key for g in plan.capture.graphs if g.captured} | off.graphs
+    return {
+        "steps": [step.text() for step in off.steps],
+        "states": off.states,
+        "refused": off.refused,
+        "graphs": sorted(off.graphs.values()),
+        "instants": [
+            {
+                "instant": i.instant,
+                "units": dict(i.units),
+                "last": i.last,
+                "from_plan": i.from_plan,
+                "stages": [f.stage for f in i.firings],
+                "graphs": [keys.get(f.signature) for f in i.firings],
+            }
+            for i in off.instants
+        ],
+    }
+
+
+def _conversations_json(conversations: ConversationPlan) -> dict:
+    return {
+        "bytes_per_conversation": conversations.bytes_per_conversation,
+        "shared_bytes": conversations.shared_bytes,
+        "regions": [
+            {
+                "region": r.name,
+                "family": r.family,
+                "retention": r.retention,
+                "capacity": r.capacity,
+                "bytes": r.bytes,
+                "batched": r.batched,
+            }
+            for r in conversations.regions
+        ],
+        "rows": conversations.rows,
+        "batched_graphs": [
+            {"key": g.key, "stage": g.stage, "rows": g.rows, "burst": g.burst} for g in conversations.batched
+        ],
+        "per_conversation_graphs": list(conversations.per_conversation_graphs),
     }
 
 

@@ -10,6 +10,8 @@ import textwrap
 from collections.abc import Sequence
 from fractions import Fraction
 
+import attrs
+
 from duplexcadence.dsl.messages import duration_text, rate_text, units_text
 from duplexcadence.dsl.printer import number_text
 from duplexcadence.interpreter.plans.plan import Plan
@@ -234,20 +236,21 @@ def _pruning_lines(plan: Plan, heading) -> list[str]:
     return out
 
 
-def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
+def format_plan(plan: Plan, verbose: bool = False, color: bool = False, memory: Memory | None = None) -> str:
     """The plan as `dsl plan` prints it: condensed, or with `verbose` every family member and the
-    views of every graph; `color` makes the section headings bold."""
+    views of every graph; `color` makes the section headings bold. The section on conversations is
+    printed for a program with batched stages (`rows N`), or with `memory` (the bytes to fit them in)."""
     clocks, trace_, capture = plan.clocks, plan.trace, plan.capture
 
     def heading(text: str) -> str:
         return f"\x1b[1m{text}\x1b[0m" if color else text
 
-    out = [heading(f"Plan for {plan.path}"), f"params: {_params(plan)}", ""]
+    out = [heading(f"Plan for {plan.path}"), *_wrap(f"params: {_params(plan)}", "", "  "), ""]
 
     out.append(heading("Clocks"))
     out += table(
         ["clock", "rate (Hz)", "period"],
-        [[n, number_text(r), seconds(1 / r)] for n, r in sorted(clocks.rates.items(), key=lambda x: -x[1])],
+        [[n, _rate_cell(plan, n, r), seconds(1 / r)] for n, r in sorted(clocks.rates.items(), key=lambda x: -x[1])],
         right=(1, 2),
     )
     out.append(
@@ -263,8 +266,8 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
             [
                 t.stage,
                 t.clock,
-                number_text(t.per_cadence),
-                t.per_hyperperiod,
+                _up_to(t.burst, t.per_cadence),
+                _up_to(t.burst, t.per_hyperperiod),
                 f"{plan.program.stages[t.stage].callable_kind} {plan.program.stages[t.stage].target or '(root)'}",
             ]
             for t in clocks.stages.values()
@@ -342,6 +345,14 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
         f"{human_bytes(plan.arena.scratch_bytes)} (one copy per lane); arena for 1 session "
         f"{human_bytes(plan.arena.total_bytes(1))}"
     )
+    out += _wrap(
+        f"reserved on a GPU: {human_bytes(plan.arena.reserved_bytes(1))} for 1 session (the arena's one "
+        f"allocation as PyTorch's caching allocator rounds it), each further session "
+        f"{human_bytes(plan.arena.session_bytes)} and lane {human_bytes(plan.arena.scratch_bytes)}; each lane's "
+        "graphs reserve a memory pool besides (the model's working memory, measured at load: runtime.report())",
+        "  ",
+        "    ",
+    )
     if schedule.stock_bytes:
         saved = schedule.stock_bytes - schedule.compared_demand_bytes
         out.append(
@@ -376,10 +387,127 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False) -> str:
     out += _wrap(capture.eager_rule, "  rule: ", "        ")
     out.append("")
 
+    if memory is not None or plan.conversations.batched:
+        out += conversations_section(plan, memory, heading)
+    out += _off_plan_section(plan, verbose, heading)
     out += _samples_section(plan.samples, clocks.hyperperiod, verbose, heading)
     if not verbose:
         out.append("  dsl plan --verbose: every family member, the views of every graph, the units of every firing")
     return "\n".join(out) + "\n"
+
+
+def _off_plan_section(plan: Plan, verbose: bool, heading) -> list[str]:
+    """The declared off-plan steps and the instants they lead to (interpreter/plans/off_plan.py); nothing
+    when none are declared."""
+    off = plan.off_plan
+    if not off.declared:
+        return []
+    keys = {g.signature: g.key for g in plan.capture.graphs if g.captured} | off.graphs
+    out = [heading("Off-plan instants (declared steps, captured like planned instants)")]
+    out += _wrap_parts([step.text() for step in off.steps], "  declared: ", "            ")
+    groups: dict[tuple, list] = {}
+    for found in off.instants:
+        kind = "finish" if found.last else ("step" if found.units else "planned inputs")
+        groups.setdefault((kind, found.from_plan), []).append(found)
+    rows = []
+    for (kind, from_plan), members in groups.items():
+        counts: dict[str, set[int]] = {}
+        for found in members:
+            for name, count in found.units:
+                counts.setdefault(name, set()).add(count)
+        units = ", ".join(f"{name} {number_ranges(sorted(values))}" for name, values in sorted(counts.items()))
+        rows.append(
+            [
+                kind,
+                "the plan" if from_plan else "off the plan",
+                len(members),
+                units or "as planned",
+                number_ranges(sorted({found.instant for found in members})),
+            ]
+        )
+    out += table(["instant", "starts from", "instants", "units", "at instants"], rows, right=(2,))
+    if verbose:
+        out.append("  every off-plan instant and the graph of each of its firings:")
+        for found in off.instants:
+            graphs = ", ".join(f"{f.stage} {keys.get(f.signature, 'eager')}" for f in found.firings)
+            out += _wrap(f"{found.describe()}: {graphs}", "    ", "        ")
+    out += _wrap(
+        f"{plural(len(off.instants), 'instant')} off the plan ({plural(off.states, 'state')} off the plan "
+        f"reached); {plural(len(off.graphs), 'stage graph')} more than the capture plan's; "
+        f"{off.refused} declared steps the runtime would refuse where they were tried",
+        "  ",
+        "  ",
+    )
+    out += _wrap(
+        "each off-plan instant is captured as a planned one is, per session slot, and a session that takes only "
+        "declared steps fires nothing eagerly; an undeclared step runs eagerly",
+        "  ",
+        "  ",
+    )
+    out.append("")
+    return out
+
+
+# --- the duplex unit: bounded clocks, conversations -----------------------------------------------
+
+
+@attrs.frozen
+class Memory:
+    """Bytes to fit conversations in, and where the number comes from (`--memory 80GiB`, a device)."""
+
+    bytes: int
+    source: str
+
+
+def _up_to(burst: int | None, count: Fraction | int) -> str:
+    """A firing count, `up to N` times as many for a stage on a bounded clock."""
+    return f"up to {number_text(burst * Fraction(count))}" if burst is not None else number_text(Fraction(count))
+
+
+def _rate_cell(plan: Plan, name: str, rate: Fraction) -> str:
+    clock = plan.program.clocks.get(name)
+    if clock is not None and clock.bound is not None:
+        return f"up to {clock.bound} per {clock.per}"
+    return number_text(rate)
+
+
+def conversations_section(plan: Plan, memory: Memory | None, heading) -> list[str]:
+    """Each conversation's bytes by region, the graphs of the batched stages per row count, and how many
+    conversations fit in `memory`."""
+    conversations = plan.conversations
+    out = [heading("Conversations (each conversation's own state; graphs of the stages batched over rows)")]
+    rows = [
+        [
+            r.name,
+            r.retention + (", a row each" if r.batched else ""),
+            "-" if r.capacity is None else r.capacity,
+            human_bytes(r.bytes),
+        ]
+        for r in conversations.regions
+    ]
+    out += table(["region", "retention", "capacity", "bytes"], rows, right=(2, 3))
+    out += _wrap(
+        f"per conversation: {human_bytes(conversations.bytes_per_conversation)} (its session block, and its row of "
+        f"the batched stages' scratch); shared: {human_bytes(conversations.shared_bytes)} of scratch, one per lane",
+        "  ",
+        "  ",
+    )
+    if conversations.batched:
+        parts = [
+            f"{g.stage} (graph {g.key}{f', up to {g.burst} replays an instant' if g.burst else ''}) at rows 1..{g.rows}"
+            for g in conversations.batched
+        ]
+        out += _wrap_parts(
+            [f"batched graphs, {conversations.batched_graph_count} in all: {parts[0]}", *parts[1:]], "  ", "    "
+        )
+    if conversations.per_conversation_graphs:
+        keys = ", ".join(str(key) for key in conversations.per_conversation_graphs)
+        out.append(f"  graphs captured for each conversation's slot: {keys}")
+    if memory is not None:
+        fit = conversations.fits(memory.bytes)
+        out.append(f"  conversations that fit in {human_bytes(memory.bytes)} ({memory.source}): {fit}")
+    out.append("")
+    return out
 
 
 def _output_notes(o: OutputSamples, session: Fraction, hyperperiod: Fraction) -> list[str]:

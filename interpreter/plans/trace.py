@@ -18,6 +18,9 @@ The simulation follows the `.clock` semantics, in units of each region's clock:
   not the outermost one, goes through a double buffer;
 * a ring (`retain ring N`) is managed by the module in place: always N units, only its fill grows;
   scratch keeps nothing past its instant; a fixed region (no time axis) is always whole;
+* a region whose length is decided at run time (on a bounded clock, or `retain slide`) is handed whole at
+  its capacity (`Program.run_time_capacity`) and has no length here; a stage on a bounded clock fires once
+  at each of its instants in the trace, standing for its up to N firings there, which all have its shapes;
 * an instant whose input carries u units where the plan expects p (a flush of a short input) covers
   u/p of the planned time: every update and write of the instant advances by u/p of its declared
   advance, which must come out whole (a write's latency is not scaled);
@@ -93,6 +96,8 @@ class Firing:
     views: tuple[View, ...]
     last: bool = False
     """The last instant of a stream (`Session.finish`): lookahead consumed, latency released."""
+    varies: bool = False
+    """Its shapes are decided at run time (an advance `up to N`): it runs eagerly, never captured."""
     advances: tuple[str, ...] = ()
     """The counters this firing advances after its call: the last firing of an instant at which each
     counter's clock ticks."""
@@ -101,9 +106,11 @@ class Firing:
 
     @property
     def signature(self) -> tuple:
-        """Everything that fixes the firing's shapes and arena offsets: one graph per distinct value."""
+        """Everything that fixes the firing's shapes and arena offsets, and whether it ends the stream (a stage
+        sees `firing.last`): one graph per distinct value."""
         views = tuple(view.key() for view in self.views)
-        return (self.stage,) + views + ((("advances",) + self.advances,) if self.advances else ())
+        advances = (("advances",) + self.advances,) if self.advances else ()
+        return (self.stage,) + views + advances + ((("last",),) if self.last else ())
 
 
 @attrs.frozen
@@ -193,8 +200,12 @@ class Simulator:
         self.fed: dict[str, tuple[int, int]] = {}  # input -> (units fed, units planned), at an instant off the plan
         self.pending = {name for name, region in program.regions.items() if region.start in ("first", "first-firing")}
         self.tickers = counter_tickers(program)
+        self.whole = {
+            name: program.run_time_capacity(name) for name in program.regions if program.run_time_length(name)
+        }
+        """The regions whose length is decided at run time, each handed whole at its capacity."""
         for name, region in program.regions.items():
-            if region.fixed:
+            if region.fixed or name in self.whole:
                 continue
             if region.retention.kind == "ring":
                 self.fill[name] = 0
@@ -227,7 +238,7 @@ class Simulator:
         other.program, other.clocks = self.program, self.clocks
         other.length, other.fill, other.counts = dict(self.length), dict(self.fill), dict(self.counts)
         other.override, other.last, other.scale = {}, False, Fraction(1)
-        other.pending, other.tickers = set(self.pending), self.tickers
+        other.pending, other.tickers, other.whole = set(self.pending), self.tickers, self.whole
         return other
 
     def stages_at(self, index: int) -> tuple[str, ...]:
@@ -264,6 +275,8 @@ class Simulator:
         self.fed = {}
         for name in stages:
             k = self.counts[name]
+            if not self._advances_by_the_clocks(name):
+                continue  # its input scales nothing (every advance is whole, fixed or decided at run time)
             for access in self.program.stages[name].accesses:
                 region = self.program.regions[access.region]
                 if region.role != "input" or access.kind != "read" or access.region in scales:
@@ -284,6 +297,14 @@ class Simulator:
                 + ", ".join(f"{name} {value}" for name, value in sorted(scales.items()))
             )
         return next(iter(scales.values()), Fraction(1))
+
+    def _advances_by_the_clocks(self, stage: str) -> bool:
+        """Whether the stage writes or updates a region whose advance follows the clocks (so the fraction of
+        the planned time an instant covers scales it): not fixed, not handed whole."""
+        return any(
+            access.kind != "read" and not self.program.regions[access.region].fixed and access.region not in self.whole
+            for access in self.program.stages[stage].accesses
+        )
 
     def scaled(self, stage: str, region: str, advance: int) -> int:
         """`advance` scaled to the fraction of the planned time this instant covers."""
@@ -326,7 +347,13 @@ class Simulator:
         counters = {
             name: self.program.counters[name].value(self.counts[ticker]) for name, ticker in self.tickers.items()
         }
-        return Firing(stage_name, k, instant, time, tuple(views), self.last, counters=counters)
+        varies = any(access.up_to for access in stage.accesses)
+        return Firing(stage_name, k, instant, time, tuple(views), self.last, varies, counters=counters)
+
+    def _whole(self, name: str, kind: str) -> View:
+        """A view of a region with a run-time length: the whole region, at its capacity."""
+        size = self.whole[name]
+        return View(name, kind, 0, size, self._shape(name, size), transient=size, kept=size if kind != "read" else None)
 
     def _starting(self, view: View) -> View:
         """`view`, marked `initial` when it makes its region's data-dependent start: the first units fed or
@@ -406,6 +433,8 @@ class Simulator:
         region = self.program.regions[name]
         if region.fixed:
             return View(name, "read", 0, None, self._shape(name, None))
+        if name in self.whole:
+            return self._whole(name, "read")
         if region.retention.kind == "ring":
             size = region.retention.last
             return View(name, "read", 0, size, self._shape(name, size))
@@ -425,6 +454,8 @@ class Simulator:
         region = self.program.regions[name]
         if region.fixed:
             return View(name, "update", 0, None, self._shape(name, None))
+        if name in self.whole:
+            return self._whole(name, "update")
         advance = self.scaled(stage, name, access.advance)
         if region.retention.kind == "ring":
             size = region.retention.last
@@ -441,6 +472,8 @@ class Simulator:
 
     def write(self, stage: str, access, k: int) -> View:
         name = access.region
+        if name in self.whole:
+            return self._whole(name, "write")
         if access.advance is None:  # an output whose length the module decides
             return View(name, "write", 0, None, None)
         units = self.scaled(stage, name, access.advance) - (access.latency if k == 0 else 0) - access.loss

@@ -15,6 +15,7 @@ import torch
 
 from duplexcadence.dsl import messages
 from duplexcadence.dsl.program import Program
+from duplexcadence.interpreter.plans.off_plan import over_capacity
 from duplexcadence.interpreter.plans.plan import Plan
 from duplexcadence.interpreter.plans.trace import Firing, Simulator
 from duplexcadence.interpreter.runtime.binding import describe
@@ -125,30 +126,25 @@ def plan_instant(
     except ValueError as error:
         raise StepError(f"step() at instant {instant}: {error}") from error
     off_plan = bool(override) or last or plan.trace.planned_index(instant) is None
-    for firing in firings:
-        for view in firing.views:
-            capacity = plan.schedule.regions[view.region].capacity
-            needed = max(
-                view.transient if view.kind in ("feed", "write") else 0,
-                (view.start + view.length) if view.length is not None and view.kind != "update" else 0,
-            )
-            if capacity is not None and needed > capacity:
-                region = program.regions[view.region]
-                longer = [
-                    f"'{name}' has {messages.units(count)} where the plan feeds {planned[name]}"
-                    for name, count in sorted(override.items())
-                    if count > planned[name]
-                ]
-                cause = (
-                    f"input {', '.join(longer)}: feed at most the planned units an instant"
-                    if longer
-                    else "the session has reached the end of what its .clock plans for: reset() it, or declare "
-                    "a longer retention or horizon"
-                )
-                raise StepError(
-                    f"step() at instant {instant}: region '{view.region}' would hold {needed} "
-                    f"units, over its capacity of {capacity} ({region.retention.describe()}); {cause}"
-                )
+    over = over_capacity(plan.schedule, firings)
+    if over is not None:
+        view, needed, capacity = over
+        region = program.regions[view.region]
+        longer = [
+            f"'{name}' has {messages.units(count)} where the plan feeds {planned[name]}"
+            for name, count in sorted(override.items())
+            if count > planned[name]
+        ]
+        cause = (
+            f"input {', '.join(longer)}: feed at most the planned units an instant"
+            if longer
+            else "the session has reached the end of what its .clock plans for: reset() it, or declare "
+            "a longer retention or horizon"
+        )
+        raise StepError(
+            f"step() at instant {instant}: region '{view.region}' would hold {needed} "
+            f"units, over its capacity of {capacity} ({region.retention.describe()}); {cause}"
+        )
     return firings, probe, off_plan
 
 

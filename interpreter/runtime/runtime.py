@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from duplexcadence.dsl import messages
 from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
 from duplexcadence.dsl.frontend import load_program
 from duplexcadence.dsl.program import Program
+from duplexcadence.interpreter.plans.off_plan import OffPlanStep
 from duplexcadence.interpreter.plans.plan import Plan, make_plan
 from duplexcadence.interpreter.plans.trace import Firing
 from duplexcadence.interpreter.runtime import capture as capture_strategies
@@ -47,7 +48,7 @@ from duplexcadence.interpreter.runtime.binding import (
     bind_program,
     host_counters,
 )
-from duplexcadence.interpreter.runtime.capture import CaptureStrategy, templates_of
+from duplexcadence.interpreter.runtime.capture import CaptureStrategy, off_plan_templates, templates_of
 from duplexcadence.interpreter.runtime.capture.graphs import capture_slot
 from duplexcadence.interpreter.runtime.errors import CaptureWarning, SessionFailed, SessionsFailed, StepError
 from duplexcadence.interpreter.runtime.lanes import lane_stream, step_many
@@ -237,6 +238,8 @@ class Runtime:
         # replay one after another, which holds within a lane (one stream) but not across lanes
         self.pools = [torch.cuda.graph_pool_handle() for _ in range(lanes)] if graphs else [None] * lanes
         self.pool = self.pools[0]
+        self.pool_bytes: dict[int, int] = {}
+        """What each lane's graph pool reserves (the graphs' working memory), measured after each capture."""
         # each lane's graphs draw random numbers through their own CUDA generator state (rng.lane_rng_states)
         self.lane_rng_states: list[Any] = lane_rng_states(device, lanes)
         self.first_firing: dict[tuple, Firing] = {}
@@ -245,6 +248,13 @@ class Runtime:
         self.graph_key = {g.signature: g.key for g in plan.capture.graphs if g.captured}
         # an on-plan step repeats a traced instant: its firings, graph keys and input shapes, precomputed
         self.templates = templates_of(plan)
+        self.off_plan_templates = off_plan_templates(plan)
+        self.declared_instants = frozenset(template.key for template in self.templates + self.off_plan_templates)
+        """The firings' signatures of every planned and declared off-plan instant (a step's `undeclared`)."""
+        self.off_plan_blocked: dict[bool, dict[str, Diagnostic]] = {}
+        """Stages that run eagerly at off-plan instants only (by whether the instant is a stream's last)."""
+        self.off_plan_probed: set[tuple[str, bool]] = set()
+        """The (stage, last) kinds of off-plan firing probed for capture (once for every slot)."""
         self.storage_dtypes = {name: TORCH_DTYPES[r.dtype] for name, r in plan.program.regions.items()}
         self.pruned_inputs = frozenset(r.name for r in plan.pruning.regions if r.input)
         self.pruned_given = frozenset(
@@ -303,6 +313,7 @@ class Runtime:
         check_finite: bool = False,
         prune: bool = True,
         lane_threads: bool | None = None,
+        off_plan: Sequence[OffPlanStep] = (),
     ) -> Runtime:
         """Check the `.clock` file, plan it, bind it to `model`, and allocate the arena.
 
@@ -321,8 +332,10 @@ class Runtime:
         `prune`: leave out the stages no output sees, and the regions, counters and objects only they touch
         (`plan.pruning` lists them): they never run, are not bound and have no arena bytes; `prune=False`
         runs every stage, for a caller that reads their state (`Session.region`).
+        `off_plan`: the steps off the plan a session may take (`OffPlanStep`s: a flush of a short input, the
+        last instant); every instant they lead to is captured like a planned one (`plan.off_plan`).
         Raises `ClockError` with located diagnostics when the file, the binding or the budget fails, and
-        ValueError for arguments of the wrong type or out of range.
+        ValueError for arguments of the wrong type or out of range, or off-plan steps it cannot take.
         """
         _check_counts(sessions, lanes, max_graphs)
         if graphs in (False, "off", "never"):
@@ -337,7 +350,10 @@ class Runtime:
         program = (
             clock if isinstance(clock, Program) else load_program(clock, {k: str(v) for k, v in (params or {}).items()})
         )
-        plan = make_plan(program, max_graphs=max_graphs, prune=prune)
+        plan = make_plan(program, max_graphs=max_graphs, prune=prune, off_plan=off_plan)
+        counted = plan.program.run_time_count()
+        if counted is not None:
+            raise ClockError([messages.engine_only(*counted)])
         callables, attributes = bind_program(plan.program, model, hooks, device)
         sources = bind_objects(plan.program, model, hooks, objects, device)
         check_arena_fits(plan, sessions, device, lanes)
@@ -419,7 +435,15 @@ class Runtime:
             totals = attrs.evolve(self.closed_counters)
             for session in self.sessions:
                 totals.add_totals(session.counters)
+            planned = {g.signature for g in self.plan.capture.graphs}
             covered = {signature for graphs, _, _ in self.slot_graphs.values() for key in graphs for signature in key}
+            off_plan_graphs = max(
+                (
+                    len(set(graphs) - {run.key for instant in runs.values() for run in instant})
+                    for graphs, runs, _ in self.slot_graphs.values()
+                ),
+                default=0,
+            )
             return RuntimeReport(
                 str(self.device),
                 self.arena.sessions,
@@ -429,7 +453,7 @@ class Runtime:
                 regions,
                 len(self.plan.capture.graphs),
                 self.graphs_captured,
-                len(covered),
+                len(covered & planned),
                 self.capture_seconds,
                 tuple(d for name, first in self.blocked.items() for d in self.obstacles.get(name, (first,))),
                 totals.replays,
@@ -438,6 +462,13 @@ class Runtime:
                 self.lanes,
                 totals.short_path_steps,
                 self.capture.name,
+                len(self.plan.off_plan.instants),
+                off_plan_graphs,
+                totals.replays_off_plan,
+                totals.undeclared_steps,
+                sum(self.pool_bytes.values()),
+                self.plan.arena.reserved_bytes(self.arena.sessions, self.lanes),
+                tuple(d for blocked in self.off_plan_blocked.values() for d in blocked.values()),
             )
 
     def verify(self, stock, inputs, ticks: int | None = None, seed: int = 0):

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import attrs
 import torch
 
+from duplexcadence.interpreter.plans.off_plan import back_on_plan
 from duplexcadence.interpreter.plans.trace import Firing, Simulator, counter_values
 from duplexcadence.interpreter.runtime.body import Body
 from duplexcadence.interpreter.runtime.capture.strategy import Run
@@ -42,7 +43,8 @@ Result = TypeVar("Result")
 class PendingStep:
     """A step whose inputs were checked and whose runs were chosen, before anything changed: the
     runs (graph replays and eager firings), the inputs by name, the simulator after an off-plan
-    instant (None on the plan), and the bound lengths at the start of the instant."""
+    instant (None on the plan), the bound lengths at the start of the instant, and whether it is an
+    instant off the plan that no declared step leads to (`undeclared`: it runs eagerly)."""
 
     runs: tuple[Run, ...] = attrs.field(repr=False)
     inputs: dict[str, torch.Tensor] = attrs.field(repr=False)
@@ -50,6 +52,7 @@ class PendingStep:
     off_plan: bool
     last: bool
     bound_lengths: dict[str, int] = attrs.field(repr=False)
+    undeclared: bool = False
 
 
 class Session:
@@ -63,7 +66,8 @@ class Session:
     stage bodies), `graphs`, `runs` and `replays` (its slot's captured graphs, each planned instant's runs,
     and their resolved replays), `counters`, `failed` (the exception that failed it, else None),
     `finished`, `rng_state`, and the clock position: `simulator` (stale after on-plan steps, which skip
-    it), `on_plan`."""
+    it), `on_plan` (whether its state is the planned state of its instant: false after a step off the plan
+    until one brings it back, plans/off_plan.back_on_plan)."""
 
     last_outputs: Any = None
     failed: BaseException | None = None
@@ -166,7 +170,9 @@ class Session:
 
         An input with fewer units than the plan expects (a flush of a short input) makes the
         instant cover that fraction of its planned time: every advance of the instant scales with
-        it (StepError if one comes out fractional); such firings run eagerly, outside the plan."""
+        it (StepError if one comes out fractional). Such an instant is off the plan: it replays the
+        graphs captured for it when the runtime's declared steps lead to it (`Runtime.load(off_plan=...)`),
+        else its firings run eagerly (`counters.undeclared_steps`)."""
         return self._step(args, inputs, last=False)
 
     def finish(self, *args: torch.Tensor, **inputs: torch.Tensor):
@@ -241,6 +247,8 @@ class Session:
             if self.failed is self._unfinished:
                 self.failed = error
             raise
+        if step.undeclared:
+            self.counters.undeclared_steps += 1
         return self._commit(outputs, step.last, step.simulator, step.off_plan)
 
     def abandon(self, runs: Generator, error: BaseException) -> None:
@@ -305,7 +313,8 @@ class Session:
         )
         if self.check_finite:
             refuse_non_finite(inputs)
-        return PendingStep(matching_runs(self.graphs, firings), inputs, simulator, off_plan, last, lengths)
+        undeclared = off_plan and tuple(f.signature for f in firings) not in runtime.declared_instants
+        return PendingStep(matching_runs(self.graphs, firings), inputs, simulator, off_plan, last, lengths, undeclared)
 
     def _replay(self, replays: tuple[GraphReplay, ...], inputs: Mapping[str, torch.Tensor]):
         """An on-plan step made only of graph runs, on addresses resolved before (replay.py): per run,
@@ -352,6 +361,8 @@ class Session:
             module_outputs = graph.module_outputs
             self.counters.replays += len(run.firings)
             self.counters.per_graph[graph.key] += 1
+            if off_plan:
+                self.counters.replays_off_plan += len(run.firings)
         else:
             firing = run.firings[0]
             if firing.instant != self._instant:  # a template: hooks see the real instant and count
@@ -402,7 +413,11 @@ class Session:
         if simulator is not None:  # off the plan: the simulator traced this instant
             self.simulator = simulator
             self.simulator_stale = False
-            self.on_plan = self.on_plan and not off_plan
+            runtime = self.runtime
+            self.on_plan = not last and (
+                (self.on_plan and not off_plan)
+                or back_on_plan(runtime.program, runtime.plan.clocks, runtime.plan.trace, simulator, self._instant + 1)
+            )
         else:
             self.simulator_stale = True
         self.counters.steps += 1

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from duplexcadence.interpreter.views.arena_map import render_arena
 from duplexcadence.interpreter.views.dataflow import render_dataflow
 from duplexcadence.interpreter.views.timeline import render_timeline
+from duplexcadence.interpreter.views.unit import render_unit
 from duplexcadence.interpreter.views.view import View
 
 VIEWS: Mapping[str, View] = {
@@ -22,6 +23,11 @@ VIEWS: Mapping[str, View] = {
             "graph", "the dataflow: stages in order, what flows between them, each stage's own state", render_dataflow
         ),
         View("arena", "the memory map: the session block and the shared scratch block", render_arena),
+        View(
+            "unit",
+            "one cadence of the steady state firing by firing, up to each bound (a conversation's unit)",
+            render_unit,
+        ),
     )
 }
 DEFAULT_VIEW = "timeline"

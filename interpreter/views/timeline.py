@@ -295,13 +295,19 @@ def _lanes(plan: Plan, cells: dict[str, list[RegionCell]], shown: Sequence[int])
 
 def _stage_cells(plan: Plan, instants: int, traced: int) -> dict[str, tuple[StageCell, ...]]:
     graph_of = {graph.signature: graph for graph in plan.capture.graphs}
-    fired = {(f.instant, f.stage): graph_of[f.signature] for f in plan.trace.firings}
+    fired = {(f.instant, f.stage): graph_of.get(f.signature) for f in plan.trace.firings}
     result = {}
     for stage in plan.clocks.stage_order:
         row = []
         for instant in range(instants):
-            graph = fired.get((_representative(plan, instant, traced), stage))
-            row.append(StageCell(False) if graph is None else StageCell(True, graph.key, graph.captured))
+            key = (_representative(plan, instant, traced), stage)
+            graph = fired.get(key)
+            if key not in fired:
+                row.append(StageCell(False))
+            elif graph is None:  # shapes decided at run time: eager
+                row.append(StageCell(True, 0, False))
+            else:
+                row.append(StageCell(True, graph.key, graph.captured))
         result[stage] = tuple(row)
     return result
 

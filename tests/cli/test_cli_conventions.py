@@ -331,7 +331,8 @@ def test_a_module_name_that_names_nothing_says_what_there_is(capsys, folder) -> 
         "error[unreadable-file]: cannot read 'models.mimi_decodr': no such file, nor a module of that name here "
         "or in the stdlib",
         " --> models.mimi_decodr",
-        "  = help: did you mean 'models.mimi_decoder' or 'models.personaplex_mimi_decoder'?",
+        "  = help: did you mean 'models.mimi_decoder' or 'models.personaplex_mimi_decoder' or "
+        "'models.minicpmo45_duplex'?",
     ]
 
 

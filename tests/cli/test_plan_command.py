@@ -175,3 +175,33 @@ def test_the_default_session_is_shortened_to_what_the_accounting_sums(tmp_path, 
     )
     assert cli.main(["plan", str(path), "--seconds", "60"]) == 2
     assert capsys.readouterr().err.startswith("dsl plan: error: a session of 60 s has 60000000 instants")
+
+
+def test_off_plan_steps_are_traced_and_counted_and_a_bad_one_is_a_usage_error(capsys) -> None:
+    """`--off-plan`: MiniCPM-o 4.5's forced flushes of a turn's first chunk and its turn ends, as its
+    `load_runtime` declares them (examples/minicpmo45/cadence.py, `turn_boundaries(range(5, 25))`)."""
+    token2wav = str(loader.stdlib_path("models.step_audio2_token2wav"))
+    text = plan_text(capsys, token2wav, "--off-plan", "step tokens=5-24 at start", "--off-plan", "finish tokens=0")
+    assert section(text, "Off-plan instants") == [
+        "Off-plan instants (declared steps, captured like planned instants)",
+        "  declared: step tokens=5-24 at start; finish tokens=0 at any",
+        "  instant         starts from   instants  units         at instants",
+        "  --------------  ------------  --------  ------------  -----------",
+        "  step            the plan            20  tokens 5..24  0",
+        "  finish          the plan             3  tokens 0      0..2",
+        "  planned inputs  off the plan        40  as planned    1, 2",
+        "  finish          off the plan        40  tokens 0      1, 2",
+        "  103 instants off the plan (40 states off the plan reached); 147 stage graphs more than the capture",
+        "  plan's; 0 declared steps the runtime would refuse where they were tried",
+        "  each off-plan instant is captured as a planned one is, per session slot, and a session that takes",
+        "  only declared steps fires nothing eagerly; an undeclared step runs eagerly",
+    ]
+    assert "Off-plan instants" not in plan_text(capsys, token2wav)
+    assert cli.main(["plan", token2wav, "--off-plan", "finish pcm=0"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "dsl plan: error: off-plan step 'finish pcm=0 at any': 'pcm' is not an input region; the inputs are tokens"
+    )
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["plan", token2wav, "--off-plan", "flush tokens=3"])
+    assert usage.value.code == 2
+    assert "argument --off-plan: off-plan step 'flush tokens=3': write 'step NAME=COUNTS" in capsys.readouterr().err

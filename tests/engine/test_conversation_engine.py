@@ -230,3 +230,20 @@ def test_a_failed_round_fails_its_conversations_until_reset(scenario, monkeypatc
     assert str(raised.value) == f"conversation {cid} failed (RuntimeError: device lost); reset it to go on"
     engine.reset(cid)
     assert engine.step({cid: UnitInput(silence, LISTEN)})[cid].unit == 0
+
+
+def test_a_turn_ends_when_its_tts_cache_could_not_hold_another_unit(scenario) -> None:
+    engine = scenario.engine
+    (cid,) = engine.conversations
+    engine.reset(cid)
+    kv = engine.model.tts_kv
+    capacity = kv.capacity
+    kv.capacity = 60  # 4 + 1 condition tokens and 26 steps leave 29 free: less than a longest unit's 46
+    try:
+        out = engine.step({cid: UnitInput(np.zeros(16000, dtype=np.float32), speak((1, 2, 3, 4)))})[cid]
+    finally:
+        kv.capacity = capacity
+    assert out.kind == "speak" and out.end_of_turn
+    assert int(kv.host_lengths[engine.conversations[cid].slot]) == 0  # the turn's cache emptied
+    after = engine.step({cid: UnitInput(np.zeros(16000, dtype=np.float32), LISTEN)})[cid]
+    assert after.kind == "listen"

@@ -60,7 +60,7 @@ def tokens(line: str) -> list[tuple[str, str]]:
 
 def test_every_pattern_compiles_and_names_a_clock_scope():
     assert GRAMMAR["scopeName"] == "source.clock" and GRAMMAR["fileTypes"] == ["clock"]
-    assert len(RULES) == 13
+    assert len(RULES) == 14
     for _, rule in RULES:
         names = [rule["name"]] if "name" in rule else [c["name"] for c in rule["captures"].values()]
         assert all(name.endswith(".clock") for name in names)
@@ -76,6 +76,26 @@ def test_every_reserved_word_is_a_keyword():
         ("last_frame", "variable.other.clock"),
         ("input_pcm", "variable.other.clock"),
     ]
+
+
+def test_the_duplex_units_words_are_keywords():
+    assert tokens("clock text = up to 21 per unit") == [
+        ("clock", "keyword.control.statement.clock"),
+        ("text", "entity.name.definition.clock"),
+        ("=", "keyword.operator.clock"),
+        ("up", "keyword.other.run-time.clock"),
+        ("to", "keyword.other.run-time.clock"),
+        ("21", "constant.numeric.clock"),
+        ("per", "keyword.other.run-time.clock"),
+        ("unit", "variable.other.clock"),
+    ]
+    assert [scope for _, scope in tokens("retain first system + slide high to low")][4:] == [
+        "keyword.other.run-time.clock",
+        "variable.other.clock",
+        "keyword.other.run-time.clock",
+        "variable.other.clock",
+    ]
+    assert tokens("rows conversations")[0] == ("rows", "keyword.other.run-time.clock")
 
 
 def test_sample_lines_get_their_scopes():

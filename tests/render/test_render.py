@@ -27,6 +27,7 @@ from duplexcadence.interpreter.views.registry import VIEWS
 from duplexcadence.interpreter.views.render import render_file, render_plan
 from duplexcadence.interpreter.views.style import wrap
 from duplexcadence.interpreter.views.timeline import build_timeline
+from duplexcadence.interpreter.views.unit import build_unit
 from duplexcadence.interpreter.views.view import View
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -442,3 +443,21 @@ def test_legend_text_wraps_after_separators():
         "over the graph budget: eager",
     ]
     assert wrap("a <b> & c", 80) == "a &lt;b&gt; &amp; c"
+
+
+def test_unit_view_draws_a_conversations_unit_up_to_each_bound(plans):
+    unit = build_unit(plans["minicpmo45_duplex"])
+    assert unit.stages == ("listen", "llm_step", "tts_prefill", "tts_step", "flow", "hift_front", "hift_back")
+    assert unit.batched == {"listen", "llm_step", "tts_step"}
+    assert [(f.stage, f.slot, f.burst, f.graph is None) for f in unit.firings] == [
+        ("listen", 0, None, False),
+        ("llm_step", 1, 21, False),
+        ("tts_prefill", 22, None, True),  # `update tts_kv up to 19`: shapes decided at run time, eager
+        ("tts_step", 23, 25, False),
+        ("flow", 48, None, False),
+        ("hift_front", 49, None, False),
+        ("hift_back", 50, None, False),
+    ]
+    assert unit.slots == 51 and unit.first_instant == 2
+    mimi = build_unit(plans["mimi_decoder"])
+    assert len(mimi.firings) == 3 * 13 and mimi.slots == 39  # 12.5 frames a second: 13 in the first steady second

@@ -1,5 +1,5 @@
-"""The bench against stock: a variant's peak allocated memory above stock eager's is flagged (table and
-JSON), and a variant that produces only some of stock's outputs is compared on those (`Variant.outputs`)."""
+"""The bench against stock: a variant's peak allocated or reserved memory above stock eager's is flagged
+(table and JSON), and a variant that produces only some of stock's outputs is compared on those (`Variant.outputs`)."""
 
 from __future__ import annotations
 
@@ -14,38 +14,49 @@ TOY = tails.get("toy")
 MiB = 1 << 20
 
 
-def measured(name: str, peak: int | None, workspace: int | None = None) -> bench.VariantResult:
+def measured(
+    name: str, peak: int | None, workspace: int | None = None, reserved: int | None = None
+) -> bench.VariantResult:
     memory = None if peak is None else {"peak_bytes": peak, "cublas_workspace_bytes": workspace}
+    reserved = peak if reserved is None else reserved
     return bench.VariantResult(
-        name, 10.0, 10.0, 10.0, 0.8, None, None, peak, peak, None, 0.0, True, None, 25, {}, memory=memory
+        name, 10.0, 10.0, 10.0, 0.8, None, None, peak, reserved, None, 0.0, True, None, 25, {}, memory=memory
     )
 
 
 def test_a_peak_over_stock_eagers_is_flagged_in_the_table_and_the_json() -> None:
-    """Qwen3-Omni's Code2Wav, bf16, B=1 on the H200: stock eager 537 MiB, DuplexCadence 569 MiB."""
+    """Qwen3-Omni's Code2Wav, bf16, B=1 on an H100: stock eager 536.6 / 562 MiB, DuplexCadence 569.0 / 618 MiB
+    (peak allocated / reserved); a variant over stock in reserved memory only is flagged too."""
     results = [
-        measured("stock eager", 537 * MiB, 32 * MiB),
-        measured("duplexcadence", 569 * MiB, 32 * MiB),
-        measured("smaller", 500 * MiB, 32 * MiB),
-        measured("level", 537 * MiB, 32 * MiB),
+        measured("stock eager", 537 * MiB, 32 * MiB, reserved=562 * MiB),
+        measured("duplexcadence", 569 * MiB, 32 * MiB, reserved=618 * MiB),
+        measured("smaller", 500 * MiB, 32 * MiB, reserved=530 * MiB),
+        measured("level", 537 * MiB, 32 * MiB, reserved=562 * MiB),
+        measured("reserving", 530 * MiB, 32 * MiB, reserved=600 * MiB),
     ]
+    stock = {"stock_variant": "stock eager"}
     assert bench.memory_over_stock(results) == [
-        {
-            "variant": "duplexcadence",
-            "peak_bytes": 569 * MiB,
-            "stock_variant": "stock eager",
-            "stock_peak_bytes": 537 * MiB,
-            "over_bytes": 32 * MiB,
-        }
+        {"variant": "duplexcadence", "kind": "allocated", "peak_bytes": 569 * MiB, **stock}
+        | {"stock_peak_bytes": 537 * MiB, "over_bytes": 32 * MiB},
+        {"variant": "duplexcadence", "kind": "reserved", "peak_bytes": 618 * MiB, **stock}
+        | {"stock_peak_bytes": 562 * MiB, "over_bytes": 56 * MiB},
+        {"variant": "reserving", "kind": "reserved", "peak_bytes": 600 * MiB, **stock}
+        | {"stock_peak_bytes": 562 * MiB, "over_bytes": 38 * MiB},
     ]
     subject = TOY.subject(device="cpu", seconds=1)
     lines = [line for line in bench.format_table(subject, results).splitlines() if "over stock" in line]
     assert lines == [
         "  duplexcadence: peak allocated 569.0 MiB, over stock by 32.0 MiB (stock eager: 537.0 MiB); a cuBLAS "
-        "workspace is 32.0 MiB here, one per stream that runs cuBLAS"
+        "workspace is 32.0 MiB here, one per stream that runs cuBLAS",
+        "  duplexcadence: peak reserved 618.0 MiB, over stock by 56.0 MiB (stock eager: 562.0 MiB)",
+        "  reserving: peak reserved 600.0 MiB, over stock by 38.0 MiB (stock eager: 562.0 MiB)",
     ]
     payload = json.loads(json.dumps(bench.to_json(subject, results)))
-    assert [(e["variant"], e["over_bytes"]) for e in payload["memory_over_stock"]] == [("duplexcadence", 32 * MiB)]
+    assert [(e["variant"], e["kind"], e["over_bytes"]) for e in payload["memory_over_stock"]] == [
+        ("duplexcadence", "allocated", 32 * MiB),
+        ("duplexcadence", "reserved", 56 * MiB),
+        ("reserving", "reserved", 38 * MiB),
+    ]
 
 
 def test_without_a_measured_peak_nothing_is_flagged() -> None:

@@ -253,7 +253,7 @@ def test_a_bad_call_off_the_plan_and_at_finish_changes_nothing(tmp_path):
     chunked = _short_and_last()
     runtime, _ = chunked.load(tmp_path)
     session = runtime.session(initial=chunked.initial())
-    chunks = [[1, 2, 3, 4], [5, 6], [8, 9, 10, 11], [12, 13, 14, 15], [16]]
+    chunks = [[1, 2], [5, 6, 7, 8], [8, 9, 10, 11], [12, 13, 14, 15], [16]]
     expected = chunked.reference(chunks, last_index=4)
     bad = [
         (  # a quarter chunk: coarse +1/2
@@ -265,15 +265,17 @@ def test_a_bad_call_off_the_plan_and_at_finish_changes_nothing(tmp_path):
         ({"tokens": torch.zeros(1, 36, dtype=torch.int64)}, "input 'tokens' has 36 units where the plan feeds 4"),
         ({"tokens": torch.tensor([[5, 6]]), "x": torch.tensor([[1]])}, "unexpected x"),
     ]
-    got = [session.step(**chunked.feed(chunks[0])), session.step(**chunked.feed(chunks[1]))]
-    assert not session.on_plan  # the short chunk took the session off its plan
-    for index in (2, 3):
+    got = [session.step(**chunked.feed(chunks[0]))]
+    # the short first chunk took the session off its plan (6 history frames where the plan has 8)
+    assert not session.on_plan
+    for index in (1, 2, 3):  # off the plan, then back on it: the next full chunk trims the history to 8
         for inputs, says in bad:
             before = snapshot(session)
             with pytest.raises(StepError, match=re.escape(says)):
                 session.step(**inputs)
             assert_same(before, snapshot(session))
         got.append(session.step(**chunked.feed(chunks[index])))
+        assert session.on_plan
     at_finish = [(inputs, says) for inputs, says in bad[1:] if "where the plan feeds" not in says]
     at_finish.append(({"tokens": torch.zeros(1, 36, dtype=torch.int64)}, "is not a whole number of units"))
     for inputs, says in at_finish:  # the last instant has no planned feed: a long one is a fraction of a firing

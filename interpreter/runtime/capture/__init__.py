@@ -15,7 +15,7 @@ A built-in name wins over an entry point of the same name. Loading a strategy im
 (no torch: the capture itself is graphs.py).
 
 Public: `STRATEGIES`, `DEFAULT`, `ENTRY_POINT_GROUP`, `available`, `get`; and strategy.py's
-`CaptureStrategy`, `Run`, `StepTemplate`, `templates_of`, `capturable`, `checked_runs`.
+`CaptureStrategy`, `Run`, `StepTemplate`, `templates_of`, `off_plan_templates`, `capturable`, `checked_runs`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from duplexcadence.interpreter.runtime.capture.strategy import (
     StepTemplate,
     capturable,
     checked_runs,
+    off_plan_templates,
     templates_of,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     "capturable",
     "checked_runs",
     "get",
+    "off_plan_templates",
     "templates_of",
 ]
 

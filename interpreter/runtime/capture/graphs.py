@@ -7,16 +7,19 @@ outside the arena, every other host synchronisation; a stage with any is blocked
 diagnostic per obstacle, and runs eagerly); then each planned instant's graph runs are captured, each as
 one CUDA graph, in the lane's graph pool and on the lane's stream.
 
-Public: `capture_slot`, `probe_stage`, `host_counters_seen`, `collector_paused`, `sync_debug`.
+Public: `capture_slot`, `probe_stage`, `host_counters_seen`, `collector_paused`, `workspaces_in_pool`,
+`pool_reserved_bytes`, `sync_debug`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import time
 import warnings
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Collection, Generator
+from typing import Any
 
 import attrs
 import torch
@@ -40,7 +43,9 @@ from duplexcadence.interpreter.runtime.session import Session, call_in_session
 
 def capture_slot(session: Session, strategy: CaptureStrategy) -> None:
     """Capture the graphs of `session`'s slot into `session.graphs`, and each planned instant's runs into
-    `session.runs` (by template index); the session is reset afterwards.
+    `session.runs` (by template index); then the graph runs of every off-plan instant the runtime's declared
+    steps lead to (`plan.off_plan`), which a step finds by their firings' signatures (replay.matching_runs).
+    The session is reset afterwards.
 
     The warm-up runs on the caller's current stream and only the captures on the lane's stream, as
     `torch.cuda.graph` users do: eager work of a model on a side stream puts the process in a state
@@ -48,36 +53,118 @@ def capture_slot(session: Session, strategy: CaptureStrategy) -> None:
     about 180 us, 11 % of a Mimi frame on the H200; docs/benchmarks.md, "CUDA graph replay on the H200").
     """
     runtime = session.runtime
-    stream = lane_stream(
-        runtime.device, session.lane
-    )  # captures only: the lane's cuBLAS workspace is baked into its graphs
+    stream = lane_stream(runtime.device, session.lane)  # captures only (each with its workspaces in the pool)
+    trace = runtime.plan.trace
     for graph_plan in runtime.plan.capture.captured:
         firing = runtime.first_firing[graph_plan.signature]
         stage = runtime.program.stages[firing.stage]
         if stage.name in runtime.blocked:
             continue
-        for storage in session.storage.values():
-            storage.fill_zero()
         try:
-            obstacles = call_in_session(session, stage.rng, probe_stage, session, firing)
+            obstacles = _probe(session, firing, trace.states[firing.instant][0])
         except Exception as error:  # the stage raised: plan it eager, say where
             _block(session, stage, error, stacklevel=4)
         else:
             if obstacles:
                 _block_obstacles(session, stage, diagnostics_of(stage.name, obstacles, stage.span), stacklevel=4)
-        torch.cuda.synchronize(runtime.device)
+    _probe_off_plan(session)
     for index, template in enumerate(runtime.templates):
         session.runs[index] = _capture_template(
-            session, strategy, template, lambda key, firings: _capture_run(session, key, firings, stream)
+            session,
+            strategy,
+            template,
+            functools.partial(_capture_run, session, stream=stream, lengths=trace.states[index][0]),
+            runtime.blocked.keys,
+            functools.partial(_block, session, stacklevel=5),
+        )
+    for template, found in zip(runtime.off_plan_templates, runtime.plan.off_plan.instants):
+        _capture_template(
+            session,
+            strategy,
+            template,
+            functools.partial(_capture_run, session, stream=stream, lengths=found.lengths),
+            functools.partial(_blocked_off_plan, runtime, found.last),
+            functools.partial(_block_off_plan, session, last=found.last, stacklevel=5),
         )
     session.reset()
+    runtime.pool_bytes[session.lane] = pool_reserved_bytes(runtime.pools[session.lane])
 
 
-def probe_stage(session: Session, firing: Firing) -> list:
-    """Run the firing's body twice: a warm-up, then the probe that counts what a graph cannot hold
-    (obstacles.find_obstacles), which it returns."""
+def _probe(session: Session, firing: Firing, lengths: dict[str, int]) -> list:
+    """`probe_stage` on storage filled with zeros, drawing from the session's generator state."""
     runtime = session.runtime
-    lengths = runtime.plan.trace.states[firing.instant][0]
+    for storage in session.storage.values():
+        storage.fill_zero()
+    try:
+        stage = runtime.program.stages[firing.stage]
+        return call_in_session(session, stage.rng, probe_stage, session, firing, lengths)
+    finally:
+        torch.cuda.synchronize(runtime.device)
+
+
+def _probe_off_plan(session: Session) -> None:
+    """Probe each stage once more for each kind of off-plan firing its planned firings are not (the last
+    instant of a stream, which hooks see as `firing.last`), at its first off-plan graph: a stage whose probe
+    finds an obstacle, or that raises, runs eagerly at such instants only (`Runtime.off_plan_blocked`). Once
+    for the runtime's slots (`Runtime.off_plan_probed`)."""
+    runtime = session.runtime
+    planned = (runtime.first_firing[g.signature] for g in runtime.plan.capture.captured)
+    probed = runtime.off_plan_probed | {(firing.stage, firing.last) for firing in planned}
+    for found in runtime.plan.off_plan.instants:
+        for firing in found.firings:
+            kind = (firing.stage, firing.last)
+            if (
+                kind in probed
+                or firing.stage in runtime.blocked
+                or firing.signature not in runtime.plan.off_plan.graphs
+            ):
+                continue
+            probed.add(kind)
+            runtime.off_plan_probed.add(kind)
+            stage = runtime.program.stages[firing.stage]
+            try:
+                obstacles = _probe(session, firing, found.lengths)
+            except Exception as error:
+                _block_off_plan(session, stage, error, firing.last, stacklevel=5)
+                continue
+            if obstacles:
+                diagnostics = diagnostics_of(stage.name, obstacles, stage.span)
+                runtime.off_plan_blocked.setdefault(firing.last, {})[stage.name] = diagnostics[0]
+                listed = "; ".join(d.message.split(": ", 1)[1] for d in diagnostics)
+                warnings.warn(
+                    f"stage '{stage.name}' cannot be captured at {_off_plan_kind(firing.last)}: {listed}; "
+                    "it runs eagerly there",
+                    CaptureWarning,
+                    stacklevel=4,
+                )
+
+
+def _blocked_off_plan(runtime, last: bool) -> Collection[str]:
+    """The stages that run eagerly at off-plan instants of this kind (`last` or not)."""
+    return runtime.blocked.keys() | runtime.off_plan_blocked.get(last, {}).keys()
+
+
+def _off_plan_kind(last: bool) -> str:
+    return "the last instant of a stream" if last else "instants off the plan"
+
+
+def _block_off_plan(session: Session, stage, error: BaseException, last: bool, stacklevel: int) -> None:
+    """Run `stage` eagerly at off-plan instants of this kind (`last` or not), with a `capture-blocked`
+    warning (`stacklevel`: to the caller of `Runtime.session`); its planned firings keep their graphs."""
+    diagnostic = messages.capture_blocked(stage.name, _first_line(error), stage.span)
+    session.runtime.off_plan_blocked.setdefault(last, {})[stage.name] = diagnostic
+    warnings.warn(
+        f"{diagnostic.message} at {_off_plan_kind(last)}; it runs eagerly there", CaptureWarning, stacklevel=stacklevel
+    )
+
+
+def probe_stage(session: Session, firing: Firing, lengths: dict[str, int] | None = None) -> list:
+    """Run the firing's body twice: a warm-up, then the probe that counts what a graph cannot hold
+    (obstacles.find_obstacles), which it returns. `lengths`: the regions' lengths at the start of the
+    firing's instant (default: its planned instant's)."""
+    runtime = session.runtime
+    if lengths is None:
+        lengths = runtime.plan.trace.states[firing.instant][0]
     session.body.bound_lengths = dict(lengths)
     session.body.run(firing)  # warm-up: lazy buffers, cuBLAS handles, torch.compile'd kernels
     session.body.bound_lengths = dict(lengths)
@@ -126,17 +213,19 @@ def _capture_template(
     strategy: CaptureStrategy,
     template: StepTemplate,
     capture: Callable[[tuple, tuple[Firing, ...]], BaseException | None],
+    blocked: Callable[[], Collection[str]],
+    block: Callable[[Any, BaseException], None],
 ) -> tuple[Run, ...]:
     """The instant's runs, each graph run captured by `capture` (None on success, else the error).
 
-    A graph run whose capture fails is split: its firings are captured one by one, the first that
-    fails alone has its stage blocked (eager, with a `capture-blocked` warning), and the instant is
-    planned again with that stage blocked, so every graph run it returns was captured. When every
-    firing captures alone and only the whole run fails, the run's first stage is blocked: each retry
-    blocks one more stage, so this ends."""
+    `blocked()`: the stages that run eagerly at this instant; `block(stage, error)` adds one. A graph run
+    whose capture fails is split: its firings are captured one by one, the first that fails alone has its
+    stage blocked (eager, with a `capture-blocked` warning), and the instant is planned again with that
+    stage blocked, so every graph run it returns was captured. When every firing captures alone and only
+    the whole run fails, the run's first stage is blocked: each retry blocks one more stage, so this ends."""
     runtime = session.runtime
     while True:
-        runs = checked_runs(strategy, template, runtime.blocked)
+        runs = checked_runs(strategy, template, blocked())
         for run in runs:
             if run.key is None or run.key in session.graphs:  # an eager run, or a graph captured already
                 continue
@@ -151,14 +240,17 @@ def _capture_template(
                     if alone_error is not None:
                         culprit, cause = firing, alone_error
                         break
-            _block(session, runtime.program.stages[culprit.stage], cause, stacklevel=5)
+            block(runtime.program.stages[culprit.stage], cause)
             break
         else:
             return runs
 
 
-def _capture_run(session: Session, key: tuple, firings: tuple[Firing, ...], stream) -> BaseException | None:
-    """Capture one graph run as graph `key`; the error if the capture failed (nothing is kept)."""
+def _capture_run(
+    session: Session, key: tuple, firings: tuple[Firing, ...], stream, lengths: dict[str, int]
+) -> BaseException | None:
+    """Capture one graph run as graph `key`, its instant starting at the regions' `lengths`; the error if the
+    capture failed (nothing is kept)."""
     runtime = session.runtime
     stages = [runtime.program.stages[f.stage] for f in firings]
     for storage in session.storage.values():
@@ -169,8 +261,12 @@ def _capture_run(session: Session, key: tuple, firings: tuple[Firing, ...], stre
     module_outputs: dict[str, torch.Tensor] = {}
 
     def record() -> None:
-        session.body.bound_lengths = dict(runtime.plan.trace.states[firings[0].instant][0])
-        with collector_paused(), torch.cuda.graph(graph, pool=runtime.pools[session.lane], stream=stream):
+        session.body.bound_lengths = dict(lengths)
+        with (
+            collector_paused(),
+            workspaces_in_pool(),
+            torch.cuda.graph(graph, pool=runtime.pools[session.lane], stream=stream),
+        ):
             for firing in firings:
                 module_outputs.update(session.body.run(firing))
 
@@ -220,6 +316,41 @@ def collector_paused() -> Generator[None, None, None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def pool_reserved_bytes(pool) -> int:
+    """The bytes the caching allocator holds for graph memory pool `pool` (its segments, in use or not)."""
+    return sum(
+        segment["total_size"]
+        for segment in torch.cuda.memory_snapshot()
+        if tuple(segment.get("segment_pool_id", ())) == tuple(pool)
+    )
+
+
+@contextlib.contextmanager
+def workspaces_in_pool() -> Generator[None, None, None]:
+    """PyTorch's cuBLAS and cuBLASLt workspaces dropped before the block (a capture) and after it, as
+    torch's cudagraph trees do around theirs.
+
+    PyTorch keeps a workspace per (cuBLAS handle, stream) for the life of the process (32 MiB on Hopper),
+    and a graph bakes in the address of the one its capture used. Dropped before, the capture allocates its
+    own inside the graph's memory pool: no graph of this runtime uses a workspace that lives anywhere else,
+    which the allocator could give to another tensor once its owner frees it (PyTorch frees a stream's
+    workspaces when a graph captured on that stream is destroyed: a graph of another runtime on a shared
+    stream would then replay into freed memory). Dropped after, no workspace from the pool outlives the
+    capture: it is free in the pool, where the pool's later captures (one lane's graphs, which replay one
+    after another) use it again, and the process holds no second workspace beside the eager one. Dropping
+    frees the other streams' workspaces too: a graph captured elsewhere in the process (by other code) whose
+    workspace lives outside its own pool must not rely on it; PyTorch's own eager calls allocate theirs
+    again when next needed."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    try:
+        yield
+    finally:
+        if clear is not None:
+            clear()
 
 
 @contextlib.contextmanager

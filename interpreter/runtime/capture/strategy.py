@@ -9,7 +9,8 @@ the template and the blocked stages, so they can be asserted without a GPU.
 
 No torch here: a strategy plans runs from the plan alone.
 
-Public: `Run`, `StepTemplate`, `templates_of`, `CaptureStrategy`, `capturable`, `checked_runs`.
+Public: `Run`, `StepTemplate`, `templates_of`, `off_plan_templates`, `CaptureStrategy`, `capturable`,
+`checked_runs`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ class StepTemplate:
     keys: tuple[int | None, ...]
     inputs: dict[str, tuple[int, ...]] = attrs.field(hash=False)
 
+    @property
+    def key(self) -> tuple:
+        """The firings' signatures: the instant's identity."""
+        return tuple(f.signature for f in self.firings)
+
     @classmethod
     def of(cls, firings: list[Firing], graph_key: dict) -> StepTemplate:
         # a feed's shape is always known: an input region has a time axis, and a feed a length
@@ -65,6 +71,13 @@ def templates_of(plan: Plan) -> tuple[StepTemplate, ...]:
     """Every planned instant of `plan` (the warm-up, then one steady period) as a template."""
     graph_key = {g.signature: g.key for g in plan.capture.graphs if g.captured}
     return tuple(StepTemplate.of(firings, graph_key) for firings in plan.trace.by_instant())
+
+
+def off_plan_templates(plan: Plan) -> tuple[StepTemplate, ...]:
+    """Every off-plan instant the declared steps lead to (`plan.off_plan.instants`, in that order) as a
+    template: a firing is keyed by its planned graph (None over the `max_graphs` budget) or its off-plan one."""
+    graph_key = {g.signature: g.key for g in plan.capture.graphs if g.captured} | plan.off_plan.graphs
+    return tuple(StepTemplate.of(list(found.firings), graph_key) for found in plan.off_plan.instants)
 
 
 def capturable(template: StepTemplate, blocked: Collection[str]) -> tuple[bool, ...]:

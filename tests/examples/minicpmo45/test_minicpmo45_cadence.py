@@ -79,11 +79,22 @@ class Recording:
         self._record()
 
 
+def script_boundaries():
+    """The steps off the plan the token script takes: forced flushes of 10 tokens (mid-turn and at a turn's
+    start) and turn ends with 0, 5 and 24 new tokens."""
+    from duplexcadence.examples.minicpmo45.cadence import turn_boundaries
+    from duplexcadence.interpreter.plans.off_plan import OffPlanStep
+
+    return (OffPlanStep.of({"tokens": [10]}), *turn_boundaries(end_tokens=(0, 5, 24)))
+
+
 @pytest.fixture(scope="module")
 def bound(build_reduced_tail, spec):
     from duplexcadence.examples.minicpmo45.cadence import load_runtime
 
-    return load_runtime(build_reduced_tail(), spec.prompt_frames, spec.n_timesteps, sessions=2)
+    return load_runtime(
+        build_reduced_tail(), spec.prompt_frames, spec.n_timesteps, sessions=2, off_plan=script_boundaries()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +184,38 @@ def test_planned_chunks_follow_the_plan_and_flush_and_last_run_off_plan(runtime_
     assert counters.eager_planned == 3 * regular
     assert counters.eager_off_plan == 3 * off_plan
     assert runtime_run.report.graphs_planned == 7
+    # every off-plan chunk is an instant the declared steps lead to: on a GPU each replays its graph run
+    assert counters.undeclared_steps == 0 and runtime_run.report.undeclared_steps == 0
+    assert runtime_run.report.off_plan_instants == len(script_boundaries_plan(spec).off_plan.instants) == 42
+
+
+def script_boundaries_plan(spec, steps=None):
+    from duplexcadence.dsl.frontend import load_program
+    from duplexcadence.interpreter.plans.plan import make_plan
+
+    program = load_program(CLOCK, {"P": str(spec.prompt_frames), "steps": str(spec.n_timesteps), "layers": "2"})
+    return make_plan(program, off_plan=script_boundaries() if steps is None else steps)
+
+
+def test_minicpm_os_default_turn_boundaries_are_the_turn_ends_after_whole_chunks(spec):
+    """What `load_runtime` declares unless told: the end of a turn whose TTS units brought 25 tokens each (the
+    3 lookahead tokens only), after the first, second or a steady chunk; the script's other off-plan chunks
+    (two 10-token flushes, turn ends with 5 and 24 new tokens) are not among them."""
+    from duplexcadence.examples.minicpmo45.cadence import turn_boundaries
+
+    assert [step.text() for step in turn_boundaries()] == ["finish tokens=0 at any"]
+    assert [step.text() for step in turn_boundaries(range(5, 25), (0, 3))] == [
+        "step tokens=5-24 at start",
+        "finish tokens=0 tokens=3 at any",
+    ]
+    off = script_boundaries_plan(spec, turn_boundaries()).off_plan
+    assert [(i.instant, i.last) for i in off.instants] == [(0, True), (1, True), (2, True)]
+    with pytest.raises(
+        ValueError, match=r"a forced flush streams 5 to 24 new tokens short of the planned 25, not \[4\]"
+    ):
+        turn_boundaries([4])
+    with pytest.raises(ValueError, match=r"the end of a turn streams 0 to 24 new tokens, not \[25\]"):
+        turn_boundaries(end_tokens=[25])
 
 
 def test_sessions_served_in_turn_each_equal_their_solo_stock_run(bound, tail, prompt, reference, spec):

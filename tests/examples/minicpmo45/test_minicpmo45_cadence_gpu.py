@@ -4,9 +4,9 @@ P = 150 prompt frames; float32 with n_timesteps 10 and 5, float16 with 10 and 5.
 tail, the runtime on another built with the same seed. Bit-identity needs deterministic cuDNN
 (HiFT's convolutions). Planned chunks replay one graph
 per instant that fuses ``flow`` (first, second, steady), ``hift_front`` (first, steady) and ``hift_back``
-(first, steady: its inverse STFT has no host read-back, so nothing is blocked from capture). Forced
-flushes and last chunks run eagerly off the plan; regular chunks after a flush replay the graphs
-again once their shapes are the planned ones.
+(first, steady: its inverse STFT has no host read-back, so nothing is blocked from capture). The turn
+boundaries `load_runtime` declares (the end of a turn after whole chunks) replay graphs captured with the
+planned ones; forced flushes and other last chunks run eagerly unless declared too, and then replay theirs.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ pytestmark = [
 
 PROMPT_FRAMES = 150
 REGULAR, OFF_PLAN = 13, 5  # chunks of the script below: planned shapes (28 tokens) and off the plan (flush, last)
+TURN_ENDS = 2  # of the off-plan chunks, the ends of a turn after whole chunks (3 tokens: the default declaration)
 SAMPLES = (
     [20_160]
     + [24_000] * 5
@@ -105,11 +106,13 @@ def test_graphs_replay_every_planned_chunk_bit_identical_to_stock(float16, n_tim
         warnings.simplefilter("error", CaptureWarning)  # every stage captures
         driver = bound.session(prompt, seed=3)
     runtime = bound.runtime
-    assert not runtime.blocked
+    assert not runtime.blocked and not runtime.off_plan_blocked
     report = runtime.report()
     # stage graphs: flow x 3 (first, second, steady), hift_front x 2 and hift_back x 2 (first, steady);
-    # each planned instant fuses its three stages into one graph (3 instant graphs)
-    assert report.graphs_planned == 7 and report.stage_graphs_covered == 7 and report.graphs_captured == 3
+    # each planned instant fuses its three stages into one graph (3 instant graphs), and so does each
+    # declared turn end (after the first, second or a steady chunk: 3 more)
+    assert report.graphs_planned == 7 and report.stage_graphs_covered == 7
+    assert report.off_plan_instants == report.off_plan_graphs == 3 and report.graphs_captured == 6
     addresses = driver.session.data_ptrs()
 
     chunks = _script(driver, tokens)
@@ -117,10 +120,40 @@ def test_graphs_replay_every_planned_chunk_bit_identical_to_stock(float16, n_tim
     for index, (mine, theirs) in enumerate(zip(chunks, reference, strict=True)):
         assert torch.equal(mine, theirs), f"chunk {index}"
     counters = driver.session.counters
-    assert counters.replays == 3 * REGULAR  # the three stages of every planned shape, after a flush too
+    # the three stages of every planned shape, after a flush too, and of the declared turn ends
+    assert counters.replays == 3 * (REGULAR + TURN_ENDS) and counters.replays_off_plan == 3 * TURN_ENDS
     assert counters.eager_planned == 0
-    assert counters.eager_off_plan == 3 * OFF_PLAN
+    assert counters.eager_off_plan == 3 * (OFF_PLAN - TURN_ENDS) and counters.undeclared_steps == OFF_PLAN - TURN_ENDS
     assert driver.session.data_ptrs() == addresses
+
+
+def test_declared_flushes_and_turn_ends_replay_graphs_and_nothing_runs_eagerly():
+    """The script's every off-plan chunk declared (a 13-token flush anywhere, turn ends with 0 and 24 new
+    tokens: 33 instants): each replays a graph captured ahead of time, bit-identical to stock (fp32, n = 5)."""
+    from duplexcadence.examples.minicpmo45.cadence import load_runtime, turn_boundaries
+    from duplexcadence.examples.minicpmo45.model import RELEASED, build_tail, random_prompt
+    from duplexcadence.interpreter.plans.off_plan import OffPlanStep
+    from duplexcadence.interpreter.runtime.errors import CaptureWarning
+
+    prompt = random_prompt(PROMPT_FRAMES, seed=4321, device="cuda")
+    tokens = _tokens()
+    reference = _stock_chunks(False, 5, prompt, 3, tokens)
+    declared = (OffPlanStep.of({"tokens": [10]}), *turn_boundaries(end_tokens=(0, 24)))
+    tail = build_tail(RELEASED, seed=1234, device="cuda")
+    bound = load_runtime(tail, PROMPT_FRAMES, 5, off_plan=declared)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureWarning)  # every stage captures, at the last instant too
+        driver = bound.session(prompt, seed=3)
+    report = bound.runtime.report()
+    assert report.off_plan_instants == 33 and report.off_plan_graphs == 33
+
+    chunks = _script(driver, tokens)
+    for index, (mine, theirs) in enumerate(zip(chunks, reference, strict=True)):
+        assert torch.equal(mine, theirs), f"chunk {index}"
+    counters = driver.session.counters
+    assert counters.eager_planned == counters.eager_off_plan == counters.undeclared_steps == 0
+    assert counters.replays == 3 * (REGULAR + OFF_PLAN) and counters.replays_off_plan == 3 * OFF_PLAN
+    assert counters.short_path_steps == REGULAR  # back on the plan after each flush: the short path again
 
 
 def test_sessions_served_in_turn_each_equal_their_solo_stock_run():

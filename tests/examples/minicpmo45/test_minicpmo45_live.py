@@ -329,3 +329,28 @@ def test_released_conversation_on_gpu(tmp_path, capsys):
     assert memory["peak_allocated_bytes"] >= payload["config"]["parameter_bytes"]
     assert memory["resident_bytes"]["duplexcadence_tail"] < memory["resident_bytes"]["stock_tail"]
     assert "bit-identical: all 5 chunks of audio torch.equal" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@pytest.mark.models
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_scripted_conversation_fires_nothing_eagerly_after_warm_up():
+    """Two conversations of the default 64-unit script (five speaking turns each), reduced sizes, the LLM
+    and TTS graphed: after the warm-up the DuplexCadence tail replays a captured graph for every chunk, each
+    turn's end included (the turn boundaries `load_runtime` declares), and every chunk of audio is
+    `torch.equal` to the stock tail's."""
+    if importlib.util.find_spec("stepaudio2") is None:
+        pytest.skip("needs stepaudio2-minicpmo")
+    from duplexcadence.interpreter.runtime.verify import deterministic_cudnn
+
+    with deterministic_cudnn():
+        duplex = live.LiveDuplex(live_config.REDUCED, device="cuda", n_timesteps=2, conversations=2, ar="graphed")
+        duplex.warmup()
+        run = duplex.run(duplex.scripts(live.DEFAULT_PATTERN))
+    speaking = [record for record in run.records if record.speaking]
+    # each TTS unit brought a whole chunk (25 tokens): a turn's first chunk is the planned one and its end streams
+    # the 3 lookahead tokens, which is what load_runtime declares by default (cadence.turn_boundaries)
+    assert all(len(record.speech) == 25 for record in speaking), "declare the other turn boundaries"
+    chunks = sum(len(record.samples) for record in speaking)
+    assert chunks == 2 * (36 + 5) and run.mismatches() == [] and all(record.equal for record in speaking)
+    assert run.runtime_counters == {"replays": 3 * chunks, "eager_planned": 0, "eager_off_plan": 0}

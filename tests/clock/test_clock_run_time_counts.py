@@ -1,0 +1,65 @@
+"""The checked records of the duplex unit's constructs: a bounded clock's bound and the clock it counts per,
+a slide's marks, a run-time advance, a stage's rows, durations counted at a bounded clock's most units a
+second, and `dsl fmt`'s canonical text of each."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from duplexcadence.dsl import printer
+from duplexcadence.dsl.frontend import load_program
+from duplexcadence.dsl.parse import parse_module
+from duplexcadence.dsl.source import SourceFile
+
+TEXT = """cadence 1 s
+clock unit = 2 Hz
+clock token = up to 8 per unit
+clock position = up to 18 per unit
+region audio : f32[1, time] on unit input
+region kv : bf16[2, time] on position retain first 16 + slide 512 to 384 start given 16
+region cache : bf16[2, time] on position retain all horizon 2 s
+region text : i64[1, time] on token output
+stage listen on unit {
+    hook listen
+    rows 4
+    read audio
+    update kv +10
+    update cache +10
+}
+stage decode on token {
+    hook decode
+    update kv +1
+    update cache up to 1
+    write text +1
+}
+"""
+
+
+def test_the_records_say_what_is_counted_at_run_time(tmp_path):
+    path = tmp_path / "unit.clock"
+    path.write_text(TEXT)
+    program = load_program(path)
+    token = program.clocks["token"]
+    assert (token.rate, token.bound, token.per, token.unit_rate) == (Fraction(2), 8, "unit", Fraction(16))
+    kv = program.regions["kv"].retention
+    assert (kv.kind, kv.first, kv.last, kv.low, kv.describe()) == ("slide", 16, 512, 384, "first 16 + slide 512 to 384")
+    assert program.regions["cache"].retention.horizon == 2 * 36  # 2 s at up to 18 units at each of 2 ticks a second
+    assert [a.up_to for a in program.stages["decode"].accesses] == [False, True, False]
+    assert (program.stages["listen"].rows, program.stages["decode"].rows) == (4, None)
+    assert program.burst("decode") == 8 and program.burst("listen") is None
+    assert [name for name in program.regions if program.run_time_length(name)] == ["kv", "cache", "text"]
+    assert program.run_time_capacity("kv") == 512 + 2 * 18  # a cadence brings two units of the clock
+    assert program.run_time_capacity("text") == 8  # scratch: one instant's units
+
+
+def test_fmt_prints_each_construct_canonically():
+    module = parse_module(SourceFile("unit.clock", TEXT))
+    text = printer.module(module)
+    for line in (
+        "clock token = up to 8 per unit",
+        "region kv : bf16[2, time] on position retain first 16 + slide 512 to 384 start given 16",
+        "    rows 4",
+        "    update cache up to 1",
+    ):
+        assert line in text.splitlines()
+    assert parse_module(SourceFile("unit.clock", text)) == module

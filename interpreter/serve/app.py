@@ -46,6 +46,7 @@ CLOSE_CODES = {
     messages.CLIENT_CLOSED: messages.CLOSE_NORMAL,
     messages.IDLE_TIMEOUT: messages.CLOSE_IDLE,
     messages.UNREAD_ANSWERS: messages.CLOSE_UNREAD_ANSWERS,
+    messages.TOO_SLOW: messages.CLOSE_TOO_SLOW,
     messages.SHUTTING_DOWN: messages.CLOSE_GOING_AWAY,
     messages.INTERNAL: messages.CLOSE_INTERNAL,
 }
@@ -330,8 +331,7 @@ class SocketSession:
             if entry is None:
                 return
             try:
-                frame = await self._answer(entry)
-                if frame is not None:
+                for frame in await self._answer(entry):
                     await asyncio.wait_for(self._write(frame), self.limits.answer_timeout_s)
             except TimeoutError:
                 self.unread = True
@@ -346,24 +346,29 @@ class SocketSession:
                 self._drain_quietly()
                 return
 
-    async def _answer(self, entry: tuple) -> dict | bytes | None:
-        """The frame that answers `entry` once it is done (None: nothing to send)."""
+    async def _answer(self, entry: tuple) -> list[dict | bytes]:
+        """The frames that answer `entry` once it is done: one, or none; a bundle's tick that failed for some
+        members only, its error frame (`"outputs": true`) and then the others' outputs."""
         kind = entry[0]
         if kind == "error":
-            return entry[1]
+            return [entry[1]]
         if kind == "closing":
             await entry[1]
-            return None
+            return []
         try:
             outputs = await entry[1]
         except TickError as error:
             if kind == "tick" and error.code in (messages.CLIENT_CLOSED, messages.DISCONNECTED):
-                return None
+                return []
             members = error.members if isinstance(error, BundleTickError) else None
-            return error_frame(error.code, error.message, entry[2] if kind == "tick" else None, members)
+            frame = error_frame(error.code, error.message, entry[2] if kind == "tick" else None, members)
+            partial = error.outputs if isinstance(error, BundleTickError) else None
+            if partial is None:
+                return [frame]
+            return [{**frame, "outputs": True}, codec.encode(partial)]
         if kind == "reset":
-            return {"type": "reset"}
-        return codec.encode(outputs)
+            return [{"type": "reset"}]
+        return [codec.encode(outputs)]
 
     async def _write(self, frame: dict | bytes) -> None:
         if isinstance(frame, bytes):

@@ -152,6 +152,7 @@ async def drive_session(
     latencies: list[float] = []
     errors: list[tuple[str, list[int] | None]] = []  # a code, and the bundle's members it is for (None: all)
     outputs: list[dict[str, torch.Tensor]] = []
+    failed_members: list[set[int]] = []  # per recorded answer: the bundle's members it has no rows of
     blocked = 0
     began = time.perf_counter()
     slots = asyncio.Semaphore(window)
@@ -171,13 +172,15 @@ async def drive_session(
                 errors.append((error.code, error.members))
                 sent_at.popleft()
                 slots.release()
-                if record:
-                    outputs.append({})
+                if record:  # a bundle's members that stepped the tick have their rows (the failed ones none)
+                    outputs.append(error.outputs or {})
+                    failed_members.append(set(error.members or ()))
                 continue
             latencies.append(time.perf_counter() - sent_at.popleft())
             slots.release()
             if record:
                 outputs.append(answer)
+                failed_members.append(set())
 
     def tick_inputs(tick: int) -> dict[str, torch.Tensor]:
         if not bundled:
@@ -221,7 +224,7 @@ async def drive_session(
             tuple(latencies),
             blocked if index == 0 else 0,  # a bundle's blocked sends are counted once, on its first member
             None,
-            member_outputs(outputs, index, bundled) if index < record else (),
+            member_outputs(outputs, failed_members, index, bundled) if index < record else (),
             client.replica,
             member.get("group"),
             member.get("row"),
@@ -230,11 +233,17 @@ async def drive_session(
     ]
 
 
-def member_outputs(outputs: list[dict[str, torch.Tensor]], index: int, bundled: bool) -> tuple[dict, ...]:
-    """A session's recorded outputs (an error's: {}); a bundle's answers stack its members' on the leading axis."""
+def member_outputs(
+    outputs: list[dict[str, torch.Tensor]], failed: list[set[int]], index: int, bundled: bool
+) -> tuple[dict, ...]:
+    """A session's recorded outputs (an error's: {}); a bundle's answers stack its members' on the leading axis,
+    and an answer that failed for some members (`failed`, per answer) has none of theirs."""
     if not bundled:
         return tuple(outputs)
-    return tuple({name: tensor[index] for name, tensor in answer.items()} for answer in outputs)
+    return tuple(
+        {} if index in missing else {name: tensor[index] for name, tensor in answer.items()}
+        for answer, missing in zip(outputs, failed, strict=True)
+    )
 
 
 async def run_load(

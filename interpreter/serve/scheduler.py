@@ -494,6 +494,11 @@ class Scheduler:
         if self._wakeup is not None:
             self._wakeup.set()
 
+    def wake_at(self, moment: float) -> None:
+        """Scan the clients again at `moment` (perf_counter seconds) if nothing wakes the scheduler before:
+        from `choose`, for work that becomes ready by the clock alone."""
+        self.held_until = moment if self.held_until is None else min(self.held_until, moment)
+
     async def _schedule(self) -> None:
         assert self._wakeup is not None and self.runner is not None
         while True:

@@ -35,9 +35,10 @@ import torch
 from duplexcadence.interpreter.serve import codec, messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, TickModel
 from duplexcadence.interpreter.serve.bundle import Bundle
-from duplexcadence.interpreter.serve.deadlines import DeadlineReport, SessionStats, quantile
+from duplexcadence.interpreter.serve.deadlines import DeadlineReport, SessionStats
 from duplexcadence.interpreter.serve.metrics import PoolMetrics
 from duplexcadence.interpreter.serve.modes import MODES, TensorSpec
+from duplexcadence.interpreter.serve.numerics import Numerics
 from duplexcadence.interpreter.serve.rounds import InputCheck, TailRounds, calibrate
 from duplexcadence.interpreter.serve.scheduler import (
     CLOSE,
@@ -67,7 +68,6 @@ __all__ = [
     "SessionClosed",
     "SessionPool",
     "SessionStats",
-    "quantile",
 ]
 
 
@@ -560,6 +560,7 @@ class SessionPool(Scheduler):
             "queue_depth": self.config.queue_depth,
             "idle_timeout_s": self.config.idle_timeout_s,
             "max_frame_bytes": self.max_frame_bytes(),
+            "numerics": Numerics.current(served.device).to_json(),
         }
 
     async def health(self) -> tuple[int, dict]:

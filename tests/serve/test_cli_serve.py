@@ -126,7 +126,7 @@ class Serving:
 
 
 def test_dsl_serve_a_registered_tail_and_dsl_loadgen_verify_against_it(dsl):
-    with Serving(serve_args("toy", "--slots", "2", "--lanes", "2")) as url:
+    with Serving(serve_args("toy", "--slots", "2", "--lanes", "2", "--tick-model", "1+1")) as url:
         code, out, err = dsl("loadgen", url, "--sessions", "2", "--ticks", "5", "--no-pace", "--verify")
     assert (code, err) == (0, "")
     lines = out.splitlines()
@@ -137,7 +137,7 @@ def test_dsl_serve_a_registered_tail_and_dsl_loadgen_verify_against_it(dsl):
 
 
 def test_dsl_loadgen_drives_bundles_and_verifies_every_member(dsl):
-    with Serving(serve_args("toy", "--slots", "3", "--lanes", "2")) as url:
+    with Serving(serve_args("toy", "--slots", "3", "--lanes", "2", "--tick-model", "1+1")) as url:
         code, out, err = dsl(
             "loadgen", url, "--sessions", "3", "--ticks", "4", "--no-pace", "--verify", "--bundle", "2"
         )

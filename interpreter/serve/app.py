@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -186,6 +187,10 @@ class FrontLimits:
     answers_waiting: int = 32
     answer_timeout_s: float = 5.0
     control_bytes: int = 4096
+    frames_per_tick: float = 2.0
+    """With a pool that paces its sessions (`pace` ticks a period), a websocket's frames are read at most
+    `frames_per_tick` x `pace` a tick period on average, after a burst of `answers_waiting`: a client that
+    floods frames (valid or not) is held back by TCP instead of costing the event loop a decode each."""
 
 
 class SocketSession:
@@ -206,6 +211,8 @@ class SocketSession:
         self.frames = 0
         self.frame_limit = 0
         self.unread = False
+        self.read_interval_s = 0.0
+        self.read_due = 0.0
 
     async def run(self) -> None:
         websocket = self.websocket
@@ -233,6 +240,9 @@ class SocketSession:
             return
         self.session = session
         self.frame_limit = self.pool.max_frame_bytes(count)
+        fields = self.pool.ready_fields()
+        if fields.get("pace"):
+            self.read_interval_s = fields["tick_period_s"] / (fields["pace"] * self.limits.frames_per_tick)
         try:
             await websocket.send_json(ready_frame(self.pool, session))
         except (WebSocketDisconnect, RuntimeError, OSError):
@@ -260,6 +270,7 @@ class SocketSession:
         session = self.session
         assert session is not None
         while True:
+            await self._read_at_pace()
             try:
                 message = await self.websocket.receive()
             except (WebSocketDisconnect, RuntimeError, OSError):
@@ -281,6 +292,17 @@ class SocketSession:
             await self.answers.put(entry)  # while `answers_waiting` answers wait, the socket is not read
             if entry[0] == "closing":
                 return
+
+    async def _read_at_pace(self) -> None:
+        """Wait, if the client is ahead of its frame pace (a generic cell-rate rule), before the next read."""
+        if not self.read_interval_s:
+            return
+        now = time.monotonic()
+        early = self.read_due - (self.limits.answers_waiting - 1) * self.read_interval_s - now
+        if early > 0:
+            await asyncio.sleep(early)
+            now += early
+        self.read_due = max(self.read_due, now) + self.read_interval_s
 
     def _tick(self, data: bytes) -> tuple:
         session = self.session

@@ -560,6 +560,7 @@ class SessionPool(Scheduler):
             "queue_depth": self.config.queue_depth,
             "idle_timeout_s": self.config.idle_timeout_s,
             "max_frame_bytes": self.max_frame_bytes(),
+            "pace": self.config.pace,
             "numerics": Numerics.current(served.device).to_json(),
         }
 

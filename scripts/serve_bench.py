@@ -71,6 +71,7 @@ import torch
 from duplexcadence.interpreter import tails
 from duplexcadence.interpreter.serve.admission import AdmissionRule
 from duplexcadence.interpreter.serve.app import make_app
+from duplexcadence.interpreter.serve.deadlines import quantile
 from duplexcadence.interpreter.serve.loadgen import (
     SessionLoad,
     compare_groups_with_stock,
@@ -78,7 +79,7 @@ from duplexcadence.interpreter.serve.loadgen import (
     run_load,
 )
 from duplexcadence.interpreter.serve.modes import unit_count
-from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool, quantile
+from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
 from duplexcadence.interpreter.serve.server import ServerThread
 from duplexcadence.interpreter.serve.tail import served_tail
 

@@ -41,8 +41,9 @@ import torch
 
 from duplexcadence.interpreter.serve.admission import TickModel
 from duplexcadence.interpreter.serve.app import make_app
+from duplexcadence.interpreter.serve.deadlines import quantile
 from duplexcadence.interpreter.serve.loadgen import run_load
-from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool, quantile
+from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
 from duplexcadence.interpreter.serve.server import ServerThread
 from duplexcadence.interpreter.serve.tail import LoadedTail, ServedTail
 

@@ -107,4 +107,5 @@ def served(device: str = "cpu", seed: int | str = WEIGHTS_SEED) -> ServedTail:
         stock=stock,
         options={"seed": str(weights)},
         stock_group=stock_group,
+        input_bounds={"codes": (0, CARDINALITY - 1)},
     )

@@ -47,4 +47,12 @@ def served(device: str = "cpu", seed: int | str = 0) -> ServedTail:
     def stock(session_seed: int) -> ToyStock:
         return ToyStock(device)
 
-    return ServedTail("toy", load, device=device, inputs=codes, stock=stock, options={"seed": str(weights)})
+    return ServedTail(
+        "toy",
+        load,
+        device=device,
+        inputs=codes,
+        stock=stock,
+        options={"seed": str(weights)},
+        input_bounds={"codes": (0, VOCAB - 1)},
+    )

@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.verify:
         assert served is not None
-        report = loadgen.verify(served, report, lockstep)
+        report = loadgen.verify(served, report, lockstep, ready.get("numerics"))
     for line in report.lines():
         print(line)
     if args.json:

@@ -5,12 +5,16 @@
     pool = SessionPool(served_tail("moshi", device="cuda"), PoolConfig(slots=20, lanes=4, lockstep=32))
     app = make_app(pool)              # Starlette: /v1/session (websocket), /v1/capacity, /healthz, /metrics
 
-- the pool (`pool.py`): `SessionPool` (start, open, capacity, drain, drained, deadlines, stop, run_on_device),
-  `PooledSession` (submit, step, reset, close, abort, stats), `PoolConfig`;
+- the scheduler core (`scheduler.py`): `Scheduler` (rounds through a `RoundRunner` on one device thread,
+  admission, drain, shut_down, the idle reaper, metrics), `Client`, `Round`, `RoundOutcome`, `TickError`;
+- the pool (`pool.py`): `SessionPool`, the scheduler of a tail's sessions (start, open, open_bundle, capacity,
+  drain, drained, deadlines, stop, run_on_device), `PooledSession` (submit, step, reset, close, abort, stats),
+  `PoolConfig`; `Bundle` (`bundle.py`);
 - admission (`admission.py`): `TickModel`, `Capacity`, `AdmissionRefused`, `AdmissionRule`;
 - what is served (`tail.py`): `ServedTail`, `LoadedTail`, `served_tail`, `SeededStock`;
 - the protocol (`codec.py`, `messages.py`): `encode`, `decode`, `Frame`, `FrameError`, error and close codes;
-- the front (`app.py`, `server.py`): `make_app`, `ServerThread`; the client (`client.py`): `SessionClient`,
+- the front (`app.py`, `server.py`, `access.py`): `make_app`, `FrontLimits`, `AccessPolicy`, `ServerThread`,
+  `ConnectionLimits`; the client (`client.py`): `SessionClient`,
   `ServerError`, `Refused`; the load generator (`loadgen.py`): `run_load`, `verify`, `LoadReport`.
 
 Names are imported on first use (PEP 562): the pool needs torch and prometheus-client, the front Starlette
@@ -26,9 +30,15 @@ _EXPORTS = {
     "SessionPool": "pool",
     "PooledSession": "pool",
     "PoolConfig": "pool",
-    "SessionClosed": "pool",
-    "DeadlineReport": "pool",
-    "SessionStats": "pool",
+    "Bundle": "bundle",
+    "Scheduler": "scheduler",
+    "Client": "scheduler",
+    "Round": "scheduler",
+    "RoundOutcome": "scheduler",
+    "RoundRunner": "scheduler",
+    "SessionClosed": "scheduler",
+    "DeadlineReport": "deadlines",
+    "SessionStats": "deadlines",
     "TickError": "scheduler",
     "TensorSpec": "modes",
     "TickModel": "admission",
@@ -45,7 +55,10 @@ _EXPORTS = {
     "Frame": "codec",
     "FrameError": "codec",
     "make_app": "app",
+    "FrontLimits": "app",
+    "AccessPolicy": "access",
     "ServerThread": "server",
+    "ConnectionLimits": "server",
     "SessionClient": "client",
     "ServerError": "client",
     "Refused": "client",

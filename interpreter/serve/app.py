@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -46,6 +47,7 @@ CLOSE_CODES = {
     messages.CLIENT_CLOSED: messages.CLOSE_NORMAL,
     messages.IDLE_TIMEOUT: messages.CLOSE_IDLE,
     messages.UNREAD_ANSWERS: messages.CLOSE_UNREAD_ANSWERS,
+    messages.TOO_SLOW: messages.CLOSE_TOO_SLOW,
     messages.SHUTTING_DOWN: messages.CLOSE_GOING_AWAY,
     messages.INTERNAL: messages.CLOSE_INTERNAL,
 }
@@ -185,6 +187,10 @@ class FrontLimits:
     answers_waiting: int = 32
     answer_timeout_s: float = 5.0
     control_bytes: int = 4096
+    frames_per_tick: float = 2.0
+    """With a pool that paces its sessions (`pace` ticks a period), a websocket's frames are read at most
+    `frames_per_tick` x `pace` a tick period on average, after a burst of `answers_waiting`: a client that
+    floods frames (valid or not) is held back by TCP instead of costing the event loop a decode each."""
 
 
 class SocketSession:
@@ -205,6 +211,8 @@ class SocketSession:
         self.frames = 0
         self.frame_limit = 0
         self.unread = False
+        self.read_interval_s = 0.0
+        self.read_due = 0.0
 
     async def run(self) -> None:
         websocket = self.websocket
@@ -232,6 +240,9 @@ class SocketSession:
             return
         self.session = session
         self.frame_limit = self.pool.max_frame_bytes(count)
+        fields = self.pool.ready_fields()
+        if fields.get("pace"):
+            self.read_interval_s = fields["tick_period_s"] / (fields["pace"] * self.limits.frames_per_tick)
         try:
             await websocket.send_json(ready_frame(self.pool, session))
         except (WebSocketDisconnect, RuntimeError, OSError):
@@ -259,6 +270,7 @@ class SocketSession:
         session = self.session
         assert session is not None
         while True:
+            await self._read_at_pace()
             try:
                 message = await self.websocket.receive()
             except (WebSocketDisconnect, RuntimeError, OSError):
@@ -280,6 +292,17 @@ class SocketSession:
             await self.answers.put(entry)  # while `answers_waiting` answers wait, the socket is not read
             if entry[0] == "closing":
                 return
+
+    async def _read_at_pace(self) -> None:
+        """Wait, if the client is ahead of its frame pace (a generic cell-rate rule), before the next read."""
+        if not self.read_interval_s:
+            return
+        now = time.monotonic()
+        early = self.read_due - (self.limits.answers_waiting - 1) * self.read_interval_s - now
+        if early > 0:
+            await asyncio.sleep(early)
+            now += early
+        self.read_due = max(self.read_due, now) + self.read_interval_s
 
     def _tick(self, data: bytes) -> tuple:
         session = self.session
@@ -330,8 +353,7 @@ class SocketSession:
             if entry is None:
                 return
             try:
-                frame = await self._answer(entry)
-                if frame is not None:
+                for frame in await self._answer(entry):
                     await asyncio.wait_for(self._write(frame), self.limits.answer_timeout_s)
             except TimeoutError:
                 self.unread = True
@@ -346,24 +368,29 @@ class SocketSession:
                 self._drain_quietly()
                 return
 
-    async def _answer(self, entry: tuple) -> dict | bytes | None:
-        """The frame that answers `entry` once it is done (None: nothing to send)."""
+    async def _answer(self, entry: tuple) -> list[dict | bytes]:
+        """The frames that answer `entry` once it is done: one, or none; a bundle's tick that failed for some
+        members only, its error frame (`"outputs": true`) and then the others' outputs."""
         kind = entry[0]
         if kind == "error":
-            return entry[1]
+            return [entry[1]]
         if kind == "closing":
             await entry[1]
-            return None
+            return []
         try:
             outputs = await entry[1]
         except TickError as error:
             if kind == "tick" and error.code in (messages.CLIENT_CLOSED, messages.DISCONNECTED):
-                return None
+                return []
             members = error.members if isinstance(error, BundleTickError) else None
-            return error_frame(error.code, error.message, entry[2] if kind == "tick" else None, members)
+            frame = error_frame(error.code, error.message, entry[2] if kind == "tick" else None, members)
+            partial = error.outputs if isinstance(error, BundleTickError) else None
+            if partial is None:
+                return [frame]
+            return [{**frame, "outputs": True}, codec.encode(partial)]
         if kind == "reset":
-            return {"type": "reset"}
-        return codec.encode(outputs)
+            return [{"type": "reset"}]
+        return [codec.encode(outputs)]
 
     async def _write(self, frame: dict | bytes) -> None:
         if isinstance(frame, bytes):

@@ -20,11 +20,13 @@ from duplexcadence.interpreter.serve.scheduler import RESET, TICK, ClosingState,
 
 class BundleTickError(TickError):
     """A bundle's tick that did not run for some of its members: the first one's code and message; `members`:
-    the indexes of those members, in the bundle."""
+    the indexes of those members, in the bundle; `outputs`: the tick's stacked outputs when the others stepped
+    it (the failed members' rows zeros), else None."""
 
-    def __init__(self, code: str, message: str, members: list[int]):
+    def __init__(self, code: str, message: str, members: list[int], outputs: dict[str, torch.Tensor] | None = None):
         super().__init__(code, message)
         self.members = members
+        self.outputs = outputs
 
 
 class Bundle(ClosingState):
@@ -71,8 +73,9 @@ class Bundle(ClosingState):
             if tensor.dim() == 0 or tensor.shape[0] != count:
                 found = list(tensor.shape)
                 raise TickError(messages.WRONG_SHAPE, messages.bundle_shape(name, found, count))
-        # the members' inputs share dtypes and shapes: one member's check is every member's
+        # the members' inputs share dtypes and shapes: one member's check is every member's, but its values'
         self.pool.check_inputs({name: tensor[0] for name, tensor in inputs.items()}, last)
+        self.pool.check_values(inputs)
         depth = self.pool.config.queue_depth
         for member in self.members:
             member.check_open()
@@ -201,7 +204,7 @@ class Bundle(ClosingState):
     ) -> asyncio.Future:
         """A future done when every one of `futures` is (`owners[i]`: the members future i is for): the
         `outputs` of their results, or None; else a BundleTickError naming the members whose item failed (the
-        first one's code and message)."""
+        first one's code and message), with the `outputs` of the others (zeros in the failed members' rows)."""
         joined = self.pool.loop.create_future()
         left = [len(futures)]
 
@@ -217,7 +220,14 @@ class Bundle(ClosingState):
             if failed:
                 errors = [error for _, error in failed if isinstance(error, TickError)]
                 code, message = (errors[0].code, errors[0].message) if errors else (messages.INTERNAL, "cancelled")
-                joined.set_exception(BundleTickError(code, message, [index for owner, _ in failed for index in owner]))
+                members = [index for owner, _ in failed for index in owner]
+                stepped = [None if f.cancelled() or f.exception() is not None else f.result() for f in futures]
+                partial = None
+                if outputs is not None and any(result is not None for result in stepped):
+                    template = next(result for result in stepped if result is not None)
+                    zeros = {name: torch.zeros_like(tensor) for name, tensor in template.items()}
+                    partial = outputs([zeros if result is None else result for result in stepped])
+                joined.set_exception(BundleTickError(code, message, members, partial))
                 joined.exception()  # retrieved: a closed bundle's answers may have no reader
             elif outputs is not None:
                 joined.set_result(outputs([f.result() for f in futures]))

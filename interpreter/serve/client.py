@@ -31,14 +31,23 @@ MAX_FRAME_BYTES = 64 * 2**20
 
 class ServerError(Exception):
     """An error frame: `code` (docs/serving.md), `message`, the tick it answers (None for a control), and for
-    a bundle the members whose part of it did not run (None for a session)."""
+    a bundle the members whose part of it did not run (None for a session) and the tick's outputs when the
+    other members stepped it (their rows; the failed members' rows zeros), else None."""
 
-    def __init__(self, code: str, message: str, tick: int | None = None, members: list[int] | None = None):
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        tick: int | None = None,
+        members: list[int] | None = None,
+        outputs: dict[str, torch.Tensor] | None = None,
+    ):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.tick = tick
         self.members = members
+        self.outputs = outputs
 
 
 class Refused(ServerError):
@@ -157,7 +166,14 @@ class SessionClient:
                 except ConnectionClosed as closed:
                     close_code = closed.rcvd.code if closed.rcvd else None
                 raise SessionClosedByServer(frame["code"], frame["message"], close_code)
-            raise ServerError(frame["code"], frame["message"], frame.get("tick"), frame.get("members"))
+            outputs = None
+            if frame.get("outputs"):  # the other members' outputs follow
+                try:
+                    following = await self.connection.recv()
+                except ConnectionClosed as closed:
+                    raise self.closed_error(closed) from None
+                outputs = codec.decode(following).tensors if isinstance(following, bytes) else None
+            raise ServerError(frame["code"], frame["message"], frame.get("tick"), frame.get("members"), outputs)
         return frame
 
     def closed_error(self, closed: ConnectionClosed) -> SessionClosedByServer:

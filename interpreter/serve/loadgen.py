@@ -22,10 +22,12 @@ import collections
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import torch
 
+from duplexcadence.interpreter.serve import numerics
 from duplexcadence.interpreter.serve.client import (
     Refused,
     ServerError,
@@ -33,7 +35,8 @@ from duplexcadence.interpreter.serve.client import (
     SessionClosedByServer,
     bundle_url,
 )
-from duplexcadence.interpreter.serve.pool import quantile
+from duplexcadence.interpreter.serve.deadlines import quantile
+from duplexcadence.interpreter.serve.numerics import Numerics
 from duplexcadence.interpreter.serve.tail import SeededStock, ServedTail, deterministic_cudnn
 
 Inputs = Callable[[int, int], Mapping[str, torch.Tensor]]
@@ -83,6 +86,10 @@ class LoadReport:
     verified_ticks: int | None = None
     unequal_ticks: int | None = None
     verified_against: str | None = None
+    verified_settings: str | None = None
+    """The server's numeric settings the comparison ran at (None: not known, this process's own)."""
+    unmatched_settings: tuple[str, ...] = ()
+    """The server's settings the comparison could not take (another torch, another device kind)."""
     per_session: tuple[SessionLoad, ...] = attrs.field(default=(), repr=False)
 
     def to_json(self) -> dict:
@@ -118,10 +125,16 @@ class LoadReport:
             f"missed (over the {period} period): {self.missed}",
         ]
         if self.verified_sessions is not None:
+            at = f" at the server's settings ({self.verified_settings})" if self.verified_settings else ""
             lines.append(
                 f"verify: {self.verified_ticks} ticks of {self.verified_sessions} sessions compared with "
-                f"{self.verified_against or 'stock alone'}, {self.unequal_ticks} not torch.equal"
+                f"{self.verified_against or 'stock alone'}{at}, {self.unequal_ticks} not torch.equal"
             )
+            if self.unmatched_settings:
+                lines.append(
+                    f"verify: {'; '.join(self.unmatched_settings)}: ticks that differ may differ by these settings, "
+                    "not by the server"
+                )
         return lines
 
 
@@ -152,6 +165,7 @@ async def drive_session(
     latencies: list[float] = []
     errors: list[tuple[str, list[int] | None]] = []  # a code, and the bundle's members it is for (None: all)
     outputs: list[dict[str, torch.Tensor]] = []
+    failed_members: list[set[int]] = []  # per recorded answer: the bundle's members it has no rows of
     blocked = 0
     began = time.perf_counter()
     slots = asyncio.Semaphore(window)
@@ -171,13 +185,15 @@ async def drive_session(
                 errors.append((error.code, error.members))
                 sent_at.popleft()
                 slots.release()
-                if record:
-                    outputs.append({})
+                if record:  # a bundle's members that stepped the tick have their rows (the failed ones none)
+                    outputs.append(error.outputs or {})
+                    failed_members.append(set(error.members or ()))
                 continue
             latencies.append(time.perf_counter() - sent_at.popleft())
             slots.release()
             if record:
                 outputs.append(answer)
+                failed_members.append(set())
 
     def tick_inputs(tick: int) -> dict[str, torch.Tensor]:
         if not bundled:
@@ -221,7 +237,7 @@ async def drive_session(
             tuple(latencies),
             blocked if index == 0 else 0,  # a bundle's blocked sends are counted once, on its first member
             None,
-            member_outputs(outputs, index, bundled) if index < record else (),
+            member_outputs(outputs, failed_members, index, bundled) if index < record else (),
             client.replica,
             member.get("group"),
             member.get("row"),
@@ -230,11 +246,17 @@ async def drive_session(
     ]
 
 
-def member_outputs(outputs: list[dict[str, torch.Tensor]], index: int, bundled: bool) -> tuple[dict, ...]:
-    """A session's recorded outputs (an error's: {}); a bundle's answers stack its members' on the leading axis."""
+def member_outputs(
+    outputs: list[dict[str, torch.Tensor]], failed: list[set[int]], index: int, bundled: bool
+) -> tuple[dict, ...]:
+    """A session's recorded outputs (an error's: {}); a bundle's answers stack its members' on the leading axis,
+    and an answer that failed for some members (`failed`, per answer) has none of theirs."""
     if not bundled:
         return tuple(outputs)
-    return tuple({name: tensor[index] for name, tensor in answer.items()} for answer in outputs)
+    return tuple(
+        {} if index in missing else {name: tensor[index] for name, tensor in answer.items()}
+        for answer, missing in zip(outputs, failed, strict=True)
+    )
 
 
 async def run_load(
@@ -361,30 +383,37 @@ def compare_groups_with_stock(served: ServedTail, loads: Sequence[SessionLoad], 
     return sessions, compared, unequal
 
 
-def verify(served: ServedTail, report: LoadReport, lockstep_rows: int | None = None) -> LoadReport:
+def verify(
+    served: ServedTail,
+    report: LoadReport,
+    lockstep_rows: int | None = None,
+    server_numerics: Mapping[str, Any] | None = None,
+) -> LoadReport:
     """The report with every recorded session compared with stock alone (lanes), or with the batched stock of
-    its lockstep group (`lockstep_rows`: the server's rows a group)."""
-    if lockstep_rows is not None:
-        sessions, compared, unequal = compare_groups_with_stock(served, report.per_session, lockstep_rows)
-        return attrs.evolve(
-            report,
-            verified_sessions=sessions,
-            verified_ticks=compared,
-            unequal_ticks=unequal,
-            verified_against="the batched stock of their lockstep groups",
-        )
-    recorded = [load for load in report.per_session if load.outputs]
-    compared = unequal = 0
-    for load in recorded:
-        done, differ = compare_with_stock(served, load)
-        compared += done
-        unequal += differ
+    its lockstep group (`lockstep_rows`: the server's rows a group), at the server's numeric settings (the
+    `ready` frame's `numerics`: its torch threads and deterministic flags, applied here meanwhile); the
+    settings this process cannot take are named in the report."""
+    settings = Numerics.from_json(server_numerics) if server_numerics else None
+    with numerics.applied(settings) if settings is not None else contextlib.nullcontext():
+        if lockstep_rows is not None:
+            sessions, compared, unequal = compare_groups_with_stock(served, report.per_session, lockstep_rows)
+            against = "the batched stock of their lockstep groups"
+        else:
+            recorded = [load for load in report.per_session if load.outputs]
+            sessions, compared, unequal = len(recorded), 0, 0
+            for load in recorded:
+                done, differ = compare_with_stock(served, load)
+                compared += done
+                unequal += differ
+            against = "stock alone"
     return attrs.evolve(
         report,
-        verified_sessions=len(recorded),
+        verified_sessions=sessions,
         verified_ticks=compared,
         unequal_ticks=unequal,
-        verified_against="stock alone",
+        verified_against=against,
+        verified_settings=settings.describe() if settings is not None else None,
+        unmatched_settings=tuple(numerics.unmatched(settings, served.device)) if settings is not None else (),
     )
 
 

@@ -24,6 +24,8 @@ CLOSE_TRY_AGAIN_LATER = 1013
 """Admission refused: the pool is at capacity or draining; the reason says which, with the numbers."""
 CLOSE_IDLE = 4408
 """The session sent nothing for the pool's idle timeout: its slot was freed."""
+CLOSE_TOO_SLOW = 4409
+"""A lockstep member kept its group waiting past the tick period too many times in a row: its slot was freed."""
 CLOSE_UNREAD_ANSWERS = 4429
 """The client left an answer unread past the server's answer timeout: its slot was freed."""
 
@@ -48,6 +50,7 @@ SESSION_FAILED = "session-failed"
 FINISHED = "finished"
 QUEUE_FULL = "queue-full"
 FRAME_TOO_LARGE = "frame-too-large"
+TOO_SLOW = "too-slow"
 UNAUTHORIZED = "unauthorized"
 FORBIDDEN_ORIGIN = "forbidden-origin"
 UNTRUSTED_HOST = "untrusted-host"
@@ -83,6 +86,7 @@ ERROR_CODES: dict[str, str] = {
     QUEUE_FULL: "more ticks queued than the pool holds per session",
     FRAME_TOO_LARGE: "a binary frame longer than any tick of the tail can be (refused before it is read)",
     UNREAD_ANSWERS: "the client left an answer unread past the answer timeout: the session is closed",
+    TOO_SLOW: "a lockstep member whose ticks keep its group waiting past the tick period (close 4409)",
     UNAUTHORIZED: "a request without the server's API key (HTTP 401)",
     FORBIDDEN_ORIGIN: "a browser's request from an origin the server does not allow (HTTP 403)",
     UNTRUSTED_HOST: "a request whose Host header names no trusted host (HTTP 400)",
@@ -314,6 +318,20 @@ def untrusted_host(host: str, trusted: tuple[str, ...]) -> str:
 
 def route_hidden(path: str) -> str:
     return f"{path[:120]} is not served here"
+
+
+def out_of_bounds(name: str, found: float, least: int, most: int) -> str:
+    return (
+        f"input '{name}' holds {found:g}, outside {least} to {most}: refused before the lockstep group's step, "
+        "where it would fail every row"
+    )
+
+
+def too_slow(misses: int, period_s: float) -> str:
+    return (
+        f"this session's tick came over a tick period ({milliseconds(period_s)}) after the rest of its lockstep "
+        f"group's {misses} times in a row: it is closed so that the group goes on"
+    )
 
 
 def frame_too_large(found: int, most: int) -> str:

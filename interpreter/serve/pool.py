@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,14 +35,16 @@ import torch
 from duplexcadence.interpreter.serve import codec, messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, TickModel
 from duplexcadence.interpreter.serve.bundle import Bundle
-from duplexcadence.interpreter.serve.deadlines import DeadlineReport, SessionStats, quantile
+from duplexcadence.interpreter.serve.deadlines import DeadlineReport, SessionStats
 from duplexcadence.interpreter.serve.metrics import PoolMetrics
 from duplexcadence.interpreter.serve.modes import MODES, TensorSpec
+from duplexcadence.interpreter.serve.numerics import Numerics
 from duplexcadence.interpreter.serve.rounds import InputCheck, TailRounds, calibrate
 from duplexcadence.interpreter.serve.scheduler import (
     CLOSE,
     OBSERVE_EVERY_S,
     RESET,
+    TICK,
     Client,
     Item,
     Round,
@@ -53,6 +56,8 @@ from duplexcadence.interpreter.serve.scheduler import (
 from duplexcadence.interpreter.serve.tail import LoadedTail, ServedTail
 
 GATHER_FRACTION = 0.05
+GROUP_MISSES = 3
+"""Tick periods in a row a lockstep group waits for one member before that member is closed (`too-slow`)."""
 
 __all__ = [
     "OBSERVE_EVERY_S",
@@ -63,7 +68,6 @@ __all__ = [
     "SessionClosed",
     "SessionPool",
     "SessionStats",
-    "quantile",
 ]
 
 
@@ -147,6 +151,8 @@ class PooledSession(Client):
         self.group = group
         self.failed: str | None = None
         self.finished = False
+        self.misses = 0
+        """Tick periods in a row its lockstep group waited for this session's tick."""
         self.fused: list[PooledSession] | None = None
         """On the lead of a bundle's fused group (the member in its first row): the group's sessions in row
         order; their ticks and resets are queued here, whole."""
@@ -198,6 +204,9 @@ class SessionPool(Scheduler):
         self._opening_groups: collections.Counter = collections.Counter()
         self._bundles_opening: asyncio.Lock | None = None
         self._bundle_groups: set[int] = set()  # lockstep groups a bundle fills or holds whole
+        self._group_waits: dict[int | None, tuple[float, set[PooledSession]]] = {}
+        """Lockstep groups waiting for some members' ticks: since when (the oldest tick, or the last miss),
+        and the members that missed in this wait."""
         self._check: InputCheck | None = None
         self._previous_cudnn: tuple[bool, bool] | None = None
 
@@ -236,7 +245,8 @@ class SessionPool(Scheduler):
         assert self.loaded is not None
         report = self.loaded.runtime.report
         metrics.take_report(await self.run_on_device(report))
-        self._check = InputCheck(self.inputs, self.mode.facts.always_fed, config.lockstep is not None)
+        lockstep = config.lockstep is not None
+        self._check = InputCheck(self.inputs, self.mode.facts.always_fed, lockstep, self.served.input_bounds)
         self.begin(TailRounds(self.mode, metrics, report), rule, metrics, config.gather_s, GATHER_FRACTION)
 
     def _load(self) -> TickModel:
@@ -440,6 +450,11 @@ class SessionPool(Scheduler):
         assert self._check is not None, "start() the pool first"
         self._check(inputs, last)
 
+    def check_values(self, inputs: Mapping[str, torch.Tensor]) -> None:
+        """TickError (bad-input) for a value outside the tail's bounds (in lockstep; a bundle's whole stack)."""
+        assert self._check is not None, "start() the pool first"
+        self._check.values(inputs)
+
     # --- the rounds' lockstep rules ----------------------------------------------------------------
 
     def screen(self, client: PooledSession, resetting: bool) -> TickError | None:
@@ -469,10 +484,39 @@ class SessionPool(Scheduler):
             if healthy:
                 groups[session.group].append(session)
         chosen = []
-        for members in groups.values():
-            if members and all(member in candidates for member in members):
+        now = time.perf_counter()
+        for group, members in groups.items():
+            ready = [member for member in members if member in candidates]
+            if len(ready) == len(members):
+                _, missed = self._group_waits.pop(group, (0.0, set()))
+                for member in members:
+                    if member not in missed:
+                        member.misses = 0
                 chosen += members
+            elif not ready:
+                self._group_waits.pop(group, None)
+            else:
+                self._wait_for_members(group, members, [candidates[m].queued_at for m in ready], now)
         return chosen
+
+    def _wait_for_members(
+        self, group: int | None, members: list[PooledSession], ticks: list[float], now: float
+    ) -> None:
+        """A group some of whose members have no tick yet waits for them a tick period at a time: each period
+        it waits is a miss of each member that kept it waiting, and a member that misses `GROUP_MISSES` times
+        in a row is closed (`too-slow`) so that the group goes on without it."""
+        since, missed = self._group_waits.get(group, (min(ticks), set()))
+        if now - since >= self.tick_period_s:
+            for member in members:
+                if member.queue and member.queue[0].kind == TICK:
+                    continue
+                member.misses += 1
+                missed.add(member)
+                if member.misses >= GROUP_MISSES:
+                    member.abort(messages.TOO_SLOW, messages.too_slow(member.misses, self.tick_period_s))
+            since = now
+        self._group_waits[group] = (since, missed)
+        self.wake_at(since + self.tick_period_s)
 
     def settle(self, outcome: RoundOutcome) -> None:
         for handle, cause in outcome.failed.items():
@@ -516,6 +560,8 @@ class SessionPool(Scheduler):
             "queue_depth": self.config.queue_depth,
             "idle_timeout_s": self.config.idle_timeout_s,
             "max_frame_bytes": self.max_frame_bytes(),
+            "pace": self.config.pace,
+            "numerics": Numerics.current(served.device).to_json(),
         }
 
     async def health(self) -> tuple[int, dict]:

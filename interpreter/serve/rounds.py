@@ -112,10 +112,18 @@ class InputCheck:
     """A tick's inputs against one session's specs, before it is queued: what the runtime checks at the
     instant it checks itself."""
 
-    def __init__(self, specs: list[TensorSpec], always_fed: list[str], lockstep: bool):
+    def __init__(
+        self,
+        specs: list[TensorSpec],
+        always_fed: list[str],
+        lockstep: bool,
+        bounds: Mapping[str, tuple[int, int]] | None = None,
+    ):
         self.specs = {spec.name: spec for spec in specs}
         self.always_fed = always_fed
         self.lockstep = lockstep
+        self.bounds = dict(bounds or {}) if lockstep else {}
+        """In lockstep, each input's least and most value (`ServedTail.input_bounds`)."""
         self.accepted: set[tuple[str, torch.dtype, torch.Size]] = set()
         """(input, dtype, shape) that passed the checks (a stream repeats them: they are checked once)."""
 
@@ -146,6 +154,18 @@ class InputCheck:
             if len(self.accepted) >= ACCEPTED_KINDS:
                 self.accepted.clear()
             self.accepted.add((name, tensor.dtype, tensor.shape))
+        self.values(inputs)
+
+    def values(self, inputs: Mapping[str, torch.Tensor]) -> None:
+        """TickError (bad-input) for an input with a value outside its bounds (vectorised: one pass each)."""
+        for name, (least, most) in self.bounds.items():
+            tensor = inputs.get(name)
+            if tensor is None or tensor.numel() == 0:
+                continue
+            low, high = torch.aminmax(tensor)
+            if low.item() < least or high.item() > most:
+                found = low.item() if low.item() < least else high.item()
+                raise TickError(messages.BAD_INPUT, messages.out_of_bounds(name, found, least, most))
 
 
 def shape_problem(spec: TensorSpec, shape: tuple[int, ...], exact_units: bool) -> str | None:

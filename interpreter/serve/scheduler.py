@@ -33,6 +33,7 @@ import concurrent.futures
 import contextlib
 import gc
 import itertools
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -43,6 +44,8 @@ from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, Capacity
 from duplexcadence.interpreter.serve.deadlines import DeadlineReport, LatencyBook, SessionStats, quantile
 from duplexcadence.interpreter.serve.metrics import PoolMetrics
+
+LOG = logging.getLogger("duplexcadence.serve")
 
 TICK = "tick"
 RESET = "reset"
@@ -494,22 +497,30 @@ class Scheduler:
         if self._wakeup is not None:
             self._wakeup.set()
 
+    def wake_at(self, moment: float) -> None:
+        """Scan the clients again at `moment` (perf_counter seconds) if nothing wakes the scheduler before:
+        from `choose`, for work that becomes ready by the clock alone."""
+        self.held_until = moment if self.held_until is None else min(self.held_until, moment)
+
     async def _schedule(self) -> None:
         assert self._wakeup is not None and self.runner is not None
         while True:
             await self._woken()
             self._wakeup.clear()
             while True:
-                await self._gather()
-                work = self._collect()
-                if not work:
-                    break
+                work = Round()
                 try:
+                    await self._gather()
+                    self._collect(work)
+                    if not work:
+                        break
                     outcome = await self.run_on_device(self.runner.run, work)
-                except Exception as error:  # a fault of the scheduler itself: the clients of the round are lost
+                    self._deliver(outcome)
+                except Exception as error:  # a fault of the scheduler itself (a bug): no client is left hanging
+                    LOG.exception("a round failed")
                     self._fail_round(work, error)
+                    self._fail_everyone(error)
                     continue
-                self._deliver(outcome)
                 if not self._wakeup.is_set():  # nothing queued (`_deliver` wakes it if anything is): the
                     break  # answers go out before the next scan of the clients
 
@@ -545,10 +556,9 @@ class Scheduler:
             except TimeoutError:
                 return
 
-    def _collect(self) -> Round:
-        """Take this round's work: every idle client's leading controls and, if its next item is a tick, that
-        tick (those `choose` picks). Ticks `screen` answers are answered here, without the device."""
-        work = Round()
+    def _collect(self, work: Round) -> None:
+        """Take this round's work into `work`: every idle client's leading controls and, if its next item is a
+        tick, that tick (those `choose` picks). Ticks `screen` answers are answered here, without the device."""
         candidates: dict[Any, Item] = {}
         now = time.perf_counter()
         burst = (self.config.queue_depth - 1) * self.interval_s
@@ -582,7 +592,6 @@ class Scheduler:
             work.ticks.append((client, client.queue.popleft()))
             client.in_flight = True
             client.due = max(client.due, now) + self.interval_s
-        return work
 
     def answer_error(self, client: Client, item: Item, error: TickError) -> None:
         """Answer `item` with `error`, counted for every client it covers."""
@@ -659,6 +668,13 @@ class Scheduler:
             assert self.book is not None
             self.book.clear_window()
         self.refresh_gauges()
+
+    def _fail_everyone(self, error: BaseException) -> None:
+        """After a fault of the scheduler's own: every client closed with `internal` (close 1011); the
+        scheduler goes on, and new clients are served."""
+        for client in list(self.sessions.values()):
+            client.in_flight = False
+            client.abort(messages.INTERNAL, messages.internal(error))
 
     def _fail_round(self, work: Round, error: BaseException) -> None:
         for client, item in work.controls + work.ticks:

@@ -48,7 +48,9 @@ class ServedTail:
     fresh; `join(row)`: that row's stream starts over; `step({row: inputs})`: one instant, the rows not given
     fed zeros as a group's idle rows are, returning `{row: outputs by name}` on the host for the rows given);
     None when there is none. `options`: what the tail was built with (the server's `ready` frame names them,
-    so a client can rebuild the same stock loop).
+    so a client can rebuild the same stock loop). `input_bounds`: the least and the most value each input
+    may hold (a codebook's codes); in a lockstep group, where one row's failed stage fails every row, a
+    member's tick outside them is refused (`bad-input`) before the group's step.
     """
 
     name: str
@@ -59,6 +61,7 @@ class ServedTail:
     options: Mapping[str, str] = attrs.field(factory=dict)
     batch_param: str = "B"
     stock_group: Callable[[int], Any] | None = None
+    input_bounds: Mapping[str, tuple[int, int]] = attrs.field(factory=dict)
 
 
 def served_tail(

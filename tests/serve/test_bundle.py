@@ -184,7 +184,7 @@ def test_a_malformed_bundle_frame_gets_its_error_and_leaves_every_member_unchang
     assert members_equal_stock(seeds, answers)
 
 
-def test_a_stage_failure_names_its_members_and_a_reset_recovers_every_member(toy_server):
+def test_a_stage_failure_names_its_members_delivers_the_others_outputs_and_a_reset_recovers_every_member(toy_server):
     seeds = [60, 61]
 
     async def scenario():
@@ -204,6 +204,8 @@ def test_a_stage_failure_names_its_members_and_a_reset_recovers_every_member(toy
     first, failed, refused, recovered = run(scenario())
     assert (failed.code, failed.tick, failed.members) == (messages.STAGE_FAILED, 2, [1])
     assert "IndexError" in failed.message
+    # the healthy member's outputs of that tick are delivered (its row), the failed member's row is zeros
+    assert members_equal_stock([60], [*first, failed.outputs]) and not failed.outputs["pcm"][1].any()
     assert (refused.code, refused.members) == (messages.SESSION_FAILED, [1])
     assert members_equal_stock(seeds, first) and members_equal_stock(seeds, recovered)
 

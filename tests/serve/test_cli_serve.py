@@ -17,6 +17,9 @@ from duplexcadence.interpreter.cli import main as cli
 from duplexcadence.interpreter.cli.loadgen import session_url
 from duplexcadence.interpreter.cli.serve import pool_config, serve
 from duplexcadence.interpreter.serve.admission import TickModel
+from duplexcadence.interpreter.serve.numerics import Numerics
+
+AT_SERVER = f" at the server's settings ({Numerics.current('cpu').describe()})"  # the server runs in this process
 
 
 def test_the_help_of_serve_and_loadgen_needs_no_torch():
@@ -123,18 +126,18 @@ class Serving:
 
 
 def test_dsl_serve_a_registered_tail_and_dsl_loadgen_verify_against_it(dsl):
-    with Serving(serve_args("toy", "--slots", "2", "--lanes", "2")) as url:
+    with Serving(serve_args("toy", "--slots", "2", "--lanes", "2", "--tick-model", "1+1")) as url:
         code, out, err = dsl("loadgen", url, "--sessions", "2", "--ticks", "5", "--no-pace", "--verify")
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert lines[0] == "serving 'toy' on cpu: a tick every 80 ms of codes i64[1, 1]"
     assert lines[1] == "sessions: 2 of 2 opened; refused: none"
     assert lines[2].startswith("ticks: 10 answered (5 per session, unpaced) in ")
-    assert lines[-1] == "verify: 10 ticks of 2 sessions compared with stock alone, 0 not torch.equal"
+    assert lines[-1] == f"verify: 10 ticks of 2 sessions compared with stock alone{AT_SERVER}, 0 not torch.equal"
 
 
 def test_dsl_loadgen_drives_bundles_and_verifies_every_member(dsl):
-    with Serving(serve_args("toy", "--slots", "3", "--lanes", "2")) as url:
+    with Serving(serve_args("toy", "--slots", "3", "--lanes", "2", "--tick-model", "1+1")) as url:
         code, out, err = dsl(
             "loadgen", url, "--sessions", "3", "--ticks", "4", "--no-pace", "--verify", "--bundle", "2"
         )
@@ -142,7 +145,7 @@ def test_dsl_loadgen_drives_bundles_and_verifies_every_member(dsl):
     lines = out.splitlines()
     assert lines[1] == "sessions: 3 of 3 opened; refused: none"
     assert lines[2].startswith("ticks: 12 answered (4 per session, unpaced) in ")
-    assert lines[-1] == "verify: 12 ticks of 3 sessions compared with stock alone, 0 not torch.equal"
+    assert lines[-1] == f"verify: 12 ticks of 3 sessions compared with stock alone{AT_SERVER}, 0 not torch.equal"
 
 
 MODEL = """

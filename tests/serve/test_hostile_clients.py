@@ -10,6 +10,7 @@ import contextlib
 import json
 import socket
 import struct
+import time
 import urllib.request
 
 import pytest
@@ -30,13 +31,18 @@ NESTED = "[" * 2000 + "]" * 2000  # within the 4096 characters a control may hav
 LONG = codec.encode({"codes": torch.zeros(1, 3000, dtype=torch.int64)})
 
 
+def toy_server(pace: float | None):
+    config = PoolConfig(
+        slots=3, idle_timeout_s=60, tick_model=TickModel(0.001, 0.001), enforce_tick_budget=False, pace=pace
+    )
+    return ServerThread(make_app(SessionPool(TOY, config), limits=FrontLimits(answer_timeout_s=1.0)))
+
+
 @pytest.fixture(scope="module")
 def server():
-    config = PoolConfig(
-        slots=3, lanes=1, idle_timeout_s=60, tick_model=TickModel(0.001, 0.001), enforce_tick_budget=False
-    )
-    pool = SessionPool(TOY, config)
-    with ServerThread(make_app(pool, limits=FrontLimits(answer_timeout_s=1.0))) as running:
+    """A server that does not pace its sessions (nor so their frames): the flood of a client that never reads
+    fills the buffers in a few seconds."""
+    with toy_server(pace=None) as running:
         yield running
 
 
@@ -161,3 +167,23 @@ def test_a_client_that_never_reads_its_answers_is_closed_and_frees_its_slot(serv
         text = response.read().decode()
     assert open_after == 0, f"the session is still open after {sent} frames"
     assert 'duplexcadence_sessions_closed_total{reason="unread-answers"} 1.0' in text
+
+
+def test_a_client_that_floods_frames_is_read_at_its_pace():
+    """The pool paces 2 ticks a period of 80 ms, so a websocket's frames are read at 4 a period (50 a second)
+    after a burst of 32: 82 junk frames sent at once are all answered (`bad-magic`), the last no sooner than
+    a second after the first. (Unpaced, the event loop decoded every frame as fast as it came.)"""
+
+    async def scenario():
+        with toy_server(pace=2.0) as paced:
+            connection, _ = await opened(paced.ws_url())
+            began = time.perf_counter()
+            for _ in range(82):
+                await connection.send(b"JUNK")
+            codes = {(await answer(connection))["code"] for _ in range(82)}
+            took = time.perf_counter() - began
+            await connection.close()
+        return codes, took
+
+    codes, took = run(scenario())
+    assert codes == {messages.BAD_MAGIC} and took >= 1.0

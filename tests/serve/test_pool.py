@@ -492,3 +492,30 @@ def test_a_started_pool_keeps_what_it_loaded_out_of_the_collectors_walk_until_it
     assert (frozen > before, runtime_frozen) == (freeze, freeze)
     assert gc.get_freeze_count() == (0 if freeze else before)
     assert equal_to_stock(3, outputs)
+
+
+def test_a_fault_of_the_scheduler_itself_closes_its_sessions_with_internal_and_the_pool_serves_on():
+    """A bug in a round's choice (made to raise here) fails the tick with `internal` and closes the pool's
+    sessions with that code instead of leaving them waiting for ever; a session opened after is served."""
+
+    async def scenario():
+        pool = await started()
+        session = await pool.open(seed=8)
+        choose = pool.choose
+
+        def broken(candidates, work):
+            pool.choose = choose
+            raise RuntimeError("a bug")
+
+        pool.choose = broken
+        with pytest.raises(TickError) as failed:
+            await session.step(TOY.inputs(8, 0))
+        await asyncio.wait_for(session.closed_event.wait(), 10)
+        again = await pool.open(seed=8)
+        outputs = [await again.step(TOY.inputs(8, tick)) for tick in range(3)]
+        await pool.stop()
+        return failed.value, session, outputs
+
+    failed, session, outputs = run(scenario())
+    assert (failed.code, session.close_code) == (messages.INTERNAL, messages.INTERNAL)
+    assert failed.message == messages.internal(RuntimeError("a bug")) and equal_to_stock(8, outputs)

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("moshi")
 
+import duplexcadence  # noqa: E402
 from duplexcadence.interpreter.serve import messages  # noqa: E402
 from duplexcadence.interpreter.serve.admission import TickModel  # noqa: E402
 from duplexcadence.interpreter.serve.app import make_app  # noqa: E402
@@ -209,9 +210,10 @@ def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_i
 
 
 def test_a_stage_failure_in_a_bundles_whole_group_fails_every_member_and_a_reset_recovers_them():
-    """A code past the codebook in one row makes the group's stage raise (on the CPU: an IndexError): the
-    whole group's tick fails for both members, the next one is refused as failed, and after a reset the
-    bundle steps again with the outputs of a fresh bundle."""
+    """A code past the codebook in one row is refused before the group's step (it would make the stage raise
+    for every row); a stage that raises in the group's step (made to here) fails the whole group's tick for
+    both members, the next one is refused as failed, and after a reset the bundle steps again with the outputs
+    of a fresh bundle."""
     moshi = served_tail("moshi")
     config = PoolConfig(slots=2, lockstep=2, tick_model=MODEL, latency_guard=False)
     seeds = [31, 32]
@@ -224,8 +226,20 @@ def test_a_stage_failure_in_a_bundles_whole_group_fails_every_member_and_a_reset
         first = await bundle.submit(stacked(moshi, seeds, 0))
         poisoned = stacked(moshi, seeds, 1)
         poisoned["codes"][1] = 100_000
+        with pytest.raises(TickError) as out_of_bounds:
+            bundle.submit(poisoned)
+        runtime = pool.mode.runtime
+        step_many = runtime.step_many
+
+        def stage_raises(batched):
+            runtime.step_many = step_many
+            (session,) = batched
+            cause = duplexcadence.SessionFailed("IndexError: index out of range in self")
+            raise duplexcadence.SessionsFailed("a stage raised", {}, {session: cause})
+
+        runtime.step_many = stage_raises
         with pytest.raises(TickError) as failed:
-            await bundle.submit(poisoned)
+            await bundle.submit(stacked(moshi, seeds, 1))
         with pytest.raises(TickError) as refused:
             await bundle.submit(stacked(moshi, seeds, 1))
         await bundle.reset()
@@ -233,10 +247,14 @@ def test_a_stage_failure_in_a_bundles_whole_group_fails_every_member_and_a_reset
         fresh = [await fresh_bundle.submit(stacked(moshi, seeds, tick)) for tick in range(2)]
         whole = (bundle.fused is not None, fresh_bundle.fused is not None)
         await pool.stop()
-        return first, failed.value, refused.value, again, fresh, whole
+        return first, out_of_bounds.value, failed.value, refused.value, again, fresh, whole
 
-    first, failed, refused, again, fresh, whole = run(scenario())
+    first, out_of_bounds, failed, refused, again, fresh, whole = run(scenario())
     assert whole == (True, True)
+    assert (out_of_bounds.code, out_of_bounds.message) == (
+        messages.BAD_INPUT,
+        messages.out_of_bounds("codes", 100_000, 0, 2047),
+    )
     assert (failed.code, failed.members) == (messages.STAGE_FAILED, [0, 1])
     assert (refused.code, refused.members) == (messages.SESSION_FAILED, [0, 1])
     assert torch.equal(first["pcm"], fresh[0]["pcm"])

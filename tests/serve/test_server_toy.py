@@ -19,6 +19,7 @@ from duplexcadence.interpreter.serve.admission import TickModel
 from duplexcadence.interpreter.serve.app import make_app
 from duplexcadence.interpreter.serve.client import Refused, ServerError, SessionClient, SessionClosedByServer
 from duplexcadence.interpreter.serve.loadgen import SessionLoad, compare_with_stock, run_load, verify
+from duplexcadence.interpreter.serve.numerics import Numerics
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
 from duplexcadence.interpreter.serve.server import ServerThread
 from duplexcadence.interpreter.serve.tail import served_tail
@@ -253,4 +254,25 @@ def test_an_idle_session_is_closed_with_its_code():
     assert (
         closed.message
         == "the session sent nothing for 0.3 s (the pool's idle timeout) and was closed; its slot is free"
+    )
+
+
+def test_verify_compares_at_the_servers_numeric_settings_and_names_those_it_cannot_take(server):
+    """The checker takes the server's settings from its `ready` frame: at them every tick is equal; at one
+    torch thread where the server ran more (what a Ray replica with fewer CPUs does the other way round), the
+    toy's sums come out in another order, which is why `--verify` applies them; they are put back after. A
+    server of another torch is named as such rather than shown as outputs that differ."""
+    threads = torch.get_num_threads()
+    if threads < 2:
+        pytest.skip("needs more than one torch thread to change the order of the sums")
+    report = run(run_load(server.ws_url(), 1, 3, TOY.inputs, paced=False, record=1, first_seed=70))
+    settings = Numerics.current("cpu").to_json()  # the server runs in this process
+    same = verify(TOY, report, None, settings)
+    one = verify(TOY, report, None, {**settings, "threads": 1})
+    other = verify(TOY, report, None, {**settings, "torch": "0.0"})
+    assert (same.verified_ticks, same.unequal_ticks, torch.get_num_threads()) == (3, 0, threads)
+    assert one.unequal_ticks > 0 and one.verified_settings.endswith(", 1 torch thread, deterministic algorithms off")
+    assert same.unmatched_settings == () and other.lines()[-1] == (
+        f"verify: the server ran torch 0.0, this checker torch {torch.__version__}: ticks that differ may differ by "
+        "these settings, not by the server"
     )

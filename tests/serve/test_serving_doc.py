@@ -36,6 +36,7 @@ def test_every_error_code_and_close_code_has_its_row():
         "CLOSE_TRY_AGAIN_LATER",
         "CLOSE_IDLE",
         "CLOSE_UNREAD_ANSWERS",
+        "CLOSE_TOO_SLOW",
     ):
         assert f"| {getattr(messages, name)} |" in TEXT, name
 

@@ -248,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device(args.device)
     payload: dict[str, Any] = {
+        "command": "python scripts/conversations_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "what": "MiniCPM-o 4.5 conversations per GPU: the conversation engine (every stage batched across "
         "conversations) against today's live loop serving them in turn",
         "environment": live.environment(device),

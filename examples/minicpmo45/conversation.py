@@ -220,6 +220,8 @@ class MiniCPMo45Conversations:
         self.window = window or WindowSettings()
         say(f"building MiniCPM-o 4.5's duplex modules ({sizes.name} sizes, bfloat16, seeded random weights)")
         self.model = DuplexModel(sizes, device, seed=model_seed)
+        for module in self.model.modules():  # inference only: no autograd graph may keep a step's activations
+            module.requires_grad_(False)
         self.device = self.model.device
         self.attention = attention or default_backend(self.device)
         self.capture = capture and self.device.type == "cuda"
@@ -365,6 +367,7 @@ class MiniCPMo45Conversations:
         self.tts_step = RowGraphs("TTS one-token step", tts_step, slots, device, self.capture, pool)
         self.encoder = RowGraphs("audio encoder", encoder, slots, device, self.capture, pool)
 
+    @torch.no_grad()
     def capture_steps(self) -> None:
         """Capture every row count's graphs now (the first use would otherwise capture it)."""
         for graphs in self.step_graphs():
@@ -373,6 +376,7 @@ class MiniCPMo45Conversations:
     def step_graphs(self) -> tuple[RowGraphs, ...]:
         return (self.llm_step, self.llm_listen, self.tts_step, self.encoder)
 
+    @torch.no_grad()
     def _warm_kernels(self) -> None:
         """Compile, before the first round, the attention kernels the eager calls will launch (a kernel is
         compiled for each tile and split shape it meets): the TTS condition prefills at every length and row

@@ -56,8 +56,10 @@ from duplexcadence.interpreter.engine.sampling import Sampler, SamplingConfig
 DTYPE = torch.bfloat16
 TOLERANCE = 1e-2
 """Largest relative error of a variant's attention against the float64 reference."""
-STEP_TOLERANCE = 5e-2
-"""Largest relative error of the decoder step's logits against transformers' (36 bfloat16 layers apart)."""
+STEP_TOLERANCE = 0.1
+"""Largest relative error of the decoder step's logits against transformers' own forward: the two differ in
+bfloat16 roundings over 36 layers (batched products, another attention kernel); a RoPE position one off
+gives 0.44 at the reduced sizes."""
 
 
 @attrs.frozen

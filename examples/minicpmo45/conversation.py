@@ -4,7 +4,7 @@ The unit is :mod:`.live`'s (``MiniCPMODuplex``'s ``streaming_prefill`` and ``str
 module's docstring for the upstream files it follows), restated over rows: a round takes one second of audio of
 each of R conversations and runs
 
-* LISTEN: each conversation's mel (the CPU front end, :class:`.live_model.StreamingMel`), then for all R at
+* LISTEN: each conversation's mel (the CPU front end, :class:`.live_model.UnitAudio`), then for all R at
   once the Whisper encoder's convolutions and its layers over each row's cached past (50 new frames a row,
   :class:`~duplexcadence.interpreter.engine.stacks.WhisperStack`), the projector and pooling (10 embeddings a
   row), and one LLM prefill of ``<unit>`` and those 10 embeddings (11 tokens a row) after each row's cache;
@@ -73,7 +73,7 @@ from duplexcadence.examples.minicpmo45.live_config import (
 )
 from duplexcadence.examples.minicpmo45.live_model import (
     DuplexModel,
-    StreamingMel,
+    UnitAudio,
     UnitSpan,
     WindowSettings,
     rope_theta,
@@ -121,9 +121,7 @@ class ConversationState:
 
     slot: int
     seed: int
-    mel: StreamingMel
-    audio_buffer: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.float32))
-    audio_units: int = 0
+    audio: UnitAudio
     units: list[UnitSpan] = attrs.field(factory=list)
     """The units in the LLM cache after the system prompt (the sliding window drops them from the front)."""
     next_unit_id: int = 0
@@ -447,9 +445,9 @@ class MiniCPMo45Conversations:
         tail = self.tail_sessions[slot]
         tail.session_seed = tail.session.seed = seed  # the tail's draws: the conversation's own, as stock's
         tail.reset()
-        state = ConversationState(slot, seed, StreamingMel(self.sizes.mel_bins))
+        state = ConversationState(slot, seed, UnitAudio(self.sizes.mel_bins))
         reference = np.random.default_rng(seed + 1000).standard_normal(int(REFERENCE_AUDIO_SECONDS * SAMPLE_RATE_IN))
-        mel = state.mel.log_mel((AUDIO_AMPLITUDE * reference).astype(np.float32), dynamic=True)
+        mel = state.audio.mel.log_mel((AUDIO_AMPLITUDE * reference).astype(np.float32), dynamic=True)
         with torch.no_grad():
             audio = self.model.audio_embeddings(torch.from_numpy(np.ascontiguousarray(mel))[None])
             embeds = torch.cat([self._embed(SYSTEM_PREFIX), audio, self._embed(SYSTEM_SUFFIX)])
@@ -458,7 +456,7 @@ class MiniCPMo45Conversations:
             self.llm_stack(embeds[None], rows)
             self._advance(self.llm_kv, [slot], embeds.shape[0])
         state.system_length = int(self.llm_kv.host_lengths[slot])
-        state.mel.reset()
+        state.audio.reset()
         self.states[slot] = state
 
     def refusal(self, slot: int, unit: UnitInput) -> str | None:
@@ -517,25 +515,10 @@ class MiniCPMo45Conversations:
 
     # -- LISTEN
 
-    def _mel(self, state: ConversationState, audio: np.ndarray) -> tuple[torch.Tensor, bool]:
-        """``streaming_prefill``'s front end: the unit's mel with its context, and whether it is the first."""
-        state.audio_buffer = np.concatenate([state.audio_buffer, audio.astype(np.float32, copy=False)])
-        first = state.audio_units == 0
-        if first:
-            required = 1035 * SAMPLE_RATE_IN // 1000
-            if len(state.audio_buffer) < required:
-                padding = np.zeros(required - len(state.audio_buffer), dtype=np.float32)
-                state.audio_buffer = np.concatenate([padding, state.audio_buffer])
-        take = state.mel.next_chunk_samples
-        mel = state.mel.process(state.audio_buffer[:take])
-        state.audio_buffer = state.audio_buffer[take:]
-        state.audio_units += 1
-        return mel, first
-
     def _listen(self, slots: Sequence[int], audio: Sequence[np.ndarray]) -> torch.Tensor:
         """LISTEN of every row -> the LLM's logits after ``<unit>`` and the unit's audio embeddings [R, vocab]."""
         states = [self.states[slot] for slot in slots]
-        mels = list(self.mel_pool.map(self._mel, states, audio))
+        mels = list(self.mel_pool.map(lambda state, second: state.audio.next_unit(second), states, audio))
         embeds = torch.empty(len(slots), AUDIO_EMBEDDINGS_PER_SECOND, self.model.llm.config.hidden_size)
         embeds = embeds.to(device=self.device, dtype=self.llm_kv.dtype)
         groups: dict[tuple[int, bool], list[int]] = {}

@@ -76,7 +76,7 @@ from duplexcadence.examples.minicpmo45.live_model import (
     HOP,
     DuplexModel,
     LlmStream,
-    StreamingMel,
+    UnitAudio,
     WindowSettings,
     generate_speech_tokens,
     tts_condition,
@@ -245,7 +245,7 @@ class Conversation:
             self.speech_backbone = StaticSpeechBackbone(model.tts, model.sizes.tts_max_positions)
         else:
             self.llm = LlmStream(model.llm, settings, window)
-        self.mel = StreamingMel(model.sizes.mel_bins)
+        self.audio = UnitAudio(model.sizes.mel_bins)
         self.tts_temperature = torch.tensor([settings.tts_temperature], dtype=torch.float, device=model.device)
         reference = np.random.default_rng(seed + 1000).standard_normal(int(REFERENCE_AUDIO_SECONDS * SAMPLE_RATE_IN))
         self.reference_audio = (AUDIO_AMPLITUDE * reference).astype(np.float32)
@@ -253,10 +253,8 @@ class Conversation:
 
     def _reset_state(self) -> None:
         self.llm.reset()
-        self.mel.reset()
+        self.audio.reset()
         self.audio_cache: Any = None
-        self.audio_buffer = np.zeros(0, dtype=np.float32)
-        self.audio_chunk_index = 0
         self.pending_logits: torch.Tensor | None = None
         self.current_turn_ended = True
         self.tts_past: Any = None
@@ -271,12 +269,12 @@ class Conversation:
         self._reset_state()
         for token in SYSTEM_PREFIX:
             self.llm.feed(self.llm.embed(token))
-        mel = self.mel.log_mel(self.reference_audio, dynamic=True)
+        mel = self.audio.mel.log_mel(self.reference_audio, dynamic=True)
         self.llm.feed(self.model.audio_embeddings(torch.from_numpy(np.ascontiguousarray(mel))[None]))
         for token in SYSTEM_SUFFIX:
             self.llm.feed(self.llm.embed(token))
         self.llm.register_system_prompt()
-        self.mel.reset()
+        self.audio.reset()
         for tail in self.tails.values():
             tail.reset()
 
@@ -285,21 +283,11 @@ class Conversation:
         """``streaming_prefill`` with one second of audio."""
         self.llm.register_unit_start()
         self.llm.feed(self.llm.embed(UNIT_TOKEN))
-        self.audio_buffer = np.concatenate([self.audio_buffer, waveform])
-        first = self.audio_chunk_index == 0
-        if first:
-            required = 1035 * SAMPLE_RATE_IN // 1000
-            if len(self.audio_buffer) < required:
-                padding = np.zeros(required - len(self.audio_buffer), dtype=np.float32)
-                self.audio_buffer = np.concatenate([padding, self.audio_buffer])
-        take = self.mel.next_chunk_samples
-        mel = self.mel.process(self.audio_buffer[:take])
+        mel, first = self.audio.next_unit(waveform)
         embeds, self.audio_cache = self.model.audio_embeddings_streaming(
             mel, self.audio_cache, prefix_frames=0 if first else 2, suffix_frames=2
         )
         self.pending_logits, _ = self.llm.feed(embeds)
-        self.audio_buffer = self.audio_buffer[take:]
-        self.audio_chunk_index += 1
 
     @torch.no_grad()
     def generate_text(self, plan: UnitPlan) -> TextResult:

@@ -151,6 +151,34 @@ class StreamingMel:
         return torch.from_numpy(np.ascontiguousarray(out))[None]
 
 
+class UnitAudio:
+    """``streaming_prefill``'s front end over :class:`StreamingMel`: the user's audio buffered, the first unit
+    left-padded to 1035 ms, and each unit's mel with its context (a first unit has none on its left)."""
+
+    def __init__(self, mel_bins: int = 80) -> None:
+        self.mel = StreamingMel(mel_bins)
+        self.reset()
+
+    def reset(self) -> None:
+        self.mel.reset()
+        self.buffer = np.zeros(0, dtype=np.float32)
+        self.units = 0
+
+    def next_unit(self, waveform: np.ndarray) -> tuple[torch.Tensor, bool]:
+        """The mel of the unit ``waveform`` completes, float32 [1, mel_bins, frames], and whether it is the
+        conversation's first."""
+        self.buffer = np.concatenate([self.buffer, waveform.astype(np.float32, copy=False)])
+        first = self.units == 0
+        required = FIRST_CHUNK_MS * SAMPLE_RATE_IN // 1000
+        if first and len(self.buffer) < required:
+            self.buffer = np.concatenate([np.zeros(required - len(self.buffer), dtype=np.float32), self.buffer])
+        take = self.mel.next_chunk_samples
+        mel = self.mel.process(self.buffer[:take])
+        self.buffer = self.buffer[take:]
+        self.units += 1
+        return mel, first
+
+
 # ---------------------------------------------------------------------------------------------- modules
 
 

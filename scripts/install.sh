@@ -2,7 +2,7 @@
 # Installs DuplexCadence and what its tests and examples need, without ever moving torch:
 #   - torch: kept if present (e.g. a CUDA build), else torch 2.13.0 from PyPI
 #   - graphviz's `dot` (Debian package) for `dsl render` to SVG/PNG
-#   - the package (editable) with the test, serve and model extras, which pip resolves beside that torch
+#   - the package (editable) with the test, serve, ray and model extras, which pip resolves beside that torch
 #   - then the model packages whose own pins would move torch, without their requirements
 #     (scripts/model-pins.txt says why)
 # Quiet when it succeeds (one line at the end); a step that fails prints its whole output.
@@ -39,6 +39,6 @@ if ! command -v dot >/dev/null 2>&1; then
         echo "install.sh: graphviz's 'dot' is missing and apt-get is not available: install graphviz" >&2
     fi
 fi
-step "installing duplexcadence with its extras" pip_install -e ".[test,lsp,serve,moshi,qwen3omni,minicpmo45]"
+step "installing duplexcadence with its extras" pip_install -e ".[test,lsp,serve,ray,moshi,qwen3omni,minicpmo45]"
 step "installing the model packages (--no-deps)" pip_install --no-deps -r scripts/model-pins.txt
 "$PY" -c "import duplexcadence, torch; print(f'install.sh: duplexcadence {duplexcadence.__version__}, torch {torch.__version__}')"

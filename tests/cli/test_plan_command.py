@@ -166,7 +166,7 @@ def test_the_default_session_is_shortened_to_what_the_accounting_sums(tmp_path, 
     the plan; given with --seconds, the same length is refused (above)."""
     path = tmp_path / "fast.clock"
     path.write_text(MEGAHERTZ_CLOCK)
-    assert cli.main(["plan", str(path), "--format", "json"]) == 0
+    assert cli.main(["plan", str(path), "--output-format", "json"]) == 0
     samples = json.loads(capsys.readouterr().out)["samples"]
     assert (samples["seconds"], samples["instants"]) == ("10", 10_000_000)
     assert samples["clamped"] == (

@@ -248,7 +248,7 @@ def test_dsl_check_exits_0_or_1_on_mutated_bytes(tmp_path: Path, capsys, case, g
         target = tmp_path / "lib"
         if not target.exists():
             shutil.copytree(HERE / lib, target)  # a copy: `use` follows no link out of the folder
-    code = cli.main(["check", "--format", "concise", str(path)])
+    code = cli.main(["check", "--output-format", "concise", str(path)])
     out, err = capsys.readouterr()
     assert code in (0, 1), err
     assert err == "" and "Traceback" not in out

@@ -300,9 +300,9 @@ class Outcome:
 
 
 COMMANDS = (
-    ("check", "--format", "concise"),
-    ("plan", "--format", "json"),
-    ("render", "--format", "dot", "--view", "timeline"),
+    ("check", "--output-format", "concise"),
+    ("plan", "--output-format", "json"),
+    ("render", "--output-format", "dot", "--view", "timeline"),
 )
 CONCISE = re.compile(r"^(?P<where>\S.*?): (?P<severity>error|warning): .* \[(?P<code>[a-z-]+)\]$")
 LOCATED = re.compile(r":\d+:\d+$")

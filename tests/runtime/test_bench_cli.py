@@ -85,7 +85,7 @@ def test_a_subject_of_ones_own_runs_from_the_current_folder(user_folder, capsys)
 def test_an_unknown_subject_is_a_usage_error(user_folder, capsys, tail, message):
     code, out, err = run(capsys, "bench", tail, "--device", "cpu")
     assert code == 2 and out == ""
-    assert err.startswith(f"dsl bench: {message}")
+    assert err.startswith(f"dsl bench: error: {message}")
 
 
 def test_a_variant_not_meant_to_be_identical_reports_its_difference(user_folder):
@@ -129,7 +129,7 @@ def test_an_option_the_subject_refuses_is_a_usage_error_before_anything_runs(use
     code, out, err = run(capsys, "bench", "personaplex", "--device", "cpu", "--batch", "2", "--option", "lockstep=1")
     assert code == 2 and out == ""
     assert err == (
-        "dsl bench: personaplex: --option lockstep=1 decodes the two instances of one batch-1 stream as "
+        "dsl bench: error: personaplex: --option lockstep=1 decodes the two instances of one batch-1 stream as "
         "one B=2 session: run it with --batch 1, not 2\n"
     )
 
@@ -366,7 +366,7 @@ def test_variants_chooses_and_orders_the_variants_after_the_reference(user_folde
     code, out, err = run(capsys, "bench", "my_bench:subject", "--device", "cpu", "--variants", "duplexcadence,fast")
     assert code == 2 and out == ""
     assert err == (
-        "dsl bench: my tail: --variants 'duplexcadence,fast': no variant named 'fast'; the variants are "
+        "dsl bench: error: my tail: --variants 'duplexcadence,fast': no variant named 'fast'; the variants are "
         "'stock eager', 'duplexcadence'\n"
     )
 

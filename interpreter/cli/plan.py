@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 from fractions import Fraction
 
@@ -92,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output_format == "json":
         print(json.dumps(to_json(plan), indent=1, sort_keys=True))
     else:
-        sys.stdout.write(format_plan(plan, verbose=args.verbose, color=color_wanted(args.color, sys.stdout)))
+        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None  # a pipe gets whole lines
+        sys.stdout.write(format_plan(plan, args.verbose, color_wanted(args.color, sys.stdout), width))
     return EXIT_CLEAN
 
 

@@ -35,7 +35,7 @@ def test_the_docs_tables_are_what_the_script_prints():
 def test_the_pages_mark_every_table():
     readme = results_table.marked((ROOT / "README.md").read_text())
     benchmarks = results_table.marked((ROOT / "docs" / "benchmarks.md").read_text())
-    assert readme == ["results", "density"]
+    assert readme == ["results", "density", "serving"]
     assert sorted(benchmarks) == sorted(
         ["moshi", "personaplex", "minicpmo45", "qwen3omni", "density", "compile", "moshi-live", "long-session"]
     )

@@ -6,7 +6,7 @@
 
 A table sits in a page between `<!-- results_table.py: NAME -->` and `<!-- end results_table.py -->`;
 tests/docs/test_results_table.py fails when one differs from what this script prints. After a GPU run
-(`dsl bench TAIL --json`, added with scripts/bench_summary.py), `--write` updates the docs.
+(`dsl bench TAIL --output-format json`, added with scripts/bench_summary.py), `--write` updates the docs.
 
 Which runs the tables show, per tail (a `*.json` holds a list of runs, oldest first):
 

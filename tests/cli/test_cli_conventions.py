@@ -60,6 +60,7 @@ def test_version_prints_the_package_version(capsys) -> None:
     assert dsl(capsys, "--version") == (0, f"duplexcadence {duplexcadence.__version__}\n", "")
 
 
+@pytest.mark.slow
 def test_python_m_duplexcadence_is_the_dsl_command(folder) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "duplexcadence", "check", "tail.clock"], capture_output=True, text=True, timeout=60

@@ -13,7 +13,7 @@ from duplexcadence.examples import demo  # noqa: E402
 from duplexcadence.interpreter.plans.plan import plan_file  # noqa: E402
 from duplexcadence.interpreter.plans.plan_text import format_plan  # noqa: E402
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,7 @@ def served_url(server: subprocess.Popen, timeout_s: float = 300.0) -> tuple[str,
     raise AssertionError(f"the server exited ({server.wait()}) without saying where it serves: {said}")
 
 
+@pytest.mark.slow
 def test_the_server_says_where_it_serves_and_loadgen_reports_as_json(capsys) -> None:
     # A given tick model: admission does not depend on how busy the machine is while it calibrates.
     command = [sys.executable, "-m", "duplexcadence", "serve", "toy", "--device", "cpu", "--port", "0"]

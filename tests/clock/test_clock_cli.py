@@ -201,6 +201,7 @@ def test_files_that_are_not_programs_get_a_clear_message(capsys, tmp_path, monke
     assert_snapshot("check_files.txt", out)
 
 
+@pytest.mark.slow
 def test_the_installed_command_never_prints_a_traceback(tmp_path) -> None:
     """One real process per case: what a shell user sees, with its exit code."""
     (tmp_path / "binary.clock").write_bytes(b"\x00\xff" * 100)

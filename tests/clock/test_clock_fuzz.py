@@ -118,6 +118,7 @@ PROGRAMS = _small_sentences(from_lark(_PARSER, start="program", explicit=_explic
 
 @FUZZ
 @given(PROGRAMS)
+@pytest.mark.slow
 def test_every_sentence_of_the_grammar_parses_and_checks_without_raising(text: str) -> None:
     result = check_file("fuzz.clock", text=text)
     assert_well_formed(result)

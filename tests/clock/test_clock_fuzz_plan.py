@@ -221,6 +221,7 @@ def write_mutant(folder: Path, text: str) -> Path:
     sessions=st.sampled_from([1, 2]),
     budget=st.sampled_from([None, None, 4096]),
 )
+@pytest.mark.slow
 def test_dsl_plan_json_is_consistent_or_a_located_diagnostic(folder, case, max_graphs, sessions, budget) -> None:
     _, text = case
     path = write_mutant(folder, text)
@@ -247,6 +248,7 @@ def test_dsl_plan_json_is_consistent_or_a_located_diagnostic(folder, case, max_g
 
 @RENDER_FUZZ
 @given(case=MUTANTS, view=st.sampled_from(["timeline", "graph", "arena"]), ticks=st.sampled_from([None, 1, 7, 400]))
+@pytest.mark.slow
 def test_dsl_render_dot_is_a_graph_or_a_located_diagnostic(folder, case, view, ticks) -> None:
     _, text = case
     path = write_mutant(folder, text)

@@ -59,6 +59,7 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_the_grammar_and_the_stdlib_in_one_namespace(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "duplexcadence/grammar/clock.lark" in names
@@ -84,6 +85,7 @@ def test_the_wheel_holds_the_grammar_and_the_stdlib_in_one_namespace(wheel: Path
     assert "dsl = duplexcadence.interpreter.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
+@pytest.mark.slow
 def test_the_wheel_metadata_is_what_the_package_says(wheel: Path) -> None:
     archive = zipfile.ZipFile(wheel)
     names = archive.namelist()
@@ -163,6 +165,7 @@ exec "$REAL_PYTHON" "$@"
 
 
 @pytest.mark.parametrize("pip_exit", [0, 1])
+@pytest.mark.slow
 def test_install_sh_is_quiet_when_it_succeeds_and_shows_the_output_when_it_fails(tmp_path, pip_exit: int) -> None:
     fake = tmp_path / "python"
     fake.write_text(FAKE_PYTHON)

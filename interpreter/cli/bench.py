@@ -206,7 +206,9 @@ def register(commands) -> None:
         "timeline; the host's operations too), with a summary line per variant",
     )
     add_output_format_option(
-        parser, help="text (default: the table) or json (the results, as docs/benchmarks/*.json hold them)"
+        parser,
+        help="text (default: the table) or json (the results, as docs/benchmarks/*.json hold them)",
+        old_spelling=False,
     )
     add_json_path_option(parser)
     parser.add_argument("--no-progress", action="store_true")

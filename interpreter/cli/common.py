@@ -76,9 +76,11 @@ def add_output_format_option(
     hidden: Sequence[str] = (),
     help: str = "text (default) or json on standard output (diagnostics too)",
     default: str | None = "text",
+    old_spelling: bool = True,
 ) -> None:
     """`--output-format` (`args.output_format`), as ruff spells it: what the command prints on standard output.
-    `hidden` choices are accepted but not listed. `--format`, its old spelling, is kept and marked deprecated."""
+    `hidden` choices are accepted but not listed. With `old_spelling` (the commands that had it), `--format` is
+    kept and marked deprecated."""
     settings: dict[str, Any] = {
         "dest": "output_format",
         "choices": (*choices, *hidden),
@@ -86,7 +88,8 @@ def add_output_format_option(
         "metavar": "{" + ",".join(choices) + "}",
     }
     parser.add_argument("--output-format", help=help, **settings)
-    parser.add_argument("--format", help="deprecated: the old spelling of --output-format", **settings)
+    if old_spelling:
+        parser.add_argument("--format", help="deprecated: the old spelling of --output-format", **settings)
 
 
 def add_json_path_option(parser: argparse.ArgumentParser) -> None:

@@ -120,6 +120,6 @@ def register(commands) -> None:
     parser.add_argument(
         "--verify-device", type=device_name, default=None, help="where stock runs for --verify (the server's device)"
     )
-    add_output_format_option(parser, help="text (default) or json: the report on standard output")
+    add_output_format_option(parser, help="text (default) or json: the report on standard output", old_spelling=False)
     add_json_path_option(parser)
     parser.set_defaults(handler=run)

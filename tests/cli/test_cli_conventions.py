@@ -125,6 +125,7 @@ def test_standard_input_cannot_be_written_back_or_read_twice(capsys, folder, mon
     assert dsl(capsys, "check", "-", "-") == (2, "", "dsl check: error: standard input ('-') is given twice\n")
 
 
+@pytest.mark.slow
 def test_a_real_process_reads_standard_input_for_check_and_render(folder) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "duplexcadence", "check", "--output-format", "concise", "-"],

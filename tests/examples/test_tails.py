@@ -174,6 +174,7 @@ def test_the_registry_and_the_bench_command_need_no_torch_until_it_runs():
 
 @pytest.mark.models
 @pytest.mark.parametrize("name", ["moshi", "personaplex", "qwen3omni"])
+@pytest.mark.slow
 def test_the_capture_probe_finds_nothing_to_block_in_a_shipped_tail(name):
     """Every stage of these tails is captured on the H200 (docs/benchmarks.md); the probe that runs before each
     capture (capture/obstacles.py) must not block one. On the CPU every `.item()` and data-sized operation

@@ -97,6 +97,7 @@ def test_two_renders_are_byte_identical():
         assert first == second
 
 
+@pytest.mark.slow
 def test_same_dot_under_another_hash_seed(plans):
     """String hashing is salted per process: a render that leaned on hash() or set order would differ."""
     script = (

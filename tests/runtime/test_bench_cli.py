@@ -151,6 +151,7 @@ def logged(variant, calls: list[str]):
     return attrs.evolve(variant, make=make)
 
 
+@pytest.mark.slow
 def test_interleave_times_every_variant_again_stepped_in_turn(user_folder, capsys):
     """`--interleave`: after the sequential pass, every variant that ran is built again and they are stepped
     in turn, tick by tick, the order rotating by one each tick; each gets a second set of timings."""
@@ -266,6 +267,7 @@ def test_the_gpu_busy_profile_runs_after_every_timed_tick_on_a_fresh_build(user_
     assert all(r.bit_identical and "busy_error" not in r.info for r in results)
 
 
+@pytest.mark.slow
 def test_a_may_fail_variant_that_fails_its_profile_keeps_its_timings(user_folder, profiled):
     from duplexcadence.interpreter import bench
 

@@ -27,6 +27,8 @@ from duplexcadence.interpreter.serve.modes import BundleTickError, TickError
 from duplexcadence.interpreter.serve.pool import PoolConfig, SessionPool
 from duplexcadence.interpreter.serve.tail import served_tail
 
+pytestmark = pytest.mark.slow  # most of its tests start server processes, a few seconds each
+
 TOY = served_tail("toy")
 
 

@@ -66,6 +66,7 @@ def publish_from_a_child(board: PlacementBoard) -> None:
     board.seat(1).publish(WorkerLoad(True, 7, 5))
 
 
+@pytest.mark.slow
 def test_a_load_published_in_another_process_is_read_from_the_board():
     context = multiprocessing.get_context("spawn")
     board = PlacementBoard(2, context)

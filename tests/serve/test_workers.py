@@ -21,6 +21,8 @@ from duplexcadence.interpreter.serve.loadgen import run_load
 from duplexcadence.interpreter.serve.tail import served_tail
 from duplexcadence.interpreter.serve.workers import bind_sockets
 
+pytestmark = pytest.mark.slow  # most of its tests start server processes, a few seconds each
+
 TOY = served_tail("toy")
 SERVING_ON = re.compile(r"^serving on 2 worker\(s\) through (ws://127\.0\.0\.1:(\d+)/v1/session)$", re.M)
 WORKER = re.compile(r"^worker (\d) \(pid (\d+)\):$", re.M)

@@ -560,12 +560,19 @@ def time_axis_count(region: str, count: int, span: Span | None) -> Diagnostic:
     )
 
 
-def bad_dim(region: str, position: int, value: str, span: Span | None) -> Diagnostic:
+def bad_dim(
+    region: str, position: int, value: str, span: Span | None, override: tuple[str, str] | None = None
+) -> Diagnostic:
+    """`override`: the `--param NAME=VALUE` the dimension's value comes from, reported at its first use only."""
+    helps = ("dimensions are positive integers, params or expressions of them",)
+    if override is not None:
+        name, given = override
+        helps = (
+            f"--param {name}={given} gives this value; every other dimension that uses '{name}' has the same "
+            "problem (reported once): give a positive integer",
+        )
     return Diagnostic(
-        SHAPE,
-        f"dimension {position} of region '{region}' is {value}, not a positive integer",
-        span,
-        helps=("dimensions are positive integers, params or expressions of them",),
+        SHAPE, f"dimension {position} of region '{region}' is {value}, not a positive integer", span, helps=helps
     )
 
 

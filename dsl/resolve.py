@@ -209,6 +209,7 @@ class _Resolver:
         self.scopes = collect_declarations(loaded, self.bag, self.suggestions)
         self.units = [loaded.main]  # the unit whose names are in scope: a declaration sees its own file's names
         self.overrides = dict(overrides)
+        self.overrides_reported: set[str] = set()  # overridden params a bad dimension has been reported for
         self.values: dict[tuple[str, str], Quantity] = {}
         self.evaluating: list[tuple[str, str]] = []
         self.broken: set[tuple[str, str]] = set()
@@ -713,7 +714,11 @@ class _Resolver:
                     or value.value.denominator != 1
                     or value.value < 1
                 ):
-                    self.bag.add(messages.bad_dim(name, position, value.describe(), dim.span))
+                    overridden = [n for n in free_names(dim) if n in self.overrides and n not in local]
+                    if not self.overrides_reported.intersection(overridden):
+                        override = (overridden[0], self.overrides[overridden[0]]) if overridden else None
+                        self.bag.add(messages.bad_dim(name, position, value.describe(), dim.span, override))
+                        self.overrides_reported.update(overridden)
                     return None
                 shape.append(value.value.numerator)
             retention: Retention | None

@@ -1,6 +1,6 @@
 """Add one GPU bench run to docs/benchmarks/<model>.json as a summary entry.
 
-The raw payload is what `dsl bench --json` (or a GPU script's `bench` list) writes; the entry keeps
+The raw payload is what `dsl bench --output-format json` prints (or a GPU script's `bench` list); the entry keeps
 its variants and adds a summary: model, device, driver, torch, stock_ms_per_s, cadence_ms_per_s, speedup
 (stock / cadence), stock_peak_bytes, cadence_peak_bytes, cadence_over_stock_eager_bytes (how far the
 DuplexCadence variant's peak allocated memory is above stock eager's in the run; null when it is not),
@@ -102,7 +102,9 @@ def add_sessions(payload: dict, command: str, path: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("raw", type=Path, help="a payload written by `dsl bench --json` or a GPU bench script")
+    parser.add_argument(
+        "raw", type=Path, help="a payload printed by `dsl bench --output-format json` or a GPU bench script"
+    )
     parser.add_argument("--stock", help="the variant that is the model's shipped streaming path")
     parser.add_argument("--cadence", default="duplexcadence", help="the DuplexCadence variant")
     parser.add_argument("--command", required=True, help="the command that produced the run")

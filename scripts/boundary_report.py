@@ -12,7 +12,7 @@ session (`dsl plan --seconds T`): its total and offline length must be what the 
 `dsl check` flags a clock that loses units at every boundary (boundary-loss).
 
     source scripts/device_setup.sh
-    python scripts/boundary_report.py --device cuda --seconds 60 --json $OUT/boundaries.json
+    python scripts/boundary_report.py --device cuda --seconds 60 --json boundaries.json
     python scripts/boundary_report.py --device cpu --seconds 2 --json /tmp/boundaries.json  # CPU: reduced sizes
 
 On the CPU, Qwen3-Omni's chunked loop and MiniCPM-o 4.5 run reduced configurations (the clocks do not

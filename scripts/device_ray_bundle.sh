@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run where a package registry is reachable: builds .raybundle/ray-py312.tar.xz, a site folder holding Ray
-# (the version installed here) and what a local Ray Serve needs at import and run time that the GPU machine
+# (the version installed here) and what a local Ray Serve needs at import and run time that a machine without a registry
 # (Python 3.12, x86-64, no registry) lacks. `source scripts/device_setup.sh` there unpacks it into /tmp/site.
-#   bash scripts/device_ray_bundle.sh        # then carry [".whl", ".raybundle"]
-# Packages the GPU machine has (aiohttp, grpcio, protobuf, numpy, ...) and those carried in .whl/ (starlette,
+#   bash scripts/device_ray_bundle.sh        # then copy .whl/ and .raybundle/ with the checkout
+# Packages such a machine has (aiohttp, grpcio, protobuf, numpy, ...) and those brought in .whl/ (starlette,
 # uvicorn, websockets) are left out. Left out as well: what a local Ray with Serve never loads with the
 # dashboard off: the Java jar, the dashboard's web client, RLlib, the HAProxy binary, py-spy, console scripts.
 set -euo pipefail

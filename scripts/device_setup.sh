@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Source this on the GPU machine (no registry there): installs the carried wheels (.whl/) into
+# Source this on a machine without a package registry: installs the wheels brought in .whl/ into
 # /tmp/site and makes `duplexcadence` importable from this checkout without building it, with its
 # metadata (the `duplexcadence.tails` entry points of pyproject.toml) so that `dsl bench TAIL` finds the tails.
 # With .raybundle/ray-py312.tar.xz (built by scripts/device_ray_bundle.sh where a registry is reachable) it
-# first unpacks Ray and what Ray Serve needs into /tmp/site; the carried wheels then install over it.
+# first unpacks Ray and what Ray Serve needs into /tmp/site; the wheels of .whl/ then install over it.
 #   source scripts/device_setup.sh
 if [ -f .raybundle/ray-py312.tar.xz ]; then
   mkdir -p /tmp/site && tar -xJf .raybundle/ray-py312.tar.xz -C /tmp/site

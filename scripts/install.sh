@@ -3,7 +3,7 @@
 #   - torch: kept if present (e.g. a CUDA build), else torch 2.13.0 from PyPI
 #   - graphviz's `dot` (Debian package) for `dsl render` to SVG/PNG
 #   - Chromium (Debian packages chromium, chromium-driver) for the browser test of the conversation page
-#   - the package (editable) with the test, serve and model extras, which pip resolves beside that torch
+#   - the package (editable) with the test, serve, ray and model extras, which pip resolves beside that torch
 #   - then the model packages whose own pins would move torch, without their requirements
 #     (scripts/model-pins.txt says why)
 # Quiet when it succeeds (one line at the end); a step that fails prints its whole output.
@@ -47,6 +47,6 @@ if ! command -v chromium >/dev/null 2>&1; then  # the page's browser test (tests
         echo "install.sh: chromium is missing and apt-get is not available: the page's browser test skips" >&2
     fi
 fi
-step "installing duplexcadence with its extras" pip_install -e ".[test,lsp,serve,moshi,qwen3omni,minicpmo45]"
+step "installing duplexcadence with its extras" pip_install -e ".[test,lsp,serve,ray,moshi,qwen3omni,minicpmo45]"
 step "installing the model packages (--no-deps)" pip_install --no-deps -r scripts/model-pins.txt
 "$PY" -c "import duplexcadence, torch; print(f'install.sh: duplexcadence {duplexcadence.__version__}, torch {torch.__version__}')"

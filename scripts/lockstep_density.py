@@ -20,7 +20,7 @@ before it (its weights, state, arena and graph pools; the base model every kind 
 counted). JSON to --out.
 
     source scripts/device_setup.sh
-    python scripts/lockstep_density.py --rows 32 --out $OUT/mimi_lockstep_density.json
+    python scripts/lockstep_density.py --rows 32 --out mimi_lockstep_density.json
     python scripts/lockstep_density.py --cpu-dry-run --out /tmp/lockstep.json   # a smoke test, times mean nothing
 """
 

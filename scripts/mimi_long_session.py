@@ -1,7 +1,7 @@
 """A one-hour conversation of Moshi's Mimi decoder tail under DuplexCadence, beside moshi's own decode.
 
     python scripts/mimi_long_session.py --device cuda --seconds 3600 --stock-mode stock --max-wall 500 \
-        --out $OUT/mimi_long_session.json
+        --out mimi_long_session.json
     python scripts/mimi_long_session.py --device cpu --seconds 20 --out /tmp/mimi_long_session.json  # smoke
 
 One DuplexCadence session decodes `seconds` x 12.5 frames of seeded random codes (45 000 for an hour),
@@ -27,7 +27,7 @@ start and at every checkpoint.
 Checkpoints: at a memory sample (every `--every` frames) when `--checkpoint-s` seconds have passed
 since the last one, at every tenth of the run, and at the end. Each one synchronizes once, reads the
 flags, checks the addresses and writes the whole result so far to `--out` (default
-`$OUT/mimi_long_session.json`, else `./mimi_long_session.json`) atomically (a temporary file, then
+`mimi_long_session.json`, else `./mimi_long_session.json`) atomically (a temporary file, then
 `os.replace`), with `complete: false`; the last one has `complete: true`. A run killed from outside
 keeps its last checkpoint. `--max-wall S` stops the run cleanly before S seconds from the script's
 start (setup included) and writes the result with `complete: false`, `stopped: "max-wall"` and the

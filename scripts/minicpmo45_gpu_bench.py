@@ -17,8 +17,8 @@ Two parts, both in one process on one device, under deterministic cuDNN:
   reached) and with the first runtime run (every session).
 
     source scripts/device_setup.sh
-    python scripts/minicpmo45_gpu_bench.py --json $OUT/minicpmo45.json
-    python scripts/minicpmo45_gpu_bench.py --part sessions --lanes 4 --runtime-sessions 8,12,16,20,24 --json $OUT/l4.json
+    python scripts/minicpmo45_gpu_bench.py --json minicpmo45.json
+    python scripts/minicpmo45_gpu_bench.py --part sessions --lanes 4 --runtime-sessions 8,12,16,20,24 --json l4.json
 """
 
 from __future__ import annotations

@@ -277,7 +277,7 @@ def plot_sessions(json_dir: Path, out_dir: Path) -> Path | None:
             points = sorted((p["sessions"], p["round_ms_p99"]) for p in result["sweep"])
             top = max(top, *(p for _, p in points))
             best = result["max_sessions_p99_under_1s"]
-            label = f"{name}: {best} sessions" if best else f"{name}: none under 1 s"
+            label = f"{name}: {results_table.limit_text(result)} sessions" if best else f"{name}: none under 1 s"
             axis.plot(*zip(*points), marker="o", color=colour(name), label=label, linewidth=1.8)
             if best:
                 axis.axvline(best, color=colour(name), linestyle=":", linewidth=1.2)

@@ -37,12 +37,12 @@ tick stepped whole (from `/metrics`, 0 when no bundle filled whole groups). A co
 `dsl serve --param`) override a configuration's.
 
     source scripts/device_setup.sh
-    python scripts/serve_bench.py --out $OUT/serve_bench.json                         # every configuration
-    python scripts/serve_bench.py --configs moshi-lockstep --out $OUT/serve_mimi.json
+    python scripts/serve_bench.py --out serve_bench.json                         # every configuration
+    python scripts/serve_bench.py --configs moshi-lockstep --out serve_mimi.json
     python scripts/serve_bench.py --configs moshi-lockstep --bundle 32 --gather-ms 12 --counts 512,640,768 \
-        --out $OUT/serve_mimi_bundle32.json                                          # 32 sessions a websocket
-    python scripts/serve_bench.py --configs minicpmo45 --option istft=torch --counts 28 --out $OUT/eager_istft.json
-    python scripts/serve_bench.py --configs minicpmo45-lanes --out $OUT/serve_minicpmo45_lanes.json
+        --out serve_mimi_bundle32.json                                          # 32 sessions a websocket
+    python scripts/serve_bench.py --configs minicpmo45 --option istft=torch --counts 28 --out eager_istft.json
+    python scripts/serve_bench.py --configs minicpmo45-lanes --out serve_minicpmo45_lanes.json
     python scripts/serve_bench.py --cpu-dry-run --out /tmp/serve_bench.json           # a smoke test, times mean nothing
 
 `--loadgen-worker` is the mode the script starts its load-generator processes in.

@@ -1,8 +1,8 @@
 """Sessions across GPUs with Ray Serve: how many sessions 1, 2 and 4 replicas (one per GPU) keep at the cadence,
 how a new session is placed, and what a replica's death and a drain do to the sessions.
 
-    python scripts/serve_cluster_bench.py --tail moshi --gpus 1,2,4 --out $OUT/cluster_moshi.json
-    python scripts/serve_cluster_bench.py --tail minicpmo45 --gpus 1,2,4 --out $OUT/cluster_minicpmo45.json
+    python scripts/serve_cluster_bench.py --tail moshi --gpus 1,2,4 --out cluster_moshi.json
+    python scripts/serve_cluster_bench.py --tail minicpmo45 --gpus 1,2,4 --out cluster_minicpmo45.json
     python scripts/serve_cluster_bench.py --device cpu --tail toy --gpus 1,2 --ray-cpus 2 --out /tmp/cluster.json
 
 A local Ray starts (`--ray-cpus` CPUs, every GPU of the machine), then for each count N of `--gpus` the Serve

@@ -15,7 +15,7 @@ Every runtime frame is compared with `torch.equal` to the same session's stock f
 reached) and to the lanes-1 runtime (every session). JSON to --out.
 
     source scripts/device_setup.sh
-    python scripts/sessions_density.py --lanes 1,2,4 --sessions 4,8,16,24,32 --out $OUT/mimi_density.json
+    python scripts/sessions_density.py --lanes 1,2,4 --sessions 4,8,16,24,32 --out mimi_density.json
     python scripts/sessions_density.py --cpu-dry-run --out /tmp/density.json      # a smoke test, times mean nothing
 """
 

@@ -40,7 +40,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
-        skip = pytest.mark.skip(reason="needs a CUDA device (run on the GPU machine: pytest -m gpu)")
+        skip = pytest.mark.skip(reason="needs a CUDA device (on a machine with one: pytest -m gpu)")
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)

@@ -17,10 +17,10 @@ from pathlib import Path
 import attrs
 import torch
 
-from duplexcadence.interpreter.bench import trace
 from duplexcadence.interpreter.bench.budget import error_text, recover, time_budget
 from duplexcadence.interpreter.bench.subject import Subject, Variant, VariantResult
 from duplexcadence.interpreter.bench.timing import sync
+from duplexcadence.interpreter.bench.trace import trace_file, write_trace
 
 Progress = Callable[[str, int, int], None]
 
@@ -62,7 +62,7 @@ def kernel_busy(runner, subject: Subject, first: int, count: int, trace_path: Pa
             runner.step(**subject.inputs(tick))
         sync(subject.device)
     wall = time.perf_counter() - start
-    summary = trace.write_trace(profile, trace_path, count) if trace_path is not None else None
+    summary = write_trace(profile, trace_path, count) if trace_path is not None else None
     if not measurable:
         return BusyProfile(None, None, summary)
     # device_time_total of the top-level averages counts every kernel once
@@ -116,7 +116,7 @@ def profile_all(
     of its budget) keeps its timings, with the reason in `info["busy_error"]`. Call it after the process's
     last timed tick. `variants`: those the results came from, by name (default: the subject's, compile
     variants included). With `trace_dir`, each profile is written there as a Chrome trace
-    (`trace.trace_file`) and summarised in `info["trace"]`."""
+    (`trace_file`) and summarised in `info["trace"]`."""
     if not kernel_time_measurable(subject.device) and trace_dir is None:
         return results
     variants = subject.variants + subject.compile_variants if variants is None else variants
@@ -125,7 +125,7 @@ def profile_all(
     for result in results:
         variant = by_name.get(result.name)
         if result.error is None and variant is not None:
-            path = None if trace_dir is None else trace.trace_file(trace_dir, subject.name, variant.name)
+            path = None if trace_dir is None else trace_file(trace_dir, subject.name, variant.name)
             try:
                 with time_budget(
                     variant.budget_s if variant.may_fail else None, f"variant {variant.name!r} (GPU busy profile)"

@@ -12,6 +12,7 @@ Torch and the bench are imported by `run` only, so that `dsl --help` starts with
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -20,8 +21,9 @@ from duplexcadence.interpreter import tails
 from duplexcadence.interpreter.cli.common import (
     EXIT_CLEAN,
     EXIT_PROBLEMS,
-    EXIT_USAGE,
     UsageError,
+    add_json_path_option,
+    add_output_format_option,
     device_name,
     positive,
     positive_float,
@@ -67,8 +69,7 @@ def subject_function(name: str) -> Callable[..., Any] | str:
 def run(args: argparse.Namespace) -> int:
     make_subject = subject_function(args.tail)
     if isinstance(make_subject, str):
-        print(f"dsl bench: {make_subject}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(make_subject)
     options = _options(args.option)
     device = resolve_device(args.device)  # imports torch
     from duplexcadence.interpreter import bench
@@ -76,13 +77,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         subject = make_subject(device=device, seconds=args.seconds, batch=args.batch, dtype=args.dtype, **options)
     except ValueError as error:  # an option the subject does not take (a dtype, a batch for a mode)
-        print(f"dsl bench: {args.tail}: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"{args.tail}: {error}") from None
     if args.variants is not None:
         chosen = select_variants(subject, args.variants)
         if isinstance(chosen, str):
-            print(f"dsl bench: {subject.name}: {chosen}", file=sys.stderr)
-            return EXIT_USAGE
+            raise UsageError(f"{subject.name}: {chosen}")
         subject.variants = chosen
     ticks = int(subject.ticks_per_second * args.seconds)
     if args.compile and not subject.compile_variants:
@@ -96,7 +95,10 @@ def run(args: argparse.Namespace) -> int:
         interleave=args.interleave,
         trace_dir=args.trace,
     )
-    print(bench.format_table(subject, results))
+    if args.output_format == "json":
+        print(json.dumps(bench.to_json(subject, results), indent=1, sort_keys=True, default=str))
+    else:
+        print(bench.format_table(subject, results))
     if args.json:
         bench.dump(args.json, bench.to_json(subject, results))
         status(args, f"wrote {args.json}")
@@ -203,6 +205,11 @@ def register(commands) -> None:
         help="write each variant's profile of its last ticks to DIR as a Chrome trace (per-operation GPU "
         "timeline; the host's operations too), with a summary line per variant",
     )
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
+    add_output_format_option(
+        parser,
+        help="text (default: the table) or json (the results, as docs/benchmarks/*.json hold them)",
+        old_spelling=False,
+    )
+    add_json_path_option(parser)
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(handler=run)

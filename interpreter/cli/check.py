@@ -14,8 +14,8 @@ from duplexcadence.interpreter.cli.common import (
     EXIT_PROBLEMS,
     ClockInput,
     add_common_options,
-    add_format_option,
     add_limit_option,
+    add_output_format_option,
     add_stdin_filename_option,
     clock_inputs,
     color_wanted,
@@ -38,11 +38,11 @@ def run(args: argparse.Namespace) -> int:
     inputs = clock_inputs(args.files, walk=True, stdin_filename=args.stdin_filename)
     results = [check_input(item, overrides, limits) for item in inputs]
     every = [d for result in results for d in result.diagnostics]
-    if args.format == "json":
+    if args.output_format == "json":
         print(diagnostics_json((result.path, result.diagnostics) for result in results))
     else:
         color = color_wanted(args.color, sys.stdout)
-        form = "concise" if args.format == "concise" else "full"
+        form = "concise" if args.output_format == "concise" else "full"
         for result in results:
             print_diagnostics(result.diagnostics, result.sources, form, color, sys.stdout, result.path)
         if not args.quiet:
@@ -66,7 +66,7 @@ def register(commands) -> None:
     )
     check.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
     add_limit_option(check)
-    add_format_option(
+    add_output_format_option(
         check,
         choices=("text", "concise", "json"),
         hidden=("full",),

@@ -70,19 +70,35 @@ def add_common_options(parser: argparse.ArgumentParser, top_level: bool = False)
         parser.set_defaults(quiet=False, color="auto")
 
 
-def add_format_option(
+def add_output_format_option(
     parser: argparse.ArgumentParser,
     choices: Sequence[str] = ("text", "json"),
     hidden: Sequence[str] = (),
     help: str = "text (default) or json on standard output (diagnostics too)",
+    default: str | None = "text",
+    old_spelling: bool = True,
 ) -> None:
-    """`--format`, the first choice the default; `hidden` choices are accepted but not listed."""
+    """`--output-format` (`args.output_format`), as ruff spells it: what the command prints on standard output.
+    `hidden` choices are accepted but not listed. With `old_spelling` (the commands that had it), `--format` is
+    kept and marked deprecated."""
+    settings: dict[str, Any] = {
+        "dest": "output_format",
+        "choices": (*choices, *hidden),
+        "default": default,
+        "metavar": "{" + ",".join(choices) + "}",
+    }
+    parser.add_argument("--output-format", help=help, **settings)
+    if old_spelling:
+        parser.add_argument("--format", help="deprecated: the old spelling of --output-format", **settings)
+
+
+def add_json_path_option(parser: argparse.ArgumentParser) -> None:
+    """`--json PATH`, deprecated: the JSON document written to PATH (`--output-format json > PATH` prints it)."""
     parser.add_argument(
-        "--format",
-        choices=(*choices, *hidden),
-        default=choices[0],
-        metavar="{" + ",".join(choices) + "}",
-        help=help,
+        "--json",
+        default=None,
+        metavar="PATH",
+        help="deprecated: also write the JSON to PATH (--output-format json prints it on standard output)",
     )
 
 
@@ -193,7 +209,7 @@ EXTRAS = {
     "uvicorn": "serve",
     "websockets": "serve",
     "prometheus_client": "serve",
-    "ray": "serve",
+    "ray": "ray",
 }
 # What an extra needs beside it that pip cannot resolve with torch >= 2.11 (the package's own pins would
 # move torch): installed with --no-deps, at the versions scripts/model-pins.txt pins.

@@ -16,7 +16,7 @@ from duplexcadence.interpreter import tails
 from duplexcadence.interpreter.cli.common import (
     EXIT_CLEAN,
     EXIT_PROBLEMS,
-    EXIT_USAGE,
+    UsageError,
     color_wanted,
     non_negative,
     print_diagnostics,
@@ -51,29 +51,23 @@ def _options(pairs: list[str]) -> dict[str, str] | str:
 def run(args: argparse.Namespace) -> int:
     make_loop = _loop_function(args.loop)
     if isinstance(make_loop, str):
-        print(f"dsl draft: {make_loop}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(make_loop)
     options = _options(args.option)
     if isinstance(options, str):
-        print(f"dsl draft: {options}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(options)
     if args.calls < 2:
-        print(f"dsl draft: --calls must be at least 2 (drafting compares calls), not {args.calls}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"--calls must be at least 2 (drafting compares calls), not {args.calls}")
     try:
         loop = make_loop(**options)
     except (TypeError, ValueError) as error:
-        print(f"dsl draft: {args.loop}({', '.join(options)}) failed: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"{args.loop}({', '.join(options)}) failed: {error}") from None
     if not isinstance(loop, StockLoop):
-        print(f"dsl draft: {args.loop} returned {type(loop).__name__}, not a StockLoop", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(f"{args.loop} returned {type(loop).__name__}, not a StockLoop")
     path = args.output or "draft.clock"
     try:
         result = draft(loop, calls=args.calls, max_calls=args.max_calls, source=args.loop, path=path)
     except (StepError, DraftError) as error:
-        print(f"dsl draft: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        raise UsageError(str(error)) from None
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
             handle.write(result.text)

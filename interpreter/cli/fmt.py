@@ -18,7 +18,7 @@ from duplexcadence.interpreter.cli.common import (
     ClockInput,
     UsageError,
     add_common_options,
-    add_format_option,
+    add_output_format_option,
     add_stdin_filename_option,
     clock_inputs,
     color_wanted,
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         source, text, sources, diagnostics = canonical(item)
         if text is None or source is None:
             status = EXIT_PROBLEMS
-            if args.format == "json":
+            if args.output_format == "json":
                 documents.append(
                     {
                         "path": item.path,
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         if args.write and differs:
             with open(item.path, "w", encoding="utf-8") as handle:
                 handle.write(text)
-        if args.format == "json":
+        if args.output_format == "json":
             documents.append({"path": item.path, "diagnostics": [], "changed": differs, "formatted": text})
         elif args.check:
             if differs:
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"reformatted {item.path}")
         else:
             sys.stdout.write(text)
-    if args.format == "json":
+    if args.output_format == "json":
         print(json.dumps(documents, indent=2, sort_keys=True))
     elif (args.check or args.write) and not args.quiet:
         verb = "would be reformatted" if args.check else "reformatted"
@@ -110,7 +110,7 @@ def register(commands) -> None:
     group = fmt.add_mutually_exclusive_group()
     group.add_argument("--check", action="store_true", help="exit 1 if a file is not in canonical form")
     group.add_argument("--write", action="store_true", help="rewrite files in place")
-    add_format_option(
+    add_output_format_option(
         fmt,
         help="text (default) or json: per file its diagnostics, whether it changes and its canonical text",
     )

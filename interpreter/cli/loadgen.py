@@ -20,6 +20,8 @@ from duplexcadence.interpreter.cli.common import (
     EXIT_CLEAN,
     EXIT_PROBLEMS,
     UsageError,
+    add_json_path_option,
+    add_output_format_option,
     device_name,
     non_negative,
     positive,
@@ -95,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             f"--verify: the server runs lockstep groups of {lockstep} and the '{ready['tail']}' tail has no batched "
             "stock loop to compare their rows with"
         )
-    if not args.quiet:
+    if not args.quiet and args.output_format == "text":
         print(loadgen.describe_ready(ready))
     report = asyncio.run(
         loadgen.run_load(
@@ -112,8 +114,11 @@ def run(args: argparse.Namespace) -> int:
     if args.verify:
         assert served is not None
         report = loadgen.verify(served, report, lockstep, ready.get("numerics"))
-    for line in report.lines():
-        print(line)
+    if args.output_format == "json":
+        print(json.dumps(report.to_json(), indent=1, sort_keys=True))
+    else:
+        for line in report.lines():
+            print(line)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report.to_json(), handle, indent=1, sort_keys=True)
@@ -147,7 +152,8 @@ def register(commands) -> None:
     parser.add_argument(
         "--verify-device", type=device_name, default=None, help="where stock runs for --verify (the server's device)"
     )
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
+    add_output_format_option(parser, help="text (default) or json: the report on standard output", old_spelling=False)
+    add_json_path_option(parser)
     conversations = parser.add_argument_group(
         "conversations", "against `dsl serve ENGINE --conversations` (/v1/realtime; docs/serving.md, Conversations)"
     )

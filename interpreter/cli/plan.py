@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 from fractions import Fraction
 
@@ -20,8 +21,8 @@ from duplexcadence.interpreter.cli.common import (
     EXIT_PROBLEMS,
     UsageError,
     add_common_options,
-    add_format_option,
     add_limit_option,
+    add_output_format_option,
     add_prune_option,
     add_stdin_filename_option,
     clock_inputs,
@@ -114,10 +115,9 @@ def off_plan_step(text: str) -> OffPlanStep:
 
 
 def run(args: argparse.Namespace) -> int:
-    form = "json" if args.json else args.format
     plan, _ = plan_of_file(
         args,
-        diagnostics_format=form,
+        diagnostics_format=args.output_format,
         max_graphs=args.max_graphs,
         max_arena_bytes=args.max_arena_bytes,
         sessions=args.sessions,
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     memory = Memory(args.memory, "--memory") if args.memory is not None else None
     if memory is None and plan.conversations.batched:
         memory = device_memory()
-    if form == "json":
+    if args.output_format == "json":
         document = to_json(plan)
         if memory is not None:
             document["conversations"]["memory"] = {
@@ -140,8 +140,8 @@ def run(args: argparse.Namespace) -> int:
             }
         print(json.dumps(document, indent=1, sort_keys=True))
     else:
-        text = format_plan(plan, verbose=args.verbose, color=color_wanted(args.color, sys.stdout), memory=memory)
-        sys.stdout.write(text)
+        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None  # a pipe gets whole lines
+        sys.stdout.write(format_plan(plan, args.verbose, color_wanted(args.color, sys.stdout), width, memory))
     return EXIT_CLEAN
 
 
@@ -151,7 +151,7 @@ def register(commands) -> None:
         help="print the plan: clocks, warm-up, memory per region, graphs",
         description="Plan a .clock file: its clocks, the warm-up until the state repeats, the memory of "
         "every region against stock, and the CUDA graphs to capture. Exit 0: planned; 1: the file has "
-        "errors or cannot be planned (diagnostics on stderr, or on stdout with --format json); 2: a "
+        "errors or cannot be planned (diagnostics on stderr, or on stdout with --output-format json); 2: a "
         "usage error.",
     )
     plan.add_argument(
@@ -162,8 +162,9 @@ def register(commands) -> None:
     )
     plan.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="override a param")
     add_limit_option(plan)
-    add_format_option(plan, help="text (default) or json: the plan as data (docs/plan-json.md), or the diagnostics")
-    plan.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # the spelling --format json replaces
+    add_output_format_option(
+        plan, help="text (default) or json: the plan as data (docs/plan-json.md), or the diagnostics"
+    )
     plan.add_argument(
         "-v",
         "--verbose",

@@ -11,6 +11,7 @@ from duplexcadence.interpreter.cli.common import (
     EXIT_USAGE,
     UsageError,
     add_limit_option,
+    add_output_format_option,
     add_prune_option,
     non_negative,
     positive,
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.file is None:
         raise UsageError("name the .clock FILE to draw", helps=("dsl render --list-views lists the views",))
     try:
-        chosen = output_format(args.output, args.format)
+        chosen = output_format(args.output, args.output_format)
         if args.output is None and chosen in ("png", "pdf") and sys.stdout.isatty():
             raise RenderError(f"{chosen} is binary: write it to a file with -o OUT.{chosen}")
     except RenderError as error:
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.buffer.flush()
         else:
             write_output(data, args.output)
-            print(f"wrote {args.output} ({args.view}, {chosen})", file=sys.stderr)
+            status(args, f"wrote {args.output} ({args.view}, {chosen})")
     except RenderError as error:
         print(f"dsl render: error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -130,8 +131,8 @@ def register(commands) -> None:
         metavar="OUT",
         help="write here (.dot/.gv, .svg, .png, .pdf); default: standard output",
     )
-    render.add_argument(
-        "--format", choices=FORMATS, default=None, help="output format (default: from the -o suffix, else dot)"
+    add_output_format_option(
+        render, choices=FORMATS, default=None, help="the drawing's format (default: from the -o suffix, else dot)"
     )
     render.add_argument(
         "--ticks",

@@ -144,20 +144,31 @@ def access_policy(args: argparse.Namespace) -> Any:
     )
 
 
+def session_url(server: Any) -> str:
+    """The session websocket's address of a listening uvicorn `server` (the port it took, for `--port 0`)."""
+    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    return f"ws://{f'[{host}]' if ':' in host else host}:{port}/v1/session"
+
+
 async def serve(args: argparse.Namespace, started: Callable[[Any], None] | None = None) -> int:
     """Start the pool, then serve until the server is told to exit (an interrupt, or `server.should_exit`).
-    `started(server)` is called once it listens."""
+    Once it listens, its session address is said (`serving through ws://...`) and `started(server)` is called."""
     import uvicorn  # before the pool loads: a missing serving package is said at once
 
     from duplexcadence.interpreter.serve.app import make_app
     from duplexcadence.interpreter.serve.server import ConnectionLimits, DrainingServer, serve_pool, server_config
+
+    def listening(server: Any) -> None:
+        status(args, f"serving through {session_url(server)}")
+        if started is not None:
+            started(server)
 
     pool = await started_pool(args)
     limits = ConnectionLimits(args.header_timeout, args.max_connections, args.drain_timeout)
     app = make_app(pool, manage_pool=False, access=access_policy(args))
     config: uvicorn.Config = server_config(app, args.host, args.port, args.log_level, limits=limits)
     server = DrainingServer(config, args.drain_timeout)
-    await serve_pool(pool, server, started)
+    await serve_pool(pool, server, listening)
     return EXIT_CLEAN
 
 

@@ -169,7 +169,7 @@ def serve_cluster(
     except ModuleNotFoundError as error:
         if (error.name or "").partition(".")[0] == "duplexcadence":
             raise
-        raise missing_package(error, extra="serve", what="dsl serve --ray") from None
+        raise missing_package(error, extra="ray", what="dsl serve --ray") from None
     spec, config = pool_spec(args, pool, params), cluster_config(args)
     status(args, f"starting {config.replicas or 'one per GPU'} replica(s) of '{args.target}' on Ray")
     try:

@@ -6,11 +6,16 @@ one line, firings are ranges (`0..149`). `verbose` lists every member and the vi
 
 from __future__ import annotations
 
+import io
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 
 import attrs
+from rich.console import Console, ConsoleOptions
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
 
 from duplexcadence.dsl.messages import duration_text, rate_text, units_text
 from duplexcadence.dsl.printer import number_text
@@ -38,14 +43,37 @@ def seconds(value: Fraction) -> str:
     return f"{float(ms):.4g} ms"
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]], right: Sequence[int] = ()) -> list[str]:
+class _Dashes:
+    """The rule under a table's header: as wide as its column, however far rich narrows that."""
+
+    def __init__(self, width: int):
+        self.width = width
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(1, self.width)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Text]:
+        yield Text("-" * min(self.width, options.max_width))
+
+
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], right: Sequence[int] = (), width: int | None = None
+) -> list[str]:
+    """A table indented by two spaces: the headers, a rule of dashes under each, the rows; the columns in `right`
+    aligned right. At its natural width unless `width` (a terminal's) is narrower: then rich wraps the cells so
+    that every line fits, between words where it can."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-
-    def line(row):
-        return "  " + "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
-
-    return [line(cells[0]).rstrip(), "  " + "  ".join("-" * w for w in widths)] + [line(r).rstrip() for r in cells[1:]]
+    natural = sum(widths) + 2 * (len(widths) - 1)
+    grid = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 2, 0, 0), header_style=None)
+    for i, header in enumerate(cells[0]):
+        grid.add_column(Text(header), justify="right" if i in right else "left", overflow="fold")
+    grid.add_row(*(_Dashes(w) for w in widths))
+    for row in cells[1:]:
+        grid.add_row(*map(Text, row))  # as text: `kv[layer]` is no markup
+    text = io.StringIO()
+    Console(file=text, width=natural if width is None else max(width - 2, 1), color_system=None).print(grid)
+    return ["  " + line.rstrip() for line in text.getvalue().splitlines()]
 
 
 def _params(plan: Plan) -> str:
@@ -151,7 +179,7 @@ def _views_parts(plan: Plan, signature: tuple) -> list[str]:
     return parts
 
 
-def _counters(plan: Plan, heading) -> list[str]:
+def _counters(plan: Plan, heading, width: int | None = None) -> list[str]:
     """The counters' section: each counter's clock, step and modulus, how its device scalar reaches the
     stages, and whether its host value is the same at every replay of a steady graph."""
     program = plan.program
@@ -180,7 +208,7 @@ def _counters(plan: Plan, heading) -> list[str]:
         )
     lines = [heading("Counters (advanced after the last firing of each instant their clock ticks at)")]
     lines += table(
-        ["counter", "clock", "step", "mod", "bound or read", "host value per steady replay"], rows, right=(2, 3)
+        ["counter", "clock", "step", "mod", "bound or read", "host value per steady replay"], rows, (2, 3), width
     )
     lines += _wrap(
         "hooks get the host value as firing.counters[NAME], a bound attribute that holds a Python int gets it too; "
@@ -208,14 +236,14 @@ def _region_groups_text(names: Sequence[str], program) -> list[str]:
     return [member_range(groups[part]) if part in groups else part for part in parts]
 
 
-def _pruning_lines(plan: Plan, heading) -> list[str]:
+def _pruning_lines(plan: Plan, heading, width: int | None = None) -> list[str]:
     """The stages no output sees: pruned (with the regions left out), or run when pruning is off; and an
     unobserved stage kept anyway. Nothing when every stage is observed."""
     pruning = plan.pruning
     out: list[str] = []
     if pruning.stages:
         out.append(heading("Pruned (no output sees their work; --no-prune runs them)"))
-        out += table(["stage", "why"], [[s.name, s.reason] for s in pruning.stages])
+        out += table(["stage", "why"], [[s.name, s.reason] for s in pruning.stages], width=width)
         regions = _region_groups_text([r.name for r in pruning.regions], pruning.source)
         if regions:
             out += _wrap_parts(
@@ -227,19 +255,22 @@ def _pruning_lines(plan: Plan, heading) -> list[str]:
         out.append("")
     elif pruning.unobserved:
         out.append(heading("Unobserved (no output sees their work; they run: pruning is off)"))
-        out += table(["stage", "why"], [[s.name, s.reason] for s in pruning.unobserved])
+        out += table(["stage", "why"], [[s.name, s.reason] for s in pruning.unobserved], width=width)
         out.append("")
     if pruning.kept:
         out.append(heading("Kept although no output sees them"))
-        out += table(["stage", "why"], [[s.name, s.reason] for s in pruning.kept])
+        out += table(["stage", "why"], [[s.name, s.reason] for s in pruning.kept], width=width)
         out.append("")
     return out
 
 
-def format_plan(plan: Plan, verbose: bool = False, color: bool = False, memory: Memory | None = None) -> str:
+def format_plan(
+    plan: Plan, verbose: bool = False, color: bool = False, width: int | None = None, memory: Memory | None = None
+) -> str:
     """The plan as `dsl plan` prints it: condensed, or with `verbose` every family member and the
-    views of every graph; `color` makes the section headings bold. The section on conversations is
-    printed for a program with batched stages (`rows N`), or with `memory` (the bytes to fit them in)."""
+    views of every graph; `color` makes the section headings bold; `width` (a terminal's) narrows the
+    tables to fit it. The section on conversations is printed for a program with batched stages (`rows N`),
+    or with `memory` (the bytes to fit them in)."""
     clocks, trace_, capture = plan.clocks, plan.trace, plan.capture
 
     def heading(text: str) -> str:
@@ -252,6 +283,7 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False, memory: 
         ["clock", "rate (Hz)", "period"],
         [[n, _rate_cell(plan, n, r), seconds(1 / r)] for n, r in sorted(clocks.rates.items(), key=lambda x: -x[1])],
         right=(1, 2),
+        width=width,
     )
     out.append(
         f"  cadence {seconds(clocks.cadence)}; base tick {seconds(clocks.base_tick)}; hyperperiod "
@@ -273,11 +305,12 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False, memory: 
             for t in clocks.stages.values()
         ],
         right=(2, 3),
+        width=width,
     )
     out.append("")
 
-    out += _counters(plan, heading)
-    out += _pruning_lines(plan, heading)
+    out += _counters(plan, heading, width)
+    out += _pruning_lines(plan, heading, width)
 
     out.append(heading("Warm-up and steady state"))
     if trace_.periodic:
@@ -331,6 +364,7 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False, memory: 
         ["region", "dtype", "shape", "retention", "capacity", "bytes", "offset", "double buf", "stock", "saving"],
         table_rows,
         right=(4, 5, 6, 7, 8),
+        width=width,
     )
     if any(len(names) > 1 for names, _ in grouped):
         out += _wrap(
@@ -373,7 +407,7 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False, memory: 
         ]
         for graph in capture.graphs
     ]
-    out += table(["graph", "stage", "used in", "captured", "stage firings"], graph_rows, right=(0,))
+    out += table(["graph", "stage", "used in", "captured", "stage firings"], graph_rows, right=(0,), width=width)
     if verbose:
         out.append("  views of each graph (units of the region's clock; update: held +advance = in flight -> kept):")
         for graph in capture.graphs:
@@ -390,7 +424,7 @@ def format_plan(plan: Plan, verbose: bool = False, color: bool = False, memory: 
     if memory is not None or plan.conversations.batched:
         out += conversations_section(plan, memory, heading)
     out += _off_plan_section(plan, verbose, heading)
-    out += _samples_section(plan.samples, clocks.hyperperiod, verbose, heading)
+    out += _samples_section(plan.samples, clocks.hyperperiod, verbose, heading, width)
     if not verbose:
         out.append("  dsl plan --verbose: every family member, the views of every graph, the units of every firing")
     return "\n".join(out) + "\n"
@@ -566,7 +600,9 @@ def _tick_rows(o: OutputSamples) -> list[list[object]]:
     return rows
 
 
-def _samples_section(account: SampleAccount, hyperperiod: Fraction, verbose: bool, heading) -> list[str]:
+def _samples_section(
+    account: SampleAccount, hyperperiod: Fraction, verbose: bool, heading, width: int | None = None
+) -> list[str]:
     out = [
         heading(
             f"Samples over {seconds(account.seconds)} ({plural(account.instants, 'instant')}"
@@ -592,6 +628,7 @@ def _samples_section(account: SampleAccount, hyperperiod: Fraction, verbose: boo
                 for o in account.outputs.values()
             ],
             right=(3, 4, 5, 6, 7, 8, 9),
+            width=width,
         )
     for o in account.outputs.values():
         for note in _output_notes(o, account.seconds, hyperperiod):
@@ -608,7 +645,10 @@ def _samples_section(account: SampleAccount, hyperperiod: Fraction, verbose: boo
             out += [
                 "  " + line
                 for line in table(
-                    ["firings", "time", "input", "emitted", "held back", "dropped"], _tick_rows(o), (2, 3, 4, 5)
+                    ["firings", "time", "input", "emitted", "held back", "dropped"],
+                    _tick_rows(o),
+                    (2, 3, 4, 5),
+                    None if width is None else width - 2,
                 )
             ]
     return out

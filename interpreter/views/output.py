@@ -12,7 +12,7 @@ SUFFIX_FORMATS = {".dot": "dot", ".gv": "dot", ".svg": "svg", ".png": "png", ".p
 
 INSTALL_DOT = (
     "install Graphviz: `apt-get install graphviz` (Debian/Ubuntu), `brew install graphviz` "
-    "(macOS), or see https://graphviz.org/download/; or write DOT text with `--format dot`, "
+    "(macOS), or see https://graphviz.org/download/; or write DOT text with `--output-format dot`, "
     "which needs no extra program"
 )
 
@@ -34,14 +34,14 @@ def output_format(output: str | Path | None, fmt: str | None) -> str:
             raise RenderError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
         if implied is not None and implied != fmt:
             raise RenderError(
-                f"the output {output} ends in {suffix} but --format is {fmt}; drop one or make them agree"
+                f"the output {output} ends in {suffix} but --output-format is {fmt}; drop one or make them agree"
             )
         return fmt
     if output is None:
         return "dot"
     if implied is None:
         raise RenderError(
-            f"cannot tell the format from {output!r}: end it in .dot, .svg, .png or .pdf, or give --format"
+            f"cannot tell the format from {output!r}: end it in .dot, .svg, .png or .pdf, or give --output-format"
         )
     return implied
 

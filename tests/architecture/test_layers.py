@@ -544,6 +544,7 @@ def test_the_page_check_catches_a_missing_import_and_a_missing_row(scanned: Scan
         ),
     ],
 )
+@pytest.mark.slow
 def test_a_violation_is_reported_with_its_place(module, code, rule, says) -> None:
     found = [str(v) for v in rule(scan({module: code})) if not allowlisted(v)]
     assert any(text.startswith(says) for text in found), found

@@ -1,6 +1,7 @@
 """`dsl bench` at the conventions of the other commands: a device this machine does not have, a number out of
 range and a malformed `--option` are usage errors (exit 2, what is wrong and what would be legal), never an
-internal error; `--json` writes the run with its environment and says so on stderr."""
+internal error; `--output-format json` prints the run with its environment on stdout, and the deprecated
+`--json PATH` still writes it (saying so on stderr, unless `-q`)."""
 
 from __future__ import annotations
 
@@ -49,15 +50,14 @@ def test_cuda_without_cuda_is_a_usage_error(capsys):
     assert "help: run on the CPU with --device cpu" in err
 
 
-def test_json_holds_the_run_and_its_environment(capsys, tmp_path):
+def test_output_format_json_prints_the_run_and_its_environment(capsys, tmp_path):
     torch.set_num_threads(1)
     path = tmp_path / "toy.json"
-    code, out, err = dsl(
-        capsys, "bench", "toy", "--device", "cpu", "--seconds", "1", "--no-progress", "--json", str(path)
-    )
-    assert code == 0
-    assert f"wrote {path}" in err and "wrote" not in out
-    run = json.loads(path.read_text())
+    argv = ("bench", "toy", "--device", "cpu", "--seconds", "1", "--no-progress", "--output-format", "json")
+    code, out, err = dsl(capsys, *argv, "--json", str(path), "-q")
+    assert (code, err) == (0, "")
+    run = json.loads(out)
+    assert json.loads(path.read_text()) == run  # the deprecated --json PATH writes the same document
     assert (run["model"], run["device"], run["torch"], run["gpu"], run["driver"]) == (
         "toy",
         "cpu",

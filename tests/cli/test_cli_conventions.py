@@ -1,7 +1,8 @@
 """The `dsl` command at the conventions of ruff and mypy: `--version`, `python -m duplexcadence`, `-` for
-standard input, directories, one `--format text|json` with JSON on stdout, `-q`, colour with
-NO_COLOR/FORCE_COLOR, stdlib modules by name, validated numbers and devices, the install line of a
-missing package, and `--help` and the language commands starting without torch."""
+standard input, directories, one `--output-format` on every command with JSON on stdout (`--format` its
+deprecated spelling), `-q`, one error prefix, a bad `--param` reported once, colour with NO_COLOR/FORCE_COLOR,
+stdlib modules by name, validated numbers and devices, the install line of a missing package, and `--help` and
+the language commands starting without torch."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def test_version_prints_the_package_version(capsys) -> None:
     assert dsl(capsys, "--version") == (0, f"duplexcadence {duplexcadence.__version__}\n", "")
 
 
+@pytest.mark.slow
 def test_python_m_duplexcadence_is_the_dsl_command(folder) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "duplexcadence", "check", "tail.clock"], capture_output=True, text=True, timeout=60
@@ -76,7 +78,7 @@ def test_python_m_duplexcadence_is_the_dsl_command(folder) -> None:
 
 def test_check_reads_standard_input_named_stdin(capsys, folder, monkeypatch) -> None:
     feed_stdin(monkeypatch, BROKEN.encode())
-    code, out, err = dsl(capsys, "check", "--format", "concise", "-")
+    code, out, err = dsl(capsys, "check", "--output-format", "concise", "-")
     assert (code, err) == (1, "")
     assert out.splitlines() == [
         "<stdin>:3:28: error: unknown clock 'nowhere' [unknown-name]",
@@ -90,13 +92,13 @@ def test_stdin_filename_names_standard_input_and_finds_its_imports(capsys, folde
     (folder / "lib").mkdir()
     (folder / "lib" / "clocks.clock").write_text("clock frame = 10 Hz\n")
     feed_stdin(monkeypatch, b"use clocks (frame)\ncadence 1 s\nregion x : f32[1, time] on framez retain last 2\n")
-    code, out, _ = dsl(capsys, "check", "--format", "concise", "--stdin-filename", "lib/tail.clock", "-")
+    code, out, _ = dsl(capsys, "check", "--output-format", "concise", "--stdin-filename", "lib/tail.clock", "-")
     assert code == 1 and out.splitlines()[0].startswith("lib/tail.clock:3:28: error: unknown clock 'framez'")
 
 
 def test_standard_input_that_is_not_text_is_reported_like_a_file(capsys, folder, monkeypatch) -> None:
     feed_stdin(monkeypatch, b"cadence 1 s\n\xff\xfe\n")
-    code, out, _ = dsl(capsys, "check", "--format", "concise", "-")
+    code, out, _ = dsl(capsys, "check", "--output-format", "concise", "-")
     assert code == 1
     assert out.splitlines()[0] == (
         "<stdin>: error: cannot read '<stdin>': it is not UTF-8 text (invalid start byte at byte 12) [unreadable-file]"
@@ -123,9 +125,10 @@ def test_standard_input_cannot_be_written_back_or_read_twice(capsys, folder, mon
     assert dsl(capsys, "check", "-", "-") == (2, "", "dsl check: error: standard input ('-') is given twice\n")
 
 
+@pytest.mark.slow
 def test_a_real_process_reads_standard_input_for_check_and_render(folder) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "duplexcadence", "check", "--format", "concise", "-"],
+        [sys.executable, "-m", "duplexcadence", "check", "--output-format", "concise", "-"],
         input=BROKEN,
         capture_output=True,
         text=True,
@@ -133,7 +136,7 @@ def test_a_real_process_reads_standard_input_for_check_and_render(folder) -> Non
     )
     assert done.returncode == 1 and done.stdout.startswith("<stdin>:3:28: error: unknown clock 'nowhere'")
     drawn = subprocess.run(
-        [sys.executable, "-m", "duplexcadence", "render", "-", "--format", "dot"],
+        [sys.executable, "-m", "duplexcadence", "render", "-", "--output-format", "dot"],
         input=TAIL,
         capture_output=True,
         text=True,
@@ -152,7 +155,7 @@ def test_a_directory_is_every_clock_file_under_it_sorted_hidden_folders_skipped(
     (folder / "sub" / "notes.txt").write_text("not a program")
     (folder / "sub" / ".hidden").mkdir()
     (folder / "sub" / ".hidden" / "c.clock").write_text("nonsense")
-    code, out, _ = dsl(capsys, "check", "--format", "json", "sub")
+    code, out, _ = dsl(capsys, "check", "--output-format", "json", "sub")
     assert code == 1
     assert [entry["path"] for entry in json.loads(out)] == ["sub/a.clock", "sub/deeper/b.clock"]
     code, out, _ = dsl(capsys, "fmt", "--check", "sub")
@@ -164,20 +167,43 @@ def test_a_directory_without_clock_files_is_a_usage_error(capsys, folder) -> Non
     assert dsl(capsys, "check", "empty") == (2, "", "dsl check: error: no .clock files in the directory 'empty'\n")
 
 
-# --- --format json -----------------------------------------------------------------------------------
+# --- --output-format json ----------------------------------------------------------------------------
 
 
-def test_plan_format_json_is_the_plan_and_json_is_its_hidden_alias(capsys, folder) -> None:
-    code, out, err = dsl(capsys, "plan", "tail.clock", "--format", "json")
+def test_plan_output_format_json_is_the_plan_and_format_its_deprecated_spelling(capsys, folder) -> None:
+    code, out, err = dsl(capsys, "plan", "tail.clock", "--output-format", "json")
     assert (code, err) == (0, "")
     plan = json.loads(out)
     assert plan["schema"] == 1 and plan["file"] == "tail.clock" and plan["trace"]["period_instants"] == 10
-    assert dsl(capsys, "plan", "tail.clock", "--json") == (0, out, "")
-    assert "--json" not in dsl(capsys, "plan", "--help")[1]
+    assert dsl(capsys, "plan", "tail.clock", "--format", "json") == (0, out, "")
+    code, _, err = dsl(capsys, "plan", "tail.clock", "--json")
+    assert code == 2 and "unrecognized arguments: --json" in err
+
+
+@pytest.mark.parametrize(
+    "command, choices",
+    [
+        ("check", "{text,concise,json}"),
+        ("fmt", "{text,json}"),
+        ("plan", "{text,json}"),
+        ("render", "{dot,svg,png,pdf}"),
+        ("bench", "{text,json}"),
+        ("loadgen", "{text,json}"),
+    ],
+)
+def test_every_command_spells_its_output_format_one_way(capsys, command, choices) -> None:
+    _, out, _ = dsl(capsys, command, "--help")
+    flat = " ".join(out.split())
+    assert f"--output-format {choices}" in flat
+    had_format = command in ("check", "fmt", "plan", "render")  # the old spelling, kept where it was
+    assert ("--format" in flat) == had_format
+    assert ("deprecated: the old spelling of --output-format" in flat) == had_format
+    if "--json" in flat:  # bench and loadgen: the old PATH option, kept
+        assert "--json PATH deprecated: also write the JSON to PATH" in flat
 
 
 def test_plan_errors_in_json_are_the_diagnostics_document_on_stdout(capsys, folder) -> None:
-    code, out, err = dsl(capsys, "plan", "broken.clock", "--format", "json")
+    code, out, err = dsl(capsys, "plan", "broken.clock", "--output-format", "json")
     assert (code, err) == (1, "")
     [entry] = json.loads(out)
     assert entry["path"] == "broken.clock"
@@ -191,7 +217,7 @@ def test_plan_errors_in_json_are_the_diagnostics_document_on_stdout(capsys, fold
 def test_fmt_format_json_gives_each_file_its_change_and_canonical_text(capsys, folder) -> None:
     (folder / "messy.clock").write_text("cadence 1 s\nparam n=3\n")
     (folder / "bad.clock").write_text("param = 3\n")
-    code, out, err = dsl(capsys, "fmt", "--check", "--format", "json", "messy.clock", "tail.clock", "bad.clock")
+    code, out, err = dsl(capsys, "fmt", "--check", "--output-format", "json", "messy.clock", "tail.clock", "bad.clock")
     assert (code, err) == (1, "")
     messy, tail, bad = json.loads(out)
     assert messy == {
@@ -205,16 +231,22 @@ def test_fmt_format_json_gives_each_file_its_change_and_canonical_text(capsys, f
 
 
 def test_check_format_full_is_kept_as_text(capsys, folder) -> None:
-    assert dsl(capsys, "check", "--format", "full", "broken.clock") == dsl(capsys, "check", "broken.clock")
+    assert dsl(capsys, "check", "--output-format", "full", "broken.clock") == dsl(capsys, "check", "broken.clock")
     assert "{text,concise,json}" in dsl(capsys, "check", "--help")[1]
 
 
 # --- -q and usage errors -----------------------------------------------------------------------------
 
 
+def test_quiet_silences_what_a_command_wrote(capsys, folder) -> None:
+    assert dsl(capsys, "render", "tail.clock", "-o", "tail.dot") == (0, "", "wrote tail.dot (timeline, dot)\n")
+    assert dsl(capsys, "render", "tail.clock", "-o", "tail.dot", "-q") == (0, "", "")
+    assert (folder / "tail.dot").read_text().startswith("digraph")
+
+
 def test_quiet_prints_the_problems_and_nothing_else(capsys, folder) -> None:
     assert dsl(capsys, "check", "-q", "tail.clock") == (0, "", "")
-    code, out, _ = dsl(capsys, "-q", "check", "--format", "concise", "broken.clock")
+    code, out, _ = dsl(capsys, "-q", "check", "--output-format", "concise", "broken.clock")
     assert (code, out) == (1, "broken.clock:3:28: error: unknown clock 'nowhere' [unknown-name]\n")
     (folder / "messy.clock").write_text("cadence 1 s\nparam n=3\n")
     assert dsl(capsys, "fmt", "--check", "-q", "messy.clock") == (1, "would reformat messy.clock\n", "")
@@ -228,7 +260,7 @@ def test_quiet_prints_the_problems_and_nothing_else(capsys, folder) -> None:
         (["plan", "tail.clock", "--sessions", "-2"], "argument --sessions: must be >= 1, not -2"),
         (["plan", "tail.clock", "--max-graphs", "-1"], "argument --max-graphs: must be >= 0, not -1"),
         (["plan", "tail.clock", "--max-arena-bytes", "lots"], "must be an integer >= 0, not 'lots'"),
-        (["plan", "tail.clock", "--format", "xml"], "argument --format: invalid choice: 'xml'"),
+        (["plan", "tail.clock", "--output-format", "xml"], "argument --output-format: invalid choice: 'xml'"),
         (["render", "tail.clock", "--ticks", "0"], "argument --ticks: must be >= 1, not 0"),
         (["nosuch"], "invalid choice: 'nosuch'"),
     ],
@@ -236,6 +268,35 @@ def test_quiet_prints_the_problems_and_nothing_else(capsys, folder) -> None:
 def test_numbers_and_choices_are_validated_as_usage_errors(capsys, folder, argv, says) -> None:
     code, out, err = dsl(capsys, *argv)
     assert (code, out) == (2, "") and says in err and "Traceback" not in err
+
+
+def test_a_param_that_breaks_many_dimensions_is_one_error(capsys, folder) -> None:
+    for command in ("check", "plan"):
+        code, out, err = dsl(capsys, command, "models.mimi_decoder", "--param", "B=0", "--output-format", "json")
+        [entry] = json.loads(out)
+        assert (code, err) == (1, "")
+        assert [(d["code"], d["message"], d["helps"]) for d in entry["diagnostics"]] == [
+            (
+                "bad-shape",
+                "dimension 0 of region 'codes' is 0, not a positive integer",
+                [
+                    "--param B=0 gives this value; every other dimension that uses 'B' has the same problem "
+                    "(reported once): give a positive integer"
+                ],
+            )
+        ]
+        assert (entry["diagnostics"][0]["span"]["line"], entry["diagnostics"][0]["span"]["column"]) == (23, 20)
+
+
+def test_every_usage_error_has_one_prefix(capsys, folder) -> None:
+    for argv in (
+        ["bench", "nosuch"],
+        ["draft", "nosuch"],
+        ["render", "tail.clock", "-o", "x.jpg"],
+        ["serve", "toy", "--lanes", "3"],
+    ):
+        code, _, err = dsl(capsys, *argv)
+        assert code == 2 and err.startswith(f"dsl {argv[0]}: error: "), err
 
 
 def test_a_malformed_param_is_a_usage_error_on_every_command(capsys, folder) -> None:
@@ -354,6 +415,8 @@ def test_a_missing_optional_package_names_its_extra() -> None:
         'pip install "duplexcadence[minicpmo45]" && pip install --no-deps stepaudio2-minicpmo==0.1.1 (its own '
         "pins would move torch; see scripts/model-pins.txt)"
     )
+    assert common.install_hint("ray") == 'pip install "duplexcadence[ray]"'  # not the one-host server's extra
+    assert common.install_hint("uvicorn") == 'pip install "duplexcadence[serve]"'
     assert common.install_hint("torch") == "pip install torch (a dependency of duplexcadence)"
     assert common.install_hint("einops", extra="moshi").startswith('pip install "duplexcadence[moshi]"')
 
@@ -398,12 +461,12 @@ def without_torch(folder) -> dict[str, str]:
         (["check", "tail.clock", "models.mimi_decoder"], 0, "All clean: 2 files checked."),
         (["fmt", "tail.clock"], 0, "cadence 1 s"),
         (["plan", "tail.clock"], 0, "Plan for tail.clock"),
-        (["plan", "models.mimi_decoder", "--format", "json"], 0, "{"),
-        (["render", "tail.clock", "--format", "dot"], 0, "digraph"),
-        (["render", "tail.clock", "--view", "graph", "--format", "dot"], 0, "digraph"),
-        (["render", "tail.clock", "--view", "arena", "--format", "dot"], 0, "digraph"),
+        (["plan", "models.mimi_decoder", "--output-format", "json"], 0, "{"),
+        (["render", "tail.clock", "--output-format", "dot"], 0, "digraph"),
+        (["render", "tail.clock", "--view", "graph", "--output-format", "dot"], 0, "digraph"),
+        (["render", "tail.clock", "--view", "arena", "--output-format", "dot"], 0, "digraph"),
         (["render", "--list-views"], 0, "timeline  "),
-        (["check", "broken.clock", "--format", "concise"], 1, "broken.clock:3:28: error"),
+        (["check", "broken.clock", "--output-format", "concise"], 1, "broken.clock:3:28: error"),
     ],
 )
 def test_help_and_the_language_commands_start_without_torch(without_torch, argv, code, starts) -> None:

@@ -6,6 +6,7 @@ session the samples are counted over."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -78,6 +79,23 @@ def test_no_line_is_longer_than_a_wide_terminal(capsys, module: str, verbose: bo
     text = plan_text(capsys, module, *(["--verbose"] if verbose else []))
     longest = max(text.splitlines(), key=len)
     assert len(longest) <= 150, longest
+
+
+def test_on_a_terminal_the_tables_fit_its_width(capsys, monkeypatch) -> None:
+    def regions_table(text: str) -> list[str]:
+        lines = section(text, "Regions")[1:]
+        return lines[: next(i for i, line in enumerate(lines) if line.startswith("  per session"))]
+
+    def cells(lines: list[str]) -> list[str]:
+        return sorted(c for c in "".join(lines) if c not in " -")
+
+    whole = regions_table(plan_text(capsys, "models.step_audio2_token2wav"))  # a pipe: whole lines
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    narrow = regions_table(plan_text(capsys, "models.step_audio2_token2wav"))
+    assert max(map(len, whole)) > 80 >= max(map(len, narrow))
+    assert len(narrow) > len(whole) and cells(narrow) == cells(whole)  # wrapped, nothing left out
 
 
 def test_counts_of_one_are_singular(capsys, tmp_path) -> None:
@@ -166,7 +184,7 @@ def test_the_default_session_is_shortened_to_what_the_accounting_sums(tmp_path, 
     the plan; given with --seconds, the same length is refused (above)."""
     path = tmp_path / "fast.clock"
     path.write_text(MEGAHERTZ_CLOCK)
-    assert cli.main(["plan", str(path), "--format", "json"]) == 0
+    assert cli.main(["plan", str(path), "--output-format", "json"]) == 0
     samples = json.loads(capsys.readouterr().out)["samples"]
     assert (samples["seconds"], samples["instants"]) == ("10", 10_000_000)
     assert samples["clamped"] == (

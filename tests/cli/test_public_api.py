@@ -92,6 +92,7 @@ def test_the_errors_are_exceptions_a_caller_can_catch() -> None:
     assert issubclass(duplexcadence.SessionsFailed, duplexcadence.SessionFailed)
 
 
+@pytest.mark.slow
 def test_the_language_and_the_plans_load_without_torch_the_runtime_imports_it() -> None:
     code = (
         "import sys, duplexcadence as dc\n"

@@ -64,13 +64,13 @@ def in_tests_dir(monkeypatch):
 
 @pytest.mark.parametrize("fmt", ["full", "concise", "json"])
 def test_check_output_formats_match_their_snapshots(capsys, in_tests_dir, fmt: str) -> None:
-    code, out, err = dsl(capsys, "check", "--format", fmt, *BAD_FILES, GOOD_FILES[0])
+    code, out, err = dsl(capsys, "check", "--output-format", fmt, *BAD_FILES, GOOD_FILES[0])
     assert (code, err) == (1, "")
     assert_snapshot(f"check_{fmt}.{'json' if fmt == 'json' else 'txt'}", out)
 
 
 def test_json_output_is_one_document_per_run_with_every_field(capsys, in_tests_dir) -> None:
-    _code, out, _ = dsl(capsys, "check", "--format", "json", *BAD_FILES)
+    _code, out, _ = dsl(capsys, "check", "--output-format", "json", *BAD_FILES)
     payload = json.loads(out)
     assert [entry["path"] for entry in payload] == BAD_FILES
     diagnostic = payload[0]["diagnostics"][0]
@@ -84,9 +84,9 @@ def test_clean_files_print_the_summary_only_and_exit_0(capsys, in_tests_dir) -> 
 
 
 def test_the_summary_counts_errors_warnings_and_files(capsys, in_tests_dir) -> None:
-    _, out, _ = dsl(capsys, "check", "--format", "concise", "bad/warnings.clock")
+    _, out, _ = dsl(capsys, "check", "--output-format", "concise", "bad/warnings.clock")
     assert out.splitlines()[-1] == "Found 2 warnings in 1 file."
-    code, out, _ = dsl(capsys, "check", "--format", "concise", "bad/warnings.clock", "bad/duplicate_name.clock")
+    code, out, _ = dsl(capsys, "check", "--output-format", "concise", "bad/warnings.clock", "bad/duplicate_name.clock")
     assert (code, out.splitlines()[-1]) == (1, "Found 3 errors and 2 warnings in 2 files.")
 
 
@@ -126,7 +126,7 @@ def test_fmt_of_a_file_with_a_syntax_error_exits_1_and_leaves_it(capsys, tmp_pat
 
 def test_usage_errors_exit_2(capsys, in_tests_dir) -> None:
     assert dsl(capsys, "check")[0] == 2
-    assert dsl(capsys, "check", "--format", "xml", GOOD_FILES[0])[0] == 2
+    assert dsl(capsys, "check", "--output-format", "xml", GOOD_FILES[0])[0] == 2
     assert dsl(capsys)[0] == 2
     code, out, err = dsl(capsys, "check", "--param", "B", GOOD_FILES[0])
     assert (code, out) == (2, "")
@@ -201,6 +201,7 @@ def test_files_that_are_not_programs_get_a_clear_message(capsys, tmp_path, monke
     assert_snapshot("check_files.txt", out)
 
 
+@pytest.mark.slow
 def test_the_installed_command_never_prints_a_traceback(tmp_path) -> None:
     """One real process per case: what a shell user sees, with its exit code."""
     (tmp_path / "binary.clock").write_bytes(b"\x00\xff" * 100)

@@ -24,7 +24,7 @@ posix_only = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs, devices 
 
 
 def dsl_check(capsys, *files: str) -> tuple[int, str]:
-    code = cli.main(["check", "--format", "concise", *files])
+    code = cli.main(["check", "--output-format", "concise", *files])
     out, err = capsys.readouterr()
     assert err == "" and "Traceback" not in out
     return code, out

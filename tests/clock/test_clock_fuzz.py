@@ -118,6 +118,7 @@ PROGRAMS = _small_sentences(from_lark(_PARSER, start="program", explicit=_explic
 
 @FUZZ
 @given(PROGRAMS)
+@pytest.mark.slow
 def test_every_sentence_of_the_grammar_parses_and_checks_without_raising(text: str) -> None:
     result = check_file("fuzz.clock", text=text)
     assert_well_formed(result)
@@ -248,7 +249,7 @@ def test_dsl_check_exits_0_or_1_on_mutated_bytes(tmp_path: Path, capsys, case, g
         target = tmp_path / "lib"
         if not target.exists():
             shutil.copytree(HERE / lib, target)  # a copy: `use` follows no link out of the folder
-    code = cli.main(["check", "--format", "concise", str(path)])
+    code = cli.main(["check", "--output-format", "concise", str(path)])
     out, err = capsys.readouterr()
     assert code in (0, 1), err
     assert err == "" and "Traceback" not in out

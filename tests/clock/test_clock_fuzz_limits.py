@@ -300,9 +300,9 @@ class Outcome:
 
 
 COMMANDS = (
-    ("check", "--format", "concise"),
-    ("plan", "--format", "json"),
-    ("render", "--format", "dot", "--view", "timeline"),
+    ("check", "--output-format", "concise"),
+    ("plan", "--output-format", "json"),
+    ("render", "--output-format", "dot", "--view", "timeline"),
 )
 CONCISE = re.compile(r"^(?P<where>\S.*?): (?P<severity>error|warning): .* \[(?P<code>[a-z-]+)\]$")
 LOCATED = re.compile(r":\d+:\d+$")
@@ -391,6 +391,7 @@ def folder(tmp_path_factory) -> Path:
 
 @FUZZ
 @given(text=INPUTS)
+@pytest.mark.slow
 def test_adversarial_inputs_finish_in_budget_without_internal_errors(folder, text) -> None:
     outcome = run_input(folder, text)
     assert not outcome.problems, (outcome.problems, text[:500])
@@ -398,6 +399,7 @@ def test_adversarial_inputs_finish_in_budget_without_internal_errors(folder, tex
 
 @settings(FUZZ, max_examples=80)
 @given(text=scaffold())
+@pytest.mark.slow
 def test_huge_numbers_in_a_consistent_program_are_limits_not_work(folder, text) -> None:
     outcome = run_input(folder, text)
     assert not outcome.problems, (outcome.problems, text)

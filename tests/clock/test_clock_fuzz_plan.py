@@ -118,7 +118,7 @@ SMALL_LIMITS = ("--limit", "warmup=3000")
 
 
 def assert_plan_consistent(data: dict) -> None:
-    """What `dsl plan --json` promises (docs/plan-json.md), checked from the JSON alone."""
+    """What `dsl plan --output-format json` promises (docs/plan-json.md), checked from the JSON alone."""
     regions = data["regions"]
     firings = data["trace"]["firings"]
     order = data["clocks"]["stage_order"]
@@ -221,10 +221,11 @@ def write_mutant(folder: Path, text: str) -> Path:
     sessions=st.sampled_from([1, 2]),
     budget=st.sampled_from([None, None, 4096]),
 )
+@pytest.mark.slow
 def test_dsl_plan_json_is_consistent_or_a_located_diagnostic(folder, case, max_graphs, sessions, budget) -> None:
     _, text = case
     path = write_mutant(folder, text)
-    argv = ["plan", "--json", str(path), "--sessions", str(sessions), *SMALL_LIMITS]
+    argv = ["plan", "--output-format", "json", str(path), "--sessions", str(sessions), *SMALL_LIMITS]
     if max_graphs is not None:
         argv += ["--max-graphs", str(max_graphs)]
     if budget is not None:
@@ -233,7 +234,7 @@ def test_dsl_plan_json_is_consistent_or_a_located_diagnostic(folder, case, max_g
     event(f"dsl plan exit {code}")  # pytest --hypothesis-show-statistics: how many mutants reach a plan
     assert "Traceback" not in out + err, err
     assert code in (0, 1) and err == "", f"exit {code}: {err}"
-    if code == 1:  # with --json the diagnostics are JSON on stdout, one entry for the file
+    if code == 1:  # with --output-format json the diagnostics are JSON on stdout, one entry for the file
         [entry] = json.loads(out)
         assert entry["path"] == str(path) and any(d["severity"] == "error" for d in entry["diagnostics"]), entry
     if not check_file(path, limits={"warmup": 3000, "firings": 20000}).ok:
@@ -247,10 +248,11 @@ def test_dsl_plan_json_is_consistent_or_a_located_diagnostic(folder, case, max_g
 
 @RENDER_FUZZ
 @given(case=MUTANTS, view=st.sampled_from(["timeline", "graph", "arena"]), ticks=st.sampled_from([None, 1, 7, 400]))
+@pytest.mark.slow
 def test_dsl_render_dot_is_a_graph_or_a_located_diagnostic(folder, case, view, ticks) -> None:
     _, text = case
     path = write_mutant(folder, text)
-    argv = ["render", str(path), "--view", view, "--format", "dot", *SMALL_LIMITS]
+    argv = ["render", str(path), "--view", view, "--output-format", "dot", *SMALL_LIMITS]
     if ticks is not None:
         argv += ["--ticks", str(ticks)]
     code, out, err = run_dsl(*argv)
@@ -299,7 +301,7 @@ def test_plan_and_render_edge_programs(tmp_path, name) -> None:
         found, out, err = run_dsl(*argv)
         assert_clean_exit(found, out, err)
         assert found == code and says in err, (argv, err)
-    found, out, err = run_dsl("plan", "--format", "json", str(path))
+    found, out, err = run_dsl("plan", "--output-format", "json", str(path))
     assert (found, err) == (code, "")
     if found == 0:
         assert_plan_consistent(json.loads(out))

@@ -102,7 +102,7 @@ def test_the_command_line_reports_overrides_and_malformed_pairs(capsys, tmp_path
     path.write_text(PROGRAM)
     assert cli.main(["check", "--param", "B=2", "--param", "window=800 ms", str(path)]) == 0
     assert capsys.readouterr().out == "All clean: 1 file checked.\n"
-    assert cli.main(["check", "--format", "concise", "--param", "Bee=2", str(path)]) == 1
+    assert cli.main(["check", "--output-format", "concise", "--param", "Bee=2", str(path)]) == 1
     out = capsys.readouterr().out
     assert out.splitlines()[0] == f"{path}: error: --param Bee: the program has no param 'Bee' [param-override]"
     assert cli.main(["check", "--param", "B 2", str(path)]) == 2

@@ -36,6 +36,7 @@ HISTORY = {
         re.I,
     ),
     "a fix of the work": re.compile(r"\b(?:before|after|until) the fix\b|\bwas not run here\b", re.I),
+    "the lab's machines, not a user's": re.compile(r"\bGPU machine\b|\$OUT\b|\bcarried wheels\b", re.I),
 }
 
 # Lines in files other branches own, which their owners rewrite: exactly these, each with its phrase. An entry

@@ -21,6 +21,7 @@ def python_blocks(path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("doc", RUNNABLE)
+@pytest.mark.slow
 def test_python_blocks_run(doc, monkeypatch):
     monkeypatch.chdir(ROOT)
     blocks = python_blocks(ROOT / doc)

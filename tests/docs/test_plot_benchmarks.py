@@ -43,6 +43,7 @@ def assert_png(path: Path) -> None:
     assert data.rstrip(b"\0")[-8:-4] == b"IEND", path
 
 
+@pytest.mark.slow
 def test_it_draws_every_figure_of_the_committed_json(tmp_path):
     assert plot.main(["--out-dir", str(tmp_path)]) == 0
     assert {path.name for path in tmp_path.glob("*.png")} == FIGURES

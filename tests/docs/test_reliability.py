@@ -94,6 +94,7 @@ def page_folder(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_the_page_runs_and_prints_what_it_shows(page_folder):
     markdown = PAGE.read_text()
     for block, actual in run_page(markdown, page_folder):

@@ -35,7 +35,7 @@ def test_the_docs_tables_are_what_the_script_prints():
 def test_the_pages_mark_every_table():
     readme = results_table.marked((ROOT / "README.md").read_text())
     benchmarks = results_table.marked((ROOT / "docs" / "benchmarks.md").read_text())
-    assert readme == ["results", "density"]
+    assert readme == ["results", "density", "serving"]
     assert sorted(benchmarks) == sorted(
         ["moshi", "personaplex", "minicpmo45", "qwen3omni", "density", "compile", "moshi-live", "long-session"]
     )
@@ -251,3 +251,30 @@ def test_the_density_rows_pair_each_way_of_serving_with_the_stock_of_its_own_run
         "| MiniCPM-o 4.5, token2wav | in turn, 4 lanes | 3 | **18** | 6.00x | 35 chunks, 0 differ |",
     ]
     assert lines[5] == "Commands: `in turn`, `lanes, latest`."
+
+
+def test_a_sweep_that_stops_short_of_the_cadence_gives_a_lower_bound():
+    def swept(best, *rounds_ms):
+        return {
+            "max_sessions_p99_under_1s": best,
+            "sweep": [{"sessions": n, "round_ms_p99": ms} for n, ms in rounds_ms],
+        }
+
+    reached = swept(16, (12, 733.0), (16, 980.4))  # within 5 % of the cadence at its largest count
+    failed_next = swept(3, (3, 838.0), (4, 1212.0))
+    short = swept(18, (16, 870.0), (18, 672.0))
+    assert [results_table.limit_text(s) for s in (reached, failed_next, short)] == ["16", "3", "≥ 18"]
+    assert results_table.density_row("t", "how", failed_next, short, "c")[2:5] == ["3", "**≥ 18**", "≥ 6.00x"]
+    assert results_table.density_row("t", "how", short, reached, "c")[2:5] == ["≥ 18", "**16**", "-"]
+
+
+def test_the_readme_serving_rows_come_from_the_serve_bench_json():
+    lines = results_table.serving_block()
+    rows = [line.split(" | ") for line in lines[2:5]]
+    assert [(row[0].lstrip("| "), row[2]) for row in rows] == [
+        ("MiniCPM-o 4.5, token2wav", "**40**"),
+        ("Moshi, Mimi decoder", "**≥ 768**"),
+        ("Moshi, Mimi decoder", "**80**"),
+    ]
+    assert rows[1][1] == "lockstep groups of 32, 4 lanes, bundles of 32 (a websocket each)"
+    assert lines[6].startswith("Commands: `python scripts/serve_bench.py --configs minicpmo45 ")

@@ -203,6 +203,7 @@ def test_every_code_block_is_run():
         assert block.language != "bash", f"docs/tutorial.md:{block.line}: write shell commands as `console`"
 
 
+@pytest.mark.slow
 def test_the_tutorial_runs_and_prints_what_it_shows(tutorial_folder):
     markdown = TUTORIAL.read_text()
     workdir = tutorial_folder

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 import torch
 
 from duplexcadence.dsl.frontend import load_program
@@ -35,6 +36,7 @@ def test_the_draft_declares_the_cache_object_the_counter_the_empty_caches_and_th
     assert result.summary().endswith("1 counter(s), 0 other host int(s); the draft passes dsl check")
 
 
+@pytest.mark.slow
 def test_the_draft_runs_bit_identical_with_a_hook_around_the_stock_call(tmp_path):
     path = tmp_path / "draft.clock"
     path.write_text(draft(encoder_loop()).text)

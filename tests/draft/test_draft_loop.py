@@ -59,14 +59,14 @@ def test_dsl_draft_prints_the_draft_and_a_summary(tmp_path, monkeypatch, capsys)
     assert err.rstrip().endswith("the draft passes dsl check")
     assert main(["draft", "handback_loop"]) == 2
     assert capsys.readouterr().err == (
-        "dsl draft: 'handback_loop' is not MODULE:FUNCTION (a function returning a StockLoop, e.g. "
+        "dsl draft: error: 'handback_loop' is not MODULE:FUNCTION (a function returning a StockLoop, e.g. "
         "mymodel_draft:stock_loop)\n"
     )
     assert main(["draft", "handback_loop:no_such_loop"]) == 2
-    assert capsys.readouterr().err == "dsl draft: 'handback_loop' has no function 'no_such_loop'\n"
+    assert capsys.readouterr().err == "dsl draft: error: 'handback_loop' has no function 'no_such_loop'\n"
     assert main(["draft", "no_such_module_here:loop"]) == 2
     assert capsys.readouterr().err == (
-        "dsl draft: cannot import 'no_such_module_here' from the current folder or the installed packages: "
+        "dsl draft: error: cannot import 'no_such_module_here' from the current folder or the installed packages: "
         "No module named 'no_such_module_here'\n"
     )
 

@@ -85,6 +85,7 @@ def test_toy_draft_is_the_shipped_toy_clock():
 
 
 @pytest.mark.models
+@pytest.mark.slow
 def test_moshi_mimi_decoder_draft_matches_the_shipped_clock_and_its_bindings():
     pytest.importorskip("moshi")
     from duplexcadence.examples.moshi import model as mimi_model
@@ -119,6 +120,7 @@ def test_moshi_mimi_decoder_draft_matches_the_shipped_clock_and_its_bindings():
 
 
 @pytest.mark.models
+@pytest.mark.slow
 def test_personaplex_draft_matches_the_shipped_clock():
     pytest.importorskip("moshi")
     from duplexcadence.examples.moshi import model as mimi_model
@@ -151,6 +153,7 @@ def test_personaplex_draft_matches_the_shipped_clock():
 
 
 @pytest.mark.models
+@pytest.mark.slow
 def test_qwen3_omni_code2wav_draft_matches_the_shipped_clock():
     pytest.importorskip("transformers")
     from duplexcadence.examples.qwen3omni.model import build_code2wav
@@ -174,6 +177,7 @@ def test_qwen3_omni_code2wav_draft_matches_the_shipped_clock():
 
 
 @pytest.mark.models
+@pytest.mark.slow
 def test_minicpmo45_token2wav_draft_and_what_only_the_shipped_clock_declares():
     missing = [
         m for m in ("stepaudio2", "einops", "onnxruntime", "scipy", "numpy") if importlib.util.find_spec(m) is None

@@ -40,6 +40,7 @@ def test_personaplex_lockstep_is_opt_in():
 
 
 @pytest.mark.models
+@pytest.mark.slow
 def test_personaplex_bench_shows_all_work_and_pruned_bit_identical_on_cpu():
     """`dsl bench personaplex` in miniature on the CPU: all of stock's work (two sessions, in two lanes) and
     the server's clock with other_mimi pruned, or not, each compared frame by frame with stock eager (the

@@ -25,7 +25,7 @@ _spec = importlib.util.spec_from_file_location("boundary_report", ROOT / "script
 report = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(report)
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.slow]  # a released tail streamed on the CPU
 WINDOW = 240  # 10 ms at 24 kHz
 
 

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("moshi")
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.slow]  # a released tail streamed on the CPU
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mimi_long_session.py"
 

@@ -20,7 +20,7 @@ from duplexcadence.examples.moshi import state  # noqa: E402
 from duplexcadence.examples.moshi.cadence import load_runtime  # noqa: E402
 from duplexcadence.examples.moshi.stock import MoshiStockDecoder  # noqa: E402
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.slow]  # a released tail streamed on the CPU
 
 FRAMES = 130
 RESET_FRAMES = 4

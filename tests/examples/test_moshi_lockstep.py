@@ -20,7 +20,7 @@ from duplexcadence.examples.moshi.cadence import load_runtime  # noqa: E402
 from duplexcadence.examples.moshi.stock import MoshiStockDecoder  # noqa: E402
 from duplexcadence.interpreter.runtime.lockstep import LockstepGroup  # noqa: E402
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.slow]  # a released tail streamed on the CPU
 
 ROWS = 3
 LATE_JOIN = 5  # row 2's member joins here ...

@@ -19,7 +19,7 @@ from duplexcadence.examples.moshi import model as mimi_model  # noqa: E402
 from duplexcadence.examples.moshi import stages, state  # noqa: E402
 from duplexcadence.examples.moshi.stock import MoshiStockDecoder  # noqa: E402
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.slow]  # a released tail streamed on the CPU
 
 FRAMES = 130
 """Frames per session: the KV rings (250 steps, 2 per frame) wrap at frame 125."""

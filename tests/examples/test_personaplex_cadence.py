@@ -26,7 +26,7 @@ from duplexcadence.examples.personaplex.cadence import (  # noqa: E402
 )
 from duplexcadence.examples.personaplex.stock import PersonaPlexTail  # noqa: E402
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.slow]  # a released tail streamed on the CPU
 
 FRAMES = 130
 RESET_FRAMES = 4

@@ -17,7 +17,7 @@ from duplexcadence.examples.moshi import model as mimi_model  # noqa: E402
 from duplexcadence.examples.moshi.stock import MoshiStockDecoder  # noqa: E402
 from duplexcadence.examples.personaplex.stock import PersonaPlexMimiDecoder, PersonaPlexTail, RingKVCache  # noqa: E402
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.slow]  # a released tail streamed on the CPU
 
 FRAMES = 130
 RESET_FRAMES = 4

@@ -16,7 +16,7 @@ from duplexcadence.examples.qwen3omni.cadence import load_runtime
 from duplexcadence.examples.qwen3omni.model import build_code2wav
 from duplexcadence.examples.qwen3omni.stock import second_bounds
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.slow]  # a released tail streamed on the CPU
 
 
 def feed(codes):

@@ -34,7 +34,7 @@ from duplexcadence.examples.qwen3omni.model import (
 from duplexcadence.examples.qwen3omni.stock import StockSecondDecoder, second_bounds, split_into_seconds
 from duplexcadence.examples.qwen3omni.streaming import StreamingCode2Wav
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.slow]  # a released tail streamed on the CPU
 
 DTYPES = [torch.float32, torch.bfloat16]
 PREFIX_LENGTHS = (12, 25, 37, 38)

@@ -85,6 +85,7 @@ def test_the_explicit_mask_is_what_transformers_builds_eagerly(cumulative, new):
 
 
 @pytest.mark.models
+@pytest.mark.slow
 def test_runtime_equals_eager_streaming_per_code_and_is_measured_against_stock(record_property):
     model = build_code2wav(torch.float32, device="cpu", seed=1234)
     codes = codes_for(SECONDS)
@@ -135,6 +136,7 @@ def test_runtime_equals_eager_streaming_per_code_and_is_measured_against_stock(r
 
 
 @pytest.mark.models
+@pytest.mark.slow
 def test_session_reset_restarts_the_utterance_at_the_same_addresses():
     model = build_code2wav(torch.float32, device="cpu", seed=1234)
     codes = codes_for(1)[..., :3]
@@ -150,6 +152,7 @@ def test_session_reset_restarts_the_utterance_at_the_same_addresses():
 
 
 @pytest.mark.models
+@pytest.mark.slow
 def test_finish_ends_the_utterance_with_a_whole_code_and_releases_nothing():
     """`write wav +1920 latency 555 dropped`: the last code gives 1920 samples like any other, equal to
     the eager class's, and the utterance is as long as the whole-utterance forward (T * 1920 - 555)."""

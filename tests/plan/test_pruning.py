@@ -324,9 +324,9 @@ def test_dsl_plan_json_has_the_pruning(personaplex) -> None:
 
 
 def test_cli_no_prune(capsys) -> None:
-    assert dsl(["plan", "models.personaplex_mimi_decoder", "--format", "json"]) == 0
+    assert dsl(["plan", "models.personaplex_mimi_decoder", "--output-format", "json"]) == 0
     pruned = json.loads(capsys.readouterr().out)
-    assert dsl(["plan", "models.personaplex_mimi_decoder", "--format", "json", "--no-prune"]) == 0
+    assert dsl(["plan", "models.personaplex_mimi_decoder", "--output-format", "json", "--no-prune"]) == 0
     everything = json.loads(capsys.readouterr().out)
     assert (pruned["arena"]["session_bytes"], everything["arena"]["session_bytes"]) == (8_251_392, 16_502_784)
     assert (len(pruned["capture"]["graphs"]), len(everything["capture"]["graphs"])) == (6, 11)

@@ -98,6 +98,7 @@ def test_two_renders_are_byte_identical():
         assert first == second
 
 
+@pytest.mark.slow
 def test_same_dot_under_another_hash_seed(plans):
     """String hashing is salted per process: a render that leaned on hash() or set order would differ."""
     script = (
@@ -330,7 +331,7 @@ def test_render_file_writes_dot_without_the_dot_program(tmp_path, monkeypatch):
 
 def test_cli_format_dot_needs_no_dot_program(tmp_path, monkeypatch, capsysbinary):
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert main(["render", str(MIMI), "--format", "dot"]) == 0
+    assert main(["render", str(MIMI), "--output-format", "dot"]) == 0
     assert capsysbinary.readouterr().out.decode("utf-8") == golden_path("mimi_decoder", "timeline").read_text(
         encoding="utf-8"
     )
@@ -344,7 +345,7 @@ def test_cli_says_how_to_install_dot(tmp_path, monkeypatch, capsys):
     out = tmp_path / "mimi.svg"
     assert main(["render", str(MIMI), "-o", str(out)]) == 2
     error = capsys.readouterr().err
-    assert "apt-get install graphviz" in error and "brew install graphviz" in error and "--format dot" in error
+    assert "apt-get install graphviz" in error and "brew install graphviz" in error and "--output-format dot" in error
     assert "Traceback" not in error and not out.exists()
 
 
@@ -361,7 +362,7 @@ def test_cli_writes_svg(tmp_path, capsys):
         (["--param", "nonsense"], 2, "nonsense"),
         (["--param", "no_such_param=3"], 1, "no_such_param"),
         (["-o", "out.txt"], 2, "cannot tell the format"),
-        (["-o", "out.svg", "--format", "png"], 2, "--format is png"),
+        (["-o", "out.svg", "--output-format", "png"], 2, "--output-format is png"),
     ],
 )
 def test_cli_exit_codes(arguments, code, says, tmp_path, monkeypatch, capsys):
@@ -373,13 +374,13 @@ def test_cli_exit_codes(arguments, code, says, tmp_path, monkeypatch, capsys):
 def test_cli_bad_file_reports_diagnostics(tmp_path, capsys):
     bad = tmp_path / "bad.clock"
     bad.write_text("cadence 1 s\nclock frame = 12.5 Hz\nregion x : f32[1, time] on nowhere retain last 2\n")
-    assert main(["render", str(bad), "--format", "dot"]) == 1
+    assert main(["render", str(bad), "--output-format", "dot"]) == 1
     error = capsys.readouterr().err
     assert "nowhere" in error and "bad.clock:3" in error
     assert main(["render", str(tmp_path / "missing.clock")]) == 1
 
 
-@pytest.mark.parametrize("arguments", [["--view", "nope"], ["--ticks", "0"], ["--format", "jpg"]])
+@pytest.mark.parametrize("arguments", [["--view", "nope"], ["--ticks", "0"], ["--output-format", "jpg"]])
 def test_cli_usage_errors_exit_2(arguments, capsys):
     with pytest.raises(SystemExit) as stopped:
         main(["render", str(QWEN), *arguments])
@@ -387,7 +388,7 @@ def test_cli_usage_errors_exit_2(arguments, capsys):
 
 
 def test_cli_params_reach_the_plan(capsysbinary):
-    assert main(["render", str(STEP_AUDIO2), "--param", "steps=5", "--view", "graph", "--format", "dot"]) == 0
+    assert main(["render", str(STEP_AUDIO2), "--param", "steps=5", "--view", "graph", "--output-format", "dot"]) == 0
     assert "steps=5" in capsysbinary.readouterr().out.decode("utf-8")
 
 
@@ -419,7 +420,7 @@ def test_a_registered_view_is_a_choice_everywhere(monkeypatch, capsysbinary):
     monkeypatch.setitem(VIEWS, "regions", View("regions", "one node per region", draw))
     assert main(["render", "--list-views"]) == 0
     assert capsysbinary.readouterr().out.decode("utf-8").splitlines()[-1] == "regions   one node per region"
-    assert main(["render", str(QWEN), "--view", "regions", "--format", "dot"]) == 0
+    assert main(["render", str(QWEN), "--view", "regions", "--output-format", "dot"]) == 0
     assert "codes" in capsysbinary.readouterr().out.decode("utf-8")
     assert render_plan(plan_file(QWEN), "regions").name == "regions"
 

@@ -85,7 +85,7 @@ def test_a_subject_of_ones_own_runs_from_the_current_folder(user_folder, capsys)
 def test_an_unknown_subject_is_a_usage_error(user_folder, capsys, tail, message):
     code, out, err = run(capsys, "bench", tail, "--device", "cpu")
     assert code == 2 and out == ""
-    assert err.startswith(f"dsl bench: {message}")
+    assert err.startswith(f"dsl bench: error: {message}")
 
 
 def test_a_variant_not_meant_to_be_identical_reports_its_difference(user_folder):
@@ -129,7 +129,7 @@ def test_an_option_the_subject_refuses_is_a_usage_error_before_anything_runs(use
     code, out, err = run(capsys, "bench", "personaplex", "--device", "cpu", "--batch", "2", "--option", "lockstep=1")
     assert code == 2 and out == ""
     assert err == (
-        "dsl bench: personaplex: --option lockstep=1 decodes the two instances of one batch-1 stream as "
+        "dsl bench: error: personaplex: --option lockstep=1 decodes the two instances of one batch-1 stream as "
         "one B=2 session: run it with --batch 1, not 2\n"
     )
 
@@ -151,6 +151,7 @@ def logged(variant, calls: list[str]):
     return attrs.evolve(variant, make=make)
 
 
+@pytest.mark.slow
 def test_interleave_times_every_variant_again_stepped_in_turn(user_folder, capsys):
     """`--interleave`: after the sequential pass, every variant that ran is built again and they are stepped
     in turn, tick by tick, the order rotating by one each tick; each gets a second set of timings."""
@@ -266,6 +267,7 @@ def test_the_gpu_busy_profile_runs_after_every_timed_tick_on_a_fresh_build(user_
     assert all(r.bit_identical and "busy_error" not in r.info for r in results)
 
 
+@pytest.mark.slow
 def test_a_may_fail_variant_that_fails_its_profile_keeps_its_timings(user_folder, profiled):
     from duplexcadence.interpreter import bench
 
@@ -366,7 +368,7 @@ def test_variants_chooses_and_orders_the_variants_after_the_reference(user_folde
     code, out, err = run(capsys, "bench", "my_bench:subject", "--device", "cpu", "--variants", "duplexcadence,fast")
     assert code == 2 and out == ""
     assert err == (
-        "dsl bench: my tail: --variants 'duplexcadence,fast': no variant named 'fast'; the variants are "
+        "dsl bench: error: my tail: --variants 'duplexcadence,fast': no variant named 'fast'; the variants are "
         "'stock eager', 'duplexcadence'\n"
     )
 

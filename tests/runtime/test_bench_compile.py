@@ -78,6 +78,7 @@ def test_without_compile_no_compile_variant_runs(user_folder, capsys):
     assert names == ["stock eager", "duplexcadence"]
 
 
+@pytest.mark.slow
 def test_compile_variants_run_last_and_failures_are_reported(user_folder, capsys):
     code, out, err = bench(capsys, "--seconds", "3", "--compile", "--json", "compiled.json")
     assert code == 0, err  # a failed compile variant does not fail the bench
@@ -101,6 +102,7 @@ def test_compile_variants_run_last_and_failures_are_reported(user_folder, capsys
     assert "plumbing only: torch.compile('reduce-overhead')" in out
 
 
+@pytest.mark.slow
 def test_compile_budget_option_overrides_each_variants_budget(user_folder, capsys):
     code, _out, err = bench(capsys, "--seconds", "2", "--compile", "--compile-budget", "100", "--json", "b.json")
     assert code == 0, err

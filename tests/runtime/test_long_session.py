@@ -166,6 +166,7 @@ def test_100k_ticks_equal_stock_at_stable_addresses_without_growth():
     assert (report.graphs_captured, report.eager_off_plan, report.eager_planned) == (0, 0, 3 * TICKS)
 
 
+@pytest.mark.slow
 def test_1000_resets_replay_like_a_fresh_session_and_leak_nothing():
     """Each cycle steps 0-5 ticks (30 every tenth cycle: past the window's warm-up), then resets; every
     tick after a reset equals the same tick of a fresh session, itself equal to stock."""

@@ -199,6 +199,7 @@ def act(toy: Toy, kind: str):
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.slow
 def test_an_interrupt_at_every_line_of_a_step_commits_it_or_fails_the_session(kind):
     arguments, stepping, last = KINDS[kind]
     toy = Toy(**arguments)

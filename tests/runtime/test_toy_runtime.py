@@ -1,6 +1,6 @@
 """The runtime on the toy tail (every stock failure mode): bit-identity, stable addresses, errors.
 
-CPU tests run in CI; the `gpu` tests capture CUDA graphs (run them on the GPU machine).
+CPU tests run in CI; the `gpu` tests capture CUDA graphs (run them where there is a CUDA device).
 """
 
 from __future__ import annotations

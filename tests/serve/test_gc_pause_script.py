@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gc_pause.py"
 
 
+@pytest.mark.slow
 def test_it_reports_the_collections_as_loaded_and_frozen():
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--tail", "toy", "--repeats", "2"], capture_output=True, text=True, timeout=300

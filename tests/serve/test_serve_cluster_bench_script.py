@@ -17,6 +17,7 @@ pytest.importorskip("ray.serve")
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "serve_cluster_bench.py"
 
 
+@pytest.mark.slow
 def test_cpu_dry_run_scales_places_kills_and_drains(tmp_path):
     out = tmp_path / "cluster.json"
     command = [sys.executable, str(SCRIPT), "--device", "cpu", "--tail", "toy", "--gpus", "1,2", "--ray-cpus", "2"]

@@ -43,6 +43,7 @@ def run(coroutine):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.slow
 def test_sessions_in_lanes_equal_each_session_decoded_alone_by_moshi(device):
     moshi = served_tail("moshi", device=device)
     pool = SessionPool(moshi, PoolConfig(slots=2, lanes=2, tick_model=MODEL, latency_guard=False))
@@ -67,6 +68,7 @@ def test_sessions_in_lanes_equal_each_session_decoded_alone_by_moshi(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.slow
 def test_sessions_in_a_lockstep_group_equal_moshis_batched_decode_with_a_late_join(device):
     from duplexcadence.examples.moshi.model import build_mimi
     from duplexcadence.examples.moshi.stock import MoshiStockDecoder
@@ -108,6 +110,7 @@ def test_sessions_in_a_lockstep_group_equal_moshis_batched_decode_with_a_late_jo
         assert torch.equal(a["pcm"], expected[0:1]) and torch.equal(b["pcm"], expected[1:2])
 
 
+@pytest.mark.slow
 def test_loadgen_verifies_lockstep_rows_against_their_groups_batched_decode():
     """Three sessions in groups of 2 (one group full, one with an idle row), paced off, every output recorded:
     each row equals moshi's batched decode of its group; the full group's rows checked against each other's
@@ -154,6 +157,7 @@ def stacked(moshi, seeds: list[int], tick: int) -> dict:
     return {"codes": torch.stack([moshi.inputs(seed, tick)["codes"] for seed in seeds])}
 
 
+@pytest.mark.slow
 def test_a_bundle_that_fills_whole_groups_steps_them_whole_with_the_outputs_of_its_sessions_stepped_alone():
     """Two groups of 2 rows filled by one bundle of 4 against the same groups filled by 4 sessions opened one by
     one: four ticks, a reset, two ticks, each answer equal; the bundle's sessions kept open past their idle

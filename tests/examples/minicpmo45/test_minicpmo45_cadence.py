@@ -24,6 +24,7 @@ MISSING = [name for name in REQUIRED_MODULES if name not in sys.modules and impo
 
 pytestmark = [
     pytest.mark.models,
+    pytest.mark.slow,  # the tail streamed on the CPU
     pytest.mark.skipif(
         bool(MISSING), reason=f"needs {', '.join(MISSING)} (pip install --no-deps stepaudio2-minicpmo==0.1.1 ...)"
     ),

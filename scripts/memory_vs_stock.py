@@ -1,7 +1,7 @@
 """Peak memory of every released tail, stock eager against DuplexCadence, on one GPU: allocated and reserved.
 
     source scripts/device_setup.sh
-    NO_TORCH_COMPILE=1 python scripts/memory_vs_stock.py --json $OUT/memory_vs_stock.json
+    NO_TORCH_COMPILE=1 python scripts/memory_vs_stock.py --json memory_vs_stock.json
 
 Each tail is its `dsl bench` subject with two variants, stock eager (the reference) and `duplexcadence`, as
 `dsl bench TAIL --device cuda --interleave --variants duplexcadence` runs them, without the GPU-busy profile:

@@ -19,7 +19,7 @@ N passes when every conversation opened, no error came back and the p99 unit lat
 conversations per GPU are the largest N that passes, in-process and through the server; the server's overhead
 at N is its p50 less the in-process p50, also as a fraction of the cadence.
 
-    python scripts/serve_conversations_bench.py --engine minicpmo45 --counts 1,2,4,6,8 --units 20 --json $OUT/conv.json
+    python scripts/serve_conversations_bench.py --engine minicpmo45 --counts 1,2,4,6,8 --units 20 --json conv.json
     python scripts/serve_conversations_bench.py --cpu-dry-run --json /tmp/conv.json      # a smoke test, times mean nothing
 """
 

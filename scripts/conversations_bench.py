@@ -222,10 +222,9 @@ def verify_graphs(engine: Any) -> dict[str, Any]:
     if not model.capture:
         return {"checked": 0, "differing": 0, "note": "no graphs captured on this device"}
     outputs = {
-        "LLM one-token step": (model.llm_logits, model.llm_hidden),
-        "LLM LISTEN prefill": (model.llm_logits,),
-        "TTS one-token step": (model.tts_logits,),
-        "audio encoder": (model.encoder_out,),
+        "listen": (model.llm_logits,),
+        "llm_step": (model.llm_logits, model.llm_hidden),
+        "tts_step": (model.tts_logits,),
     }
     for graphs in model.step_graphs():
         for rows, graph in sorted(graphs.graphs.items()):

@@ -334,14 +334,13 @@ class MiniCPMo45Conversations:
         dtype = llm.lm_head.weight.dtype
         self.rows = torch.zeros(slots, dtype=torch.int64, device=device)
         self.llm_step_in = torch.zeros(slots, 1, hidden, dtype=dtype, device=device)
-        self.llm_listen_in = torch.zeros(slots, LISTEN_TOKENS, hidden, dtype=dtype, device=device)
         self.llm_logits = torch.zeros(slots, llm.config.vocab_size, dtype=dtype, device=device)
         self.llm_hidden = torch.zeros(slots, hidden, dtype=dtype, device=device)
         self.tts_step_in = torch.zeros(slots, 1, tts_hidden, dtype=dtype, device=device)
         self.tts_logits = torch.zeros(slots, TTS_AUDIO_TOKENS, dtype=torch.float32, device=device)
         apm = self.model.apm
         self.encoder_in = torch.zeros(slots, ENCODER_FRAMES_PER_UNIT, apm.config.d_model, dtype=dtype, device=device)
-        self.encoder_out = torch.zeros(slots, AUDIO_EMBEDDINGS_PER_SECOND, hidden, dtype=dtype, device=device)
+        self.unit_embed = self._embed([UNIT_TOKEN]).detach().clone()  # <unit>, every LISTEN's first token
         pool = torch.cuda.graph_pool_handle() if self.capture else None
 
         def llm_step(rows: int) -> None:
@@ -349,21 +348,16 @@ class MiniCPMo45Conversations:
             self.llm_hidden[:rows].copy_(out)
             self.llm_logits[:rows].copy_(llm.lm_head(out))
 
-        def llm_listen(rows: int) -> None:
-            out = self.llm_stack(self.llm_listen_in[:rows], self.rows[:rows])[:, -1]
-            self.llm_logits[:rows].copy_(llm.lm_head(out))
+        def listen(rows: int) -> None:
+            self.llm_logits[:rows].copy_(self._listen_rows(self.encoder_in[:rows], self.rows[:rows]))
 
         def tts_step(rows: int) -> None:
             out = self.tts_stack(self.tts_step_in[:rows], self.rows[:rows])[:, -1]
             self.tts_logits[:rows].copy_(self._speech_logits(out))
 
-        def encoder(rows: int) -> None:
-            self.encoder_out[:rows].copy_(self._encoder_layers(self.encoder_in[:rows], self.rows[:rows]))
-
-        self.llm_step = RowGraphs("LLM one-token step", llm_step, slots, device, self.capture, pool)
-        self.llm_listen = RowGraphs("LLM LISTEN prefill", llm_listen, slots, device, self.capture, pool)
-        self.tts_step = RowGraphs("TTS one-token step", tts_step, slots, device, self.capture, pool)
-        self.encoder = RowGraphs("audio encoder", encoder, slots, device, self.capture, pool)
+        self.llm_step = RowGraphs("llm_step", llm_step, slots, device, self.capture, pool)
+        self.listen = RowGraphs("listen", listen, slots, device, self.capture, pool)
+        self.tts_step = RowGraphs("tts_step", tts_step, slots, device, self.capture, pool)
 
     @torch.no_grad()
     def capture_steps(self) -> None:
@@ -372,7 +366,7 @@ class MiniCPMo45Conversations:
             graphs.capture(range(1, self.slots + 1))
 
     def step_graphs(self) -> tuple[RowGraphs, ...]:
-        return (self.llm_step, self.llm_listen, self.tts_step, self.encoder)
+        return (self.listen, self.llm_step, self.tts_step)
 
     @torch.no_grad()
     def _warm_kernels(self) -> None:
@@ -516,61 +510,65 @@ class MiniCPMo45Conversations:
     # -- LISTEN
 
     def _listen(self, slots: Sequence[int], audio: Sequence[np.ndarray]) -> torch.Tensor:
-        """LISTEN of every row -> the LLM's logits after ``<unit>`` and the unit's audio embeddings [R, vocab]."""
+        """LISTEN of every row -> the LLM's logits after ``<unit>`` and the unit's audio embeddings [R, vocab]:
+        each row's mel and the encoder's convolutions (rows grouped by their mel's frames), then the encoder's
+        layers and the LLM's prefill of all rows in one step (the ``listen`` graph)."""
         states = [self.states[slot] for slot in slots]
         mels = list(self.mel_pool.map(lambda state, second: state.audio.next_unit(second), states, audio))
-        embeds = torch.empty(len(slots), AUDIO_EMBEDDINGS_PER_SECOND, self.model.llm.config.hidden_size)
-        embeds = embeds.to(device=self.device, dtype=self.llm_kv.dtype)
         groups: dict[tuple[int, bool], list[int]] = {}
         for index, (mel, first) in enumerate(mels):
             groups.setdefault((mel.shape[-1], first), []).append(index)
-        for (_, first), members in groups.items():
-            batch = torch.cat([mels[i][0] for i in members]).to(self.device)
-            embeds[members] = self._encode([slots[i] for i in members], batch, first)
-        unit = self._embed([UNIT_TOKEN])[None].expand(len(slots), 1, -1)
+        frames = {
+            index: hidden
+            for (_, first), members in groups.items()
+            for index, hidden in zip(
+                members,
+                self._convolutions([slots[i] for i in members], torch.cat([mels[i][0] for i in members]), first),
+            )
+        }
+        hidden = [frames[index] for index in range(len(slots))]
+        new = {h.shape[0] for h in hidden}
+        self.audio_kv.check_room(slots, max(new))
         self.llm_kv.check_room(slots, LISTEN_TOKENS)
         for slot, state in zip(slots, states):
             state.unit_start = int(self.llm_kv.host_lengths[slot])
-        self.llm_listen_in[: len(slots)].copy_(torch.cat([unit, embeds], dim=1))
-        self._set_rows(slots)
-        self.llm_listen(len(slots))
+        rows = self._set_rows(slots)
+        if new == {ENCODER_FRAMES_PER_UNIT}:
+            self.encoder_in[: len(slots)].copy_(torch.stack(hidden))
+            self.listen(len(slots))
+            logits = self.llm_logits[: len(slots)].clone()
+        else:  # a unit of another length (never at the released settings): the same computation, eagerly
+            logits = torch.cat([self._listen_rows(h[None], rows[i : i + 1]) for i, h in enumerate(hidden)])
+        for slot, h in zip(slots, hidden):
+            self._advance(self.audio_kv, [slot], h.shape[0])
         self._advance(self.llm_kv, slots, LISTEN_TOKENS)
-        return self.llm_logits[: len(slots)].clone()
+        return logits
 
-    def _encode(self, slots: list[int], mel: torch.Tensor, first: bool) -> torch.Tensor:
-        """The Whisper encoder over each row's cached past on ``mel`` [R, mel_bins, frames] -> [R, 10, hidden]."""
+    def _convolutions(self, slots: list[int], mel: torch.Tensor, first: bool) -> torch.Tensor:
+        """The encoder's convolutions on ``mel`` [R, mel_bins, frames], the context frames trimmed -> the unit's
+        frames [R, 50, d_model]; a row whose encoder cache would pass its positions starts over, as upstream's."""
         apm, kv = self.model.apm, self.audio_kv
-        frames = mel.shape[-1]
-        encoder_frames = (frames - 1) // 2 + 1
+        encoder_frames = (mel.shape[-1] - 1) // 2 + 1
         limit = apm.embed_positions.weight.shape[0]
         for slot in slots:
             if kv.host_lengths[slot] + encoder_frames >= limit:
-                kv.clear(slot)  # its 30 s of positions would run out: the encoder starts over, as upstream's does
-        hidden = F.gelu(apm.conv1(mel.to(dtype=apm.conv1.weight.dtype)))
+                kv.clear(slot)
+        hidden = F.gelu(apm.conv1(mel.to(device=self.device, dtype=apm.conv1.weight.dtype)))
         hidden = F.gelu(apm.conv2(hidden))
         prefix = 0 if first else (ENCODER_CONTEXT_FRAMES + 1) // 2
         suffix = (ENCODER_CONTEXT_FRAMES + 1) // 2
-        hidden = hidden[:, :, prefix : hidden.shape[2] - suffix].permute(0, 2, 1)
-        new = hidden.shape[1]
-        kv.check_room(slots, new)
-        rows = self._set_rows(slots)
-        if new == ENCODER_FRAMES_PER_UNIT:
-            self.encoder_in[: len(slots)].copy_(hidden)
-            self.encoder(len(slots))
-            embeds = self.encoder_out[: len(slots)].clone()
-        else:  # a unit of another length (never at the released settings): the same computation, eagerly
-            embeds = self._encoder_layers(hidden, rows)
-        self._advance(kv, slots, new)
-        return embeds
+        return hidden[:, :, prefix : hidden.shape[2] - suffix].permute(0, 2, 1)
 
-    def _encoder_layers(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """The encoder's layers after each row's cached past, its final norm, the projector and the pooling:
-        [R, frames, d_model] -> the unit's audio embeddings [R, frames // 5, hidden]."""
+    def _listen_rows(self, frames: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The encoder's layers after each row's cached past on ``frames`` [R, n, d_model], its final norm, the
+        projector and the pooling (the unit's audio embeddings), then the LLM's prefill of ``<unit>`` and them
+        after each row's cache -> the logits of the last position [R, vocab]."""
         apm = self.model.apm
-        positions = self.audio_kv.lengths[rows][:, None] + torch.arange(hidden.shape[1], device=hidden.device)
-        states = apm.layer_norm(self.encoder_stack(hidden + apm.embed_positions.weight[positions], rows))
-        embeds = self.model.audio_projection(states).transpose(1, 2)
-        return self.model.audio_pool(embeds).transpose(1, 2)
+        positions = self.audio_kv.lengths[rows][:, None] + torch.arange(frames.shape[1], device=frames.device)
+        states = apm.layer_norm(self.encoder_stack(frames + apm.embed_positions.weight[positions], rows))
+        embeds = self.model.audio_pool(self.model.audio_projection(states).transpose(1, 2)).transpose(1, 2)
+        prefill = torch.cat([self.unit_embed.expand(frames.shape[0], 1, -1), embeds], dim=1)
+        return self.model.llm.lm_head(self.llm_stack(prefill, rows)[:, -1])
 
     # -- the LLM's decisions
 

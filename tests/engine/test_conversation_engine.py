@@ -266,5 +266,15 @@ def test_no_autograd_graph_holds_a_steps_activations(scenario) -> None:
     model = scenario.engine.model
     assert not any(p.requires_grad for module in model.model.modules() for p in module.parameters())
     model.capture_steps()
-    for buffer in (model.llm_logits, model.llm_hidden, model.tts_logits, model.encoder_out):
+    for buffer in (model.llm_logits, model.llm_hidden, model.tts_logits):
         assert buffer.grad_fn is None and not buffer.requires_grad
+
+
+def test_the_engine_captures_the_graphs_its_plan_declares(scenario) -> None:
+    """The batched stages of models.minicpmo45_duplex are the engine's row-count graphs, one per stage at every
+    row count, and its caches are the plan's capacities."""
+    model = scenario.engine.model
+    assert {(g.stage, g.rows) for g in model.plan.batched} == {(g.name, g.rows) for g in model.step_graphs()}
+    assert (model.llm_kv.capacity, model.tts_kv.capacity, model.audio_kv.capacity) == tuple(
+        model.plan.region(name).capacity for name in ("llm_kv", "tts_kv", "audio_kv")
+    )

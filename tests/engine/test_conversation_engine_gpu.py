@@ -63,7 +63,7 @@ def test_graphs_replay_their_eager_steps_and_the_tail_is_stock() -> None:
             torch.cuda.synchronize()
             assert all(torch.equal(a, t[:rows]) for a, t in zip(replayed, results)), (graphs.name, rows)
             checked += 1
-    assert checked == 12  # four steps at 1, 2 and 3 rows
+    assert checked == 9  # three steps at 1, 2 and 3 rows
 
     tail = build_tail(model.sizes.tail, seed=1234, device="cuda")
     for cid, seed in zip(ids, seeds):

@@ -208,6 +208,8 @@ class SessionPool(Scheduler):
         """Lockstep groups waiting for some members' ticks: since when (the oldest tick, or the last miss),
         and the members that missed in this wait."""
         self._check: InputCheck | None = None
+        self.numerics: Numerics | None = None
+        """The device thread's numeric settings (a thread's own torch thread count can differ from the loop's)."""
         self._previous_cudnn: tuple[bool, bool] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -229,6 +231,7 @@ class SessionPool(Scheduler):
             self.executor.shutdown(wait=False)
             raise
         self.started_s = self.loop.time() - started
+        self.numerics = await self.run_on_device(Numerics.current, self.served.device)
         config = self.config
         tick_period_s = config.tick_period_s or self.mode.facts.tick_period_s
         rule = AdmissionRule(
@@ -561,7 +564,7 @@ class SessionPool(Scheduler):
             "idle_timeout_s": self.config.idle_timeout_s,
             "max_frame_bytes": self.max_frame_bytes(),
             "pace": self.config.pace,
-            "numerics": Numerics.current(served.device).to_json(),
+            "numerics": self.numerics.to_json() if self.numerics is not None else None,
         }
 
     async def health(self) -> tuple[int, dict]:

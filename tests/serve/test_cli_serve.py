@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import subprocess
 import sys
 import textwrap
@@ -19,7 +20,14 @@ from duplexcadence.interpreter.cli.serve import pool_config, serve
 from duplexcadence.interpreter.serve.admission import TickModel
 from duplexcadence.interpreter.serve.numerics import Numerics
 
-AT_SERVER = f" at the server's settings ({Numerics.current('cpu').describe()})"  # the server runs in this process
+
+
+def at_server() -> str:
+    """What `--verify` says of the server's settings: the server runs in this process, its tail on a thread of
+    its own (whose torch thread count is that thread's)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as device_thread:
+        numerics = device_thread.submit(Numerics.current, "cpu").result()
+    return f" at the server's settings ({numerics.describe()})"
 
 
 def test_the_help_of_serve_and_loadgen_needs_no_torch():
@@ -133,7 +141,7 @@ def test_dsl_serve_a_registered_tail_and_dsl_loadgen_verify_against_it(dsl):
     assert lines[0] == "serving 'toy' on cpu: a tick every 80 ms of codes i64[1, 1]"
     assert lines[1] == "sessions: 2 of 2 opened; refused: none"
     assert lines[2].startswith("ticks: 10 answered (5 per session, unpaced) in ")
-    assert lines[-1] == f"verify: 10 ticks of 2 sessions compared with stock alone{AT_SERVER}, 0 not torch.equal"
+    assert lines[-1] == f"verify: 10 ticks of 2 sessions compared with stock alone{at_server()}, 0 not torch.equal"
 
 
 def test_dsl_loadgen_drives_bundles_and_verifies_every_member(dsl):
@@ -145,7 +153,7 @@ def test_dsl_loadgen_drives_bundles_and_verifies_every_member(dsl):
     lines = out.splitlines()
     assert lines[1] == "sessions: 3 of 3 opened; refused: none"
     assert lines[2].startswith("ticks: 12 answered (4 per session, unpaced) in ")
-    assert lines[-1] == f"verify: 12 ticks of 3 sessions compared with stock alone{AT_SERVER}, 0 not torch.equal"
+    assert lines[-1] == f"verify: 12 ticks of 3 sessions compared with stock alone{at_server()}, 0 not torch.equal"
 
 
 MODEL = """

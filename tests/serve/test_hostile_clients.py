@@ -171,8 +171,9 @@ def test_a_client_that_never_reads_its_answers_is_closed_and_frees_its_slot(serv
 
 def test_a_client_that_floods_frames_is_read_at_its_pace():
     """The pool paces 2 ticks a period of 80 ms, so a websocket's frames are read at 4 a period (50 a second)
-    after a burst of 32: 82 junk frames sent at once are all answered (`bad-magic`), the last no sooner than
-    a second after the first. (Unpaced, the event loop decoded every frame as fast as it came.)"""
+    after a burst of 32: 82 junk frames sent at once are all answered (`bad-magic`), the last about a second
+    after the first (0.9 s at the least: the allowance also fills while the handshake completes). Unpaced, the
+    event loop decoded every frame as fast as it came."""
 
     async def scenario():
         with toy_server(pace=2.0) as paced:
@@ -186,4 +187,4 @@ def test_a_client_that_floods_frames_is_read_at_its_pace():
         return codes, took
 
     codes, took = run(scenario())
-    assert codes == {messages.BAD_MAGIC} and took >= 1.0
+    assert codes == {messages.BAD_MAGIC} and took >= 0.9

@@ -653,7 +653,8 @@ def bad_placeholder(
     """`kind`: what `region` is (`region`, or `counter` for a counter's binding)."""
     if known:
         helps = _did_you_mean(placeholder, known) + (
-            "the placeholders here are " + ", ".join(f"{{{k}}}" for k in known),
+            "the placeholders here are " + ", ".join(f"{{{k}}}" for k in known) + ", or an expression of them and "
+            "the params, such as {" + known[0] + " + 1}",
         )
     else:
         helps = (f"{kind} '{region}' is not a family, so its binding has no placeholders",)
@@ -715,7 +716,8 @@ def bad_bind(region: str, path: str, problem: str, span: Span | None, kind: str 
         span,
         helps=(
             "a binding is an attribute path from the model root, e.g. "
-            '"decoder.model.0._streaming_state.previous"; `{index}` inserts a family index',
+            '"decoder.model.0._streaming_state.previous"; `{index}` inserts a family index, `{index + 1}` an '
+            "expression of the indices and params",
         ),
     )
 
@@ -1156,13 +1158,18 @@ def binding_shape(region: str, attribute: str, declared: str, actual: str, span:
     )
 
 
-def binding_missing(region: str, attribute: str, problem: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(
-        BINDING_MISMATCH,
-        f"region '{region}' binds to '{attribute}', {problem}",
-        span,
-        helps=("check the path from the model root (print(model) shows the module names)",),
-    )
+def binding_missing(
+    region: str, attribute: str, problem: str, span: Span | None, lazy_object: bool = False
+) -> Diagnostic:
+    """`lazy_object`: the path is in an object a factory made, whose entries the stock call may create lazily."""
+    helps = ("check the path from the model root (print(model) shows the module names)",)
+    if lazy_object:
+        obj = attribute.split(":", 1)[0]
+        helps = (
+            f"the object '{obj}' its factory made has no such entry; if the stock call creates its entries on its "
+            f"first call, let the stage make the object: `object {obj} from stage STAGE` (docs/runtime.md)",
+        )
+    return Diagnostic(BINDING_MISMATCH, f"region '{region}' binds to '{attribute}', {problem}", span, helps=helps)
 
 
 def module_missing(stage: str, path: str, problem: str, span: Span | None) -> Diagnostic:
@@ -1653,5 +1660,78 @@ def boundary_loss(
             f"(`latency {loss}`, released by the end of the stream) and keep the state, or a context that covers "
             "the receptive field, so that the next firing completes them",
             f"if the clock reproduces a stock loop that loses them, say so: `loses {loss} intended`",
+        ),
+    )
+
+
+# --- calls that return records, constant keyword arguments, objects made by a stage ---------------
+
+
+def bad_argument(stage: str, name: str, value: str, span: Span | None) -> Diagnostic:
+    """`with NAME = VALUE` whose value is not a plain number, a string or a boolean."""
+    return Diagnostic(
+        BAD_VALUE,
+        f"stage '{stage}' passes keyword '{name}' the value {value}: a `with` value is a plain number, a "
+        '"string", true or false',
+        span,
+        helps=(f'`with {name} = true`, `with {name} = 2`, `with {name} = "text"`',),
+    )
+
+
+def family_field(stage: str, family: str, field: str, count: int, span: Span | None) -> Diagnostic:
+    """`update kv from cache` where `kv` has several members: one field cannot hold them all."""
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' takes family '{family}' ({count} members) from one field '{field}'",
+        span,
+        helps=(f"take one member from the field: `update {family}[0] from {field}`, a line for each member",),
+    )
+
+
+def return_without_field(stage: str, item: str, fields: Iterable[str], span: Span | None) -> Diagnostic:
+    """A stage whose returns are taken from a record by field, with one return that names no field."""
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' takes its returns from the record its call returns ({', '.join(dict.fromkeys(fields))}), but "
+        f"`{item}` names no field",
+        span,
+        helps=(
+            f"name the field that holds it: `{item} from FIELD`; or take every return by position (a tuple): "
+            "no `from` on any",
+        ),
+    )
+
+
+def field_on_bound(stage: str, region: str, field: str, span: Span | None) -> Diagnostic:
+    """`update x from f` where x is bound: its new version is left at its attribute, not returned."""
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' takes region '{region}' from field '{field}', but '{region}' is bound: the call "
+        "leaves its new version at the bound attribute, and returns nothing for it",
+        span,
+        helps=(f"drop `from {field}`, or drop the region's `bind` to take it from the record",),
+    )
+
+
+def duplicate_field(stage: str, field: str, span: Span | None, first: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' takes two returns from the field '{field}'",
+        span,
+        notes=(Note(f"'{field}' is first taken here", first),),
+        helps=("each return has a field of its own",),
+    )
+
+
+def object_stage_not_passing(obj: str, stage: str, span: Span | None, stage_span: Span | None) -> Diagnostic:
+    """`object cache from stage decode` where `decode` does not `update cache`."""
+    return Diagnostic(
+        BAD_OBJECT,
+        f"object '{obj}' is made by stage '{stage}', which does not update it: the object is what one call of "
+        f"the stage returns in its place, handed None",
+        span,
+        notes=(Note(f"'{stage}' is declared here", stage_span),),
+        helps=(
+            f"add `update {obj}` to stage '{stage}', or make the object with a factory: `object {obj} from FACTORY`",
         ),
     )

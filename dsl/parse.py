@@ -283,8 +283,8 @@ def _close_keywords(word: str, expected: set[str]) -> list[str]:
 _GROUPS = (
     (frozenset(STATEMENT_KEYWORDS), "the next statement (use, cadence, param, clock, region, stage, counter, object)"),
     (
-        frozenset({"module", "hook", "read", "update", "write", "rng"}),
-        "a stage item (module, hook, read, update, write, rng)",
+        frozenset({"module", "hook", "read", "update", "write", "rng", "with"}),
+        "a stage item (module, hook, read, update, write, rng, with)",
     ),
     (
         frozenset({"on", "retain", "start", "stock", "bind", "input", "output"}),
@@ -552,18 +552,25 @@ class _ToAst(Transformer):
         return self.bind_clause(meta, children)
 
     def object_stmt(self, meta, children):
-        name, *factory = children
-        factory = [f for f in factory if f is not None]
+        name, *made = children
+        made = [f for f in made if f is not None]
+        factory = [f for f in made if isinstance(f, Token)]
+        stage = [f[1] for f in made if isinstance(f, tuple)]
         return syntax.Object(
             str(name),
             str(factory[0]) if factory else None,
             span=self._span(meta),
             name_span=self._token_span(name),
             factory_span=self._token_span(factory[0]) if factory else None,
+            stage=str(stage[0]) if stage else None,
+            stage_span=self._token_span(stage[0]) if stage else None,
         )
 
     def object_factory(self, meta, children):
         return children[0]
+
+    def object_stage(self, meta, children):
+        return ("stage", children[0])
 
     def stage_stmt(self, meta, children):
         name, clock, *items = children
@@ -605,9 +612,20 @@ class _ToAst(Transformer):
         )
 
     def update_item(self, meta, children):
-        region, *advance = children
-        advance = [a for a in advance if a is not None]
-        return syntax.UpdateItem(region, advance[0][1] if advance else None, span=self._span(meta))
+        region, *rest = children
+        rest = [p for p in rest if p is not None]
+        advance = next((p[1] for p in rest if p[0] == "advance"), None)
+        alias = next((p for p in rest if p[0] == "alias"), None)
+        field = next((p for p in rest if p[0] == "field"), None)
+        return syntax.UpdateItem(
+            region,
+            advance,
+            alias[1] if alias else None,
+            field[1] if field else None,
+            span=self._span(meta),
+            alias_span=alias[2] if alias else None,
+            field_span=field[2] if field else None,
+        )
 
     def write_item(self, meta, children):
         region, *rest = children
@@ -615,6 +633,7 @@ class _ToAst(Transformer):
         advance = next((p[1] for p in rest if p[0] == "advance"), None)
         latency = next((p for p in rest if p[0] == "latency"), None)
         loss = next((p for p in rest if p[0] == "loss"), None)
+        field = next((p for p in rest if p[0] == "field"), None)
         return syntax.WriteItem(
             region,
             advance,
@@ -622,8 +641,26 @@ class _ToAst(Transformer):
             latency_dropped=bool(latency and latency[2]),
             loss=loss[1] if loss else None,
             loss_intended=bool(loss and loss[2]),
+            field=field[1] if field else None,
             span=self._span(meta),
+            field_span=field[2] if field else None,
         )
+
+    def with_item(self, meta, children):
+        name, value = children
+        return syntax.WithItem(str(name), value, span=self._span(meta), name_span=self._token_span(name))
+
+    def field(self, meta, children):
+        return ("field", str(children[0]), self._token_span(children[0]))
+
+    def text_value(self, meta, children):
+        return str(children[0])[1:-1]
+
+    def true_value(self, meta, children):
+        return True
+
+    def false_value(self, meta, children):
+        return False
 
     def rng_item(self, meta, children):
         return syntax.RngItem(span=self._span(meta))

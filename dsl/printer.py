@@ -128,10 +128,17 @@ def _item(node: syntax.StageItem) -> str:
         if node.alias is not None:
             parts.append(f"as {node.alias}")
         return " ".join(parts)
+    if isinstance(node, syntax.WithItem):
+        return f"with {node.name} = {_argument_value(node.value)}"
     if isinstance(node, syntax.UpdateItem):
-        if node.advance is None:
-            return f"update {_ref(node.region)}"
-        return f"update {_ref(node.region)} +{expr(node.advance, 3)}"
+        parts = ["update", _ref(node.region)]
+        if node.advance is not None:
+            parts.append(f"+{expr(node.advance, 3)}")
+        if node.alias is not None:
+            parts.append(f"as {node.alias}")
+        if node.field is not None:
+            parts.append(f"from {node.field}")
+        return " ".join(parts)
     parts = ["write", _ref(node.region)]
     if node.advance is not None:
         parts.append(f"+{expr(node.advance, 3)}")
@@ -139,7 +146,18 @@ def _item(node: syntax.StageItem) -> str:
         parts.append(f"latency {expr(node.latency)}" + (" dropped" if node.latency_dropped else ""))
     if node.loss is not None:
         parts.append(f"loses {expr(node.loss)}" + (" intended" if node.loss_intended else ""))
+    if node.field is not None:
+        parts.append(f"from {node.field}")
     return " ".join(parts)
+
+
+def _argument_value(value: syntax.Expr | str | bool) -> str:
+    """A `with` item's value: `true`, `false`, a "string" or an expression."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return expr(value)
 
 
 LINE_LENGTH = 100
@@ -190,6 +208,8 @@ def statement(node: syntax.Statement) -> str:
         bind = f" {_bind(node.bind)}" if node.bind is not None else ""
         return f"counter {node.name} +{expr(node.step, 3)}{modulo} on {node.clock}{bind}"
     if isinstance(node, syntax.Object):
+        if node.stage is not None:
+            return f"object {node.name} from stage {node.stage}"
         return f"object {node.name}" + (f" from {node.factory}" if node.factory else "")
     raise AssertionError(f"unknown statement {node!r}")
 

@@ -906,7 +906,15 @@ class _Resolver:
         node = declaration.node_as(syntax.Object)
         name = self.canonical(declaration)
         if name not in self.objects:
-            self.objects[name] = ObjectInfo(name, node.factory, span=node.span)
+            stage = None
+            if node.stage is not None:
+                with self.in_scope_of(declaration):
+                    found = self.decls.get(node.stage)
+                    if found is None or found.kind != "stage":
+                        self._unknown(node.stage, "stage", node.stage_span or node.span)
+                    else:
+                        stage = self.canonical(found)
+            self.objects[name] = ObjectInfo(name, node.factory, span=node.span, stage=stage)
         return self.objects[name]
 
     def _bind_owner(self, clause: syntax.BindClause) -> str | None:
@@ -938,8 +946,8 @@ class _Resolver:
             self.bag.add(messages.object_misuse(stage.name, info.name, problem, item.span, declaration.span))
             return None
         kind = "update" if isinstance(item, syntax.UpdateItem) else "read"
-        alias = item.alias if isinstance(item, syntax.ReadItem) else None
-        return ObjectPass(info.name, kind, before, alias, span=item.span)
+        field = item.field if isinstance(item, syntax.UpdateItem) else None
+        return ObjectPass(info.name, kind, before, item.alias, span=item.span, field=field)
 
     def _counter_use_problem(self, stage: syntax.Stage, item, declaration: Declaration) -> bool:
         """Report a write, an update or a window on a counter (`bad-counter`); True if one was."""
@@ -1017,13 +1025,14 @@ class _Resolver:
         """The binding's path with family indices filled in; None (reported) if it is unsafe or malformed.
         `kind`: what `owner` is, `region` or `counter`."""
         unknown: list[str] = []
+        problems: list[str] = []
 
         def fill(match: re.Match) -> str:
-            key = match.group(1)
+            key = match.group(1).strip()
             if key in local:
                 return str(local[key])
-            unknown.append(key)
-            return match.group(0)
+            number = self._placeholder_value(key, local, unknown, problems)
+            return match.group(0) if number is None else str(number)
 
         unsafe = unsafe_segment(clause.path, clause.private)
         if unsafe is not None:
@@ -1035,11 +1044,41 @@ class _Resolver:
         if unknown:
             self.bag.add(messages.bad_placeholder(owner, unknown[0], list(local), clause.span, kind))
             return None
+        if problems:
+            self.bag.add(messages.bad_bind(owner, clause.path, problems[0], clause.span, kind))
+            return None
         problem = path_problem(path)
         if problem is not None:
             self.bag.add(messages.bad_bind(owner, path, problem, clause.span, kind))
             return None
         return path
+
+    def _placeholder_value(
+        self, text: str, local: dict[str, int], unknown: list[str], problems: list[str]
+    ) -> int | None:
+        """A placeholder's expression (`{layer + 1}`, `{keys[layer]}`) as a whole number of family indices and
+        params; None after adding to `unknown` (a name that is neither) or `problems` (anything else)."""
+        try:
+            expr = parse_value(text, "<placeholder>")
+        except ClockError:
+            problems.append(f"has the placeholder {{{text}}}, which is not an expression")
+            return None
+        names = [n for n in free_names(expr) if n not in local]
+        missing = [n for n in names if (d := self.decls.get(n)) is None or d.kind != "param"]
+        if missing:
+            unknown.append(missing[0])
+            return None
+        try:
+            value = self.evaluate_in(expr, local)
+        except (EvalError, _Skip):
+            problems.append(f"has the placeholder {{{text}}}, which does not evaluate")
+            return None
+        if isinstance(value.value, tuple) or value.unit != PLAIN or value.value.denominator != 1 or value.value < 0:
+            problems.append(
+                f"puts {value.describe()} where the placeholder {{{text}}} needs a whole number of 0 or more"
+            )
+            return None
+        return value.value.numerator
 
     def _stage(self, node: syntax.Stage) -> StageInfo | None:
         self._stage_name = node.name
@@ -1070,17 +1109,18 @@ class _Resolver:
                 where = segment_span(item.path_span, offset, segment) or item.span
                 self.bag.add(messages.unsafe_path("module", node.name, item.path, segment, dunder, where))
         aliases: dict[str, Span | None] = {}
-        for item in node.items_of(syntax.ReadItem):
-            if item.alias is None:
+        keywords = [(i.alias, i.alias_span) for i in node.items_of(syntax.ReadItem) + node.items_of(syntax.UpdateItem)]
+        keywords += [(i.name, i.name_span) for i in node.items_of(syntax.WithItem)]
+        for keyword, keyword_span in keywords:
+            if keyword is None:
                 continue
-            if item.alias in aliases:
-                self.bag.add(
-                    messages.duplicate_argument(
-                        node.name, item.alias, item.alias_span or item.span, aliases[item.alias]
-                    )
-                )
+            if keyword in aliases:
+                self.bag.add(messages.duplicate_argument(node.name, keyword, keyword_span, aliases[keyword]))
             else:
-                aliases[item.alias] = item.alias_span or item.span
+                aliases[keyword] = keyword_span
+        arguments = self._arguments(node)
+        if arguments is None:
+            ok = False
         accesses: list[Access] = []
         passes: list[ObjectPass] = []
         for item in node.items:
@@ -1118,7 +1158,34 @@ class _Resolver:
             span=node.span,
             callable_span=target.span,
             passes=tuple(passes),
+            arguments=arguments or (),
         )
+
+    def _arguments(self, node: syntax.Stage) -> tuple[tuple[str, object], ...] | None:
+        """The stage's constant keyword arguments (`with NAME = VALUE`) as Python values; None (reported) if
+        a value is not a plain number, a string or a boolean."""
+        found: list[tuple[str, object]] = []
+        ok = True
+        for item in node.items_of(syntax.WithItem):
+            if isinstance(item.value, (bool, str)):
+                found.append((item.name, item.value))
+                continue
+            try:
+                value = self.evaluate_in(item.value)
+            except EvalError as error:
+                self.bag.extend(error.diagnostics)
+                ok = False
+                continue
+            except _Skip:
+                ok = False
+                continue
+            if isinstance(value.value, tuple) or value.unit != PLAIN:
+                self.bag.add(messages.bad_argument(node.name, item.name, value.describe(), item.value.span))
+                ok = False
+                continue
+            number = value.value
+            found.append((item.name, number.numerator if number.denominator == 1 else float(number)))
+        return tuple(found) if ok else None
 
     def _accesses(self, item) -> list[Access]:
         ref: syntax.RegionRef = item.region
@@ -1143,7 +1210,14 @@ class _Resolver:
         elif ref.index is not None:
             self.bag.add(messages.index_on_plain_region(ref.name, ref.index.span))
             raise _Skip()
-        if isinstance(item, syntax.ReadItem) and item.alias is not None and len(members) > 1:
+        if isinstance(item, syntax.UpdateItem | syntax.WriteItem) and item.field is not None and len(members) > 1:
+            self.bag.add(
+                messages.family_field(
+                    self._stage_name, ref.name, item.field, len(members), item.field_span or item.span
+                )
+            )
+            raise _Skip()
+        if isinstance(item, syntax.ReadItem | syntax.UpdateItem) and item.alias is not None and len(members) > 1:
             self.bag.add(messages.family_alias(self._stage_name, ref.name, item.alias, len(members), item.span))
             raise _Skip()
         result = []
@@ -1179,7 +1253,9 @@ class _Resolver:
                 advance = None
                 if item.advance is not None:
                     advance = count_of(self.evaluate_in(item.advance), rate, item.advance, "an advance", 0)
-                result.append(Access("update", member, advance=advance, span=item.span))
+                result.append(
+                    Access("update", member, advance=advance, alias=item.alias, span=item.span, field=item.field)
+                )
             else:
                 advance = None
                 if item.advance is not None:
@@ -1200,6 +1276,7 @@ class _Resolver:
                         loss=loss,
                         loss_intended=item.loss_intended,
                         span=item.span,
+                        field=item.field,
                     )
                 )
         return result

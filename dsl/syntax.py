@@ -399,11 +399,17 @@ class ReadItem:
 @attrs.frozen
 class UpdateItem:
     """A read-modify-write of a state region that advances it by N units per firing: `update kv +2`;
-    a fixed region (no time axis, e.g. a counter) is updated without an advance: `update offsets`."""
+    a fixed region (no time axis, e.g. a counter) is updated without an advance: `update offsets`.
+    `update cache as padding_cache from padding_cache`: passed as keyword `padding_cache`, and taken back
+    from the field `padding_cache` of the record the call returns."""
 
     region: RegionRef
     advance: Expr | None = None
+    alias: str | None = None
+    field: str | None = None
     span: Span | None = _span_field()
+    alias_span: Span | None = _span_field()
+    field_span: Span | None = _span_field()
 
 
 @attrs.frozen
@@ -420,7 +426,9 @@ class WriteItem:
     latency_dropped: bool = False
     loss: Expr | None = None
     loss_intended: bool = False
+    field: str | None = None
     span: Span | None = _span_field()
+    field_span: Span | None = _span_field()
 
 
 @attrs.frozen
@@ -430,7 +438,18 @@ class RngItem:
     span: Span | None = _span_field()
 
 
-StageItem = ModuleItem | HookItem | ReadItem | UpdateItem | WriteItem | RngItem
+@attrs.frozen
+class WithItem:
+    """A constant keyword argument of the stage's call: `with use_cache = true`, `with mode = "zeros"`,
+    `with chunk = 2 * B`. `value` is an expression, a string (`str`) or a boolean (`bool`)."""
+
+    name: str
+    value: Expr | str | bool
+    span: Span | None = _span_field()
+    name_span: Span | None = _span_field()
+
+
+StageItem = ModuleItem | HookItem | ReadItem | UpdateItem | WriteItem | RngItem | WithItem
 
 
 @attrs.frozen
@@ -471,13 +490,17 @@ class Counter:
 @attrs.frozen
 class Object:
     """An object the stock call takes and returns (a cache container), made per session by the factory
-    hook `factory` or given at load: `object caches from new_caches`, `object caches`."""
+    hook `factory`, made at load by one call of the stage `stage` (handed None in its place, as a stock
+    loop starts), or given at load: `object caches from new_caches`, `object cache from stage decode`,
+    `object caches`."""
 
     name: str
     factory: str | None = None
     span: Span | None = _span_field()
     name_span: Span | None = _span_field()
     factory_span: Span | None = _span_field()
+    stage: str | None = attrs.field(default=None, kw_only=True)
+    stage_span: Span | None = _span_field()
 
 
 Statement = Use | Cadence | Param | Clock | Region | Stage | Counter | Object

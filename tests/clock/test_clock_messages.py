@@ -251,14 +251,14 @@ def test_a_missing_brace_points_where_the_stage_stops() -> None:
           = note: the next statement begins here (prog.clock:7:1)
         7 | stage b on frame { module "b" }
           | ^^^^^
-          = help: expected ';', '}' or a stage item (module, hook, read, update, write, rng)""")
+          = help: expected ';', '}' or a stage item (module, hook, read, update, write, rng, with)""")
 
 
 def test_the_file_ending_early_names_the_open_declaration() -> None:
     found = only(HEADER + 'stage a on frame {\n    module "a"\n')
     assert (found.message, found.span.line, found.span.column) == ("the file ended inside stage 'a'", 5, 15)
     assert found.notes[0].message == "stage 'a' begins here"
-    assert found.helps == ("expected ';', '}' or a stage item (module, hook, read, update, write, rng)",)
+    assert found.helps == ("expected ';', '}' or a stage item (module, hook, read, update, write, rng, with)",)
 
 
 def test_a_keyword_used_as_a_name_is_called_reserved() -> None:

@@ -47,6 +47,7 @@ from duplexcadence.interpreter.runtime.binding import (
     bind_program,
     host_counters,
 )
+from duplexcadence.interpreter.runtime.body import first_call_object
 from duplexcadence.interpreter.runtime.capture import CaptureStrategy, templates_of
 from duplexcadence.interpreter.runtime.capture.graphs import capture_slot
 from duplexcadence.interpreter.runtime.errors import CaptureWarning, SessionFailed, SessionsFailed, StepError
@@ -339,7 +340,13 @@ class Runtime:
         )
         plan = make_plan(program, max_graphs=max_graphs, prune=prune)
         callables, attributes = bind_program(plan.program, model, hooks, device)
-        sources = bind_objects(plan.program, model, hooks, objects, device)
+
+        def stage_made(name: str, others: dict[str, Any]) -> Any:  # `object NAME from stage STAGE`
+            stage = plan.program.objects[name].stage
+            firing = next(f for f in plan.trace.firings if f.stage == stage)
+            return first_call_object(plan.program, firing, callables[firing.stage], model, name, others, device)
+
+        sources = bind_objects(plan.program, model, hooks, objects, device, stage_made)
         check_arena_fits(plan, sessions, device, lanes)
         use_graphs = device.type == "cuda" and strategy.graphs
         return cls(
@@ -440,8 +447,9 @@ class Runtime:
                 self.capture.name,
             )
 
-    def verify(self, stock, inputs, ticks: int | None = None, seed: int = 0):
-        """Run stock eager and a fresh session side by side; see `duplexcadence.interpreter.runtime.verify`."""
+    def verify(self, stock, inputs, ticks: int | None = None, seed: int = 0, deterministic: bool = False):
+        """Run stock eager and a fresh session side by side, under the process's cuDNN settings (the stock loop's)
+        or, with `deterministic`, deterministic cuDNN; see `duplexcadence.interpreter.runtime.verify`."""
         from duplexcadence.interpreter.runtime.verify import verify
 
-        return verify(self, stock, inputs, ticks=ticks, seed=seed)
+        return verify(self, stock, inputs, ticks=ticks, seed=seed, deterministic=deterministic)

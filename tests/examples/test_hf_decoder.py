@@ -55,15 +55,15 @@ def test_each_session_gets_the_cache_the_first_call_made_with_its_entries_at_the
     latents = make_latents(12, seed=5)
     session, other = runtime.session(), runtime.session()
     first = [session.step(latents=latents[:, t : t + 1]) for t in range(12)]
-    cache = session.objects["cache"]
+    cache = session.objects["padding_cache"]
     assert type(cache).__name__ == "VibeVoiceAcousticTokenizerConv1dPaddingCache"
     assert list(cache.layers) == KEYS
     assert cache.layers["convnext_layer_5"].cache.data_ptr() == session.region("mixer0[0]").data_ptr()
     assert cache.layers["decoder_head"].cache.data_ptr() == session.region("head").data_ptr()
-    assert other.objects["cache"] is not cache
-    assert other.objects["cache"].layers["decoder_head"].cache.data_ptr() == other.region("head").data_ptr()
+    assert other.objects["padding_cache"] is not cache
+    assert other.objects["padding_cache"].layers["decoder_head"].cache.data_ptr() == other.region("head").data_ptr()
     session.reset()
-    assert session.objects["cache"] is not cache  # a fresh copy, its entries at the same addresses
+    assert session.objects["padding_cache"] is not cache  # a fresh copy, its entries at the same addresses
     again = [session.step(latents=latents[:, t : t + 1]) for t in range(12)]
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
 

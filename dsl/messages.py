@@ -1735,3 +1735,33 @@ def object_stage_not_passing(obj: str, stage: str, span: Span | None, stage_span
             f"add `update {obj}` to stage '{stage}', or make the object with a factory: `object {obj} from FACTORY`",
         ),
     )
+
+
+def clock_member(clock: str, is_family: bool, span: Span | None) -> Diagnostic:
+    """`on rate` where `rate` is a family of clocks, or `on frame[1]` where `frame` is one clock."""
+    if is_family:
+        return Diagnostic(
+            BAD_INDEX,
+            f"clock '{clock}' is a family of clocks: a region advances on one of its members",
+            span,
+            helps=(f"name the member, `on {clock}[0]`, or by the region's index, `on {clock}[stage]`",),
+        )
+    return Diagnostic(
+        BAD_INDEX,
+        f"clock '{clock}' is one clock, not a family of clocks: it has no members to index",
+        span,
+        helps=(f"`on {clock}`",),
+    )
+
+
+def clock_family_value(clock: str, span: Span | None) -> Diagnostic:
+    """A family of clocks named where one rate is needed (an expression, a stage's or a counter's `on`)."""
+    return Diagnostic(
+        BAD_RATE,
+        f"clock '{clock}' is a family of clocks, with a rate per member: it has no one rate here",
+        span,
+        helps=(
+            f"a region advances on one member, `on {clock}[0]`; a stage or a counter, or an expression, needs a "
+            "plain clock: declare one (`clock upsampled = ...`)",
+        ),
+    )

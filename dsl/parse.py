@@ -15,6 +15,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from importlib import resources
 
+import attrs
 import lark
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
@@ -462,8 +463,19 @@ class _ToAst(Transformer):
         )
 
     def family(self, meta, children):
-        index, count = children
-        return syntax.Family(str(index), count, span=self._span(meta), index_span=self._token_span(index))
+        pairs = [
+            syntax.Family(str(index), count, span=self._span(meta), index_span=self._token_span(index))
+            for index, count in zip(children[::2], children[1::2], strict=True)
+        ]
+        return attrs.evolve(pairs[0], more=tuple(pairs[1:]))
+
+    def clock_family_stmt(self, meta, children):
+        name, family, rate = children
+        return syntax.Clock(str(name), rate, span=self._span(meta), name_span=self._token_span(name), family=family)
+
+    def on_member_clause(self, meta, children):
+        name, member = children
+        return syntax.OnClause(str(name), span=self._span(meta), clock_span=self._token_span(name), member=member)
 
     def shape(self, meta, dims):
         return list(dims)

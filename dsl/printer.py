@@ -81,7 +81,7 @@ def _retention(node: syntax.Retention) -> str:
 
 def _clause(node: syntax.RegionClause) -> str:
     if isinstance(node, syntax.OnClause):
-        return f"on {node.clock}"
+        return f"on {node.clock}" + (f"[{expr(node.member)}]" if node.member is not None else "")
     if isinstance(node, syntax.RetainClause):
         return f"retain {_retention(node.retention)}"
     if isinstance(node, syntax.StartClause):
@@ -108,6 +108,13 @@ def _bind(node: syntax.BindClause) -> str:
 
 def _ref(node: syntax.RegionRef) -> str:
     return node.name if node.index is None else f"{node.name}[{expr(node.index)}]"
+
+
+def _family(node: syntax.Family | None) -> str:
+    """`[layer < 8]`, `[stage < 6, layer < 3]`, or nothing."""
+    if node is None:
+        return ""
+    return "[" + ", ".join(f"{f.index} < {expr(f.count)}" for f in node.indices()) + "]"
 
 
 def _item(node: syntax.StageItem) -> str:
@@ -172,7 +179,7 @@ def _region_lines(node: syntax.Region) -> list[tuple[str, syntax.RegionClause | 
     would otherwise pass LINE_LENGTH. Clauses keep their written order, so the clause tuple
     round-trips.
     """
-    family = f"[{node.family.index} < {expr(node.family.count)}]" if node.family else ""
+    family = _family(node.family)
     dims = ", ".join("time" if isinstance(d, syntax.TimeAxis) else expr(d) for d in node.shape)
     line = f"region {node.name}{family} : {node.dtype}[{dims}]"
     clauses = list(node.clauses)
@@ -197,7 +204,7 @@ def statement(node: syntax.Statement) -> str:
     if isinstance(node, syntax.Param):
         return f"param {node.name} = {expr(node.default)}"
     if isinstance(node, syntax.Clock):
-        return f"clock {node.name} = {expr(node.rate)}"
+        return f"clock {node.name}{_family(node.family)} = {expr(node.rate)}"
     if isinstance(node, syntax.Region):
         return "\n".join(text for text, _ in _region_lines(node))
     if isinstance(node, syntax.Stage):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import re
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
@@ -217,6 +218,7 @@ class _Resolver:
         self.regions: dict[str, RegionInfo] = {}
         self.families: dict[str, tuple[str, ...]] = {}
         self.resolved_clocks: dict[int, ClockInfo | None] = {}
+        self.resolved_families: dict[int, list[ClockInfo] | None] = {}  # families of clocks, by declaration
         self.resolved_regions: dict[int, list[RegionInfo] | None] = {}
         self.kinds: dict[tuple[str, str], dict[str, Declaration]] = {}  # of_kind, per unit in scope
         self.counters: dict[str, CounterInfo] = {}
@@ -251,6 +253,8 @@ class _Resolver:
         if local and node.id in local:
             return Quantity(Fraction(local[node.id]))
         declaration = self.decls.get(node.id)
+        if declaration is not None and declaration.kind == "clock" and declaration.node_as(syntax.Clock).family:
+            raise EvalError(messages.clock_family_value(node.id, node.span))
         if declaration is not None and declaration.kind in ("param", "clock"):
             return self.value_of(declaration)
         candidates = self.suggestions.offer(itertools.chain(self.of_kind("param"), self.of_kind("clock"), local or ()))
@@ -306,7 +310,7 @@ class _Resolver:
         found = []
         for name in names_in_order(expr):
             other = scope.get(name)
-            if other is not None and other.kind in ("param", "clock"):
+            if other is not None and other.kind in ("param", "clock") and not getattr(other.node, "family", None):
                 found.append(other)
         return found
 
@@ -414,7 +418,10 @@ class _Resolver:
                 if isinstance(error, EvalError):
                     self.bag.extend(error.diagnostics)
         for declaration in self.of_kind("clock").values():
-            self.clock_info(declaration)
+            if declaration.node_as(syntax.Clock).family is not None:
+                self.clock_members(declaration)
+            else:
+                self.clock_info(declaration)
         cadence, cadence_span = self._cadence()
         for declaration in self.of_kind("region").values():
             self.region_members(declaration)
@@ -455,8 +462,12 @@ class _Resolver:
             objects=dict(self.objects),
         )
 
-    def clock_info(self, declaration: Declaration) -> ClockInfo | None:
-        """The clock's exact rate, added to the program; None if it failed (reported once)."""
+    def clock_info(self, declaration: Declaration, span: Span | None = None) -> ClockInfo | None:
+        """The clock's exact rate, added to the program; None if it failed (reported once). A family of clocks
+        has no one rate: reported at `span`, where it is used."""
+        if declaration.node_as(syntax.Clock).family is not None:
+            self.bag.add(messages.clock_family_value(declaration.name, span or declaration.span))
+            return None
         key = id(declaration.node)
         if key not in self.resolved_clocks:
             try:
@@ -556,45 +567,24 @@ class _Resolver:
                     )
                     ok = False
         clock = None
-        if on is None:
-            if time_axes:
-                self.bag.add(messages.missing_clock(node.name, name_span))
-                ok = False
-        elif time_axes:
+        if on is None and time_axes:
+            self.bag.add(messages.missing_clock(node.name, name_span))
+            ok = False
+        clock_family: list[ClockInfo] | None = None
+        if time_axes and on is not None:
             clock_declaration = self.decls.get(on.clock)
             if clock_declaration is None or clock_declaration.kind != "clock":
                 self._unknown(on.clock, "clock", on.clock_span or on.span)
                 ok = False
+            elif on.member is not None or clock_declaration.node_as(syntax.Clock).family is not None:
+                clock_family = self._clock_family_of(clock_declaration, on)
+                ok = ok and clock_family is not None
             else:
                 clock = self.clock_info(clock_declaration)
                 ok = ok and clock is not None
-        count = 1
-        if node.family is not None:
-            shadowed = self.decls.get(node.family.index)
-            if shadowed is not None and shadowed.kind in ("param", "clock"):
-                self.bag.add(
-                    messages.shadowing_index(
-                        node.family.index, node.name, shadowed.kind, node.family.index_span, shadowed.name_span
-                    )
-                )
-                ok = False
-            try:
-                members_value = self.evaluate_in(node.family.count)
-                if (
-                    isinstance(members_value.value, tuple)
-                    or members_value.unit != PLAIN
-                    or members_value.value.denominator != 1
-                    or members_value.value < 1
-                ):
-                    self.bag.add(messages.bad_family(node.name, members_value.describe(), node.family.count.span))
-                    ok = False
-                else:
-                    count = members_value.value.numerator
-            except EvalError as error:
-                self.bag.extend(error.diagnostics)
-                ok = False
-            except _Skip:
-                ok = False
+        counts = [self._family_count(node.name, index) for index in node.family.indices()] if node.family else []
+        ok = ok and None not in counts
+        count = math.prod(c for c in counts if c is not None)
         bind_clause = node.clause(syntax.BindClause)
         if (
             ok
@@ -624,13 +614,102 @@ class _Resolver:
             return None
         self.region_count += count
         time_axis = next((i for i, d in enumerate(node.shape) if isinstance(d, syntax.TimeAxis)), None)
+        names = [f.index for f in node.family.indices()] if node.family else []
         members = []
-        for index in range(count):
-            local = {node.family.index: index} if node.family is not None else {}
+        for index, numbers in enumerate(itertools.product(*(range(c) for c in counts if c is not None))):
+            local = dict(zip(names, numbers, strict=True))
+            if clock_family is not None:
+                clock = self._member_clock(node.name, clock_family, on, local)
+                if clock is None:
+                    return None
             member = self._member(declaration, index if node.family else None, local, clock, role, time_axis)
             if member is None:
                 return None
             members.append(member)
+        return members
+
+    def _family_count(self, region: str, family: syntax.Family) -> int | None:
+        """How many values a family index takes (reported, None, when its count is not a positive integer or it
+        shadows a param or a clock)."""
+        shadowed = self.decls.get(family.index)
+        if shadowed is not None and shadowed.kind in ("param", "clock"):
+            self.bag.add(
+                messages.shadowing_index(family.index, region, shadowed.kind, family.index_span, shadowed.name_span)
+            )
+            return None
+        try:
+            value = self.evaluate_in(family.count)
+        except EvalError as error:
+            self.bag.extend(error.diagnostics)
+            return None
+        except _Skip:
+            return None
+        if isinstance(value.value, tuple) or value.unit != PLAIN or value.value.denominator != 1 or value.value < 1:
+            self.bag.add(messages.bad_family(region, value.describe(), family.count.span))
+            return None
+        return value.value.numerator
+
+    def _clock_family_of(self, declaration: Declaration, on: syntax.OnClause) -> list[ClockInfo] | None:
+        """The members of the family of clocks a region's `on NAME[INDEX]` names (reported, None, when `on` names
+        a plain clock with an index or a family of clocks without one)."""
+        family = declaration.node_as(syntax.Clock).family
+        if family is None or on.member is None:
+            self.bag.add(messages.clock_member(on.clock, family is not None, on.span))
+            return None
+        return self.clock_members(declaration)
+
+    def _member_clock(
+        self, region: str, members: list[ClockInfo], on: syntax.OnClause, local: dict[str, int]
+    ) -> ClockInfo | None:
+        """The member of a family of clocks that `on NAME[INDEX]` picks for one member of a region."""
+        assert on.member is not None, "a region on a family of clocks names its member (`_clock_family_of`)"
+        try:
+            position = require_int(self.evaluate_in(on.member, local), on.member, "a clock family index")
+        except EvalError as error:
+            self.bag.extend(error.diagnostics)
+            return None
+        except _Skip:
+            return None
+        if not 0 <= position < len(members):
+            self.bag.add(messages.index_out_of_range(on.clock, str(position), len(members), on.member.span))
+            return None
+        return members[position]
+
+    def clock_members(self, declaration: Declaration) -> list[ClockInfo] | None:
+        """A family of clocks' members (`rate[0]`, `rate[1]`, ...), each with its exact rate, added to the
+        program; None if one failed (reported once)."""
+        key = id(declaration.node)
+        if key in self.resolved_families:
+            return self.resolved_families[key]
+        self.resolved_families[key] = None
+        node = declaration.node_as(syntax.Clock)
+        assert node.family is not None, "a family of clocks declares its index"
+        with self.in_scope_of(declaration):
+            counts = [self._family_count(node.name, index) for index in node.family.indices()]
+            if None in counts:
+                return None
+            names = [f.index for f in node.family.indices()]
+            base = self.canonical(declaration)
+            members = []
+            for position, numbers in enumerate(itertools.product(*(range(c) for c in counts if c is not None))):
+                local = dict(zip(names, numbers, strict=True))
+                name = f"{base}[{position}]"
+                try:
+                    rate = self.evaluate_in(node.rate, local)
+                except EvalError as error:
+                    self.bag.extend(error.diagnostics)
+                    return None
+                except _Skip:
+                    return None
+                if isinstance(rate.value, tuple) or rate.unit != HERTZ or rate.value <= 0:
+                    self.bag.add(messages.bad_rate(name, f"is {rate.describe()}, not a positive rate in Hz", node.span))
+                    return None
+                info = ClockInfo(
+                    name, rate.fraction, self.canonical_uses(declaration, node.rate, local), span=node.span
+                )
+                self.clocks[name] = info
+                members.append(info)
+        self.resolved_families[key] = members
         return members
 
     def _unknown(self, name: str, want: str, span: Span | None) -> None:
@@ -854,7 +933,7 @@ class _Resolver:
             if clock_declaration is None or clock_declaration.kind != "clock":
                 self._unknown(node.clock, "clock", node.clock_span or node.span)
                 return None
-            clock = self.clock_info(clock_declaration)
+            clock = self.clock_info(clock_declaration, node.clock_span)
             if clock is None:
                 return None
             try:
@@ -1089,7 +1168,7 @@ class _Resolver:
             self._unknown(node.clock, "clock", node.clock_span)
             ok = False
         else:
-            clock = self.clock_info(clock_declaration)
+            clock = self.clock_info(clock_declaration, node.clock_span)
             ok = clock is not None
         callables = node.items_of(syntax.ModuleItem) + node.items_of(syntax.HookItem)
         if len(callables) != 1:

@@ -126,22 +126,30 @@ class Param:
 
 @attrs.frozen
 class Clock:
-    """A counter with an exact rate: `clock mel = 50 Hz` or derived, `clock frame = sample / 1920`."""
+    """A counter with an exact rate: `clock mel = 50 Hz` or derived, `clock frame = sample / 1920`; a family
+    of clocks, one per member, `clock rate[stage < 3] = 7.5 Hz * factors[stage]`."""
 
     name: str
     rate: Expr
     span: Span | None = _span_field()
     name_span: Span | None = _span_field()
+    family: Family | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen
 class Family:
-    """The index of a family of regions: the `[layer < 8]` in `region kv[layer < 8] : ...`."""
+    """The index of a family of regions: the `[layer < 8]` in `region kv[layer < 8] : ...`; `more` holds the
+    further indices of `[stage < 6, layer < 3]` (members numbered with the last index fastest)."""
 
     index: str
     count: Expr
     span: Span | None = _span_field()
     index_span: Span | None = _span_field()
+    more: tuple[Family, ...] = attrs.field(default=(), kw_only=True)
+
+    def indices(self) -> tuple[Family, ...]:
+        """Every index of the family, in written order, each as a one-index `Family`."""
+        return (attrs.evolve(self, more=()), *self.more)
 
 
 @attrs.frozen
@@ -244,11 +252,12 @@ StartPolicy = StartZeros | StartEmpty | StartGiven | StartFirst | StartFirstFiri
 
 @attrs.frozen
 class OnClause:
-    """The clock a region's time axis advances on: `on latent`."""
+    """The clock a region's time axis advances on: `on latent`, or a member of a clock family, `on rate[stage]`."""
 
     clock: str
     span: Span | None = _span_field()
     clock_span: Span | None = _span_field()
+    member: Expr | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen

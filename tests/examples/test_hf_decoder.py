@@ -123,3 +123,21 @@ def test_gpu_graphs_equal_the_stock_loop_under_its_own_settings():
     assert report.equal, str(report)
     assert report.runtime_counters.eager_planned == 0 and report.runtime_counters.eager_off_plan == 0
     assert runtime.report().stage_graphs_covered == 1 and not runtime.report().blocked
+
+
+def test_the_gpu_script_runs_on_cpu_and_writes_its_result(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "hf_decoder_gpu.py"
+    spec = importlib.util.spec_from_file_location("hf_decoder_gpu", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "result.json"
+    assert module.main(["--device", "cpu", "--frames", "6", "--warmup", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["equal"] == {"stock settings": True, "deterministic": True}
+    assert result["command"] == f"python scripts/hf_decoder_gpu.py --device cpu --frames 6 --warmup 1 --out {out}"
+    assert result["graphs"]["planned"] == 1 and result["graphs"]["eager_off_plan"] == 0
+    assert result["stock"]["frames"] == result["duplexcadence"]["frames"] == 5

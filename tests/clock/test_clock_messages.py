@@ -84,7 +84,10 @@ def test_unknown_dtype_and_bind_placeholder_suggest() -> None:
     assert found.helps[0] == "did you mean 'f32'?"
     found = only(HEADER + 'region kv[layer < 2] : f32[time] on frame retain last 2 bind "l.{layr}.kv"\n')
     assert found.message == "the binding of region 'kv' uses the unknown placeholder {layr}"
-    assert found.helps == ("did you mean 'layer'?", "the placeholders here are {layer}")
+    assert found.helps == (
+        "did you mean 'layer'?",
+        "the placeholders here are {layer}, or an expression of them and the params, such as {layer + 1}",
+    )
 
 
 def test_misspelt_keywords_and_units_are_suggested_in_syntax_errors() -> None:

@@ -365,8 +365,18 @@ class ObjectSource:
         if self.factory is not None:
             return self.factory(model, params=dict(self.params)) if self.params is not None else self.factory(model)
         if self.template is not None:
-            return copy.deepcopy(self.template)
+            return copy.deepcopy(self.template, _shared_with(model))
         return self.given
+
+
+def _shared_with(model: Any) -> dict[int, Any]:
+    """A deep copy's memo that keeps what the model is made of (its modules, parameters and buffers) shared: an
+    object a stage's call made may point into the model (a config, a layer), and a session's copy must too."""
+    if not isinstance(model, torch.nn.Module):
+        return {id(model): model} if model is not None else {}
+    shared: dict[int, Any] = {id(module): module for module in model.modules()}
+    shared.update({id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]})
+    return shared
 
 
 def _takes_params(factory: Callable) -> bool:

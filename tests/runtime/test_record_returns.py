@@ -164,3 +164,16 @@ def test_lazily_created_state_is_accepted_at_load_whatever_its_retention(tmp_pat
 
     session = Runtime.load(path, model, hooks={"h": h}, device="cpu").session()
     assert torch.equal(session.step(x=torch.ones(1, 1)), torch.ones(1, 1))
+
+
+def test_a_session_s_copy_of_the_object_shares_what_points_into_the_model(tmp_path):
+    model = torch.nn.Linear(1, 1)
+
+    def decode_with_layer(model, x, state, total, scale, mode, strict):
+        out = decode(model, x, state, total, scale, mode, strict)
+        out["cache"]["layer"] = model  # stock caches may keep a module or a config of the model
+        return out
+
+    runtime = Runtime.load(write(tmp_path, RECORD), model, hooks={"decode": decode_with_layer}, device="cpu")
+    cache = runtime.session().objects["cache"]
+    assert cache["layer"] is model and cache["layers"]["carry"] is not None

@@ -199,3 +199,22 @@ def test_record_returns_keywords_and_an_object_a_stage_makes() -> None:
         f"layers.convnext_layer_{n}.cache" for n in (1, 2, 4, 6)
     ]
     assert [p.regions[f"head[{k}]"].bind for k in range(2)] == ["layers.head_1.cache", "layers.head_3.cache"]
+
+
+def test_run_time_counts_beside_record_returns_and_a_family_of_clocks() -> None:
+    p = load_program(GOOD / "unit_with_records.clock")
+    assert [(p.clocks[c].bound, p.clocks[c].per) for c in ("token", "position")] == [(8, "unit"), (18, "unit")]
+    assert [p.clocks[f"rate[{k}]"].rate for k in range(2)] == [10, 20]
+    assert [p.regions[f"carry[{k}]"].clock for k in range(2)] == ["rate[0]", "rate[1]"]
+    listen, decode = p.stages["listen"], p.stages["decode"]
+    assert (listen.rows, listen.arguments, decode.rows, decode.arguments) == (None, (("use_cache", True),), 4, ())
+    assert [(a.region, a.advance, a.up_to, a.alias, a.field) for a in listen.accesses if a.kind == "update"] == [
+        ("kv", 10, True, "past", "past_key_values"),
+        ("logits", None, False, None, "logits"),
+    ]
+    assert [(a.region, a.advance, a.up_to) for a in decode.accesses if a.kind != "read"] == [
+        ("logits", None, False),
+        ("kv", 1, False),
+        ("text", 1, False),
+    ]
+    assert p.regions["kv"].retention.describe() == "first 4 + slide 64 to 48"

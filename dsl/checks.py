@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Iterator
 from fractions import Fraction
+from typing import Any
 
 import attrs
 import networkx as nx
@@ -22,6 +23,7 @@ from duplexcadence.dsl.diagnostics import Diagnostic, Note
 from duplexcadence.dsl.printer import number_text
 from duplexcadence.dsl.program import (
     Access,
+    ObjectPass,
     Program,
     RegionInfo,
     StageInfo,
@@ -506,6 +508,41 @@ def _bounded_writers(program: Program, name: str, region: RegionInfo, clock) -> 
         yield messages.bounded_total(name, clock.name, clock.bound, clock.per, total, parts, region.span, notes)
 
 
+def check_returns(program: Program) -> Iterator[Diagnostic]:
+    """A call that returns a record gives every return from a field of its own (`from FIELD`); a bound region's
+    new version stays at its attribute, so it has no field; an object made by a stage is updated by it."""
+    for stage in program.stages.values():
+        if not stage.returns_record():
+            continue
+        returned: list[tuple[str, str | None, Any]] = []
+        for used in stage.in_declared_order():
+            if isinstance(used, ObjectPass):
+                if used.kind == "update":
+                    returned.append((f"update {used.object}", used.field, used.span))
+                continue
+            bound = program.regions[used.region].bind is not None
+            if used.kind == "read" or (bound and used.kind == "update"):
+                if used.field is not None:
+                    yield messages.field_on_bound(stage.name, used.region, used.field, used.span)
+                continue
+            returned.append((f"{used.kind} {used.region}", used.field, used.span))
+        fields = [field for _, field, _ in returned if field]
+        first: dict[str, Any] = {}
+        for item, field, span in returned:
+            if field is None:
+                yield messages.return_without_field(stage.name, item, fields, span)
+            elif field in first:
+                yield messages.duplicate_field(stage.name, field, span, first[field])
+            else:
+                first[field] = span
+    for obj in program.objects.values():
+        if obj.stage is None or obj.stage not in program.stages:
+            continue
+        stage = program.stages[obj.stage]
+        if not any(p.object == obj.name and p.kind == "update" for p in stage.passes):
+            yield messages.object_stage_not_passing(obj.name, stage.name, obj.span, stage.span)
+
+
 RULES = (
     check_bounds,
     check_rates,
@@ -517,6 +554,7 @@ RULES = (
     check_data_starts,
     check_counters,
     check_objects,
+    check_returns,
     check_unused,
     check_hyperperiod,
     check_boundary_loss,

@@ -89,20 +89,23 @@ def size_io_regions(program: Program) -> tuple[Program, list[Diagnostic]]:
 
 
 def derive_advances(program: Program) -> Program:
-    """`write R` without an advance gets the clocks' advance when it is a whole number per firing."""
+    """`write R` without an advance gets the clocks' advance when it is a whole number per firing; so does
+    `update R` of a family whose members advance on several clocks (one `+N` cannot say each one's)."""
+    several = {
+        family
+        for family, members in program.families.items()
+        if len({program.regions[m].clock for m in members if m in program.regions}) > 1
+    }
     stages = {}
     for name, stage in program.stages.items():
         accesses = []
         for access in stage.accesses:
             region = program.regions[access.region]
             counted_at_run_time = program.burst(name) is not None or program.run_time_length(access.region)
-            if (
-                access.kind == "write"
-                and access.advance is None
-                and region.role != "output"
-                and not region.fixed
-                and not counted_at_run_time
-            ):
+            derived = (access.kind == "write" and region.role != "output") or (
+                access.kind == "update" and region.family in several
+            )
+            if derived and access.advance is None and not region.fixed and not counted_at_run_time:
                 per_firing = units_per_firing(program, stage, access.region)
                 if per_firing.denominator == 1:
                     access = attrs.evolve(access, advance=per_firing.numerator)

@@ -675,7 +675,8 @@ def bad_placeholder(
     """`kind`: what `region` is (`region`, or `counter` for a counter's binding)."""
     if known:
         helps = _did_you_mean(placeholder, known) + (
-            "the placeholders here are " + ", ".join(f"{{{k}}}" for k in known),
+            "the placeholders here are " + ", ".join(f"{{{k}}}" for k in known) + ", or an expression of them and "
+            "the params, such as {" + known[0] + " + 1}",
         )
     else:
         helps = (f"{kind} '{region}' is not a family, so its binding has no placeholders",)
@@ -737,7 +738,8 @@ def bad_bind(region: str, path: str, problem: str, span: Span | None, kind: str 
         span,
         helps=(
             "a binding is an attribute path from the model root, e.g. "
-            '"decoder.model.0._streaming_state.previous"; `{index}` inserts a family index',
+            '"decoder.model.0._streaming_state.previous"; `{index}` inserts a family index, `{index + 1}` an '
+            "expression of the indices and params",
         ),
     )
 
@@ -1178,13 +1180,18 @@ def binding_shape(region: str, attribute: str, declared: str, actual: str, span:
     )
 
 
-def binding_missing(region: str, attribute: str, problem: str, span: Span | None) -> Diagnostic:
-    return Diagnostic(
-        BINDING_MISMATCH,
-        f"region '{region}' binds to '{attribute}', {problem}",
-        span,
-        helps=("check the path from the model root (print(model) shows the module names)",),
-    )
+def binding_missing(
+    region: str, attribute: str, problem: str, span: Span | None, lazy_object: bool = False
+) -> Diagnostic:
+    """`lazy_object`: the path is in an object a factory made, whose entries the stock call may create lazily."""
+    helps = ("check the path from the model root (print(model) shows the module names)",)
+    if lazy_object:
+        obj = attribute.split(":", 1)[0]
+        helps = (
+            f"the object '{obj}' its factory made has no such entry; if the stock call creates its entries on its "
+            f"first call, let the stage make the object: `object {obj} from stage STAGE` (docs/runtime.md)",
+        )
+    return Diagnostic(BINDING_MISMATCH, f"region '{region}' binds to '{attribute}', {problem}", span, helps=helps)
 
 
 def module_missing(stage: str, path: str, problem: str, span: Span | None) -> Diagnostic:
@@ -1828,6 +1835,44 @@ def slide_marks(region: str, first: int, high: int, low: int, span: Span | None)
     )
 
 
+# --- calls that return records, constant keyword arguments, objects made by a stage ---------------
+
+
+def bad_argument(stage: str, name: str, value: str, span: Span | None) -> Diagnostic:
+    """`with NAME = VALUE` whose value is not a plain number, a string or a boolean."""
+    return Diagnostic(
+        BAD_VALUE,
+        f"stage '{stage}' passes keyword '{name}' the value {value}: a `with` value is a plain number, a "
+        '"string", true or false',
+        span,
+        helps=(f'`with {name} = true`, `with {name} = 2`, `with {name} = "text"`',),
+    )
+
+
+def family_field(stage: str, family: str, field: str, count: int, span: Span | None) -> Diagnostic:
+    """`update kv from cache` where `kv` has several members: one field cannot hold them all."""
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' takes family '{family}' ({count} members) from one field '{field}'",
+        span,
+        helps=(f"take one member from the field: `update {family}[0] from {field}`, a line for each member",),
+    )
+
+
+def return_without_field(stage: str, item: str, fields: Iterable[str], span: Span | None) -> Diagnostic:
+    """A stage whose returns are taken from a record by field, with one return that names no field."""
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' takes its returns from the record its call returns ({', '.join(dict.fromkeys(fields))}), but "
+        f"`{item}` names no field",
+        span,
+        helps=(
+            f"name the field that holds it: `{item} from FIELD`; or take every return by position (a tuple): "
+            "no `from` on any",
+        ),
+    )
+
+
 def slide_appended(stage: str, region: str, span: Span | None, declared: Span | None) -> Diagnostic:
     return Diagnostic(
         BAD_SLIDE,
@@ -1882,5 +1927,70 @@ def engine_only(kind: str, name: str, span: Span | None) -> Diagnostic:
         helps=(
             "a conversation engine steps such a program (interpreter/engine/; it reads the plan with "
             "duplexcadence.interpreter.plans.plan.conversation_plan); load the tail it uses on its own",
+        ),
+    )
+
+
+def field_on_bound(stage: str, region: str, field: str, span: Span | None) -> Diagnostic:
+    """`update x from f` where x is bound: its new version is left at its attribute, not returned."""
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' takes region '{region}' from field '{field}', but '{region}' is bound: the call "
+        "leaves its new version at the bound attribute, and returns nothing for it",
+        span,
+        helps=(f"drop `from {field}`, or drop the region's `bind` to take it from the record",),
+    )
+
+
+def duplicate_field(stage: str, field: str, span: Span | None, first: Span | None) -> Diagnostic:
+    return Diagnostic(
+        BAD_ACCESS,
+        f"stage '{stage}' takes two returns from the field '{field}'",
+        span,
+        notes=(Note(f"'{field}' is first taken here", first),),
+        helps=("each return has a field of its own",),
+    )
+
+
+def object_stage_not_passing(obj: str, stage: str, span: Span | None, stage_span: Span | None) -> Diagnostic:
+    """`object cache from stage decode` where `decode` does not `update cache`."""
+    return Diagnostic(
+        BAD_OBJECT,
+        f"object '{obj}' is made by stage '{stage}', which does not update it: the object is what one call of "
+        f"the stage returns in its place, handed None",
+        span,
+        notes=(Note(f"'{stage}' is declared here", stage_span),),
+        helps=(
+            f"add `update {obj}` to stage '{stage}', or make the object with a factory: `object {obj} from FACTORY`",
+        ),
+    )
+
+
+def clock_member(clock: str, is_family: bool, span: Span | None) -> Diagnostic:
+    """`on rate` where `rate` is a family of clocks, or `on frame[1]` where `frame` is one clock."""
+    if is_family:
+        return Diagnostic(
+            BAD_INDEX,
+            f"clock '{clock}' is a family of clocks: a region advances on one of its members",
+            span,
+            helps=(f"name the member, `on {clock}[0]`, or by the region's index, `on {clock}[stage]`",),
+        )
+    return Diagnostic(
+        BAD_INDEX,
+        f"clock '{clock}' is one clock, not a family of clocks: it has no members to index",
+        span,
+        helps=(f"`on {clock}`",),
+    )
+
+
+def clock_family_value(clock: str, span: Span | None) -> Diagnostic:
+    """A family of clocks named where one rate is needed (an expression, a stage's or a counter's `on`)."""
+    return Diagnostic(
+        BAD_RATE,
+        f"clock '{clock}' is a family of clocks, with a rate per member: it has no one rate here",
+        span,
+        helps=(
+            f"a region advances on one member, `on {clock}[0]`; a stage or a counter, or an expression, needs a "
+            "plain clock: declare one (`clock upsampled = ...`)",
         ),
     )

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from importlib import resources
 
+import attrs
 import lark
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
@@ -283,8 +284,8 @@ def _close_keywords(word: str, expected: set[str]) -> list[str]:
 _GROUPS = (
     (frozenset(STATEMENT_KEYWORDS), "the next statement (use, cadence, param, clock, region, stage, counter, object)"),
     (
-        frozenset({"module", "hook", "read", "update", "write", "rng", "rows"}),
-        "a stage item (module, hook, read, update, write, rng, rows)",
+        frozenset({"module", "hook", "read", "update", "write", "rng", "rows", "with"}),
+        "a stage item (module, hook, read, update, write, rng, rows, with)",
     ),
     (
         frozenset({"on", "retain", "start", "stock", "bind", "input", "output"}),
@@ -467,8 +468,19 @@ class _ToAst(Transformer):
         )
 
     def family(self, meta, children):
-        index, count = children
-        return syntax.Family(str(index), count, span=self._span(meta), index_span=self._token_span(index))
+        pairs = [
+            syntax.Family(str(index), count, span=self._span(meta), index_span=self._token_span(index))
+            for index, count in zip(children[::2], children[1::2], strict=True)
+        ]
+        return attrs.evolve(pairs[0], more=tuple(pairs[1:]))
+
+    def clock_family_stmt(self, meta, children):
+        name, family, rate = children
+        return syntax.Clock(str(name), rate, span=self._span(meta), name_span=self._token_span(name), family=family)
+
+    def on_member_clause(self, meta, children):
+        name, member = children
+        return syntax.OnClause(str(name), span=self._span(meta), clock_span=self._token_span(name), member=member)
 
     def shape(self, meta, dims):
         return list(dims)
@@ -561,18 +573,25 @@ class _ToAst(Transformer):
         return self.bind_clause(meta, children)
 
     def object_stmt(self, meta, children):
-        name, *factory = children
-        factory = [f for f in factory if f is not None]
+        name, *made = children
+        made = [f for f in made if f is not None]
+        factory = [f for f in made if isinstance(f, Token)]
+        stage = [f[1] for f in made if isinstance(f, tuple)]
         return syntax.Object(
             str(name),
             str(factory[0]) if factory else None,
             span=self._span(meta),
             name_span=self._token_span(name),
             factory_span=self._token_span(factory[0]) if factory else None,
+            stage=str(stage[0]) if stage else None,
+            stage_span=self._token_span(stage[0]) if stage else None,
         )
 
     def object_factory(self, meta, children):
         return children[0]
+
+    def object_stage(self, meta, children):
+        return ("stage", children[0])
 
     def stage_stmt(self, meta, children):
         name, clock, *items = children
@@ -614,13 +633,20 @@ class _ToAst(Transformer):
         )
 
     def update_item(self, meta, children):
-        region, *advance = children
-        advance = [a for a in advance if a is not None]
+        region, *rest = children
+        rest = [p for p in rest if p is not None]
+        advance = next((p for p in rest if p[0] in ("advance", "up_to")), None)
+        alias = next((p for p in rest if p[0] == "alias"), None)
+        field = next((p for p in rest if p[0] == "field"), None)
         return syntax.UpdateItem(
             region,
-            advance[0][1] if advance else None,
+            advance[1] if advance else None,
+            alias[1] if alias else None,
+            field[1] if field else None,
             span=self._span(meta),
-            up_to=bool(advance) and advance[0][0] == "up_to",
+            alias_span=alias[2] if alias else None,
+            field_span=field[2] if field else None,
+            up_to=advance is not None and advance[0] == "up_to",
         )
 
     def write_item(self, meta, children):
@@ -629,6 +655,7 @@ class _ToAst(Transformer):
         advance = next((p for p in rest if p[0] in ("advance", "up_to")), None)
         latency = next((p for p in rest if p[0] == "latency"), None)
         loss = next((p for p in rest if p[0] == "loss"), None)
+        field = next((p for p in rest if p[0] == "field"), None)
         return syntax.WriteItem(
             region,
             advance[1] if advance else None,
@@ -636,9 +663,27 @@ class _ToAst(Transformer):
             latency_dropped=bool(latency and latency[2]),
             loss=loss[1] if loss else None,
             loss_intended=bool(loss and loss[2]),
+            field=field[1] if field else None,
             span=self._span(meta),
+            field_span=field[2] if field else None,
             up_to=advance is not None and advance[0] == "up_to",
         )
+
+    def with_item(self, meta, children):
+        name, value = children
+        return syntax.WithItem(str(name), value, span=self._span(meta), name_span=self._token_span(name))
+
+    def field(self, meta, children):
+        return ("field", str(children[0]), self._token_span(children[0]))
+
+    def text_value(self, meta, children):
+        return str(children[0])[1:-1]
+
+    def true_value(self, meta, children):
+        return True
+
+    def false_value(self, meta, children):
+        return False
 
     def rng_item(self, meta, children):
         return syntax.RngItem(span=self._span(meta))

@@ -84,7 +84,7 @@ def _retention(node: syntax.Retention) -> str:
 
 def _clause(node: syntax.RegionClause) -> str:
     if isinstance(node, syntax.OnClause):
-        return f"on {node.clock}"
+        return f"on {node.clock}" + (f"[{expr(node.member)}]" if node.member is not None else "")
     if isinstance(node, syntax.RetainClause):
         return f"retain {_retention(node.retention)}"
     if isinstance(node, syntax.StartClause):
@@ -118,6 +118,13 @@ def _ref(node: syntax.RegionRef) -> str:
     return node.name if node.index is None else f"{node.name}[{expr(node.index)}]"
 
 
+def _family(node: syntax.Family | None) -> str:
+    """`[layer < 8]`, `[stage < 6, layer < 3]`, or nothing."""
+    if node is None:
+        return ""
+    return "[" + ", ".join(f"{f.index} < {expr(f.count)}" for f in node.indices()) + "]"
+
+
 def _item(node: syntax.StageItem) -> str:
     if isinstance(node, syntax.ModuleItem):
         return f'module private "{node.path}"' if node.private else f'module "{node.path}"'
@@ -138,10 +145,17 @@ def _item(node: syntax.StageItem) -> str:
         if node.alias is not None:
             parts.append(f"as {node.alias}")
         return " ".join(parts)
+    if isinstance(node, syntax.WithItem):
+        return f"with {node.name} = {_argument_value(node.value)}"
     if isinstance(node, syntax.UpdateItem):
-        if node.advance is None:
-            return f"update {_ref(node.region)}"
-        return f"update {_ref(node.region)} {_advance(node.advance, node.up_to)}"
+        parts = ["update", _ref(node.region)]
+        if node.advance is not None:
+            parts.append(_advance(node.advance, node.up_to))
+        if node.alias is not None:
+            parts.append(f"as {node.alias}")
+        if node.field is not None:
+            parts.append(f"from {node.field}")
+        return " ".join(parts)
     parts = ["write", _ref(node.region)]
     if node.advance is not None:
         parts.append(_advance(node.advance, node.up_to))
@@ -149,7 +163,18 @@ def _item(node: syntax.StageItem) -> str:
         parts.append(f"latency {expr(node.latency)}" + (" dropped" if node.latency_dropped else ""))
     if node.loss is not None:
         parts.append(f"loses {expr(node.loss)}" + (" intended" if node.loss_intended else ""))
+    if node.field is not None:
+        parts.append(f"from {node.field}")
     return " ".join(parts)
+
+
+def _argument_value(value: syntax.Expr | str | bool) -> str:
+    """A `with` item's value: `true`, `false`, a "string" or an expression."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return expr(value)
 
 
 LINE_LENGTH = 100
@@ -164,7 +189,7 @@ def _region_lines(node: syntax.Region) -> list[tuple[str, syntax.RegionClause | 
     would otherwise pass LINE_LENGTH. Clauses keep their written order, so the clause tuple
     round-trips.
     """
-    family = f"[{node.family.index} < {expr(node.family.count)}]" if node.family else ""
+    family = _family(node.family)
     dims = ", ".join("time" if isinstance(d, syntax.TimeAxis) else expr(d) for d in node.shape)
     line = f"region {node.name}{family} : {node.dtype}[{dims}]"
     clauses = list(node.clauses)
@@ -191,7 +216,7 @@ def statement(node: syntax.Statement) -> str:
     if isinstance(node, syntax.Clock):
         if node.bound is not None:
             return f"clock {node.name} = up to {expr(node.bound)} per {expr(node.rate)}"
-        return f"clock {node.name} = {expr(node.rate)}"
+        return f"clock {node.name}{_family(node.family)} = {expr(node.rate)}"
     if isinstance(node, syntax.Region):
         return "\n".join(text for text, _ in _region_lines(node))
     if isinstance(node, syntax.Stage):
@@ -202,6 +227,8 @@ def statement(node: syntax.Statement) -> str:
         bind = f" {_bind(node.bind)}" if node.bind is not None else ""
         return f"counter {node.name} +{expr(node.step, 3)}{modulo} on {node.clock}{bind}"
     if isinstance(node, syntax.Object):
+        if node.stage is not None:
+            return f"object {node.name} from stage {node.stage}"
         return f"object {node.name}" + (f" from {node.factory}" if node.factory else "")
     raise AssertionError(f"unknown statement {node!r}")
 

@@ -198,6 +198,8 @@ class Access:
     span: Span | None = _span_field()
     up_to: bool = attrs.field(default=False, kw_only=True)
     """`update kv up to 19`: each firing advances the region by a count decided at run time, at most `advance`."""
+    field: str | None = attrs.field(default=None, kw_only=True)
+    """The field of the record the call returns that holds this update's or write's value (`from FIELD`)."""
 
 
 @attrs.frozen
@@ -218,6 +220,26 @@ class StageInfo:
     rows: int | None = attrs.field(default=None, kw_only=True)
     """`rows N`: the stage runs on 1 to N conversations at once, each a row of its batch."""
     rows_span: Span | None = attrs.field(default=None, eq=False, repr=False, kw_only=True)
+    arguments: tuple[tuple[str, Any], ...] = attrs.field(default=(), kw_only=True)
+    """Constant keyword arguments of the call (`with use_cache = true`): name and Python value (an int, a
+    float, a str or a bool)."""
+
+    def in_declared_order(self) -> list[Access | ObjectPass]:
+        """The stage's accesses and object passes in the order the `.clock` declares them."""
+        ordered: list[Access | ObjectPass] = []
+        passes = sorted(self.passes, key=lambda p: p.before)
+        position = 0
+        for index, access in enumerate(self.accesses):
+            while position < len(passes) and passes[position].before <= index:
+                ordered.append(passes[position])
+                position += 1
+            ordered.append(access)
+        ordered.extend(passes[position:])
+        return ordered
+
+    def returns_record(self) -> bool:
+        """Whether the call returns a record its returns are taken from by field (`from FIELD`)."""
+        return any(a.field for a in self.accesses) or any(p.field for p in self.passes)
 
     def reads(self) -> list[Access]:
         return [a for a in self.accesses if a.kind in ("read", "update")]
@@ -350,12 +372,14 @@ class CounterInfo:
 
 @attrs.frozen
 class ObjectInfo:
-    """A caller-owned object (`object caches from new_caches`): made per session by the hook `factory`,
-    or given at load when None."""
+    """A caller-owned object (`object caches from new_caches`): made per session by the hook `factory`;
+    made at load by one call of the stage `stage` (`object cache from stage decode`), each session starting
+    from a copy; or given at load when both are None."""
 
     name: str
     factory: str | None
     span: Span | None = _span_field()
+    stage: str | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen
@@ -369,6 +393,8 @@ class ObjectPass:
     before: int
     alias: str | None = None
     span: Span | None = _span_field()
+    field: str | None = attrs.field(default=None, kw_only=True)
+    """The field of the record the call returns that holds the object (`update cache from padding_cache`)."""
 
 
 SESSION_SECONDS = 60

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from fractions import Fraction
@@ -218,6 +219,7 @@ class _Resolver:
         self.regions: dict[str, RegionInfo] = {}
         self.families: dict[str, tuple[str, ...]] = {}
         self.resolved_clocks: dict[int, ClockInfo | None] = {}
+        self.resolved_families: dict[int, list[ClockInfo] | None] = {}  # families of clocks, by declaration
         self.resolved_regions: dict[int, list[RegionInfo] | None] = {}
         self.kinds: dict[tuple[str, str], dict[str, Declaration]] = {}  # of_kind, per unit in scope
         self.counters: dict[str, CounterInfo] = {}
@@ -252,6 +254,8 @@ class _Resolver:
         if local and node.id in local:
             return Quantity(Fraction(local[node.id]))
         declaration = self.decls.get(node.id)
+        if declaration is not None and declaration.kind == "clock" and declaration.node_as(syntax.Clock).family:
+            raise EvalError(messages.clock_family_value(node.id, node.span))
         if declaration is not None and declaration.kind in ("param", "clock"):
             return self.value_of(declaration)
         candidates = self.suggestions.offer(itertools.chain(self.of_kind("param"), self.of_kind("clock"), local or ()))
@@ -307,7 +311,7 @@ class _Resolver:
         found = []
         for name in names_in_order(expr):
             other = scope.get(name)
-            if other is not None and other.kind in ("param", "clock"):
+            if other is not None and other.kind in ("param", "clock") and not getattr(other.node, "family", None):
                 found.append(other)
         return found
 
@@ -415,7 +419,10 @@ class _Resolver:
                 if isinstance(error, EvalError):
                     self.bag.extend(error.diagnostics)
         for declaration in self.of_kind("clock").values():
-            self.clock_info(declaration)
+            if declaration.node_as(syntax.Clock).family is not None:
+                self.clock_members(declaration)
+            else:
+                self.clock_info(declaration)
         cadence, cadence_span = self._cadence()
         for declaration in self.of_kind("region").values():
             self.region_members(declaration)
@@ -456,8 +463,12 @@ class _Resolver:
             objects=dict(self.objects),
         )
 
-    def clock_info(self, declaration: Declaration) -> ClockInfo | None:
-        """The clock's exact rate, added to the program; None if it failed (reported once)."""
+    def clock_info(self, declaration: Declaration, span: Span | None = None) -> ClockInfo | None:
+        """The clock's exact rate, added to the program; None if it failed (reported once). A family of clocks
+        has no one rate: reported at `span`, where it is used."""
+        if declaration.node_as(syntax.Clock).family is not None:
+            self.bag.add(messages.clock_family_value(declaration.name, span or declaration.span))
+            return None
         key = id(declaration.node)
         if key not in self.resolved_clocks:
             try:
@@ -601,45 +612,24 @@ class _Resolver:
                     )
                     ok = False
         clock = None
-        if on is None:
-            if time_axes:
-                self.bag.add(messages.missing_clock(node.name, name_span))
-                ok = False
-        elif time_axes:
+        if on is None and time_axes:
+            self.bag.add(messages.missing_clock(node.name, name_span))
+            ok = False
+        clock_family: list[ClockInfo] | None = None
+        if time_axes and on is not None:
             clock_declaration = self.decls.get(on.clock)
             if clock_declaration is None or clock_declaration.kind != "clock":
                 self._unknown(on.clock, "clock", on.clock_span or on.span)
                 ok = False
+            elif on.member is not None or clock_declaration.node_as(syntax.Clock).family is not None:
+                clock_family = self._clock_family_of(clock_declaration, on)
+                ok = ok and clock_family is not None
             else:
                 clock = self.clock_info(clock_declaration)
                 ok = ok and clock is not None
-        count = 1
-        if node.family is not None:
-            shadowed = self.decls.get(node.family.index)
-            if shadowed is not None and shadowed.kind in ("param", "clock"):
-                self.bag.add(
-                    messages.shadowing_index(
-                        node.family.index, node.name, shadowed.kind, node.family.index_span, shadowed.name_span
-                    )
-                )
-                ok = False
-            try:
-                members_value = self.evaluate_in(node.family.count)
-                if (
-                    isinstance(members_value.value, tuple)
-                    or members_value.unit != PLAIN
-                    or members_value.value.denominator != 1
-                    or members_value.value < 1
-                ):
-                    self.bag.add(messages.bad_family(node.name, members_value.describe(), node.family.count.span))
-                    ok = False
-                else:
-                    count = members_value.value.numerator
-            except EvalError as error:
-                self.bag.extend(error.diagnostics)
-                ok = False
-            except _Skip:
-                ok = False
+        counts = [self._family_count(node.name, index) for index in node.family.indices()] if node.family else []
+        ok = ok and None not in counts
+        count = math.prod(c for c in counts if c is not None)
         bind_clause = node.clause(syntax.BindClause)
         if (
             ok
@@ -669,13 +659,102 @@ class _Resolver:
             return None
         self.region_count += count
         time_axis = next((i for i, d in enumerate(node.shape) if isinstance(d, syntax.TimeAxis)), None)
+        names = [f.index for f in node.family.indices()] if node.family else []
         members = []
-        for index in range(count):
-            local = {node.family.index: index} if node.family is not None else {}
+        for index, numbers in enumerate(itertools.product(*(range(c) for c in counts if c is not None))):
+            local = dict(zip(names, numbers, strict=True))
+            if clock_family is not None:
+                clock = self._member_clock(node.name, clock_family, on, local)
+                if clock is None:
+                    return None
             member = self._member(declaration, index if node.family else None, local, clock, role, time_axis)
             if member is None:
                 return None
             members.append(member)
+        return members
+
+    def _family_count(self, region: str, family: syntax.Family) -> int | None:
+        """How many values a family index takes (reported, None, when its count is not a positive integer or it
+        shadows a param or a clock)."""
+        shadowed = self.decls.get(family.index)
+        if shadowed is not None and shadowed.kind in ("param", "clock"):
+            self.bag.add(
+                messages.shadowing_index(family.index, region, shadowed.kind, family.index_span, shadowed.name_span)
+            )
+            return None
+        try:
+            value = self.evaluate_in(family.count)
+        except EvalError as error:
+            self.bag.extend(error.diagnostics)
+            return None
+        except _Skip:
+            return None
+        if isinstance(value.value, tuple) or value.unit != PLAIN or value.value.denominator != 1 or value.value < 1:
+            self.bag.add(messages.bad_family(region, value.describe(), family.count.span))
+            return None
+        return value.value.numerator
+
+    def _clock_family_of(self, declaration: Declaration, on: syntax.OnClause) -> list[ClockInfo] | None:
+        """The members of the family of clocks a region's `on NAME[INDEX]` names (reported, None, when `on` names
+        a plain clock with an index or a family of clocks without one)."""
+        family = declaration.node_as(syntax.Clock).family
+        if family is None or on.member is None:
+            self.bag.add(messages.clock_member(on.clock, family is not None, on.span))
+            return None
+        return self.clock_members(declaration)
+
+    def _member_clock(
+        self, region: str, members: list[ClockInfo], on: syntax.OnClause, local: dict[str, int]
+    ) -> ClockInfo | None:
+        """The member of a family of clocks that `on NAME[INDEX]` picks for one member of a region."""
+        assert on.member is not None, "a region on a family of clocks names its member (`_clock_family_of`)"
+        try:
+            position = require_int(self.evaluate_in(on.member, local), on.member, "a clock family index")
+        except EvalError as error:
+            self.bag.extend(error.diagnostics)
+            return None
+        except _Skip:
+            return None
+        if not 0 <= position < len(members):
+            self.bag.add(messages.index_out_of_range(on.clock, str(position), len(members), on.member.span))
+            return None
+        return members[position]
+
+    def clock_members(self, declaration: Declaration) -> list[ClockInfo] | None:
+        """A family of clocks' members (`rate[0]`, `rate[1]`, ...), each with its exact rate, added to the
+        program; None if one failed (reported once)."""
+        key = id(declaration.node)
+        if key in self.resolved_families:
+            return self.resolved_families[key]
+        self.resolved_families[key] = None
+        node = declaration.node_as(syntax.Clock)
+        assert node.family is not None, "a family of clocks declares its index"
+        with self.in_scope_of(declaration):
+            counts = [self._family_count(node.name, index) for index in node.family.indices()]
+            if None in counts:
+                return None
+            names = [f.index for f in node.family.indices()]
+            base = self.canonical(declaration)
+            members = []
+            for position, numbers in enumerate(itertools.product(*(range(c) for c in counts if c is not None))):
+                local = dict(zip(names, numbers, strict=True))
+                name = f"{base}[{position}]"
+                try:
+                    rate = self.evaluate_in(node.rate, local)
+                except EvalError as error:
+                    self.bag.extend(error.diagnostics)
+                    return None
+                except _Skip:
+                    return None
+                if isinstance(rate.value, tuple) or rate.unit != HERTZ or rate.value <= 0:
+                    self.bag.add(messages.bad_rate(name, f"is {rate.describe()}, not a positive rate in Hz", node.span))
+                    return None
+                info = ClockInfo(
+                    name, rate.fraction, self.canonical_uses(declaration, node.rate, local), span=node.span
+                )
+                self.clocks[name] = info
+                members.append(info)
+        self.resolved_families[key] = members
         return members
 
     def _unknown(self, name: str, want: str, span: Span | None) -> None:
@@ -912,7 +991,7 @@ class _Resolver:
             if clock_declaration is None or clock_declaration.kind != "clock":
                 self._unknown(node.clock, "clock", node.clock_span or node.span)
                 return None
-            clock = self.clock_info(clock_declaration)
+            clock = self.clock_info(clock_declaration, node.clock_span)
             if clock is None:
                 return None
             try:
@@ -964,7 +1043,15 @@ class _Resolver:
         node = declaration.node_as(syntax.Object)
         name = self.canonical(declaration)
         if name not in self.objects:
-            self.objects[name] = ObjectInfo(name, node.factory, span=node.span)
+            stage = None
+            if node.stage is not None:
+                with self.in_scope_of(declaration):
+                    found = self.decls.get(node.stage)
+                    if found is None or found.kind != "stage":
+                        self._unknown(node.stage, "stage", node.stage_span or node.span)
+                    else:
+                        stage = self.canonical(found)
+            self.objects[name] = ObjectInfo(name, node.factory, span=node.span, stage=stage)
         return self.objects[name]
 
     def _bind_owner(self, clause: syntax.BindClause) -> str | None:
@@ -996,8 +1083,8 @@ class _Resolver:
             self.bag.add(messages.object_misuse(stage.name, info.name, problem, item.span, declaration.span))
             return None
         kind = "update" if isinstance(item, syntax.UpdateItem) else "read"
-        alias = item.alias if isinstance(item, syntax.ReadItem) else None
-        return ObjectPass(info.name, kind, before, alias, span=item.span)
+        field = item.field if isinstance(item, syntax.UpdateItem) else None
+        return ObjectPass(info.name, kind, before, item.alias, span=item.span, field=field)
 
     def _counter_use_problem(self, stage: syntax.Stage, item, declaration: Declaration) -> bool:
         """Report a write, an update or a window on a counter (`bad-counter`); True if one was."""
@@ -1084,13 +1171,14 @@ class _Resolver:
         """The binding's path with family indices filled in; None (reported) if it is unsafe or malformed.
         `kind`: what `owner` is, `region` or `counter`."""
         unknown: list[str] = []
+        problems: list[str] = []
 
         def fill(match: re.Match) -> str:
-            key = match.group(1)
+            key = match.group(1).strip()
             if key in local:
                 return str(local[key])
-            unknown.append(key)
-            return match.group(0)
+            number = self._placeholder_value(key, local, unknown, problems)
+            return match.group(0) if number is None else str(number)
 
         unsafe = unsafe_segment(clause.path, clause.private)
         if unsafe is not None:
@@ -1102,11 +1190,41 @@ class _Resolver:
         if unknown:
             self.bag.add(messages.bad_placeholder(owner, unknown[0], list(local), clause.span, kind))
             return None
+        if problems:
+            self.bag.add(messages.bad_bind(owner, clause.path, problems[0], clause.span, kind))
+            return None
         problem = path_problem(path)
         if problem is not None:
             self.bag.add(messages.bad_bind(owner, path, problem, clause.span, kind))
             return None
         return path
+
+    def _placeholder_value(
+        self, text: str, local: dict[str, int], unknown: list[str], problems: list[str]
+    ) -> int | None:
+        """A placeholder's expression (`{layer + 1}`, `{keys[layer]}`) as a whole number of family indices and
+        params; None after adding to `unknown` (a name that is neither) or `problems` (anything else)."""
+        try:
+            expr = parse_value(text, "<placeholder>")
+        except ClockError:
+            problems.append(f"has the placeholder {{{text}}}, which is not an expression")
+            return None
+        names = [n for n in free_names(expr) if n not in local]
+        missing = [n for n in names if (d := self.decls.get(n)) is None or d.kind != "param"]
+        if missing:
+            unknown.append(missing[0])
+            return None
+        try:
+            value = self.evaluate_in(expr, local)
+        except (EvalError, _Skip):
+            problems.append(f"has the placeholder {{{text}}}, which does not evaluate")
+            return None
+        if isinstance(value.value, tuple) or value.unit != PLAIN or value.value.denominator != 1 or value.value < 0:
+            problems.append(
+                f"puts {value.describe()} where the placeholder {{{text}}} needs a whole number of 0 or more"
+            )
+            return None
+        return value.value.numerator
 
     def _stage(self, node: syntax.Stage) -> StageInfo | None:
         self._stage_name = node.name
@@ -1117,7 +1235,7 @@ class _Resolver:
             self._unknown(node.clock, "clock", node.clock_span)
             ok = False
         else:
-            clock = self.clock_info(clock_declaration)
+            clock = self.clock_info(clock_declaration, node.clock_span)
             ok = clock is not None
         callables = node.items_of(syntax.ModuleItem) + node.items_of(syntax.HookItem)
         if len(callables) != 1:
@@ -1137,17 +1255,18 @@ class _Resolver:
                 where = segment_span(item.path_span, offset, segment) or item.span
                 self.bag.add(messages.unsafe_path("module", node.name, item.path, segment, dunder, where))
         aliases: dict[str, Span | None] = {}
-        for item in node.items_of(syntax.ReadItem):
-            if item.alias is None:
+        keywords = [(i.alias, i.alias_span) for i in node.items_of(syntax.ReadItem) + node.items_of(syntax.UpdateItem)]
+        keywords += [(i.name, i.name_span) for i in node.items_of(syntax.WithItem)]
+        for keyword, keyword_span in keywords:
+            if keyword is None:
                 continue
-            if item.alias in aliases:
-                self.bag.add(
-                    messages.duplicate_argument(
-                        node.name, item.alias, item.alias_span or item.span, aliases[item.alias]
-                    )
-                )
+            if keyword in aliases:
+                self.bag.add(messages.duplicate_argument(node.name, keyword, keyword_span, aliases[keyword]))
             else:
-                aliases[item.alias] = item.alias_span or item.span
+                aliases[keyword] = keyword_span
+        arguments = self._arguments(node)
+        if arguments is None:
+            ok = False
         accesses: list[Access] = []
         passes: list[ObjectPass] = []
         for item in node.items:
@@ -1188,6 +1307,7 @@ class _Resolver:
             passes=tuple(passes),
             rows=rows[0] if rows else None,
             rows_span=rows[1] if rows else None,
+            arguments=arguments or (),
         )
 
     def _rows(self, node: syntax.Stage) -> tuple[int, Span | None] | Literal[False] | None:
@@ -1204,6 +1324,32 @@ class _Resolver:
             lambda value, limit, span: messages.rows_too_many(node.name, value, limit, span),
         )
         return (count, item.span) if count is not None and len(items) == 1 else False
+
+    def _arguments(self, node: syntax.Stage) -> tuple[tuple[str, object], ...] | None:
+        """The stage's constant keyword arguments (`with NAME = VALUE`) as Python values; None (reported) if
+        a value is not a plain number, a string or a boolean."""
+        found: list[tuple[str, object]] = []
+        ok = True
+        for item in node.items_of(syntax.WithItem):
+            if isinstance(item.value, (bool, str)):
+                found.append((item.name, item.value))
+                continue
+            try:
+                value = self.evaluate_in(item.value)
+            except EvalError as error:
+                self.bag.extend(error.diagnostics)
+                ok = False
+                continue
+            except _Skip:
+                ok = False
+                continue
+            if isinstance(value.value, tuple) or value.unit != PLAIN:
+                self.bag.add(messages.bad_argument(node.name, item.name, value.describe(), item.value.span))
+                ok = False
+                continue
+            number = value.value
+            found.append((item.name, number.numerator if number.denominator == 1 else float(number)))
+        return tuple(found) if ok else None
 
     def _accesses(self, item) -> list[Access]:
         ref: syntax.RegionRef = item.region
@@ -1228,7 +1374,14 @@ class _Resolver:
         elif ref.index is not None:
             self.bag.add(messages.index_on_plain_region(ref.name, ref.index.span))
             raise _Skip()
-        if isinstance(item, syntax.ReadItem) and item.alias is not None and len(members) > 1:
+        if isinstance(item, syntax.UpdateItem | syntax.WriteItem) and item.field is not None and len(members) > 1:
+            self.bag.add(
+                messages.family_field(
+                    self._stage_name, ref.name, item.field, len(members), item.field_span or item.span
+                )
+            )
+            raise _Skip()
+        if isinstance(item, syntax.ReadItem | syntax.UpdateItem) and item.alias is not None and len(members) > 1:
             self.bag.add(messages.family_alias(self._stage_name, ref.name, item.alias, len(members), item.span))
             raise _Skip()
         result = []
@@ -1264,7 +1417,17 @@ class _Resolver:
                 advance = None
                 if item.advance is not None:
                     advance = count_of(self.evaluate_in(item.advance), rate, item.advance, "an advance", 0)
-                result.append(Access("update", member, advance=advance, span=item.span, up_to=item.up_to))
+                result.append(
+                    Access(
+                        "update",
+                        member,
+                        advance=advance,
+                        alias=item.alias,
+                        span=item.span,
+                        up_to=item.up_to,
+                        field=item.field,
+                    )
+                )
             else:
                 advance = None
                 if item.advance is not None:
@@ -1286,6 +1449,7 @@ class _Resolver:
                         loss_intended=item.loss_intended,
                         span=item.span,
                         up_to=item.up_to,
+                        field=item.field,
                     )
                 )
         return result

@@ -126,7 +126,8 @@ class Param:
 
 @attrs.frozen
 class Clock:
-    """A counter with an exact rate: `clock mel = 50 Hz` or derived, `clock frame = sample / 1920`.
+    """A counter with an exact rate: `clock mel = 50 Hz` or derived, `clock frame = sample / 1920`; a family
+    of clocks, one per member, `clock rate[stage < 3] = 7.5 Hz * factors[stage]`.
 
     With `bound`, a bounded clock: `clock text = up to 21 per unit` ticks up to `bound` times at each tick
     of the clock `rate` names (a `Name`), the count decided at run time."""
@@ -136,16 +137,23 @@ class Clock:
     span: Span | None = _span_field()
     name_span: Span | None = _span_field()
     bound: Expr | None = attrs.field(default=None, kw_only=True)
+    family: Family | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen
 class Family:
-    """The index of a family of regions: the `[layer < 8]` in `region kv[layer < 8] : ...`."""
+    """The index of a family of regions: the `[layer < 8]` in `region kv[layer < 8] : ...`; `more` holds the
+    further indices of `[stage < 6, layer < 3]` (members numbered with the last index fastest)."""
 
     index: str
     count: Expr
     span: Span | None = _span_field()
     index_span: Span | None = _span_field()
+    more: tuple[Family, ...] = attrs.field(default=(), kw_only=True)
+
+    def indices(self) -> tuple[Family, ...]:
+        """Every index of the family, in written order, each as a one-index `Family`."""
+        return (attrs.evolve(self, more=()), *self.more)
 
 
 @attrs.frozen
@@ -263,11 +271,12 @@ StartPolicy = StartZeros | StartEmpty | StartGiven | StartFirst | StartFirstFiri
 
 @attrs.frozen
 class OnClause:
-    """The clock a region's time axis advances on: `on latent`."""
+    """The clock a region's time axis advances on: `on latent`, or a member of a clock family, `on rate[stage]`."""
 
     clock: str
     span: Span | None = _span_field()
     clock_span: Span | None = _span_field()
+    member: Expr | None = attrs.field(default=None, kw_only=True)
 
 
 @attrs.frozen
@@ -418,11 +427,17 @@ class ReadItem:
 @attrs.frozen
 class UpdateItem:
     """A read-modify-write of a state region that advances it by N units per firing: `update kv +2`;
-    a fixed region (no time axis, e.g. a counter) is updated without an advance: `update offsets`."""
+    a fixed region (no time axis, e.g. a counter) is updated without an advance: `update offsets`.
+    `update cache as padding_cache from padding_cache`: passed as keyword `padding_cache`, and taken back
+    from the field `padding_cache` of the record the call returns."""
 
     region: RegionRef
     advance: Expr | None = None
+    alias: str | None = None
+    field: str | None = None
     span: Span | None = _span_field()
+    alias_span: Span | None = _span_field()
+    field_span: Span | None = _span_field()
     up_to: bool = attrs.field(default=False, kw_only=True)
     """`update kv up to 19`: the advance is decided at run time, at most `advance` units."""
 
@@ -441,7 +456,9 @@ class WriteItem:
     latency_dropped: bool = False
     loss: Expr | None = None
     loss_intended: bool = False
+    field: str | None = None
     span: Span | None = _span_field()
+    field_span: Span | None = _span_field()
     up_to: bool = attrs.field(default=False, kw_only=True)
     """`write text up to 18`: the advance is decided at run time, at most `advance` units."""
 
@@ -461,7 +478,18 @@ class RowsItem:
     span: Span | None = _span_field()
 
 
-StageItem = ModuleItem | HookItem | ReadItem | UpdateItem | WriteItem | RngItem | RowsItem
+@attrs.frozen
+class WithItem:
+    """A constant keyword argument of the stage's call: `with use_cache = true`, `with mode = "zeros"`,
+    `with chunk = 2 * B`. `value` is an expression, a string (`str`) or a boolean (`bool`)."""
+
+    name: str
+    value: Expr | str | bool
+    span: Span | None = _span_field()
+    name_span: Span | None = _span_field()
+
+
+StageItem = ModuleItem | HookItem | ReadItem | UpdateItem | WriteItem | RngItem | RowsItem | WithItem
 
 
 @attrs.frozen
@@ -502,13 +530,17 @@ class Counter:
 @attrs.frozen
 class Object:
     """An object the stock call takes and returns (a cache container), made per session by the factory
-    hook `factory` or given at load: `object caches from new_caches`, `object caches`."""
+    hook `factory`, made at load by one call of the stage `stage` (handed None in its place, as a stock
+    loop starts), or given at load: `object caches from new_caches`, `object cache from stage decode`,
+    `object caches`."""
 
     name: str
     factory: str | None = None
     span: Span | None = _span_field()
     name_span: Span | None = _span_field()
     factory_span: Span | None = _span_field()
+    stage: str | None = attrs.field(default=None, kw_only=True)
+    stage_span: Span | None = _span_field()
 
 
 Statement = Use | Cadence | Param | Clock | Region | Stage | Counter | Object

@@ -16,7 +16,7 @@ import attrs
 import torch
 
 from duplexcadence.interpreter.draft.observe import Seen
-from duplexcadence.interpreter.draft.record import Recording, Stream
+from duplexcadence.interpreter.draft.record import Call, Recording, Stream
 
 DTYPE_NAMES = {
     torch.float64: "f64",
@@ -113,6 +113,8 @@ class Proposals:
     counter_proposals: tuple[CounterProposal, ...] = ()
     state_roots: dict[str, str] = attrs.field(factory=dict)  # caller-owned objects: path prefix -> name
     handback: bool = False
+    call: Call | None = None  # the step as a call of the model (else a hook stands for it)
+    state_learnt: bool = False  # the handed-back state started as None: the object is what the first call returned
 
 
 class DraftError(Exception):
@@ -606,4 +608,6 @@ def propose(recording: Recording, rate: Fraction) -> Proposals:
         counter_proposals=tuple(CounterProposal(tuple(paths), step) for (_, step), paths in counting.items()),
         state_roots=dict(recording.state_roots),
         handback=recording.handback,
+        call=recording.call,
+        state_learnt=recording.state_learnt,
     )

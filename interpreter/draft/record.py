@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,17 +74,65 @@ class Recording:
     """The caller-owned objects: path prefix (`state`, or `state.NAME` for a dict of named objects) -> name."""
     handback: bool = False
     """Whether the step took its state and returned it (`StockLoop.handback`)."""
+    call: Call | None = None
+    """How the step calls the model, when it is a module or a method of one (else a hook stands for it)."""
+    state_learnt: bool = False
+    """Whether the step took its state and returned it, starting from None (the object is what it returned)."""
+
+
+@attrs.frozen
+class Call:
+    """The stock step as a call of the model: `module` (a path from the model root, `decode` for a method of the
+    root), the keyword its state goes in by and comes back from (`state_keyword`, with `handback="NAME"`), the
+    constant `keywords`, and whether it returns a record whose fields are the outputs (`record`)."""
+
+    module: str
+    keywords: tuple[tuple[str, Any], ...] = ()
+    state_keyword: str | None = None
+    record: bool = False
 
 
 class StepError(Exception):
     """The stock loop could not be run or returned something drafting cannot read."""
 
 
+def module_call(model: Any, step: Any) -> str | None:
+    """The path of the module (or `path.method`) the step is, from the model root; None for any other function."""
+    target: Any = step
+    method = "forward"
+    if not isinstance(step, torch.nn.Module):
+        target, method = getattr(step, "__self__", None), getattr(step, "__name__", "")
+    if not isinstance(model, torch.nn.Module) or not isinstance(target, torch.nn.Module) or not method.isidentifier():
+        return None
+    for path, module in model.named_modules():
+        if module is target:
+            if method == "forward":
+                return path
+            return f"{path}.{method}" if path else method
+    return None
+
+
+def is_record(value: Any) -> bool:
+    """A returned value whose outputs are its fields: a mapping (a `ModelOutput`), a dataclass or attrs instance."""
+    if isinstance(value, Mapping):
+        return True
+    return (dataclasses.is_dataclass(value) and not isinstance(value, type)) or attrs.has(type(value))
+
+
+def record_items(value: Any) -> dict[str, Any]:
+    """A record's fields by name (a `ModelOutput` keeps only the fields that are set)."""
+    if isinstance(value, Mapping):
+        return {str(k): v for k, v in value.items()}
+    if attrs.has(type(value)):
+        return {f.name: getattr(value, f.name) for f in attrs.fields(type(value))}
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+
+
 def _outputs(loop: StockLoop, value: Any) -> dict[str, torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return {loop.outputs[0]: value}
-    if isinstance(value, Mapping):
-        tensors = {str(k): v for k, v in value.items() if isinstance(v, torch.Tensor)}
+    if is_record(value):
+        tensors = {k: v for k, v in record_items(value).items() if isinstance(v, torch.Tensor)}
     elif isinstance(value, (list, tuple)):
         if len(value) > len(loop.outputs):
             names = [*loop.outputs, *(f"out{i}" for i in range(len(loop.outputs), len(value)))]
@@ -97,10 +146,16 @@ def _outputs(loop: StockLoop, value: Any) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _axis(axis: int, tensor: torch.Tensor, name: str) -> int:
-    if tensor.dim() == 0:
+def _axis(shapes: list[tuple[int, ...]], given: int | None, name: str) -> int:
+    """The time axis of a stream: the one given, else the one along which its length changes between calls,
+    else the last."""
+    rank = len(shapes[0])
+    if rank == 0:
         raise StepError(f"'{name}' is a 0-d tensor: it has no time axis")
-    return axis % tensor.dim()
+    if given is not None:
+        return given % rank
+    varying = [a for a in range(rank) if len({shape[a] for shape in shapes}) > 1]
+    return varying[0] if len(varying) == 1 else rank - 1
 
 
 def _tail_matches(
@@ -157,6 +212,7 @@ def record(loop: StockLoop, calls: int, max_calls: int) -> Recording:
     counters: dict[str, list[int | None]] = {path: [value] for path, value in walker.counters.items()}
     draws_random = False
     state = loop.state
+    records: list[bool] = []
     try:
         with torch.no_grad():
             for tick in range(max_calls):
@@ -164,29 +220,42 @@ def record(loop: StockLoop, calls: int, max_calls: int) -> Recording:
                 for name, tensor in feed.items():
                     if not isinstance(tensor, torch.Tensor):
                         raise StepError(f"feed({tick}) gave '{name}' as {type(tensor).__name__}, not a tensor")
-                    axis = _axis(loop.time_axis, tensor, name)
-                    stream = inputs.setdefault(name, {"axis": axis, "dtype": tensor.dtype, "shapes": [], "prints": []})
+                    if tensor.dim() == 0:
+                        raise StepError(f"'{name}' is a 0-d tensor: it has no time axis")
+                    stream = inputs.setdefault(name, {"dtype": tensor.dtype, "shapes": [], "prints": []})
                     stream["shapes"].append(tuple(tensor.shape))
-                    stream["prints"].append(slice_prints(tensor, axis) if tensor.shape[axis] else ())
+                    stream["prints"].append(
+                        tuple(slice_prints(tensor, a) if tensor.shape[a] else () for a in range(tensor.dim()))
+                    )
                 rng_before = rng_states(device_types)
                 try:
-                    result = loop.step(state, **feed) if loop.handback else loop.step(**feed)
+                    result = _call(loop, state, feed)
                 except Exception as error:
                     names = ", ".join(feed)
                     raise StepError(
                         f"call {tick} of the stock step (with {names}) raised {type(error).__name__}: {error}"
                     ) from error
-                if loop.handback:
+                if isinstance(loop.handback, str):
+                    if not is_record(result) or loop.handback not in record_items(result):
+                        raise StepError(
+                            f"with handback={loop.handback!r} the step returns a record (a ModelOutput, a dataclass, "
+                            f"a dict) with the field '{loop.handback}', not {type(result).__name__}"
+                        )
+                    fields = record_items(result)
+                    state = fields.pop(loop.handback)
+                    result = fields
+                elif loop.handback:
                     if not (isinstance(result, tuple) and len(result) == 2):
                         raise StepError("with handback=True the step must return (output, new_state)")
                     result, state = result
+                records.append(is_record(result))
                 rng_after = rng_states(device_types)
                 draws_random = draws_random or any(not torch.equal(a, b) for a, b in zip(rng_before, rng_after))
                 for name, tensor in _outputs(loop, result).items():
-                    axis = _axis(loop.time_axis, tensor, name)
-                    stream = outputs.setdefault(name, {"axis": axis, "dtype": tensor.dtype, "shapes": [], "prints": []})
+                    if tensor.dim() == 0:
+                        raise StepError(f"'{name}' is a 0-d tensor: it has no time axis")
+                    stream = outputs.setdefault(name, {"dtype": tensor.dtype, "shapes": [], "prints": []})
                     stream["shapes"].append(tuple(tensor.shape))
-                    stream["prints"].append(())
                 walker = find_tensors(loop.model, state)
                 snapshot = {path: seen(t) for path, t in walker.tensors.items()}
                 for path, location in walker.locations.items():
@@ -215,19 +284,48 @@ def record(loop: StockLoop, calls: int, max_calls: int) -> Recording:
         matches=tuple(matches),
         module_shapes={m: (tuple(dict.fromkeys(i)), tuple(dict.fromkeys(o))) for m, (i, o) in module_shapes.items()},
         module_order=tuple(recorder.order),
-        inputs={n: Stream(n, s["axis"], s["dtype"], tuple(s["shapes"]), tuple(s["prints"])) for n, s in inputs.items()},
-        outputs={n: Stream(n, s["axis"], s["dtype"], tuple(s["shapes"]), ()) for n, s in outputs.items()},
+        inputs={n: _stream(n, s, loop.axis_of(n)) for n, s in inputs.items()},
+        outputs={n: _stream(n, s, loop.axis_of(n)) for n, s in outputs.items()},
         counters={path: tuple(values) for path, values in counters.items()},
         draws_random=draws_random,
-        state_roots=state_roots(loop.state),
-        handback=loop.handback,
+        state_roots=state_roots(loop.state, loop.handback),
+        handback=bool(loop.handback),
+        call=_described_call(loop, all(records)),
+        state_learnt=loop.handback is not False and loop.state is None,
     )
 
 
-def state_roots(state: Any) -> dict[str, str]:
-    """The path prefix of each caller-owned object the walker visits (`find_tensors`), with its name."""
+def _call(loop: StockLoop, state: Any, feed: dict[str, Any]) -> Any:
+    """One stock call: the state handed in as the loop says, with the constant keywords."""
+    if isinstance(loop.handback, str):
+        return loop.step(**feed, **{loop.handback: state}, **loop.keywords)
+    if loop.handback:
+        return loop.step(state, **feed, **loop.keywords)
+    return loop.step(**feed, **loop.keywords)
+
+
+def _stream(name: str, recorded: dict, given: int | None) -> Stream:
+    """A recorded input (prints along every axis) or output (none) along its time axis."""
+    axis = _axis(recorded["shapes"], given, name)
+    prints = tuple(call[axis] for call in recorded.get("prints", ()))
+    return Stream(name, axis, recorded["dtype"], tuple(recorded["shapes"]), prints)
+
+
+def _described_call(loop: StockLoop, record: bool) -> Call | None:
+    module = module_call(loop.model, loop.step)
+    if module is None:
+        return None
+    keyword = loop.handback if isinstance(loop.handback, str) else None
+    return Call(module, tuple(loop.keywords.items()), keyword, record)
+
+
+def state_roots(state: Any, handback: bool | str = False) -> dict[str, str]:
+    """The path prefix of each caller-owned object the walker visits (`find_tensors`), with its name: the
+    keyword a `handback="NAME"` step takes it by, else `state` (an object the first call returns, when None)."""
+    if isinstance(handback, str):
+        return {"state": handback}
     if state is None:
-        return {}
+        return {"state": "state"} if handback else {}
     if isinstance(state, Mapping) and all(isinstance(k, str) and k.isidentifier() for k in state):
         return {f"state.{name}": name for name in state}
     return {"state": "state"}

@@ -3,6 +3,7 @@ the shortest unique tail of their path, `{index}` families for members that diff
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import defaultdict
 from fractions import Fraction
@@ -22,20 +23,35 @@ _GENERIC_PARTS = {"_streaming_state", "streaming_state"}
 
 @attrs.frozen
 class Family:
-    """Regions that differ only by the index at one part of their path."""
+    """Regions that differ only by a number at one part of their path: the whole part (`layers.3.cache`) or a
+    number inside it (`convnext_layer_5`), between `prefix` and `suffix`; `numbers` in member order."""
 
     members: tuple[RegionProposal, ...]
     index_part: int | None  # position of the index among the path's parts (None: a single region)
     index_name: str
+    prefix: str = ""
+    suffix: str = ""
+    numbers: tuple[int, ...] = ()
 
     @property
     def first(self) -> RegionProposal:
         return self.members[0]
 
+    def placeholder(self) -> str:
+        """What the binding puts where the number goes: `{layer}`, `{layer + 5}`, `{2 * layer + 1}`, or a list
+        of the numbers indexed, `{[1, 2, 4][layer]}`, for numbers that skip irregularly."""
+        index, numbers = self.index_name, self.numbers
+        steps = {b - a for a, b in itertools.pairwise(numbers)}
+        if len(steps) != 1:
+            return "{[" + ", ".join(map(str, numbers)) + "][" + index + "]}"
+        step, first = steps.pop(), numbers[0]
+        text = index if step == 1 else f"{step} * {index}"
+        return "{" + text + (f" + {first}" if first else "") + "}"
+
     def template(self) -> str:
         parts = self.first.path.split(".")
         if self.index_part is not None:
-            parts[self.index_part] = "{" + self.index_name + "}"
+            parts[self.index_part] = self.prefix + self.placeholder() + self.suffix
         return ".".join(parts)
 
 
@@ -80,29 +96,35 @@ def _index_name(part: str) -> str:
 
 
 def group_families(regions: tuple[RegionProposal, ...]) -> list[Family]:
-    """Members of one family share everything but one numeric path part, numbered 0 .. n-1."""
+    """Members of one family share everything but one number in one part of their path (the whole part, or a
+    number inside it, as in `convnext_layer_5`); the numbers may start anywhere and skip."""
     groups: dict[tuple, list[tuple[int, RegionProposal]]] = defaultdict(list)
     for region in regions:
         parts = region.path.split(".")
         for position, part in enumerate(parts):
-            if part.isdigit():
+            for number in re.finditer(r"[0-9]+", part):
+                prefix, suffix = part[: number.start()], part[number.end() :]
                 template = tuple(p if i != position else None for i, p in enumerate(parts))
-                groups[(template, position, region.signature(), region.bindable)].append((int(part), region))
+                key = (template, position, prefix, suffix, region.signature(), region.bindable)
+                groups[key].append((int(number.group()), region))
     candidates = []
-    for (_, position, *_rest), numbered in groups.items():
-        indices = sorted(i for i, _ in numbered)
-        if len(numbered) >= 2 and indices == list(range(len(numbered))):
-            candidates.append((position, [r for _, r in sorted(numbered, key=lambda m: m[0])]))
-    candidates.sort(key=lambda c: -len(c[1]))
+    for (_, position, prefix, suffix, *_rest), numbered in groups.items():
+        if len(numbered) >= 2 and len({n for n, _ in numbered}) == len(numbered):
+            ordered = sorted(numbered, key=lambda m: m[0])
+            candidates.append((position, prefix, suffix, ordered))
+    candidates.sort(key=lambda c: -len(c[3]))
     taken: set[str] = set()
     families: list[Family] = []
-    for position, members in candidates:
+    for position, prefix, suffix, ordered in candidates:
+        members = [r for _, r in ordered]
         if any(m.path in taken for m in members):
             continue
         taken.update(m.path for m in members)
         parts = members[0].path.split(".")
-        index_name = _index_name(parts[position - 1]) if position > 0 else "i"
-        families.append(Family(tuple(members), position, index_name))
+        words = re.findall(r"[A-Za-z]+", prefix)
+        named = words[-1] if words else (parts[position - 1] if position > 0 else "")
+        index_name = _index_name(named) if named else "i"
+        families.append(Family(tuple(members), position, index_name, prefix, suffix, tuple(n for n, _ in ordered)))
     for region in regions:
         if region.path not in taken:
             families.append(Family((region,), None, ""))
@@ -115,7 +137,9 @@ def _name_parts(family: Family) -> list[str]:
     parts = family.first.path.split(".")
     kept = []
     for i, part in enumerate(parts):
-        if i == family.index_part or part in _GENERIC_PARTS or (i == 0 and not family.first.bindable):
+        if i == family.index_part:
+            part = family.prefix + family.suffix  # the part without its number
+        if part in _GENERIC_PARTS or (i == 0 and not family.first.bindable):
             continue
         name = _identifier(part)
         if name:
@@ -182,7 +206,9 @@ def object_path(proposals: Proposals, path: str) -> tuple[str, str] | None:
     for prefix, name in sorted(proposals.state_roots.items(), key=lambda item: -len(item[0])):
         if path.startswith(prefix + "."):
             inside = path[len(prefix) + 1 :]
-            return (name, inside) if path_problem(inside) is None else None
+            plain = re.sub(r"\{[^{}]*\}", "0", inside)  # a family's placeholders stand for numbers
+            whole = inside.startswith("{")  # the object is the family's list itself: its members are passed
+            return (name, inside) if path_problem(plain) is None and not whole else None
     return None
 
 
@@ -326,8 +352,18 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
             )
         counter_lines.append(f"counter {name} +{counter.step} on {clocks[call_rate]}{bind}")
 
+    call = proposals.call
+    if call is not None and call.state_keyword is not None:
+        used_objects.add(call.state_keyword)  # passed and returned even when nothing binds into it
     object_lines: list[str] = []
     for name in sorted(used_objects):
+        if proposals.state_learnt:
+            object_lines.append(
+                f"# caller-owned: the step takes and returns it, None before the first call: made at load by one "
+                f"call of stage {STAGE}, handed None"
+            )
+            object_lines.append(f"object {name} from stage {STAGE}")
+            continue
         object_lines.append(
             f"# caller-owned: the step {'takes and returns' if proposals.handback else 'uses'} it; register "
             f"hooks={{'new_{name}': <a function of the model that makes a fresh one>}}"
@@ -342,10 +378,12 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
         clock_lines.append(f"clock {name} = {factor_text(INPUT_CLOCK, rate / input_rate)}  # {comment}")
 
     stage_clock = clocks[call_rate]
-    stage = [
-        f"stage {STAGE} on {stage_clock} {{",
-        f"    hook {HOOK}  # the whole stock call; split it into one stage per module once this checks",
-    ]
+    stage = [f"stage {STAGE} on {stage_clock} {{"]
+    if call is not None:
+        private = "private " if unsafe_segment(call.module, private=False) is not None else ""
+        stage.append(f'    module {private}"{call.module}"  # the stock call')
+    else:
+        stage.append(f"    hook {HOOK}  # the whole stock call; split it into one stage per module once this checks")
     top = list(dict.fromkeys(path.split(".")[0] for path in proposals.module_order if path))
     if top:
         stage.append(f"    # the call ran these submodules of the model, in this order: {', '.join(top)}")
@@ -353,9 +391,20 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
         read = f"    read {proposal.name} new"
         if proposal.context:
             read += f" + {proposal.context}"
-        stage.append(read)
+        stage.append(read + (f" as {proposal.name}" if call is not None else ""))
     for name in sorted(used_objects):
+        if call is not None and call.state_keyword == name:
+            stage.append(f"    update {name} as {name} from {name}")
+            continue
         stage.append(f"    {'update' if proposals.handback else 'read'} {name}")
+    for keyword, value in call.keywords if call is not None else ():
+        text = _argument_text(value)
+        if text is None:
+            stage.append(
+                f"    # the call also takes {keyword}={value!r}, which `with` cannot give: call it from a hook"
+            )
+        else:
+            stage.append(f"    with {keyword} = {text}")
     for family, name in zip(families, names):
         region = family.first
         stage.append(f"    update {name}" + (f" +{region.advance}" if region.time_axis is not None else ""))
@@ -367,6 +416,8 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
                 write += f" latency {output.latency}"
         if output.loss:
             write += f" loses {output.loss}"
+        if call is not None and call.record:
+            write += f" from {output.name}"
         stage.append(write)
     if proposals.draws_random:
         stage.append("    rng  # the call drew from the default generator")
@@ -375,6 +426,19 @@ def write_clock(proposals: Proposals, input_rate: Fraction, cadence: Fraction, s
     extra += [""] + counter_lines if counter_lines else []
     text = "\n".join(lines + clock_lines + extra + [""] + region_lines + ["", *stage]) + "\n"
     return text, {"regions": declared, "clocks": {name: rate for rate, name in clocks.items()}, "families": families}
+
+
+def _argument_text(value: object) -> str | None:
+    """A constant keyword argument as a `with` value (`true`, `2`, `0.5`, `"zeros"`); None when `with` cannot
+    give it (None, a tensor, an object)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        text = repr(value)
+        return text if re.fullmatch(r"-?[0-9]+(\.[0-9]+)?", text) else None
+    if isinstance(value, str) and '"' not in value and "\n" not in value:
+        return f'"{value}"'
+    return None
 
 
 def _duration_text(seconds: Fraction) -> str:

@@ -11,6 +11,7 @@ the region or stage, the `.clock` line, the declared and the real value.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
 import types
@@ -22,7 +23,7 @@ import torch
 
 from duplexcadence.dsl import messages
 from duplexcadence.dsl.diagnostics import ClockError, Diagnostic
-from duplexcadence.dsl.program import Access, ObjectPass, Program, RegionInfo, StageInfo
+from duplexcadence.dsl.program import ObjectPass, Program, RegionInfo, StageInfo
 from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES
 
 _PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*|[0-9]+)((?:\[[0-9]+\])*)$")
@@ -69,6 +70,11 @@ def _step(obj: Any, name: str) -> Any:
             raise PathError(f"'{type(obj).__name__}' has no item {name}") from error
     if isinstance(obj, Mapping) and name in obj:
         return obj[name]
+    if isinstance(obj, Mapping) and not hasattr(obj, name):
+        keys = ", ".join(map(str, list(obj)[:12]))
+        raise PathError(
+            f"'{type(obj).__name__}' has no key '{name}'" + (f" (its keys: {keys})" if keys else " (it is empty)")
+        )
     if not hasattr(obj, name):
         children = sorted(getattr(obj, "_modules", {}) or [])
         hint = f" (children: {', '.join(children[:12])})" if children else ""
@@ -230,20 +236,6 @@ def _bind_stage(stage: StageInfo, model: Any, hooks: Mapping[str, Callable], pro
     return StageCallable(fn, False, False)
 
 
-def in_declared_order(stage: StageInfo) -> list[Access | ObjectPass]:
-    """The stage's accesses and object passes in the order the `.clock` declares them."""
-    ordered: list[Access | ObjectPass] = []
-    passes = sorted(stage.passes, key=lambda p: p.before)
-    position = 0
-    for index, access in enumerate(stage.accesses):
-        while position < len(passes) and passes[position].before <= index:
-            ordered.append(passes[position])
-            position += 1
-        ordered.append(access)
-    ordered.extend(passes[position:])
-    return ordered
-
-
 def call_arguments(program: Program, stage: StageInfo, found: StageCallable) -> tuple[list[str], dict[str, str]]:
     """What the runtime passes when the stage fires, by region (or object) name: every unbound `read` and
     `update`, and every object the stage passes, positionally in declared order (`read x as name` by
@@ -251,7 +243,7 @@ def call_arguments(program: Program, stage: StageInfo, found: StageCallable) -> 
     attribute instead."""
     args: list[str] = ["model"] if found.is_hook else []
     kwargs: dict[str, str] = {}
-    for used in in_declared_order(stage):
+    for used in stage.in_declared_order():
         if isinstance(used, ObjectPass):
             name, alias = used.object, used.alias
         elif used.kind == "write" or program.regions[used.region].bind is not None:
@@ -262,6 +254,8 @@ def call_arguments(program: Program, stage: StageInfo, found: StageCallable) -> 
             kwargs[alias] = name
         else:
             args.append(name)
+    for keyword, _value in stage.arguments:
+        kwargs[keyword] = keyword
     if found.wants_firing:
         kwargs["firing"] = "firing"
     return args, kwargs
@@ -320,9 +314,7 @@ def check_tensor(region: RegionInfo, tensor: Any, device: torch.device) -> Diagn
     bound = region.bind
     assert bound is not None, f"region '{region.name}' is not bound"
     if tensor is None:
-        if region.start == "empty" or (region.fixed is False and region.retention.kind != "ring"):
-            return None  # lazily created state (e.g. None until the first call)
-        return messages.binding_shape(region.name, bound, declared(region), "None", region.bind_span)
+        return None  # lazily created state (None until the first call): the runtime sets the view before every firing
     if not isinstance(tensor, torch.Tensor):
         return messages.binding_shape(region.name, bound, declared(region), describe(tensor), region.bind_span)
     wrong = tensor.dtype != TORCH_DTYPES[region.dtype] or tensor.dim() != len(region.shape)
@@ -359,14 +351,39 @@ class ObjectSlot:
 
 @attrs.frozen
 class ObjectSource:
-    """Where a session's object comes from: `factory(model)` (a hook the `.clock` names with `from`), or
+    """Where a session's object comes from: `factory(model)` (a hook the `.clock` names with `from`; called
+    as `factory(model, params=...)`, the program's params by name, when it takes `params`); a deep copy of
+    `template` (`from stage NAME`: what one call of the stage returned at load in the object's place); or
     `given` (the object passed at load, shared by the sessions as the model is)."""
 
     factory: Callable | None
     given: Any = None
+    template: Any = None
+    params: Mapping[str, Any] | None = None
 
     def make(self, model: Any) -> Any:
-        return self.factory(model) if self.factory is not None else self.given
+        if self.factory is not None:
+            return self.factory(model, params=dict(self.params)) if self.params is not None else self.factory(model)
+        if self.template is not None:
+            return copy.deepcopy(self.template, _shared_with(model))
+        return self.given
+
+
+def _shared_with(model: Any) -> dict[int, Any]:
+    """A deep copy's memo that keeps what the model is made of (its modules, parameters and buffers) shared: an
+    object a stage's call made may point into the model (a config, a layer), and a session's copy must too."""
+    if not isinstance(model, torch.nn.Module):
+        return {id(model): model} if model is not None else {}
+    shared: dict[int, Any] = {id(module): module for module in model.modules()}
+    shared.update({id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]})
+    return shared
+
+
+def _takes_params(factory: Callable) -> bool:
+    try:
+        return "params" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def bind_objects(
@@ -375,9 +392,13 @@ def bind_objects(
     hooks: Mapping[str, Callable] | None,
     objects: Mapping[str, Any] | None,
     device: torch.device,
+    stage_made: Callable[[str, dict[str, Any]], Any] | None = None,
 ) -> dict[str, ObjectSource]:
     """Each object's source, with the regions bound into it checked on one object made at load (the same
-    shape and dtype checks, path rules and messages as a module attribute); ClockError lists every problem."""
+    shape and dtype checks, path rules and messages as a module attribute); ClockError lists every problem.
+
+    `stage_made(name, others)`: the object `name` (declared `from stage NAME`) as one call of its stage returns
+    it at load, `others` the other objects made so far; it raises `StageCallFailed` when the call fails."""
     hooks = dict(hooks or {})
     given = dict(objects or {})
     problems: list[Diagnostic] = []
@@ -388,11 +409,13 @@ def bind_objects(
                 name, "is given in objects= but the .clock declares no such object (`object NAME`)", None
             )
         )
-    for info in program.objects.values():
+    made: dict[str, Any] = {}
+    for info in sorted(program.objects.values(), key=lambda o: o.stage is not None):  # made by a stage: last
+        maker = info.factory or (f"stage '{info.stage}'" if info.stage is not None else None)
+        if maker is not None and info.name in given:
+            problems.append(messages.object_given_and_made(info.name, maker, info.span))
+            continue
         if info.factory is not None:
-            if info.name in given:
-                problems.append(messages.object_given_and_made(info.name, info.factory, info.span))
-                continue
             factory = hooks.get(info.factory)
             if factory is None:
                 problems.append(
@@ -401,7 +424,15 @@ def bind_objects(
                     )
                 )
                 continue
-            source = ObjectSource(factory)
+            source = ObjectSource(factory, params=program.params if _takes_params(factory) else None)
+        elif info.stage is not None:
+            assert stage_made is not None, "a program with an object made by a stage needs `stage_made`"
+            try:
+                template = stage_made(info.name, made)
+            except StageCallFailed as error:
+                problems.append(messages.object_unavailable(info.name, str(error), info.span))
+                continue
+            source = ObjectSource(None, template=template)
         elif info.name in given:
             source = ObjectSource(None, given[info.name])
         else:
@@ -414,6 +445,7 @@ def bind_objects(
                 messages.object_unavailable(info.name, f"could not be made: its factory raised {error!r}", info.span)
             )
             continue
+        made[info.name] = probe
         found = _outside(probe)
         if found is not None or probe is None:
             problems.append(
@@ -435,7 +467,10 @@ def bind_objects(
                 )
                 continue
             except PathError as error:
-                problems.append(messages.binding_missing(region.name, where, str(error), region.bind_span))
+                lazy = info.factory is not None and info.stage is None
+                problems.append(
+                    messages.binding_missing(region.name, where, str(error), region.bind_span, lazy_object=lazy)
+                )
                 continue
             problem = None if host_int(region, slot.get()) else check_tensor(region, slot.get(), device)
             if problem is not None:
@@ -443,6 +478,11 @@ def bind_objects(
     if problems:
         raise ClockError(problems)
     return sources
+
+
+class StageCallFailed(Exception):
+    """The call of a stage that makes an object at load (`object NAME from stage STAGE`) failed; the message
+    says how it was called and what it raised or returned."""
 
 
 def host_int(region: RegionInfo, value: Any) -> bool:

@@ -4,25 +4,29 @@ The body is what a CUDA graph captures and what an eager firing runs, so the two
 same arithmetic. Views are exact-shape and at the region's stable address; bound regions are handed
 over through the model's attributes, the others as arguments (`binding.call_arguments`).
 
-Public: `Body`.
+Public: `Body`; `invoke` (a stage's call), `returned_values` (what the call returned for each of its returns,
+by position or by field), `record_fields`, `first_call_object` (an object made at load by one call of its
+stage).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import torch
 
 from duplexcadence.dsl import messages
-from duplexcadence.dsl.program import ObjectPass, Program, RegionInfo
+from duplexcadence.dsl.program import Access, ObjectPass, Program, RegionInfo, StageInfo
 from duplexcadence.interpreter.plans.trace import Firing, View
 from duplexcadence.interpreter.runtime.binding import (
     Attribute,
     ObjectSlot,
     StageCallable,
+    StageCallFailed,
     describe,
-    in_declared_order,
     object_slots,
 )
 from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES, RegionStorage
@@ -94,7 +98,7 @@ class Body:
         handed: dict[str, Any] = {}
         returned: list[Any] = []  # what the call returns, in order: unbound updates, writes, updated objects
         read_iter, update_iter = iter(reads), iter(updates)
-        for used in in_declared_order(stage):
+        for used in stage.in_declared_order():
             if isinstance(used, ObjectPass):
                 value = self.objects[used.object]
                 if used.kind == "update":
@@ -121,13 +125,8 @@ class Body:
                 kwargs[used.alias] = tensor
             else:
                 args.append(tensor)
-        if call.is_hook:
-            if call.wants_firing:
-                kwargs["firing"] = firing
-            result = call.fn(self.model, *args, **kwargs)
-        else:
-            result = call.fn(*args, **kwargs)
-        values = _as_tuple(result, len(returned), stage.name)
+        result = invoke(call, self.model, args, {**kwargs, **dict(stage.arguments)}, firing)
+        values = returned_values(stage, result, returned)
         module_outputs: dict[str, torch.Tensor] = {}
         by_region: dict[str, Any] = {}
         for used, value in zip(returned, values):
@@ -223,7 +222,7 @@ class Body:
         call = self.callables[stage.name]
         parts = ["model"] if call.is_hook else []
         views = iter(v for v in firing.views if v.kind in ("read", "update"))
-        for used in in_declared_order(stage):
+        for used in stage.in_declared_order():
             if isinstance(used, ObjectPass):
                 text = f"{used.object} (object {type(self.objects.get(used.object)).__name__})"
                 parts.append(f"{used.alias}={text}" if used.alias else text)
@@ -344,7 +343,55 @@ def _dims(region) -> str:
     return ", ".join("time" if d is None else str(d) for d in region.shape)
 
 
-def _as_tuple(result: Any, count: int, stage: str) -> tuple:
+def invoke(call: StageCallable, model: Any, args: list, kwargs: dict, firing: Firing) -> Any:
+    """Call a stage: a hook as `fn(model, *args, **kwargs)` (and `firing=` when it takes it), a module or
+    method as `fn(*args, **kwargs)`."""
+    if call.is_hook:
+        if call.wants_firing:
+            kwargs = {**kwargs, "firing": firing}
+        return call.fn(model, *args, **kwargs)
+    return call.fn(*args, **kwargs)
+
+
+def _returned_name(used: Access | ObjectPass) -> str:
+    return used.object if isinstance(used, ObjectPass) else used.region
+
+
+def record_fields(record: Any) -> list[str]:
+    """The fields a returned record offers, for a message: a mapping's keys, a dataclass's, attrs or named
+    tuple's fields, else its public attributes."""
+    if isinstance(record, Mapping):
+        return [str(key) for key in record]
+    if dataclasses.is_dataclass(record):
+        return [f.name for f in dataclasses.fields(record)]
+    if attrs.has(type(record)):
+        return [f.name for f in attrs.fields(type(record))]
+    if isinstance(record, tuple) and hasattr(record, "_fields"):
+        return list(record._fields)
+    return [name for name in vars(record) if not name.startswith("_")] if hasattr(record, "__dict__") else []
+
+
+def returned_values(stage: StageInfo, result: Any, returned: list[Access | ObjectPass]) -> tuple:
+    """What the call returned for each of `returned` (its unbound updates, writes and updated objects, in
+    declared order): from the record's fields when the stage names them (`from FIELD`), else by position."""
+    if stage.returns_record():
+        values = []
+        for used in returned:
+            field = used.field
+            assert field is not None, "a stage that takes its returns by field names every one (check_returns)"
+            if isinstance(result, Mapping) and field in result:
+                values.append(result[field])
+            elif hasattr(result, field):  # an attribute; a ModelOutput keeps a field left None out of its keys
+                values.append(getattr(result, field))
+            else:
+                fields = record_fields(result)
+                raise TypeError(
+                    f"stage '{stage.name}' takes '{_returned_name(used)}' from the field '{field}' of what its call "
+                    f"returned, a {type(result).__name__}, which has no such field"
+                    + (f" (its fields: {', '.join(fields)})" if fields else "")
+                )
+        return tuple(values)
+    count = len(returned)
     if count == 0:
         return ()
     if count == 1:
@@ -352,8 +399,85 @@ def _as_tuple(result: Any, count: int, stage: str) -> tuple:
             return (result[0],)
         return (result,)
     if not isinstance(result, (tuple, list)) or len(result) != count:
+        names = ", ".join(_returned_name(used) for used in returned)
+        got = type(result).__name__ if not isinstance(result, (tuple, list)) else f"{len(result)} values"
+        fields = [] if isinstance(result, (tuple, list, torch.Tensor)) else record_fields(result)
+        hint = (
+            f"; it returned a record (fields {', '.join(fields)}): take each return from its field with `from "
+            f"FIELD` (`write {_returned_name(returned[-1])} from {fields[0]}`)"
+            if fields
+            else ""
+        )
         raise TypeError(
-            f"stage '{stage}' must return {count} tensors (its unbound updates and writes, in "
-            f"declared order), got {type(result).__name__}"
+            f"stage '{stage.name}' must return {count} values as a tuple (its unbound updates, writes and updated "
+            f"objects, in declared order: {names}), got {got}{hint}"
         )
     return tuple(result)
+
+
+def first_call_object(
+    program: Program,
+    firing: Firing,
+    call: StageCallable,
+    model: Any,
+    name: str,
+    objects: Mapping[str, Any],
+    device: torch.device,
+) -> Any:
+    """The object `name` (`object NAME from stage STAGE`) as one call of its stage returns it: the stage's first
+    firing, handed None in the object's place (as a stock loop starts), zeros of the firing's shapes for the
+    regions it passes as arguments, the other objects from `objects`; the model's bound attributes as they are.
+    Raises StageCallFailed (with how the stage was called) when the call raises or returns no such object."""
+    stage = program.stages[firing.stage]
+    reads = iter(v for v in firing.views if v.kind == "read")
+    updates = iter(v for v in firing.views if v.kind == "update")
+    args: list = []
+    kwargs: dict = {}
+    shown: list[str] = []
+    returned: list[Access | ObjectPass] = []
+    for used in stage.in_declared_order():
+        if isinstance(used, ObjectPass):
+            value = None if used.object == name else objects.get(used.object)
+            text = f"{used.object} ({type(value).__name__})"
+            if used.kind == "update":
+                returned.append(used)
+        elif used.kind == "write":
+            if program.regions[used.region].bind is None:
+                returned.append(used)
+            continue
+        else:
+            view = next(reads) if used.kind == "read" else next(updates)
+            region = program.regions[used.region]
+            if region.bind is not None:
+                continue
+            if used.kind == "update":
+                returned.append(used)
+            if view.initial and view.kind == "update":
+                value, text = None, f"{used.region} None"
+            else:
+                shape = view.shape if view.shape is not None else tuple(d or 0 for d in region.shape)
+                value = torch.zeros(shape, dtype=TORCH_DTYPES[region.dtype], device=device)
+                text = f"{used.region} zeros {region.dtype}[{', '.join(map(str, shape))}]"
+        if used.alias:
+            kwargs[used.alias] = value
+            shown.append(f"{used.alias}={text}")
+        else:
+            args.append(value)
+            shown.append(text)
+    shown += [f"{key}={value!r}" for key, value in stage.arguments]
+    how = f"stage '{stage.name}' called at load as ({', '.join(shown)})"
+    enabled = torch.is_grad_enabled()
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.set_grad_enabled(False)
+            result = invoke(call, model, args, {**kwargs, **dict(stage.arguments)}, firing)
+            values = returned_values(stage, result, returned)
+    except Exception as error:  # the stage is user code
+        raise StageCallFailed(f"could not be made: {how} raised {error!r}") from error
+    finally:
+        torch.set_grad_enabled(enabled)
+    made = next(v for used, v in zip(returned, values) if isinstance(used, ObjectPass) and used.object == name)
+    if made is None:
+        raise StageCallFailed(f"could not be made: {how} returned None in its place")
+    return made

@@ -48,6 +48,7 @@ from duplexcadence.interpreter.runtime.binding import (
     bind_program,
     host_counters,
 )
+from duplexcadence.interpreter.runtime.body import first_call_object
 from duplexcadence.interpreter.runtime.capture import CaptureStrategy, off_plan_templates, templates_of
 from duplexcadence.interpreter.runtime.capture.graphs import capture_slot
 from duplexcadence.interpreter.runtime.errors import CaptureWarning, SessionFailed, SessionsFailed, StepError
@@ -355,7 +356,13 @@ class Runtime:
         if counted is not None:
             raise ClockError([messages.engine_only(*counted)])
         callables, attributes = bind_program(plan.program, model, hooks, device)
-        sources = bind_objects(plan.program, model, hooks, objects, device)
+
+        def stage_made(name: str, others: dict[str, Any]) -> Any:  # `object NAME from stage STAGE`
+            stage = plan.program.objects[name].stage
+            firing = next(f for f in plan.trace.firings if f.stage == stage)
+            return first_call_object(plan.program, firing, callables[firing.stage], model, name, others, device)
+
+        sources = bind_objects(plan.program, model, hooks, objects, device, stage_made)
         check_arena_fits(plan, sessions, device, lanes)
         use_graphs = device.type == "cuda" and strategy.graphs
         return cls(
@@ -471,8 +478,9 @@ class Runtime:
                 tuple(d for blocked in self.off_plan_blocked.values() for d in blocked.values()),
             )
 
-    def verify(self, stock, inputs, ticks: int | None = None, seed: int = 0):
-        """Run stock eager and a fresh session side by side; see `duplexcadence.interpreter.runtime.verify`."""
+    def verify(self, stock, inputs, ticks: int | None = None, seed: int = 0, deterministic: bool = False):
+        """Run stock eager and a fresh session side by side, under the process's cuDNN settings (the stock loop's)
+        or, with `deterministic`, deterministic cuDNN; see `duplexcadence.interpreter.runtime.verify`."""
         from duplexcadence.interpreter.runtime.verify import verify
 
-        return verify(self, stock, inputs, ticks=ticks, seed=seed)
+        return verify(self, stock, inputs, ticks=ticks, seed=seed, deterministic=deterministic)

@@ -2,8 +2,9 @@
 
 The stock side is any object with `reset()` and `step(**inputs)` (one instant, same inputs as the
 runtime's session). Both sides start from the same seed and keep their own RNG state, so random
-draws inside a stage match. cuDNN is made deterministic for the run: with its default algorithm
-choice two eager runs of the same convolution can differ in the last bits (measured on the H200).
+draws inside a stage match. Both run under the process's own settings, as the stock loop does;
+`deterministic=True` makes cuDNN deterministic for the run (`deterministic_cudnn`): with its default
+algorithm choice two eager runs of the same convolution can differ in the last bits (measured on the H200).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def count_unequal(mine: Iterable[Iterable[torch.Tensor]], theirs: Iterable[Itera
 
 @contextlib.contextmanager
 def deterministic_cudnn():
+    """cuDNN's deterministic algorithms (and no benchmark search) inside the block; the settings put back after."""
     previous = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     try:
@@ -107,8 +109,10 @@ def verify(
     inputs: Iterable[Mapping[str, torch.Tensor]] | Callable[[int], Mapping],
     ticks: int | None = None,
     seed: int = 0,
+    deterministic: bool = False,
 ) -> VerifyReport:
-    """Run `ticks` instants through `stock` and a fresh runtime session; compare every output."""
+    """Run `ticks` instants through `stock` and a fresh runtime session; compare every output. Both run under
+    the process's cuDNN settings (the stock loop's own), or under deterministic cuDNN with `deterministic`."""
     device = runtime.device
     feed = inputs if callable(inputs) else list(inputs).__getitem__
     if ticks is None:
@@ -117,7 +121,7 @@ def verify(
         ticks = len(list(inputs))
     mismatches: list[Mismatch] = []
     outputs = 0
-    with deterministic_cudnn(), torch.no_grad():
+    with deterministic_cudnn() if deterministic else contextlib.nullcontext(), torch.no_grad():
         session = (
             runtime.session(seed=seed)
             if not getattr(stock, "initial", None)

@@ -84,7 +84,10 @@ def test_unknown_dtype_and_bind_placeholder_suggest() -> None:
     assert found.helps[0] == "did you mean 'f32'?"
     found = only(HEADER + 'region kv[layer < 2] : f32[time] on frame retain last 2 bind "l.{layr}.kv"\n')
     assert found.message == "the binding of region 'kv' uses the unknown placeholder {layr}"
-    assert found.helps == ("did you mean 'layer'?", "the placeholders here are {layer}")
+    assert found.helps == (
+        "did you mean 'layer'?",
+        "the placeholders here are {layer}, or an expression of them and the params, such as {layer + 1}",
+    )
 
 
 def test_misspelt_keywords_and_units_are_suggested_in_syntax_errors() -> None:
@@ -251,14 +254,14 @@ def test_a_missing_brace_points_where_the_stage_stops() -> None:
           = note: the next statement begins here (prog.clock:7:1)
         7 | stage b on frame { module "b" }
           | ^^^^^
-          = help: expected ';', '}' or a stage item (module, hook, read, update, write, rng, rows)""")
+          = help: expected ';', '}' or a stage item (module, hook, read, update, write, rng, rows, with)""")
 
 
 def test_the_file_ending_early_names_the_open_declaration() -> None:
     found = only(HEADER + 'stage a on frame {\n    module "a"\n')
     assert (found.message, found.span.line, found.span.column) == ("the file ended inside stage 'a'", 5, 15)
     assert found.notes[0].message == "stage 'a' begins here"
-    assert found.helps == ("expected ';', '}' or a stage item (module, hook, read, update, write, rng, rows)",)
+    assert found.helps == ("expected ';', '}' or a stage item (module, hook, read, update, write, rng, rows, with)",)
 
 
 def test_a_keyword_used_as_a_name_is_called_reserved() -> None:

@@ -156,3 +156,65 @@ def test_the_stdlib_tails_load() -> None:
     assert qwen.regions["codes"].retention.describe() == "last 25"
     write = qwen.stages["decode"].accesses[-1]
     assert (write.region, write.advance, write.loss, write.loss_intended) == ("wav", None, 555, False)
+
+
+def test_families_of_clocks_and_families_with_several_indices() -> None:
+    p = load_program(GOOD / "clock_families.clock")
+    assert [p.clocks[f"rate[{k}]"].rate for k in range(3)] == [Fraction(15, 2), Fraction(45, 2), 45]
+    mixers = [p.regions[f"mixer[{k}]"] for k in range(4)]  # [level < 2, layer < 2]: the last index fastest
+    assert [(m.clock, m.shape[1], m.bind) for m in mixers] == [
+        ("rate[1]", 8, "layers.convnext_layer_5.cache"),
+        ("rate[1]", 8, "layers.convnext_layer_6.cache"),
+        ("rate[2]", 4, "layers.convnext_layer_8.cache"),
+        ("rate[2]", 4, "layers.convnext_layer_9.cache"),
+    ]
+    assert [p.regions[f"upsampler[{k}]"].retention.last for k in range(2)] == [5, 3]
+    advances = {a.region: a.advance for a in p.stages["decode"].accesses if a.kind == "update"}
+    assert advances == {
+        "upsampler[0]": 1,
+        "upsampler[1]": 3,
+        "mixer[0]": 3,
+        "mixer[1]": 3,
+        "mixer[2]": 6,
+        "mixer[3]": 6,
+    }
+
+
+def test_record_returns_keywords_and_an_object_a_stage_makes() -> None:
+    p = load_program(GOOD / "record_returns.clock")
+    decode = p.stages["decode"]
+    assert decode.arguments == (("use_cache", True), ("padding_mode", "zeros"), ("chunk", 2), ("strict", False))
+    assert [(a.region, a.alias, a.field) for a in decode.accesses if a.kind != "read"] == [
+        *[
+            (name, None, None)
+            for name in ("stem", "mixer[0]", "mixer[1]", "mixer[2]", "mixer[3]", "head[0]", "head[1]")
+        ],
+        ("scale", None, "gain"),
+        ("audio", None, "audio"),
+    ]
+    (cache,) = decode.passes
+    assert (cache.object, cache.kind, cache.alias, cache.field) == ("cache", "update", "padding_cache", "padding_cache")
+    assert p.objects["cache"].stage == "decode" and p.objects["cache"].factory is None
+    assert [p.regions[f"mixer[{k}]"].bind for k in range(4)] == [
+        f"layers.convnext_layer_{n}.cache" for n in (1, 2, 4, 6)
+    ]
+    assert [p.regions[f"head[{k}]"].bind for k in range(2)] == ["layers.head_1.cache", "layers.head_3.cache"]
+
+
+def test_run_time_counts_beside_record_returns_and_a_family_of_clocks() -> None:
+    p = load_program(GOOD / "unit_with_records.clock")
+    assert [(p.clocks[c].bound, p.clocks[c].per) for c in ("token", "position")] == [(8, "unit"), (18, "unit")]
+    assert [p.clocks[f"rate[{k}]"].rate for k in range(2)] == [10, 20]
+    assert [p.regions[f"carry[{k}]"].clock for k in range(2)] == ["rate[0]", "rate[1]"]
+    listen, decode = p.stages["listen"], p.stages["decode"]
+    assert (listen.rows, listen.arguments, decode.rows, decode.arguments) == (None, (("use_cache", True),), 4, ())
+    assert [(a.region, a.advance, a.up_to, a.alias, a.field) for a in listen.accesses if a.kind == "update"] == [
+        ("kv", 10, True, "past", "past_key_values"),
+        ("logits", None, False, None, "logits"),
+    ]
+    assert [(a.region, a.advance, a.up_to) for a in decode.accesses if a.kind != "read"] == [
+        ("logits", None, False),
+        ("kv", 1, False),
+        ("text", 1, False),
+    ]
+    assert p.regions["kv"].retention.describe() == "first 4 + slide 64 to 48"

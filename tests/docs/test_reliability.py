@@ -143,8 +143,9 @@ def test_every_runtime_exception_is_documented():
         for name, value in vars(module).items()
         if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == module.__name__
     }
-    # binding.py's own: bind_program reports them as located diagnostics (binding-mismatch, unsafe-path)
-    defined -= {"PathError", "PathLeavesModel"}
+    # binding.py's own: bind_program and bind_objects report them as located diagnostics (binding-mismatch,
+    # unsafe-path)
+    defined -= {"PathError", "PathLeavesModel", "StageCallFailed"}
     assert defined == {"StepError", "SessionFailed", "SessionsFailed", "CaptureWarning", "LockstepError"}
     found = sections(PAGE.read_text())
     for name in defined | {ClockError.__name__, InternalError.__name__, "RuntimeError"}:

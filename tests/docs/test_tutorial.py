@@ -48,7 +48,7 @@ TUTORIAL = ROOT / "docs" / "tutorial.md"
 TIMELINE_GOLDEN = Path(__file__).with_name("golden") / "tinyvoc-timeline.dot"
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)
 RUN_LANGUAGES = {"python", "clock", "console", "diff", "bash"}
-MODULES = ("tinyvoc", "tinyvoc_draft", "tinyvoc_cadence", "tinyvoc_bench")
+MODULES = ("tinyvoc", "tinyvoc_draft", "tinyvoc_cadence", "tinyvoc_bench", "hf_decoder_draft")
 
 
 @attrs.frozen

@@ -26,7 +26,7 @@ def test_the_draft_declares_the_cache_object_the_counter_the_empty_caches_and_th
         "object state from new_state",
         'counter step_count +2 on call bind state "step"',
         "region pcm : f32[1, 1, time] on frame input retain last 2 start first",
-        'region convs_1 : f32[1, 8, time] on frame retain last 0 start empty\n    bind state "convs.1"',
+        'region convs[conv < 2] : f32[1, 8, time] on frame retain last 0 start empty\n    bind state "convs.{conv + 1}"',
         'region keys : f32[1, 2, time, 4] on frame_x1_8 retain last 6 start empty stock 8\n    bind state "keys"',
         "    read pcm new + 2\n    update state\n",
     ):

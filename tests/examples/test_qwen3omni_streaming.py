@@ -180,7 +180,10 @@ def test_gpu_graphs_equal_eager_streaming_per_code(dtype, batch):
     runtime = load_streaming_runtime(model, batch, device="cuda")
     codes = codes_for(SECONDS, "cuda", batch)
     report = runtime.verify(
-        PerCodeEager(model), lambda tick: {"codes": codes[..., tick : tick + 1]}, ticks=codes.shape[-1]
+        PerCodeEager(model),
+        lambda tick: {"codes": codes[..., tick : tick + 1]},
+        ticks=codes.shape[-1],
+        deterministic=True,  # cuDNN's default algorithm choice may round two eager runs differently
     )
     assert report.equal, str(report)
     assert report.runtime_counters.eager_planned == 0 and report.runtime_counters.eager_off_plan == 0

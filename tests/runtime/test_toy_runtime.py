@@ -237,7 +237,7 @@ def test_reset_many_times_allocates_nothing_new():
 def test_gpu_graphs_bit_identical_and_every_planned_graph_captured():
     torch.backends.cudnn.deterministic = True
     runtime, prompt = make(device="cuda")
-    report = runtime.verify(stock_for(prompt, "cuda"), codes_stream(device="cuda"), ticks=TICKS)
+    report = runtime.verify(stock_for(prompt, "cuda"), codes_stream(device="cuda"), ticks=TICKS, deterministic=True)
     assert report.equal, str(report)
     counters = report.runtime_counters
     assert counters.eager_off_plan == 0 and counters.eager_planned == 0
@@ -273,7 +273,7 @@ def test_gpu_no_automatic_garbage_collection_inside_a_capture():
     assert collections_in_captures == []
     assert runtime.report().graphs_captured > 0 and not runtime.blocked
     session.close()
-    report = runtime.verify(stock_for(prompt, "cuda"), codes_stream(device="cuda"), ticks=60)
+    report = runtime.verify(stock_for(prompt, "cuda"), codes_stream(device="cuda"), ticks=60, deterministic=True)
     assert report.equal, str(report)
 
 
@@ -322,7 +322,7 @@ def test_gpu_replays_are_resolved_at_capture_and_shared_by_the_slots_next_sessio
 @pytest.mark.gpu
 def test_gpu_graph_budget_sends_the_rest_eager_and_still_matches():
     runtime, prompt = make(device="cuda", max_graphs=4)
-    report = runtime.verify(stock_for(prompt, "cuda"), codes_stream(device="cuda"), ticks=80)
+    report = runtime.verify(stock_for(prompt, "cuda"), codes_stream(device="cuda"), ticks=80, deterministic=True)
     assert report.equal, str(report)
     assert report.runtime_counters.eager_planned > 0 and report.runtime_counters.replays > 0
 
@@ -344,6 +344,6 @@ def test_gpu_failed_capture_falls_back_eager_with_a_warning():
     with pytest.warns(CaptureWarning, match="stage 'attend' cannot be captured"):
         session = runtime.session(initial={"cache": prompt})
     session.close()
-    report = runtime.verify(stock_for(prompt, "cuda"), codes_stream(device="cuda"), ticks=60)
+    report = runtime.verify(stock_for(prompt, "cuda"), codes_stream(device="cuda"), ticks=60, deterministic=True)
     assert report.equal
     assert "attend" in runtime.blocked

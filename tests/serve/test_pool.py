@@ -145,8 +145,9 @@ def test_the_admission_rule_and_the_calibration_line():
 
 def test_a_session_ahead_of_the_cadence_is_stepped_at_its_pace_in_order():
     """Pace 1 tick a period of 100 ms, queue depth 2: a session that sends each tick as soon as the last is
-    answered gets its first two at once (its burst), then one a period: 8 ticks take at least 600 ms, in
-    order and equal to stock. (Before the pace it took a few milliseconds, every round its own.)"""
+    answered gets its first two at once (its burst), then one a period: 8 ticks take about 600 ms (550 at the
+    least: the allowance also fills between the open and the first tick), in order and equal to stock. Unpaced,
+    it takes a few milliseconds, every round its own."""
 
     async def scenario():
         pool = await started(tick_period_s=0.1, pace=1.0, queue_depth=2, gather_s=0.0)
@@ -158,7 +159,7 @@ def test_a_session_ahead_of_the_cadence_is_stepped_at_its_pace_in_order():
         return outputs, took
 
     outputs, took = run(scenario())
-    assert took >= 0.6 and equal_to_stock(5, outputs)
+    assert took >= 0.55 and equal_to_stock(5, outputs)
 
 
 def test_the_latency_guard_forgets_its_window_once_the_last_session_closes():

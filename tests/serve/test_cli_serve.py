@@ -21,7 +21,6 @@ from duplexcadence.interpreter.serve.admission import TickModel
 from duplexcadence.interpreter.serve.numerics import Numerics
 
 
-
 def at_server() -> str:
     """What `--verify` says of the server's settings: the server runs in this process, its tail on a thread of
     its own (whose torch thread count is that thread's)."""

@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 import torch
 
+from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES
 from duplexcadence.interpreter.serve import messages
 
 MAGIC = b"DCTF"
@@ -53,18 +54,6 @@ DTYPE_CODES: dict[int, str] = {
 }
 """Dtype code -> the `.clock` dtype name (docs/language.md)."""
 
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "f32": torch.float32,
-    "f16": torch.float16,
-    "bf16": torch.bfloat16,
-    "f64": torch.float64,
-    "i64": torch.int64,
-    "i32": torch.int32,
-    "i16": torch.int16,
-    "i8": torch.int8,
-    "u8": torch.uint8,
-    "bool": torch.bool,
-}
 CODES_BY_NAME = {name: code for code, name in DTYPE_CODES.items()}
 DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 

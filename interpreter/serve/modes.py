@@ -20,6 +20,7 @@ import attrs
 import torch
 
 import duplexcadence
+from duplexcadence.interpreter.runtime.storage import TORCH_DTYPES
 from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.scheduler import TickError
 from duplexcadence.interpreter.serve.tail import LoadedTail
@@ -148,22 +149,8 @@ class PlanFacts:
             axis = self.batch_axes.get(name)
             if axis is not None:
                 dims[axis] = 1
-            tensors[name] = torch.zeros(dims, dtype=TORCH_DTYPE[spec.dtype])
+            tensors[name] = torch.zeros(dims, dtype=TORCH_DTYPES[spec.dtype])
         return tensors
-
-
-TORCH_DTYPE = {
-    "f32": torch.float32,
-    "f16": torch.float16,
-    "bf16": torch.bfloat16,
-    "f64": torch.float64,
-    "i64": torch.int64,
-    "i32": torch.int32,
-    "i16": torch.int16,
-    "i8": torch.int8,
-    "u8": torch.uint8,
-    "bool": torch.bool,
-}
 
 
 def named_outputs(value: Any, names: Sequence[str]) -> dict[str, torch.Tensor]:

@@ -19,7 +19,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any, Protocol
 
 import attrs
@@ -248,16 +248,7 @@ class SocketSession:
         except (WebSocketDisconnect, RuntimeError, OSError):
             session.abort(messages.DISCONNECTED, messages.disconnected())
             return
-        receiver = asyncio.create_task(self._receive())
-        sender = asyncio.create_task(self._send())
-        try:
-            await session.closed_event.wait()
-        finally:
-            receiver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await receiver
-            await self.answers.put(None)  # the sender takes it once it has sent (or given up on) the answers before
-            await sender
+        await serve_until_closed(session.closed_event, self._receive(), self._send(), self.answers)
         await self._close(session)
 
     async def _refuse(self, code: str, message: str, close_code: int) -> None:
@@ -360,12 +351,12 @@ class SocketSession:
                 if self.session is not None:
                     timeout = self.limits.answer_timeout_s
                     self.session.abort(messages.UNREAD_ANSWERS, messages.unread_answers(timeout))
-                self._drain_quietly()
+                drop_answers(self.answers)
                 return
             except (WebSocketDisconnect, RuntimeError, OSError):
                 if self.session is not None:
                     self.session.abort(messages.DISCONNECTED, messages.disconnected())
-                self._drain_quietly()
+                drop_answers(self.answers)
                 return
 
     async def _answer(self, entry: tuple) -> list[dict | bytes]:
@@ -398,12 +389,6 @@ class SocketSession:
         else:
             await self.websocket.send_json(frame)
 
-    def _drain_quietly(self) -> None:
-        while not self.answers.empty():
-            entry = self.answers.get_nowait()
-            if entry is not None and isinstance(entry[1], asyncio.Future):
-                entry[1].add_done_callback(lambda future: future.cancelled() or future.exception())
-
     async def _close(self, session: ServingSession) -> None:
         websocket = self.websocket
         if websocket.client_state != WebSocketState.CONNECTED or session.close_code == messages.DISCONNECTED:
@@ -420,6 +405,31 @@ class SocketSession:
                     await websocket.send_json(error_frame(code, message))
                 close_code = CLOSE_CODES.get(code, messages.CLOSE_INTERNAL)
                 await websocket.close(close_code, messages.close_reason(message))
+
+
+async def serve_until_closed(
+    closed: asyncio.Event, receive: Coroutine[Any, Any, None], send: Coroutine[Any, Any, None], answers: asyncio.Queue
+) -> None:
+    """Run a socket's reader and writer until its session closes; then stop reading and let the writer send
+    (or give up on) the answers queued before."""
+    receiver = asyncio.create_task(receive)
+    sender = asyncio.create_task(send)
+    try:
+        await closed.wait()
+    finally:
+        receiver.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await receiver
+        await answers.put(None)  # the writer's last entry
+        await sender
+
+
+def drop_answers(answers: asyncio.Queue) -> None:
+    """Empty a socket's queue of answers that will not be sent, retrieving their futures' errors."""
+    while not answers.empty():
+        entry = answers.get_nowait()
+        if entry is not None and isinstance(entry[1], asyncio.Future):
+            entry[1].add_done_callback(lambda future: future.cancelled() or future.exception())
 
 
 def whole_number(text: str, least: int, limit: int | None) -> int | None:

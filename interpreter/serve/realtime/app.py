@@ -28,7 +28,7 @@ from duplexcadence.interpreter.engine.api import UnitOutput
 from duplexcadence.interpreter.serve import messages as serve_messages
 from duplexcadence.interpreter.serve.access import AccessMiddleware, AccessPolicy
 from duplexcadence.interpreter.serve.admission import AdmissionRefused
-from duplexcadence.interpreter.serve.app import FrontLimits
+from duplexcadence.interpreter.serve.app import FrontLimits, drop_answers, serve_until_closed
 from duplexcadence.interpreter.serve.conversations import ConversationPool, PooledConversation
 from duplexcadence.interpreter.serve.metrics import CONTENT_TYPE
 from duplexcadence.interpreter.serve.realtime import messages
@@ -159,16 +159,7 @@ class RealtimeSocket:
         except (WebSocketDisconnect, RuntimeError, OSError):
             pooled.abort(serve_messages.DISCONNECTED, serve_messages.disconnected())
             return
-        receiver = asyncio.create_task(self._receive())
-        sender = asyncio.create_task(self._send())
-        try:
-            await pooled.closed_event.wait()
-        finally:
-            receiver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await receiver
-            await self.answers.put(None)  # the sender takes it once it has sent (or given up on) the answers before
-            await sender
+        await serve_until_closed(pooled.closed_event, self._receive(), self._send(), self.answers)
         await self._close(pooled)
 
     def _query_problem(self) -> EventError | None:
@@ -264,10 +255,7 @@ class RealtimeSocket:
         """Close the conversation now; the answers left are not sent (their futures' errors retrieved)."""
         if self.pooled is not None:
             self.pooled.abort(code, message)
-        while not self.answers.empty():
-            entry = self.answers.get_nowait()
-            if entry is not None and isinstance(entry[1], asyncio.Future):
-                entry[1].add_done_callback(lambda future: future.cancelled() or future.exception())
+        drop_answers(self.answers)
 
     async def _events(self, protocol: RealtimeConversation, entry: tuple) -> list[dict[str, Any]]:
         kind = entry[0]

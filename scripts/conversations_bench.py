@@ -7,7 +7,7 @@ Both sides in one process, at MiniCPM-o 4.5's released sizes with seeded random 
 widths, the default on the CPU), each conversation its own scripted dialogue (--units units of alternating
 listening stretches and speaking turns drawn from its own seed) and its own seeded audio:
 
-* the baseline (--baseline counts): today's live loop (examples/minicpmo45/live.py with --ar graphed: the LLM and
+* the baseline (--baseline counts): the live loop (examples/minicpmo45/live.py with --ar graphed: the LLM and
   TTS one-token steps graphed, batch 1) serving every conversation's unit in turn each second, with the stock
   token2wav tail; a round is the sum of its units;
 * the engine (--counts): every conversation's unit of a second in one round of the conversation engine, each
@@ -112,7 +112,7 @@ def sync(device: torch.device) -> None:
 
 
 def baseline(args: argparse.Namespace, device: torch.device, say) -> dict[str, Any]:
-    """Today's live loop (graphed AR, batch 1), every conversation's unit in turn, stock tail vs DuplexCadence."""
+    """The live loop (graphed AR, batch 1), every conversation's unit in turn, stock tail vs DuplexCadence."""
     results: dict[str, Any] = {}
     for count in args.baseline:
         say(f"baseline: {count} conversation(s) in turn, live loop with graphed AR steps")
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     payload: dict[str, Any] = {
         "command": "python scripts/conversations_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "what": "MiniCPM-o 4.5 conversations per GPU: the conversation engine (every stage batched across "
-        "conversations) against today's live loop serving them in turn",
+        "conversations) against the live loop serving them in turn",
         "environment": live.environment(device),
         "config": {
             "sizes": args.sizes,

@@ -82,6 +82,7 @@ from duplexcadence.examples.minicpmo45.live_model import (
 from duplexcadence.examples.minicpmo45.unit_plan import unit_plan
 from duplexcadence.interpreter.engine.api import LISTEN, SPEAK, Decision, UnitInput
 from duplexcadence.interpreter.engine.attention import default_backend
+from duplexcadence.interpreter.engine.attention import get as attention_backend
 from duplexcadence.interpreter.engine.engine import Engine
 from duplexcadence.interpreter.engine.kv import SlotKV
 from duplexcadence.interpreter.engine.rowgraphs import RowGraphs
@@ -223,6 +224,11 @@ class MiniCPMo45Conversations:
         self.device = self.model.device
         self.attention = attention or default_backend(self.device)
         self.capture = capture and self.device.type == "cuda"
+        if self.capture and not attention_backend(self.attention).capturable:
+            raise ValueError(
+                f"attention backend {self.attention!r} reads each row's length on the host, which a CUDA graph cannot "
+                "capture: with it pass capture=False, or choose a capturable backend (attention='triton')"
+            )
         self.prompt = random_prompt(sizes.prompt_frames, seed=4321, device=self.device)
         self.plan = unit_plan(
             sizes,
@@ -396,7 +402,7 @@ class MiniCPMo45Conversations:
         return self.rows[: len(slots)]
 
     def _advance(self, kv: SlotKV, slots: Sequence[int], count: int) -> None:
-        kv.advance(self.rows[: len(slots)], count)
+        kv.advance(self._set_rows(slots), count)
         kv.host_lengths[list(slots)] += count
 
     # -- memory
@@ -460,7 +466,20 @@ class MiniCPMo45Conversations:
             return "a listening decision inside a speaking turn: the turn must end first (a speaking decision with end_of_turn)"
         if decision is not None and any(not 0 <= token < TEXT_TOKENS for token in decision.text):
             return f"decision text tokens must be text ids 0..{TEXT_TOKENS - 1}"
+        if decision is not None and decision.kind == SPEAK:
+            most = self._text_tokens_per_unit() - decision.end_of_turn
+            if len(decision.text) > most:
+                ending = " and the turn's end" if decision.end_of_turn else ""
+                return (
+                    f"a unit speaks at most {most} text tokens{ending} "
+                    f"(max_new_speak_tokens_per_chunk {self.settings.max_new_speak_tokens_per_chunk} less the "
+                    f"speak and chunk-end tokens), got {len(decision.text)}"
+                )
         return None
+
+    def _text_tokens_per_unit(self) -> int:
+        """The most text tokens a speaking unit gives: the LLM's decode steps but the speak and chunk-end ones."""
+        return self.settings.max_new_speak_tokens_per_chunk - 2
 
     def release(self, slot: int) -> None:
         self.states.pop(slot, None)
@@ -539,8 +558,8 @@ class MiniCPMo45Conversations:
             logits = self.llm_logits[: len(slots)].clone()
         else:  # a unit of another length (never at the released settings): the same computation, eagerly
             logits = torch.cat([self._listen_rows(h[None], rows[i : i + 1]) for i, h in enumerate(hidden)])
-        for slot, h in zip(slots, hidden):
-            self._advance(self.audio_kv, [slot], h.shape[0])
+        for length in sorted(new):
+            self._advance(self.audio_kv, [slot for slot, h in zip(slots, hidden) if h.shape[0] == length], length)
         self._advance(self.llm_kv, slots, LISTEN_TOKENS)
         return logits
 
@@ -633,8 +652,8 @@ class MiniCPMo45Conversations:
                     continue
                 state = self.states[slots[index]]
                 state.turn_ended = False
-                if token == TURN_EOS_TOKEN:
-                    results[index].end_of_turn = True
+                results[index].end_of_turn = token == TURN_EOS_TOKEN  # text after a turn's end reopens it
+                if results[index].end_of_turn:
                     state.turn_ended = True
                 if step != 0:
                     results[index].tokens.append(token)
@@ -692,19 +711,19 @@ class MiniCPMo45Conversations:
         flushes: list[bool] = []
         groups: dict[int, list[int]] = {}
         conditions = []
-        longest_unit = self.settings.max_new_speak_tokens_per_chunk + TTS_TOKENS_PER_UNIT
+        longest_unit = self._text_tokens_per_unit() + 1 + TTS_TOKENS_PER_UNIT - 1  # the plan's tts_position
         for index, (slot, decided) in enumerate(zip(slots, decisions)):
             state = self.states[slot]
             condition = self._condition(decided)
             conditions.append(condition)
             groups.setdefault(condition.shape[0], []).append(index)
-            after = state.tts_position + condition.shape[0] + TTS_TOKENS_PER_UNIT
+            after = state.tts_position + condition.shape[0] + TTS_TOKENS_PER_UNIT - 1
             if not decided.end_of_turn and after + longest_unit > self.tts_kv.capacity:
                 decided.end_of_turn = True  # the turn's cache is full after this unit: the turn ends here
                 state.turn_ended = True
             flushes.append(state.tts_position == 0)
             minimum.append(0 if (decided.end_of_turn or flushes[-1]) else TTS_TOKENS_PER_UNIT)
-            self.tts_kv.check_room([slot], condition.shape[0] + TTS_TOKENS_PER_UNIT)
+            self.tts_kv.check_room([slot], condition.shape[0] + TTS_TOKENS_PER_UNIT - 1)
         logits = torch.empty(len(slots), TTS_AUDIO_TOKENS, dtype=torch.float32, device=self.device)
         for length, members in groups.items():
             member_slots = [slots[i] for i in members]

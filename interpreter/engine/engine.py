@@ -186,7 +186,11 @@ class Engine:
 
     def reset(self, conversation: int) -> None:
         entry = self._get(conversation)
-        self.model.start(entry.slot, entry.seed)
+        try:
+            self.model.start(entry.slot, entry.seed)
+        except BaseException as error:  # the slot's state is part old, part new: only another reset recovers it
+            entry.failed = f"its reset failed: {type(error).__name__}: {error}"
+            raise
         entry.units = 0
         entry.failed = None
 
@@ -274,30 +278,35 @@ class Engine:
         round model admission reads."""
         if self.conversations:
             raise ConversationError(f"calibrate an empty engine: {len(self.conversations)} conversations are open")
+        bad = [count for count in counts if not 1 <= count <= self.model.slots]
+        if bad or not counts:
+            raise ValueError(f"calibration counts must be 1..{self.model.slots}, got {list(counts)}")
         say = progress or (lambda message: None)
-        self.round_model = None  # every count must be admitted while it is measured
+        previous, self.round_model = self.round_model, None  # every count must be admitted while it is measured
         generator = np.random.default_rng(0)
         measured: dict[int, float] = {}
-        for count in counts:
-            if not 1 <= count <= self.model.slots:
-                raise ValueError(f"calibration counts must be 1..{self.model.slots}, got {count}")
-            ids = [self.open(seed=index) for index in range(count)]
-            slowest = 0.0
-            try:
-                for unit in range(rounds):
-                    audio = (0.1 * generator.standard_normal((count, self.unit_samples))).astype(np.float32)
-                    inputs = {
-                        cid: UnitInput(audio[index], script(index, unit) if script else None)
-                        for index, cid in enumerate(ids)
-                    }
-                    started = time.perf_counter()
-                    self.step(inputs)
-                    slowest = max(slowest, (time.perf_counter() - started) * 1000)
-            finally:
-                for cid in ids:
-                    self.close(cid)
-            measured[count] = slowest
-            say(f"calibration: {count} conversation(s), slowest of {rounds} rounds {slowest:.0f} ms")
+        try:
+            for count in counts:
+                ids = [self.open(seed=index) for index in range(count)]
+                slowest = 0.0
+                try:
+                    for unit in range(rounds):
+                        audio = (0.1 * generator.standard_normal((count, self.unit_samples))).astype(np.float32)
+                        inputs = {
+                            cid: UnitInput(audio[index], script(index, unit) if script else None)
+                            for index, cid in enumerate(ids)
+                        }
+                        started = time.perf_counter()
+                        self.step(inputs)
+                        slowest = max(slowest, (time.perf_counter() - started) * 1000)
+                finally:
+                    for cid in ids:
+                        self.close(cid)
+                measured[count] = slowest
+                say(f"calibration: {count} conversation(s), slowest of {rounds} rounds {slowest:.0f} ms")
+        except BaseException:
+            self.round_model = previous  # a calibration that fails leaves admission as it was
+            raise
         self.round_model = RoundModel.fit(measured)
         return self.round_model
 

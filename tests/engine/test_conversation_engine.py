@@ -249,7 +249,7 @@ def test_a_turn_ends_when_its_tts_cache_could_not_hold_another_unit(scenario) ->
     engine.reset(cid)
     kv = engine.model.tts_kv
     capacity = kv.capacity
-    kv.capacity = 60  # 4 + 1 condition tokens and 26 steps leave 29 free: less than a longest unit's 46
+    kv.capacity = 60  # 4 + 1 condition tokens and 25 steps leave 30 free: less than a longest unit's 44
     try:
         out = engine.step({cid: UnitInput(np.zeros(16000, dtype=np.float32), speak((1, 2, 3, 4)))})[cid]
     finally:
@@ -278,3 +278,134 @@ def test_the_engine_captures_the_graphs_its_plan_declares(scenario) -> None:
     assert (model.llm_kv.capacity, model.tts_kv.capacity, model.audio_kv.capacity) == tuple(
         model.plan.region(name).capacity for name in ("llm_kv", "tts_kv", "audio_kv")
     )
+
+
+@pytest.mark.parametrize(("capacity", "ends"), [(74, False), (73, True)])
+def test_a_turn_ends_exactly_where_the_next_longest_unit_would_not_fit(scenario, capacity, ends) -> None:
+    """A unit of 4 text tokens takes 4 + 1 condition entries and 25 steps: 30; the longest unit takes the plan's
+    18 + 1 + 25 = 44. At a capacity of 74 the next longest unit still fits, at 73 it does not."""
+    engine = scenario.engine
+    (cid,) = engine.conversations
+    engine.reset(cid)
+    kv = engine.model.tts_kv
+    full = kv.capacity
+    kv.capacity = capacity
+    try:
+        out = engine.step({cid: UnitInput(np.zeros(16000, dtype=np.float32), speak((1, 2, 3, 4)))})[cid]
+    finally:
+        kv.capacity = full
+    assert out.end_of_turn is ends
+    engine.reset(cid)
+
+
+def test_every_rows_cache_lengths_on_the_device_are_its_own(scenario) -> None:
+    """LISTEN, the LLM and the TTS advance each row of a round by its own count, on the device as on the host."""
+    engine = scenario.engine
+    (cid,) = engine.conversations
+    engine.reset(cid)
+    others = [engine.open(seed=21), engine.open(seed=22)]
+    model = engine.model
+    try:
+        silence = np.zeros(16000, dtype=np.float32)
+        for unit in range(2):
+            engine.step({cid: UnitInput(silence, LISTEN), others[0]: UnitInput(silence), others[1]: UnitInput(silence)})
+            slots = [engine.conversations[c].slot for c in (cid, *others)]
+            for kv in (model.audio_kv, model.llm_kv, model.tts_kv):
+                assert kv.lengths[slots].tolist() == kv.host_lengths[slots].tolist(), (unit, kv)
+            assert len(set(model.audio_kv.host_lengths[slots].tolist())) == 1  # every row heard the same seconds
+    finally:
+        for other in others:
+            engine.close(other)
+        engine.reset(cid)
+
+
+def test_a_turn_reopened_after_its_end_token_is_not_reported_ended(scenario, monkeypatch) -> None:
+    """The model's own choices: <speak> 100 <turn_eos> 200 <chunk_eos>. The text after the turn's end reopens
+    the turn, as stock's ``generate_text`` has it: the unit does not end the turn, and listening must wait."""
+    from duplexcadence.examples.minicpmo45.live_config import CHUNK_EOS_TOKEN, SPEAK_TOKEN, TURN_EOS_TOKEN
+
+    engine = scenario.engine
+    (cid,) = engine.conversations
+    engine.reset(cid)
+    model = engine.model
+    chosen = iter([SPEAK_TOKEN, 100, TURN_EOS_TOKEN, 200, CHUNK_EOS_TOKEN])
+    sample = model._sample_text
+
+    def scripted(slots, logits):
+        sample(slots, logits)
+        token = next(chosen)
+        return [token] * len(slots), [token] * len(slots)
+
+    monkeypatch.setattr(model, "_sample_text", scripted)
+    silence = np.zeros(16000, dtype=np.float32)
+    out = engine.step({cid: UnitInput(silence)})[cid]
+    monkeypatch.undo()
+    assert (out.kind, out.text_tokens, out.end_of_turn) == ("speak", (100, TURN_EOS_TOKEN, 200), False)
+    assert not model.states[engine.conversations[cid].slot].turn_ended
+    with pytest.raises(ConversationError, match="a listening decision inside a speaking turn"):
+        engine.step({cid: UnitInput(silence, LISTEN)})
+    engine.reset(cid)
+
+
+@pytest.mark.parametrize(("end", "most"), [(False, 18), (True, 17)])
+def test_a_speaking_decision_longer_than_a_unit_is_refused(scenario, end, most) -> None:
+    engine = scenario.engine
+    (cid,) = engine.conversations
+    engine.reset(cid)
+    silence = np.zeros(16000, dtype=np.float32)
+    with pytest.raises(ConversationError) as raised:
+        engine.step({cid: UnitInput(silence, speak(tuple(range(100, 101 + most)), end))})
+    ending = " and the turn's end" if end else ""
+    assert str(raised.value) == (
+        f"conversation {cid}: a unit speaks at most {most} text tokens{ending} (max_new_speak_tokens_per_chunk 20 "
+        f"less the speak and chunk-end tokens), got {most + 1}"
+    )
+    out = engine.step({cid: UnitInput(silence, speak(tuple(range(100, 100 + most)), end))})[cid]
+    assert len(out.text_tokens) == most + end and out.end_of_turn is end
+    engine.reset(cid)
+
+
+def test_a_reset_that_fails_leaves_the_conversation_failed_until_reset(scenario, monkeypatch) -> None:
+    engine = scenario.engine
+    (cid,) = engine.conversations
+    model = engine.model
+
+    def lost(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(model, "llm_stack", lost)
+    with pytest.raises(RuntimeError, match="device lost"):
+        engine.reset(cid)
+    monkeypatch.undo()
+    silence = np.zeros(16000, dtype=np.float32)
+    with pytest.raises(ConversationError) as raised:
+        engine.step({cid: UnitInput(silence)})
+    assert str(raised.value) == (
+        f"conversation {cid} failed (its reset failed: RuntimeError: device lost); reset it to go on"
+    )
+    engine.reset(cid)
+    assert engine.step({cid: UnitInput(silence, LISTEN)})[cid].unit == 0
+
+
+def test_a_calibration_that_fails_leaves_admission_as_it_was(scenario, monkeypatch) -> None:
+    engine = scenario.engine
+    (cid,) = engine.conversations
+    engine.close(cid)
+    model = RoundModel.fit({1: 500.0, 3: 1500.0})
+    engine.round_model = model
+
+    def broken(slots, inputs):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine.model, "run_units", broken)
+    try:
+        with pytest.raises(RuntimeError, match="device lost"):
+            engine.calibrate([1, 2], rounds=1)
+        assert engine.round_model is model and not engine.conversations
+        with pytest.raises(ValueError, match=r"calibration counts must be 1\.\.4, got \[0, 2\]"):
+            engine.calibrate([0, 2], rounds=1)
+        assert engine.round_model is model
+    finally:
+        monkeypatch.undo()
+        engine.round_model = None
+        engine.open(seed=SEEDS["A"])

@@ -82,7 +82,12 @@ class ConversationRefused(Exception):
 
 class ConversationError(Exception):
     """A request about a conversation that is not valid now (an unknown id, audio of the wrong length, a unit
-    for a closed conversation). Nothing changed."""
+    for a closed conversation). Nothing changed. ``failed``: the conversation failed in an earlier round and
+    takes nothing but a reset."""
+
+    def __init__(self, message: str, failed: bool = False) -> None:
+        super().__init__(message)
+        self.failed = failed
 
 
 @attrs.frozen

@@ -217,7 +217,9 @@ class Engine:
         for conversation, unit in units.items():
             entry = self._get(conversation)
             if entry.failed is not None:
-                raise ConversationError(f"conversation {conversation} failed ({entry.failed}); reset it to go on")
+                raise ConversationError(
+                    f"conversation {conversation} failed ({entry.failed}); reset it to go on", failed=True
+                )
             if not isinstance(unit, UnitInput):
                 raise ConversationError(
                     f"conversation {conversation}: a unit is a UnitInput, got {type(unit).__name__}"

@@ -134,8 +134,9 @@ class PooledConversation(Client):
 
 class ConversationRounds:
     """The conversation engine's round: its resets and closes, then one `engine.step` of its units. A unit the
-    engine refuses (`ConversationError`: a failed conversation, audio it cannot take) is answered alone and the
-    others step; a step that raises fails every conversation in it."""
+    engine refuses (`ConversationError`) is answered alone and the others step: `session-failed` for a
+    conversation that failed before its reset, else `bad-input` (audio or a decision it cannot take; nothing
+    changed). A step that raises fails every conversation in it."""
 
     unit = UNIT
 
@@ -181,7 +182,7 @@ class ConversationRounds:
         try:
             check({conversation: unit})
         except ConversationError as error:
-            return TickError(messages.BAD_INPUT, str(error))
+            return TickError(messages.SESSION_FAILED if error.failed else messages.BAD_INPUT, str(error))
         return None
 
 

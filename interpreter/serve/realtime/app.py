@@ -32,14 +32,23 @@ from duplexcadence.interpreter.serve.app import FrontLimits, drop_answers, serve
 from duplexcadence.interpreter.serve.conversations import ConversationPool, PooledConversation
 from duplexcadence.interpreter.serve.metrics import CONTENT_TYPE
 from duplexcadence.interpreter.serve.realtime import messages
-from duplexcadence.interpreter.serve.realtime.conversation import RealtimeConversation, Reset, Send, Served, Unit
+from duplexcadence.interpreter.serve.realtime.conversation import (
+    Action,
+    Configure,
+    RealtimeConversation,
+    Room,
+    Send,
+    Served,
+    Unit,
+)
 from duplexcadence.interpreter.serve.realtime.events import EventError
-from duplexcadence.interpreter.serve.scheduler import TICK, TickError
+from duplexcadence.interpreter.serve.scheduler import RESET, TICK, TickError
 
 LOG = logging.getLogger("duplexcadence.serve.realtime")
 PATH = "/v1/realtime"
 EVENT_BYTES = 4 * 2**20
-"""The longest client event read (an append of about 20 s of 48 kHz audio); a longer text frame is refused."""
+"""The longest client event read by default: an append of 3 MiB of PCM16 in base64, about 98 s of 16 kHz audio
+or 33 s of 48 kHz; a longer text frame is refused."""
 ADMISSION_NUMBERS = ("sessions", "capacity", "slots", "predicted_tick_s", "tick_period_s", "headroom")
 """The numbers of an admission refusal, in its `error.duplexcadence`."""
 
@@ -69,13 +78,15 @@ def make_conversation_app(
     manage_pool: bool = True,
     limits: FrontLimits | None = None,
     access: AccessPolicy | None = None,
+    event_bytes: int = EVENT_BYTES,
 ) -> Starlette:
     """The ASGI app of `pool`; with `manage_pool` its lifespan starts the pool (the server accepts connections
     once the engine is built) and stops it at shutdown. `limits`: what one websocket may hold (`FrontLimits`:
-    answers waiting, how long one may wait to be written, the longest event). `access`: who may use it
-    (`access.AccessPolicy`, checked before every route as for a tail's app; the page at `/` too, unless it is
-    one of the policy's open routes)."""
-    limits = limits or FrontLimits(control_bytes=EVENT_BYTES)
+    answers waiting, how long one may wait to be written; its `control_bytes`, a tail's, is not used here).
+    `event_bytes`: the longest client event read. `access`: who may use it (`access.AccessPolicy`, checked
+    before every route as for a tail's app; the page at `/` too, unless it is one of the policy's open
+    routes)."""
+    limits = limits or FrontLimits()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -106,7 +117,7 @@ def make_conversation_app(
         return Response(pool.exposition(), media_type=CONTENT_TYPE)
 
     async def realtime(websocket: WebSocket) -> None:
-        await RealtimeSocket(pool, websocket, limits).run()
+        await RealtimeSocket(pool, websocket, limits, event_bytes).run()
 
     routes = [
         Route("/", index),
@@ -128,10 +139,13 @@ class RealtimeSocket:
     order; a sender awaits each and sends its events. Refused events are answered with an `error` event and
     change nothing."""
 
-    def __init__(self, pool: ConversationPool, websocket: WebSocket, limits: FrontLimits):
+    def __init__(
+        self, pool: ConversationPool, websocket: WebSocket, limits: FrontLimits, event_bytes: int = EVENT_BYTES
+    ):
         self.pool = pool
         self.websocket = websocket
         self.limits = limits
+        self.event_bytes = event_bytes
         self.answers: asyncio.Queue = asyncio.Queue(limits.answers_waiting)
         self.unread = False
         self.pooled: PooledConversation | None = None
@@ -205,21 +219,25 @@ class RealtimeSocket:
             for entry in entries:
                 await self.answers.put(entry)  # while `answers_waiting` answers wait, the socket is not read
 
-    def _actions(self, message: Mapping[str, Any]) -> list[Send | Unit | Reset]:
+    def _actions(self, message: Mapping[str, Any]) -> list[Action]:
         protocol, pooled = self.protocol, self.pooled
         assert protocol is not None and pooled is not None
         text = message.get("text")
         if text is None:
             return protocol.binary(len(message.get("bytes") or b""))
-        if len(text) > self.limits.control_bytes:
-            return protocol.too_large(len(text), self.limits.control_bytes)
-        return protocol.receive(text, self.pool.config.queue_depth - pooled.queued(TICK))
+        if len(text) > self.event_bytes:
+            return protocol.too_large(len(text), self.event_bytes)
+        depth = self.pool.config.queue_depth
+        # As the pool's own checks count them (`Client.queue_tick`, `Client.reset`).
+        return protocol.receive(text, Room(depth - pooled.queued(TICK), depth - pooled.queued(RESET)))
 
-    def _entry(self, action: Send | Unit | Reset, received_at: float) -> tuple:
+    def _entry(self, action: Action, received_at: float) -> tuple:
         pooled = self.pooled
         assert pooled is not None
         if isinstance(action, Send):
             return ("events", [action.event])
+        if isinstance(action, Configure):
+            return ("configure", action.config)
         try:
             if isinstance(action, Unit):
                 return ("unit", pooled.submit(action.input), action.number, received_at)
@@ -261,14 +279,20 @@ class RealtimeSocket:
         kind = entry[0]
         if kind == "events":
             return entry[1]
+        if kind == "configure":
+            return protocol.configure(entry[1])
         if kind == "failed":
             error, number = entry[1], entry[2]
+            if error.code == serve_messages.QUEUE_FULL:
+                return [protocol.events.error(EventError(messages.QUEUE_FULL, error.message))]
             return protocol.unit_failed(number if number is not None else protocol.units, error.message)
         try:
             result = await entry[1]
         except TickError as error:
             if error.code in (serve_messages.CLIENT_CLOSED, serve_messages.DISCONNECTED):
                 return []
+            if kind == "unit" and error.code == serve_messages.BAD_INPUT:
+                return protocol.unit_refused(entry[2], error.message)
             if kind == "unit":
                 return protocol.unit_failed(entry[2], error.message)
             return [protocol.events.error(EventError(error.code, error.message, kind=messages.SERVER_ERROR))]

@@ -68,12 +68,27 @@ class Resampler:
         self.source = source
         self.target = target
         self._stream = None if source == target else soxr.ResampleStream(source, target, 1, dtype="float32")
+        self.taken = 0
+        """Samples the stream was given."""
+        self.given = 0
+        """Samples it gave back."""
 
     def __call__(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
         """The next converted samples of the stream; `last` flushes what the filter holds back."""
+        self.taken += len(samples)
+        if self._stream is not None:
+            samples = self._stream.resample_chunk(np.ascontiguousarray(samples, dtype=np.float32), last=last)
+        self.given += len(samples)
+        return samples
+
+    def most(self, count: int) -> int:
+        """At most how many samples the stream gives after `count` more samples, flushed or not (the identity:
+        exactly `count`)."""
         if self._stream is None:
-            return samples
-        return self._stream.resample_chunk(np.ascontiguousarray(samples, dtype=np.float32), last=last)
+            return count
+        # soxr's whole output is at most ceil(input x ratio); 2 more allow for its rounding.
+        ceiling = -(-(self.taken + count) * self.target // self.source)
+        return max(0, ceiling + 2 - self.given)
 
 
 class UnitBuffer:

@@ -2,10 +2,15 @@
 server's events out. No socket and no engine here (`socket.py` joins them).
 
     conversation = RealtimeConversation(served, conversation_id=0, seed=3)
-    send(conversation.created())                         # session.created
-    for action in conversation.receive(text, room=4):    # in order: Send(event), Unit(input), Reset()
+    send(conversation.created())                                  # session.created
+    for action in conversation.receive(text, Room(4, 4)):         # in order: Send, Unit, Reset, Configure
         ...
-    send(conversation.answer(unit_output, latency_s))    # the response's events and duplexcadence.unit
+    send(conversation.answer(number, unit_output, latency_s))     # the response's events and duplexcadence.unit
+    send(conversation.configure(config))                          # a Configure's turn: session.updated
+
+The client's side (`config`, the buffer, the decisions, the unit numbers) changes as events arrive; the output's
+side (`answering`: the output rate and modality, the open response) changes in the order the answers are sent,
+so the units queued before a `session.update` are answered at the settings they were queued under.
 """
 
 from __future__ import annotations
@@ -54,7 +59,23 @@ class Reset:
     """Barge-in: the engine starts the conversation over."""
 
 
-Action = Send | Unit | Reset
+@attrs.frozen
+class Configure:
+    """A `session.update` taken: the answers after the units queued before it are made at `config`
+    (`RealtimeConversation.configure`, which says `session.updated`)."""
+
+    config: events.SessionConfig
+
+
+Action = Send | Unit | Reset | Configure
+
+
+@attrs.frozen
+class Room:
+    """What a conversation may still queue: `units` for the engine and `resets`."""
+
+    units: int
+    resets: int
 
 
 @attrs.define
@@ -73,12 +94,15 @@ class RealtimeConversation:
         self.conversation_id = conversation_id
         self.seed = seed
         self.config = events.SessionConfig(served.model, served.input_rate, served.output_rate)
+        """The client's configuration: its input is read at it, `session.updated` shows it."""
         self.events = events.ServerEvents()
         self.buffer = audio.UnitBuffer(served.unit_samples)
         self.decisions: collections.deque[Decision] = collections.deque()
         self.inward = audio.Resampler(self.config.input_rate, served.input_rate)
-        self.outward = audio.Resampler(served.output_rate, self.config.output_rate)
         self.units = 0
+        self.answering = self.config
+        """The configuration the answers are made at (the output rate and modality)."""
+        self.outward = audio.Resampler(served.output_rate, self.answering.output_rate)
         self.responses = 0
         self.response: OpenResponse | None = None
 
@@ -87,10 +111,10 @@ class RealtimeConversation:
     def created(self) -> dict[str, Any]:
         return self.events.make("session.created", session=self.session_json())
 
-    def session_json(self) -> dict[str, Any]:
+    def session_json(self, config: events.SessionConfig | None = None) -> dict[str, Any]:
         served = self.served
         return {
-            **self.config.to_json(),
+            **(config or self.config).to_json(),
             "id": f"sess_{self.conversation_id}",
             "duplexcadence": {
                 "conversation": self.conversation_id,
@@ -103,8 +127,8 @@ class RealtimeConversation:
             },
         }
 
-    def receive(self, text: str, room: int) -> list[Action]:
-        """A client's text frame: what to do, in order. `room`: units the conversation may still queue. A refused
+    def receive(self, text: str, room: Room) -> list[Action]:
+        """A client's text frame: what to do, in order. `room`: what the conversation may still queue. A refused
         event gives one `error` event and changes nothing."""
         try:
             event = events.read(text)
@@ -134,16 +158,18 @@ class RealtimeConversation:
         error = EventError(messages.BINARY_FRAME, messages.binary_frame(size))
         return [Send(self.events.error(error))]
 
-    def _handle(self, kind: str, event: dict[str, Any], room: int) -> list[Action]:
+    def _handle(self, kind: str, event: dict[str, Any], room: Room) -> list[Action]:
         if kind == events.APPEND:
-            return self._append(event, room)
+            samples = events.appended_audio(event)
+            self._check_room(self.buffer.samples + self.inward.most(len(samples)), room)
+            return list(self._units(self.inward(samples)))
         if kind == events.SESSION_UPDATE:
             config = events.updated(self.config, event)
-            tail = self._set_config(config)
-            return [*tail, Send(self.events.make("session.updated", session=self.session_json()))]
+            if config.input_rate != self.config.input_rate:
+                self._check_room(self.buffer.samples + self.inward.most(0), room)
+            return [*self._set_config(config), Configure(config)]
         if kind == events.COMMIT:
-            if room < 1:
-                raise EventError(messages.QUEUE_FULL, messages.queue_full(self.served.queue_depth))
+            self._check_room(self.buffer.samples + self.inward.most(0), room, padded=True)
             units = self._units(self.inward(np.zeros(0, np.float32), last=True))
             self.inward = audio.Resampler(self.config.input_rate, self.served.input_rate)
             padded = self.buffer.pad()
@@ -164,18 +190,21 @@ class RealtimeConversation:
             self.decisions.append(decision)
             return []
         assert kind == events.RESET
+        if room.resets < 1:
+            raise EventError(messages.QUEUE_FULL, messages.resets_queue_full(self.served.queue_depth))
         self.buffer.clear()
         self.decisions.clear()
         self.units = 0
         self.inward = audio.Resampler(self.config.input_rate, self.served.input_rate)
         return [Reset()]
 
-    def _append(self, event: dict[str, Any], room: int) -> list[Action]:
-        samples = events.appended_audio(event)
-        arriving = self.buffer.samples + len(samples) * self.served.input_rate / self.config.input_rate
-        if room < 1 and arriving >= self.served.unit_samples:
-            raise EventError(messages.QUEUE_FULL, messages.queue_full(self.served.queue_depth))
-        return list(self._units(self.inward(samples)))
+    def _check_room(self, samples: int, room: Room, padded: bool = False) -> None:
+        """QUEUE_FULL when `samples` (at most, at the engine's rate) could complete more units than `room`
+        has; `padded`: a partial unit is completed with silence."""
+        whole, partial = divmod(samples, self.served.unit_samples)
+        units = whole + (1 if padded and partial else 0)
+        if units > room.units:
+            raise EventError(messages.QUEUE_FULL, messages.queue_full(self.served.queue_depth, units, room.units))
 
     def _units(self, samples: np.ndarray) -> list[Unit]:
         return [self._unit(unit) for unit in self.buffer.add(samples)]
@@ -187,13 +216,12 @@ class RealtimeConversation:
         return unit
 
     def _set_config(self, config: events.SessionConfig) -> list[Action]:
-        """Take `config`; a new input rate first flushes the old stream into the buffer (the units it completes)."""
+        """Take `config` for the input; a new input rate first flushes the old stream into the buffer (the units
+        it completes)."""
         actions: list[Action] = []
         if config.input_rate != self.config.input_rate:
             actions += self._units(self.inward(np.zeros(0, np.float32), last=True))
             self.inward = audio.Resampler(config.input_rate, self.served.input_rate)
-        if config.output_rate != self.config.output_rate:
-            self.outward = audio.Resampler(self.served.output_rate, config.output_rate)
         self.config = config
         return actions
 
@@ -228,6 +256,23 @@ class RealtimeConversation:
         )
         return sent
 
+    def configure(self, config: events.SessionConfig) -> list[dict[str, Any]]:
+        """A `Configure`'s turn: the answers from here are made at `config`, then `session.updated`. A response
+        open at another output rate or modality first completes at the old ones."""
+        sent: list[dict[str, Any]] = []
+        old = self.answering
+        changed = (config.output_rate, config.modality) != (old.output_rate, old.modality)
+        if changed and self.response is not None:
+            sent += self._close("completed")
+        self.answering = config
+        if config.output_rate != old.output_rate:
+            self.outward = audio.Resampler(self.served.output_rate, config.output_rate)
+        return [*sent, self.events.make("session.updated", session=self.session_json(config))]
+
+    def unit_refused(self, number: int, cause: str) -> list[dict[str, Any]]:
+        """A unit the engine refused before running it: the conversation, and an open response, go on."""
+        return [self.events.error(EventError(messages.UNIT_REFUSED, messages.unit_refused(number, cause)))]
+
     def unit_failed(self, number: int, cause: str) -> list[dict[str, Any]]:
         """A unit the engine failed: the open response fails with it."""
         error = EventError(messages.UNIT_FAILED, messages.unit_failed(number, cause), kind=messages.SERVER_ERROR)
@@ -237,11 +282,11 @@ class RealtimeConversation:
     def was_reset(self) -> list[dict[str, Any]]:
         """The engine started the conversation over: the open response is cancelled."""
         closing = self._close("cancelled") if self.response is not None else []
-        self.outward = audio.Resampler(self.served.output_rate, self.config.output_rate)
+        self.outward = audio.Resampler(self.served.output_rate, self.answering.output_rate)
         return [*closing, self.events.make("duplexcadence.reset.done")]
 
     def _part(self) -> str:
-        return "audio" if self.config.modality == events.AUDIO else "text"
+        return "audio" if self.answering.modality == events.AUDIO else "text"
 
     def _open(self) -> list[dict[str, Any]]:
         number = self.responses
@@ -282,7 +327,7 @@ class RealtimeConversation:
         text = "".join(response.text)
         if self._part() == "audio":
             tail = self.outward(np.zeros(0, np.float32), last=True)
-            self.outward = audio.Resampler(self.served.output_rate, self.config.output_rate)
+            self.outward = audio.Resampler(self.served.output_rate, self.answering.output_rate)
             if len(tail):
                 sent.append(self.events.make("response.output_audio.delta", delta=audio.encode_pcm16(tail), **ids))
             sent.append(self.events.make("response.output_audio.done", **ids))
@@ -326,9 +371,9 @@ class RealtimeConversation:
             "status": status,
             "status_details": None,
             "conversation_id": f"conv_{self.conversation_id}",
-            "output_modalities": [self.config.modality],
+            "output_modalities": [self.answering.modality],
             "output": [self._item_json(response, status)] if done else [],
-            "audio": {"output": {"format": events.pcm_format(self.config.output_rate)}},
+            "audio": {"output": {"format": events.pcm_format(self.answering.output_rate)}},
             "usage": None,
             "metadata": None,
         }

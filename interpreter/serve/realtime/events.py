@@ -79,6 +79,8 @@ def read(text: str) -> dict[str, Any]:
         event = json.loads(text)
     except ValueError as error:
         raise EventError(messages.INVALID_JSON, messages.invalid_json(f"not JSON ({error})")) from None
+    except RecursionError:
+        raise EventError(messages.INVALID_JSON, messages.invalid_json("nested deeper than JSON is read")) from None
     if not isinstance(event, dict):
         raise EventError(messages.INVALID_JSON, messages.invalid_json(f"a JSON {type(event).__name__}, not an object"))
     return event

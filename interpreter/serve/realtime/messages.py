@@ -24,6 +24,7 @@ INVALID_VALUE = "invalid_value"
 INVALID_AUDIO = "invalid_audio"
 COMMIT_EMPTY = "input_audio_buffer_commit_empty"
 QUEUE_FULL = "queue_full"
+UNIT_REFUSED = "unit_refused"
 UNIT_FAILED = "unit_failed"
 MODEL_NOT_SERVED = "model_not_served"
 BAD_SEED = "invalid_seed"
@@ -37,7 +38,11 @@ ERROR_CODES: dict[str, str] = {
     INVALID_VALUE: "a field of a known event with a value it cannot take (`param` names it)",
     INVALID_AUDIO: "`audio` that is not base64 PCM16",
     COMMIT_EMPTY: "`input_audio_buffer.commit` with no audio buffered (OpenAI's code)",
-    QUEUE_FULL: "audio that would complete a unit while the conversation's units queued are at the queue depth",
+    QUEUE_FULL: (
+        "an event that could complete more units than the conversation may still queue (the queue depth), or a "
+        "reset while as many resets are queued"
+    ),
+    UNIT_REFUSED: "the engine refused a unit before running it (a decision it cannot take); the conversation goes on",
     UNIT_FAILED: "the engine failed a unit (error type `server_error`); the conversation needs a reset",
     MODEL_NOT_SERVED: "a `model` query parameter naming another model than the one served",
     BAD_SEED: "a `seed` query parameter that is not a whole number",
@@ -87,11 +92,22 @@ def commit_empty() -> str:
     return "the input audio buffer is empty: append audio before committing it"
 
 
-def queue_full(depth: int) -> str:
+def queue_full(depth: int, units: int, room: int) -> str:
     return (
-        f"{depth} units already wait for the engine: this audio would complete another; send audio at the pace "
-        "of the conversation (one unit a cadence)"
+        f"this event could complete {units} units and {room} more of the {depth} a conversation may queue fit; "
+        "nothing was taken: send audio at the pace of the conversation (one unit a cadence), in smaller appends"
     )
+
+
+def resets_queue_full(depth: int) -> str:
+    return (
+        f"{depth} resets already wait for the engine: nothing was dropped; send the next after a "
+        "`duplexcadence.reset.done`"
+    )
+
+
+def unit_refused(unit: int, cause: str) -> str:
+    return f"unit {unit} was refused and not run: {cause}; the conversation is unchanged"
 
 
 def unit_failed(unit: int, cause: str) -> str:

@@ -11,7 +11,8 @@ before any route (`AccessMiddleware`), so a route added to the app later (`/v1/r
   any). A web page the user opens can then not take the server's slots; programs send no `Origin`.
 * **Trusted hosts** (`--trusted-host`): the `Host` header must name one (refused with 400), so a DNS name
   rebound to a loopback server does not reach it. Serving on a loopback address trusts `localhost`,
-  `127.0.0.1` and `::1` unless told; on any other address every host (`*`) unless told.
+  `127.0.0.1` and `::1` unless told; on any other address every host (`*`) unless told, so a server bound
+  there without `--trusted-host` or an API key is open to a page whose DNS name is rebound to it.
 * **Routes**: `hidden_routes` answer 404 to everyone (`--hide-route /v1/sessions`: its sessions' ids, seeds
   and latencies); `open_routes` need no key (`--open-route /metrics` for a scraper without one).
 

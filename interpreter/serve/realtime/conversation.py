@@ -1,5 +1,5 @@
 """One client's conversation as the protocol sees it: the client's events in, the units for the engine and the
-server's events out. No socket and no engine here (`socket.py` joins them).
+server's events out. No socket and no engine here (`app.py` joins them).
 
     conversation = RealtimeConversation(served, conversation_id=0, seed=3)
     send(conversation.created())                                  # session.created

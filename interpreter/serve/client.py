@@ -27,6 +27,8 @@ from duplexcadence.interpreter.serve import codec, messages
 from duplexcadence.interpreter.serve.access import API_KEY_ENV
 
 MAX_FRAME_BYTES = 64 * 2**20
+CLOSING_FRAMES = 256
+"""The most frames read after a closing error while waiting for the close (the answers still queued)."""
 
 
 class ServerError(Exception):
@@ -159,10 +161,17 @@ class SessionClient:
             return codec.decode(message).tensors
         frame = json.loads(message)
         if frame.get("type") == "error":
-            if frame.get("tick") is None and frame.get("code") in ("idle-timeout", "shutting-down", "internal"):
+            code = frame.get("code")
+            if code in ("idle-timeout", "shutting-down") or (code == "internal" and frame.get("tick") is None):
+                # The session is closing: a tick sent meanwhile is refused with the closing code, then the
+                # closing frame and the close follow.
                 close_code = None
                 try:
-                    await self.connection.recv()
+                    for _ in range(CLOSING_FRAMES):
+                        following = await self.connection.recv()
+                        closing = json.loads(following) if isinstance(following, str) else {}
+                        if closing.get("type") == "error" and closing.get("tick") is None:
+                            frame = closing
                 except ConnectionClosed as closed:
                     close_code = closed.rcvd.code if closed.rcvd else None
                 raise SessionClosedByServer(frame["code"], frame["message"], close_code)

@@ -221,11 +221,7 @@ def verify_graphs(engine: Any) -> dict[str, Any]:
     checked = differing = 0
     if not model.capture:
         return {"checked": 0, "differing": 0, "note": "no graphs captured on this device"}
-    outputs = {
-        "listen": (model.llm_logits,),
-        "llm_step": (model.llm_logits, model.llm_hidden),
-        "tts_step": (model.tts_logits,),
-    }
+    outputs = model.step_outputs()
     for graphs in model.step_graphs():
         for rows, graph in sorted(graphs.graphs.items()):
             model.rows[:rows].copy_(torch.arange(rows, device=model.device))

@@ -374,6 +374,14 @@ class MiniCPMo45Conversations:
     def step_graphs(self) -> tuple[RowGraphs, ...]:
         return (self.listen, self.llm_step, self.tts_step)
 
+    def step_outputs(self) -> dict[str, tuple[torch.Tensor, ...]]:
+        """The static buffers each batched step writes, by its graphs' name (a replay is compared on them)."""
+        return {
+            "listen": (self.llm_logits,),
+            "llm_step": (self.llm_logits, self.llm_hidden),
+            "tts_step": (self.tts_logits,),
+        }
+
     @torch.no_grad()
     def _warm_kernels(self) -> None:
         """Compile, before the first round, the attention kernels the eager calls will launch (a kernel is

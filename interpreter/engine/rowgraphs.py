@@ -23,6 +23,8 @@ from typing import Any
 import attrs
 import torch
 
+from duplexcadence.interpreter.runtime.capture.graphs import workspaces_in_pool
+
 WARMUP_CALLS = 2
 """Calls on a side stream before a capture (PyTorch's recipe: lazy initialisation stays out of the graph)."""
 
@@ -90,7 +92,9 @@ class RowGraphs:
                 self.step(rows)
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # As the runtime's captures: the graph's cuBLAS workspace lives in its pool, and the warm-up stream's
+        # workspace is not kept beside it.
+        with workspaces_in_pool(), torch.cuda.graph(graph, pool=self.pool):
             self.step(rows)
         torch.cuda.synchronize(self.device)
         self.graphs[rows] = graph

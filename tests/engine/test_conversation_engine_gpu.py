@@ -50,11 +50,7 @@ def test_graphs_replay_their_eager_steps_and_the_tail_is_stock() -> None:
 
     checked = 0
     for graphs in model.step_graphs():
-        results = (
-            (model.llm_logits, model.llm_hidden)
-            if graphs is model.llm_step
-            else ((model.llm_logits,) if graphs is model.llm_listen else (model.tts_logits,))
-        )
+        results = model.step_outputs()[graphs.name]
         for rows, graph in sorted(graphs.graphs.items()):
             model.rows[:rows].copy_(torch.arange(rows, device=model.device))
             graph.replay()

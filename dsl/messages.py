@@ -660,10 +660,10 @@ def bad_count(what: str, region: str, value: str, span: Span | None, help: str) 
     return Diagnostic(BAD_VALUE, f"{what} of region '{region}' is {value}", span, helps=(help,))
 
 
-def bad_family(region: str, value: str, span: Span | None) -> Diagnostic:
+def bad_family(kind: str, name: str, value: str, span: Span | None) -> Diagnostic:
     return Diagnostic(
         BAD_VALUE,
-        f"the family size of region '{region}' is {value}, not a positive integer",
+        f"the family size of {kind} '{name}' is {value}, not a positive integer",
         span,
         helps=("write the number of members, e.g. `kv[layer < 8]`",),
     )

@@ -201,7 +201,9 @@ def _all_syntax_errors(source: SourceFile, first: UnexpectedInput) -> list[Diagn
             error = None
         except UnexpectedInput as later:
             error = later
-            found.append(syntax_diagnostic(SourceFile(source.path, rest), later))
+            diagnostic = syntax_diagnostic(SourceFile(source.path, rest), later)
+            if diagnostic not in found:  # a restart at the failed statement itself meets the same error again
+                found.append(diagnostic)
     return found
 
 

@@ -262,6 +262,7 @@ class Program:
     graph: nx.DiGraph = attrs.field(eq=False, hash=False, repr=False, default=None)
     cadence_span: Span | None = attrs.field(default=None, eq=False, repr=False)
     incomplete: bool = attrs.field(default=False, eq=False, repr=False)  # some declaration failed to resolve
+    stages_left_out: bool = attrs.field(default=False, eq=False, repr=False)  # a stage failed: its accesses unknown
     limits: Limits = attrs.field(default=DEFAULT_LIMITS, eq=False, repr=False)  # checked under; planned under
     counters: dict[str, CounterInfo] = attrs.field(factory=dict, hash=False, kw_only=True)
     objects: dict[str, ObjectInfo] = attrs.field(factory=dict, hash=False, kw_only=True)
@@ -327,24 +328,26 @@ class Program:
         )
 
     def units_per_cadence(self, name: str) -> int:
-        """The most units region `name` receives in one cadence (its writers' most per instant, times their
-        instants per cadence)."""
-        total = Fraction(0)
+        """The most units region `name` receives in one cadence: each writer's most per instant times the most
+        ticks of its clock one cadence holds (a clock slower than the cadence still ticks once in some)."""
+        total = 0
         for stage in self.stages.values():
-            per_cadence = self.cadence * self.clocks[stage.clock].rate * (self.burst(stage.name) or 1)
-            total += per_cadence * sum(a.advance or 0 for a in stage.writes() if a.region == name)
-        return math.ceil(total)
+            advance = sum(a.advance or 0 for a in stage.writes() if a.region == name)
+            if advance:
+                ticks = math.ceil(self.cadence * self.clocks[stage.clock].rate)
+                total += ticks * (self.burst(stage.name) or 1) * advance
+        return total
 
     def run_time_capacity(self, name: str) -> int:
         """The units a region with a run-time length is allocated (`run_time_length`): a slide its high mark
-        (or its pinned head or start, when longer) plus a cadence's units; `all` its horizon; scratch what one
-        instant writes."""
+        (or its pinned head or start, when longer) plus a cadence's units; `all` its horizon, or one instant's
+        units when they are more; scratch what one instant writes."""
         region = self.regions[name]
         retention = region.retention
         if retention.kind == "slide":
             return max(retention.last, retention.first, region.start_length) + self.units_per_cadence(name)
         if retention.kind == "all" and retention.horizon is not None:
-            return retention.horizon
+            return max(retention.horizon, self.units_per_instant(name))
         return (retention.keeps or 0) + self.units_per_instant(name)
 
 

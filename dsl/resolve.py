@@ -431,15 +431,19 @@ class _Resolver:
         for declaration in self.of_kind("object").values():
             self.object_info(declaration)
         stages: dict[str, StageInfo] = {}
+        stages_left_out = False
         for position, (name, declaration) in enumerate(self.of_kind("stage").items()):
             if position == self.limits.stages:  # reported once, at the first stage over; the rest are left out
                 total = len(self.of_kind("stage"))
                 self.bag.add(messages.too_many_stages(name, total, self.limits.stages, declaration.name_span))
+                stages_left_out = True
                 break
             with self.in_scope_of(declaration):
                 stage = self._stage(declaration.node_as(syntax.Stage))
             if stage is not None:
                 stages[name] = stage
+            else:
+                stages_left_out = True
         if stages and cadence is None and "cadence" not in self.decls:
             first = next(iter(self.of_kind("stage").values()))
             self.bag.add(messages.missing_cadence(first.name_span))
@@ -458,6 +462,7 @@ class _Resolver:
             stages,
             cadence_span=cadence_span,
             incomplete=bool(self.bag.errors),
+            stages_left_out=stages_left_out,
             limits=self.limits,
             counters=dict(self.counters),
             objects=dict(self.objects),
@@ -627,7 +632,9 @@ class _Resolver:
             else:
                 clock = self.clock_info(clock_declaration)
                 ok = ok and clock is not None
-        counts = [self._family_count(node.name, index) for index in node.family.indices()] if node.family else []
+        counts = (
+            [self._family_count("region", node.name, index) for index in node.family.indices()] if node.family else []
+        )
         ok = ok and None not in counts
         count = math.prod(c for c in counts if c is not None)
         bind_clause = node.clause(syntax.BindClause)
@@ -673,9 +680,9 @@ class _Resolver:
             members.append(member)
         return members
 
-    def _family_count(self, region: str, family: syntax.Family) -> int | None:
-        """How many values a family index takes (reported, None, when its count is not a positive integer or it
-        shadows a param or a clock)."""
+    def _family_count(self, kind: str, region: str, family: syntax.Family) -> int | None:
+        """How many values an index of a family of `kind` (region, clock) takes (reported, None, when its count
+        is not a positive integer or it shadows a param or a clock)."""
         shadowed = self.decls.get(family.index)
         if shadowed is not None and shadowed.kind in ("param", "clock"):
             self.bag.add(
@@ -690,7 +697,7 @@ class _Resolver:
         except _Skip:
             return None
         if isinstance(value.value, tuple) or value.unit != PLAIN or value.value.denominator != 1 or value.value < 1:
-            self.bag.add(messages.bad_family(region, value.describe(), family.count.span))
+            self.bag.add(messages.bad_family(kind, region, value.describe(), family.count.span))
             return None
         return value.value.numerator
 
@@ -730,7 +737,7 @@ class _Resolver:
         node = declaration.node_as(syntax.Clock)
         assert node.family is not None, "a family of clocks declares its index"
         with self.in_scope_of(declaration):
-            counts = [self._family_count(node.name, index) for index in node.family.indices()]
+            counts = [self._family_count("clock", node.name, index) for index in node.family.indices()]
             if None in counts:
                 return None
             names = [f.index for f in node.family.indices()]

@@ -241,7 +241,7 @@ class MiniCPMo45Conversations:
         if self.device.type == "cuda":
             free = int(torch.cuda.mem_get_info(self.device)[0] * memory_fraction)
             fits = self.plan.fits(free, lanes)
-            if slots > fits:
+            if fits is not None and slots > fits:
                 raise ValueError(
                     f"{slots} conversations need {slots * self.plan.bytes_per_conversation / 2**30:.1f} GiB "
                     f"({self.plan.bytes_per_conversation / 2**20:.0f} MiB each, the plan of "

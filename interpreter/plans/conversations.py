@@ -77,11 +77,14 @@ class ConversationPlan:
                 return region
         raise KeyError(name)
 
-    def fits(self, memory_bytes: int, lanes: int = 1) -> int:
+    def fits(self, memory_bytes: int, lanes: int = 1) -> int | None:
         """How many conversations' state fits in `memory_bytes`: the shared scratch once per lane, then each
-        conversation's bytes (what else the device holds, the weights first, is the caller's to subtract)."""
+        conversation's bytes (what else the device holds, the weights first, is the caller's to subtract).
+        None: memory sets no limit (a conversation holds no bytes, and the shared scratch fits)."""
         free = memory_bytes - lanes * self.shared_bytes
-        return max(free // self.bytes_per_conversation, 0) if self.bytes_per_conversation else 0
+        if free < 0:
+            return 0
+        return free // self.bytes_per_conversation if self.bytes_per_conversation else None
 
 
 def plan_conversations(

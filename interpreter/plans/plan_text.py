@@ -27,11 +27,11 @@ def human_bytes(count: int | None) -> str:
     if count is None:
         return "-"
     value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    return f"{value:.1f} GiB"
+    return f"{value:.1f} TiB"
 
 
 def seconds(value: Fraction) -> str:
@@ -539,7 +539,8 @@ def conversations_section(plan: Plan, memory: Memory | None, heading) -> list[st
         out.append(f"  graphs captured for each conversation's slot: {keys}")
     if memory is not None:
         fit = conversations.fits(memory.bytes)
-        out.append(f"  conversations that fit in {human_bytes(memory.bytes)} ({memory.source}): {fit}")
+        said = "any number (a conversation holds no device bytes)" if fit is None else str(fit)
+        out.append(f"  conversations that fit in {human_bytes(memory.bytes)} ({memory.source}): {said}")
     out.append("")
     return out
 

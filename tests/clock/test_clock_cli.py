@@ -121,6 +121,15 @@ def test_fmt_of_a_file_with_a_syntax_error_exits_1_and_leaves_it(capsys, tmp_pat
     assert code == 1 and "error[syntax]" in err and broken.read_text() == "param = 3\n"
 
 
+def test_a_file_ending_inside_a_statement_is_one_syntax_error(capsys, tmp_path) -> None:
+    cut = tmp_path / "cut.clock"
+    cut.write_text("cadence 1 s\nparam x = \n")
+    for command in ("check", "fmt"):
+        code, out, _err = dsl(capsys, command, "--output-format", "json", str(cut))
+        [document] = json.loads(out)
+        assert code == 1 and [d["message"] for d in document["diagnostics"]] == ["the file ended inside param 'x'"]
+
+
 # --- exit codes and colour ----------------------------------------------------------------------------
 
 

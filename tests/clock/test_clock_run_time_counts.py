@@ -52,6 +52,36 @@ def test_the_records_say_what_is_counted_at_run_time(tmp_path):
     assert program.run_time_capacity("text") == 8  # scratch: one instant's units
 
 
+def test_a_capacity_holds_what_one_firing_of_a_slow_writer_brings(tmp_path):
+    """A slide fed by a clock slower than the cadence receives a whole firing in some cadences (100, not the
+    50 a cadence brings on average); an `all` horizon shorter than one instant's units holds the instant."""
+    path = tmp_path / "slow.clock"
+    path.write_text(
+        "cadence 1 s\nclock unit = 0.5 Hz\nclock frame = 50 Hz\nclock token = up to 18 per unit\n"
+        "region enc : bf16[2, time] on frame retain slide 1400 to 0\n"
+        "region kv : bf16[2, time] on token retain all horizon 5\n"
+        "region out : f32[1, time] on unit output\n"
+        "stage listen on unit {\n    hook listen\n    update enc +100\n    write out +1\n}\n"
+        "stage decode on token {\n    hook decode\n    update kv +1\n}\n"
+    )
+    program = load_program(path)
+    assert program.run_time_capacity("enc") == 1400 + 100
+    assert program.run_time_capacity("kv") == 18
+
+
+def test_a_failed_writer_gives_no_second_error_about_the_bound(tmp_path):
+    """With `rows 0` refused, the bounded region's remaining writers no longer add up to its bound: that is
+    the same mistake, reported once."""
+    from duplexcadence.dsl.frontend import check_file
+
+    path = tmp_path / "rows0.clock"
+    path.write_text(TEXT.replace("rows 4", "rows 0"))
+    diagnostics = check_file(path).diagnostics
+    assert [(d.code.name, d.message) for d in diagnostics] == [
+        ("bad-value", "the rows of stage 'listen' must be at least 1, not 0")
+    ]
+
+
 def test_fmt_prints_each_construct_canonically():
     module = parse_module(SourceFile("unit.clock", TEXT))
     text = printer.module(module)

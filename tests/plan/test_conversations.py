@@ -113,3 +113,20 @@ def test_without_memory_dsl_plan_fits_conversations_in_the_devices_free_memory(c
     assert memory["source"] == f"free on {torch.cuda.get_device_name()}"
     assert abs(memory["bytes"] - free) < 2**30  # free memory moves a little between the two readings
     assert memory["conversations"] == (memory["bytes"] - 438_648_832) // 1_240_538_112
+
+
+def test_memory_sets_no_limit_on_conversations_that_hold_no_bytes(tmp_path, capsys):
+    path = tmp_path / "stateless.clock"
+    path.write_text(
+        "cadence 1 s\nclock unit = 1 Hz\nregion a : f32[1, time] on unit input\n"
+        "region b : f32[1, time] on unit output\nstage s on unit {\n    hook s\n    read a\n    write b +1\n}\n"
+    )
+    conversations = plan_file(path).conversations
+    assert conversations.bytes_per_conversation == 0
+    assert conversations.fits(80 * GiB) is None and conversations.fits(conversations.shared_bytes - 1) == 0
+    assert main(["plan", str(path), "--memory", "80GiB"]) == 0
+    assert "conversations that fit in 80.0 GiB (--memory): any number (a conversation holds no device bytes)" in (
+        capsys.readouterr().out
+    )
+    assert main(["plan", str(path), "--memory", "80GiB", "--output-format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["conversations"]["memory"]["conversations"] is None

@@ -53,16 +53,33 @@ def run_conversations(args: argparse.Namespace) -> int:
 
     from duplexcadence.interpreter.serve.realtime.loadgen import Script, run_conversations
 
+    tail_options = [
+        option
+        for option, value, default in (
+            ("--sessions", args.sessions, 4),
+            ("--ticks", args.ticks, 50),
+            ("--bundle", args.bundle, 1),
+            ("--verify", args.verify, False),
+            ("--verify-device", args.verify_device, None),
+        )
+        if value != default
+    ]
+    if tail_options:
+        raise UsageError(
+            "; ".join(f"{option} does not apply to --conversations" for option in tail_options)
+            + " (conversations take --units, --listen-units, --speak-units, --own-turns, --seed, --no-pace, "
+            "--output-format and --json)"
+        )
     url = realtime_url(args.url)
     script = Script(listen=args.listen_units, speak=args.speak_units, own=args.own_turns)
-    try:
-        report = asyncio.run(
-            run_conversations(url, args.conversations, args.units, script, paced=not args.no_pace, first_seed=args.seed)
-        )
-    except OSError as error:
-        raise UsageError(f"{url}: cannot connect: {error}") from None
-    for line in report.lines():
-        print(line)
+    report = asyncio.run(
+        run_conversations(url, args.conversations, args.units, script, paced=not args.no_pace, first_seed=args.seed)
+    )
+    if args.output_format == "json":
+        print(json.dumps(report.to_json(), indent=1, sort_keys=True))
+    else:
+        for line in report.lines():
+            print(line)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report.to_json(), handle, indent=1, sort_keys=True)

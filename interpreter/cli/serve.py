@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     if args.lanes > args.slots:
         raise UsageError(messages.lanes_over_slots(args.lanes, args.slots))
     if serve_ray.wants_ray(args):
-        return serve_ray.serve_cluster(args, pool_config(args), pairs(args.param))
+        return serve_ray.serve_cluster(args, pool_config(args), pairs(args.param), access_policy(args))
     from duplexcadence.interpreter.serve.server import run_loop
 
     return run_loop(serve(args))

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace, params: dict[str, str], access: Any) -> int:
     if found:
         raise UsageError("; ".join(found))
     if serve_ray.wants_ray(args):
-        return serve_ray.serve_cluster(args, pool_config(args), params)
+        return serve_ray.serve_cluster(args, pool_config(args), params, access)
     from duplexcadence.interpreter.serve.server import run_loop
 
     return run_loop(serve(args, params, access))

@@ -74,16 +74,17 @@ def wants_ray(args: argparse.Namespace) -> bool:
     return bool(args.ray or args.ray_address)
 
 
-def pool_spec(args: argparse.Namespace, pool: Any, params: dict[str, str]) -> Any:
-    """The `PoolSpec` of the arguments, `pool` (a `PoolConfig`) and the tail's `params`, checked here before any
-    replica starts."""
+def pool_spec(args: argparse.Namespace, pool: Any, params: dict[str, str], access: Any) -> Any:
+    """The `PoolSpec` of the arguments, `pool` (a `PoolConfig`), the tail's `params` and `access` (the
+    `AccessPolicy` every replica applies), checked here before any replica starts."""
     from duplexcadence.interpreter.serve.cluster.replica import PoolSpec
 
     conversations = getattr(args, "conversations", None)
     if conversations is not None:
-        return PoolSpec(checked_engine(args, pool, params), None, params, pool, conversations=conversations)
+        target = checked_engine(args, pool, params)
+        return PoolSpec(target, None, params, pool, conversations=conversations, access=access)
     target = checked_target(args, pool, params)
-    return PoolSpec(target, args.model, params, pool, cpu_threads=None)
+    return PoolSpec(target, args.model, params, pool, cpu_threads=None, access=access)
 
 
 def checked_engine(args: argparse.Namespace, pool: Any, params: dict[str, str]) -> str:
@@ -146,12 +147,9 @@ def describe(cluster: Any) -> list[str]:
     capacities = cluster.capacities()
     lines = [f"serving on {len(capacities)} replica(s) through {cluster.ws_url}"]
     for replica, stats in sorted(capacities.items()):
-        held = (
-            f"capacity {stats['capacity']} sessions of {stats['slots']} slots"
-            if "slots" in stats
-            else f"{stats['conversations']} conversations at most"
-        )
-        lines.append(f"  replica {replica} on {stats['device']}: {held}, {stats['sessions']} active")
+        unit = "conversations" if "engine" in stats else "sessions"  # a conversation pool's has its engine's
+        held = f"capacity {stats['capacity']} {unit} of {stats['slots']} slots, {stats['sessions']} active"
+        lines.append(f"  replica {replica} on {stats['device']}: {held}")
     return lines
 
 
@@ -159,18 +157,20 @@ def serve_cluster(
     args: argparse.Namespace,
     pool: Any,
     params: dict[str, str],
+    access: Any,
     started: Callable[[Any], None] | None = None,
     stop: threading.Event | None = None,
 ) -> int:
-    """Start the replicas, each with a pool of `pool` (a `PoolConfig`) over the tail with `params`, then serve
-    until interrupted (or `stop` is set); `started(cluster)` once they serve."""
+    """Start the replicas, each with a pool of `pool` (a `PoolConfig`) over the tail with `params` behind
+    `access` (an `AccessPolicy`), then serve until interrupted (or `stop` is set); `started(cluster)` once they
+    serve."""
     try:
         from duplexcadence.interpreter.serve.cluster.launch import ClusterStartError, start
     except ModuleNotFoundError as error:
         if (error.name or "").partition(".")[0] == "duplexcadence":
             raise
         raise missing_package(error, extra="ray", what="dsl serve --ray") from None
-    spec, config = pool_spec(args, pool, params), cluster_config(args)
+    spec, config = pool_spec(args, pool, params, access), cluster_config(args)
     status(args, f"starting {config.replicas or 'one per GPU'} replica(s) of '{args.target}' on Ray")
     try:
         cluster = start(spec, config)

@@ -17,6 +17,7 @@ engine's own refusal (`ConversationRefused`) is the last word.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,7 +37,7 @@ from duplexcadence.interpreter.engine.registry import load_engine
 from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, TickModel
 from duplexcadence.interpreter.serve.metrics import PoolMetrics
-from duplexcadence.interpreter.serve.scheduler import RESET, Client, Round, RoundOutcome, Scheduler, TickError
+from duplexcadence.interpreter.serve.scheduler import LOG, RESET, Client, Round, RoundOutcome, Scheduler, TickError
 
 GATHER_FRACTION = 0.05
 UNIT = "conversation"
@@ -91,7 +92,8 @@ class ConversationPoolConfig:
     """`queue_depth`: units a conversation may have queued beside the one in flight; `idle_timeout_s`: a
     conversation that sends nothing this long is closed; `gather_s`: how long a round may wait from its oldest
     unit for the other conversations' (None: 5 % of the cadence); `headroom`: the fraction of the cadence
-    admission keeps free; `latency_guard`: also refuse while the p99 unit latency of the
+    admission keeps free, given to the engine too when it has a `headroom` (the stock `Engine`: its own
+    refusals then keep the same); `latency_guard`: also refuse while the p99 unit latency of the
     last 5 cadences is over the budget; `calibration`: conversation counts the engine's round model is timed at
     when the pool starts (`Engine.calibrate`, scripted turns; empty: admission by the slots and the guard);
     `freeze_gc` and `pace` (units stepped a cadence at most on average, after a burst of the queue depth): as
@@ -203,6 +205,8 @@ class ConversationPool(Scheduler):
         self.build = build
         self.name = name
         self.engine: ConversationEngine | None = None
+        self.abandoned: set[asyncio.Task] = set()
+        """The closes of conversations opened for a caller that was cancelled."""
 
     @property
     def started(self) -> bool:
@@ -251,39 +255,77 @@ class ConversationPool(Scheduler):
 
     def _load(self) -> ConversationEngine:
         engine = self.build()
+        if hasattr(engine, "headroom"):  # the engine's own refusals keep the headroom admission keeps
+            engine.headroom = self.config.headroom
         if self.config.calibration:
             engine.calibrate(self.config.calibration, script=scripted_turn)  # type: ignore[attr-defined]
         return engine
 
     async def open(self, seed: int = 0) -> PooledConversation:
-        """A new conversation; AdmissionRefused (with the numbers) when the pool or the engine does not take it."""
+        """A new conversation; AdmissionRefused (with the numbers) when the pool or the engine does not take it,
+        or when the pool began to stop or shut down while the engine opened it (closed again on the device)."""
         refusal = self.admission_refusal()
         if refusal is not None:
             raise self.refused(refusal)
         engine = self._engine()
         self.opening += 1
         try:
-            conversation_id = await self.run_on_device(engine.open, seed)
-        except ConversationRefused as refused:
-            assert self.rule is not None
-            active = len(self.sessions)
-            raise self.refused(
-                AdmissionRefused(
-                    messages.AT_CAPACITY,
-                    refused.reason,
-                    active,
-                    active,
-                    self.rule.slots,
-                    self.rule.predict(active + 1),
-                    self.tick_period_s,
-                    self.rule.headroom,
-                )
-            ) from None
+            opening = asyncio.ensure_future(self.run_on_device(engine.open, seed))
+            try:
+                conversation_id = await asyncio.shield(opening)
+            except asyncio.CancelledError:
+                opening.add_done_callback(self._close_abandoned)
+                raise
+            except ConversationRefused as refused:
+                raise self.refused(await self.engine_refusal(refused)) from None
+            if self.stopping or self.shutting_down:
+                await self._close_on_device(conversation_id)
+                refusal = self.admission_refusal()
+                assert refusal is not None
+                raise self.refused(refusal)
         finally:
             self.opening -= 1
         conversation = PooledConversation(self, conversation_id, seed)
         self.add(conversation)
         return conversation
+
+    async def engine_refusal(self, refused: ConversationRefused) -> AdmissionRefused:
+        """The engine's refusal with the engine's numbers: its open conversations, what it admits, its slots,
+        the round it predicts (0 before a calibration), its cadence and headroom."""
+        engine = self._engine()
+        capacity = await self.run_on_device(engine.capacity)
+        predicted_ms = refused.numbers.get("predicted_ms")
+        round_model = getattr(engine, "round_model", None)
+        if predicted_ms is None and round_model is not None:
+            predicted_ms = round_model.predict(capacity.active + 1)
+        return AdmissionRefused(
+            messages.AT_CAPACITY,
+            refused.reason,
+            capacity.active,
+            capacity.conversations,
+            capacity.memory_limit,
+            (predicted_ms or 0.0) / 1000,
+            capacity.cadence_ms / 1000,
+            getattr(engine, "headroom", self.config.headroom),
+        )
+
+    async def _close_on_device(self, conversation_id: int) -> None:
+        assert self.executor is not None
+        if self.executor._shutdown:
+            return  # the engine is gone with the device thread
+        try:
+            await self.run_on_device(self._engine().close, conversation_id)
+        except Exception as error:
+            self.unreleased += 1
+            LOG.error("closing conversation %s failed; its slot stays counted as used: %s", conversation_id, error)
+
+    def _close_abandoned(self, opening: asyncio.Future) -> None:
+        """An open whose caller was cancelled: the conversation it opened, if any, closed on the device."""
+        if opening.cancelled() or opening.exception() is not None:
+            return
+        task = self.loop.create_task(self._close_on_device(opening.result()))
+        self.abandoned.add(task)
+        task.add_done_callback(self.abandoned.discard)
 
     def capacity_json(self) -> dict[str, Any]:
         """`/v1/capacity` and a replica's routing stats: the scheduler's `Capacity` (its `sessions` the open

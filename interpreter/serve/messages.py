@@ -282,6 +282,13 @@ def queue_full(depth: int) -> str:
     )
 
 
+def resets_queue_full(depth: int) -> str:
+    return (
+        f"the session already has {plural(depth, 'reset')} queued, the most this pool holds per session; "
+        "wait for a reset to be done before sending the next"
+    )
+
+
 def session_failed(cause: str) -> str:
     return f'the session failed ({cause}); send {{"type": "reset"}} to start it again'
 

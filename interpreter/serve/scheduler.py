@@ -164,8 +164,9 @@ class Client(ClosingState):
     def reset(self) -> asyncio.Future:
         """Barge-in: back to the start after the ticks queued before it (a future, done when it is)."""
         self.check_open()
-        if self.queued(RESET) >= self.scheduler.config.queue_depth:
-            raise TickError(messages.QUEUE_FULL, messages.queue_full(len(self.queue)))
+        queued = self.queued(RESET)
+        if queued >= self.scheduler.config.queue_depth:
+            raise TickError(messages.QUEUE_FULL, messages.resets_queue_full(queued))
         return self.enqueue(Item(RESET, self.scheduler.loop.create_future()))
 
     async def close(self) -> None:
@@ -302,6 +303,9 @@ class Scheduler:
         """The earliest time a tick held back by its client's pace may run (None: none is held)."""
         self.opening = 0
         """Clients being opened (admitted, not yet in `sessions`): admission counts them."""
+        self.unreleased = 0
+        """Clients whose close failed in the runner (logged): the client is closed, but what it held on the
+        device may still be held, so admission and the capacity count each as open for good."""
         self.ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
@@ -411,7 +415,7 @@ class Scheduler:
         """The snapshot a router places clients by: sessions, slots, capacity, free, predicted tick..."""
         assert self.rule is not None, "start() the pool first"
         return self.rule.snapshot(
-            len(self.sessions),
+            len(self.sessions) + self.unreleased,
             self.draining or self.stopping or self.shutting_down,
             self.lanes(),
             self.observed_tick_p99(),
@@ -429,7 +433,7 @@ class Scheduler:
     def admission_refusal(self, extra: int = 1) -> AdmissionRefused | None:
         """Why `extra` more clients are not admitted now (None: they are), with the numbers."""
         assert self.rule is not None, "start() the pool first"
-        active = len(self.sessions) + self.opening
+        active = len(self.sessions) + self.opening + self.unreleased
         if self.stopping or self.shutting_down:
             return AdmissionRefused(
                 messages.SHUTTING_DOWN,
@@ -649,6 +653,15 @@ class Scheduler:
                 elif not item.future.done():
                     item.future.set_exception(TickError(messages.INTERNAL, messages.internal(error)))
             else:
+                if error is not None:
+                    self.unreleased += 1
+                    LOG.error(
+                        "closing %s %s failed; its slot stays counted as used (%d so): %s",
+                        self.runner.unit if self.runner is not None else "client",
+                        client.id,
+                        self.unreleased,
+                        f"{type(error).__name__}: {error}",
+                    )
                 self._closed(client)
                 if not item.future.done():
                     item.future.set_result(None)

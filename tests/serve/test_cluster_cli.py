@@ -69,7 +69,9 @@ def test_dsl_serve_ray_starts_replicas_serves_a_session_and_stops(capsys):
         served["replicas"], served["port"] = sorted(cluster.capacities()), cluster.config.port
         stop.set()
 
-    code = serve_ray.serve_cluster(args, serve.pool_config(args), {}, started=started, stop=stop)
+    code = serve_ray.serve_cluster(
+        args, serve.pool_config(args), {}, serve.access_policy(args), started=started, stop=stop
+    )
     ours = ("starting ", "serving on ", "  replica ", "stopping: ")  # Ray and Serve log on stderr too
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith(ours)]
     assert code == 0

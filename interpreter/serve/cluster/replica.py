@@ -31,6 +31,7 @@ import attrs
 from ray import serve
 
 from duplexcadence.interpreter.serve import messages
+from duplexcadence.interpreter.serve.access import AccessPolicy
 from duplexcadence.interpreter.serve.conversations import (
     ConversationPool,
     ConversationPoolConfig,
@@ -59,7 +60,9 @@ class PoolSpec:
     the model builder `model` (`MODULE:FUNCTION`), on the replica's device, with the pool's `config`; or, with
     `conversations`, that many conversations of the conversation engine `target` (a registered engine or
     `MODULE:FUNCTION`, its keywords in `params`) over `/v1/realtime`, `config` a `ConversationPoolConfig`.
-    `cpu_threads`: torch's intra-op threads of a CPU replica (replicas sharing a host's cores)."""
+    `cpu_threads`: torch's intra-op threads of a CPU replica (replicas sharing a host's cores); `access`: who may
+    use each replica's routes (`dsl serve`'s `--api-key`, `--trusted-host`, `--allowed-origin`, `--open-route`,
+    `--hide-route`)."""
 
     target: str
     model: str | None = None
@@ -67,6 +70,7 @@ class PoolSpec:
     config: PoolConfig | ConversationPoolConfig = attrs.field(factory=PoolConfig)
     cpu_threads: int | None = None
     conversations: int | None = None
+    access: AccessPolicy = attrs.field(factory=AccessPolicy)
 
     @property
     def path(self) -> str:
@@ -122,18 +126,13 @@ class DuplexReplica:
         else:
             assert isinstance(spec.config, PoolConfig)
             self.pool = SessionPool(served_tail(spec.target, spec.model, spec.params, self.device), spec.config)
+        self.spec = spec
         self.reports = 0
         self.reported: asyncio.Condition | None = None
 
     async def __serve_build_asgi_app__(self) -> ASGIApp:
-        from duplexcadence.interpreter.serve.app import make_app
-        from duplexcadence.interpreter.serve.realtime.app import make_conversation_app
-
-        pool = self.pool
-        await pool.start()
-        if isinstance(pool, ConversationPool):
-            return ReplicaHeader(make_conversation_app(pool, manage_pool=False), self.replica_id)
-        return ReplicaHeader(make_app(pool, manage_pool=False), self.replica_id)
+        await self.pool.start()
+        return replica_app(self.pool, self.spec.access, self.replica_id)
 
     def started(self) -> bool:
         pool = self.pool
@@ -209,6 +208,16 @@ class DuplexReplica:
         self.check_target(replica_id)
         assert self.pool.metrics is not None
         return self.pool.exposition().decode()
+
+
+def replica_app(pool: SessionPool | ConversationPool, access: AccessPolicy, replica_id: str) -> ASGIApp:
+    """The ASGI app of a replica's started `pool` under `access`, its websocket accepts naming `replica_id`."""
+    from duplexcadence.interpreter.serve.app import make_app
+    from duplexcadence.interpreter.serve.realtime.app import make_conversation_app
+
+    if isinstance(pool, ConversationPool):
+        return ReplicaHeader(make_conversation_app(pool, manage_pool=False, access=access), replica_id)
+    return ReplicaHeader(make_app(pool, manage_pool=False, access=access), replica_id)
 
 
 def device_probe(device: str) -> None:

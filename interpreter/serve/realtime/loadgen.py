@@ -9,6 +9,12 @@ unit's time, as a microphone would), else each unit as soon as the one before it
 scripted (`duplexcadence.decision`, `script`: listen, then speak for `turn` units, the last ending the turn), so
 a model with random weights speaks too. A unit's latency runs from the send of its last append to its
 `duplexcadence.unit` event, end to end; over the cadence it is late.
+
+An error that answers a unit instead of its `duplexcadence.unit` (`unit_failed`, `unit_refused`, `queue_full`)
+settles it and is counted in the errors; a conversation ends once all its units are settled or the server closes
+it. With `DUPLEXCADENCE_API_KEY` set, each websocket sends `Authorization: Bearer KEY`. A conversation that
+cannot connect, is refused at the handshake or loses its connection has that in its errors, so the report is
+always made.
 """
 
 from __future__ import annotations
@@ -17,15 +23,21 @@ import asyncio
 import base64
 import json
 import math
+import os
 import time
 from typing import Any
 
 import attrs
 import numpy as np
 import websockets
+import websockets.exceptions
 
 from duplexcadence.interpreter.engine.api import LISTEN, SPEAK, Decision
-from duplexcadence.interpreter.serve.realtime import audio
+from duplexcadence.interpreter.serve.access import API_KEY_ENV
+from duplexcadence.interpreter.serve.realtime import audio, messages
+
+SETTLING_CODES = (messages.UNIT_FAILED, messages.UNIT_REFUSED, messages.QUEUE_FULL)
+"""The error codes that answer a unit (or the audio of one) instead of its `duplexcadence.unit`."""
 
 CHUNK_S = 0.1
 
@@ -142,60 +154,97 @@ def unit_audio(seed: int, unit: int, samples: int) -> np.ndarray:
     return (np.random.default_rng([seed, unit]).standard_normal(samples) * 3000).astype("<i2")
 
 
-async def converse(url: str, seed: int, units: int, script: Script, paced: bool, record: bool) -> ConversationRun:
+async def converse(
+    url: str, seed: int, units: int, script: Script, paced: bool, record: bool, api_key: str | None = None
+) -> ConversationRun:
+    """One conversation; a connection that fails, is refused at the handshake or is lost goes into its errors."""
     run = ConversationRun(seed)
-    async with websockets.connect(f"{url}{'&' if '?' in url else '?'}seed={seed}", max_size=None) as socket:
+    try:
+        await talk(run, url, units, script, paced, record, api_key)
+    except websockets.exceptions.InvalidStatus as error:
+        run.errors.append(f"connection: the server refused the websocket: HTTP {error.response.status_code}")
+    except (websockets.exceptions.WebSocketException, OSError) as error:
+        run.errors.append(f"connection: {type(error).__name__}: {error}")
+    return run
+
+
+async def talk(
+    run: ConversationRun, url: str, units: int, script: Script, paced: bool, record: bool, api_key: str | None
+) -> None:
+    seed = run.seed
+    key = api_key or os.environ.get(API_KEY_ENV)
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    address = f"{url}{'&' if '?' in url else '?'}seed={seed}"
+    async with websockets.connect(address, max_size=None, additional_headers=headers) as socket:
         first = json.loads(await socket.recv())
         if first["type"] == "error":
             run.refused = f"{first['error']['code']}: {first['error']['message']}"
-            return run
+            return
         session = first["session"]["duplexcadence"]
         unit_samples, rate = session["unit_samples"], session["input_rate"]
         cadence = run.cadence_s = unit_samples / rate
         chunk = int(CHUNK_S * rate)
         sent_at: dict[int, float] = {}
-        answered: dict[int, asyncio.Event] = {number: asyncio.Event() for number in range(units)}
+        settled = 0
+        progress = asyncio.Event()
 
         async def receive() -> None:
-            async for message in socket:
-                event = json.loads(message)
-                if event["type"] == "duplexcadence.unit":
-                    number = event["unit"]
-                    run.latencies.append(time.perf_counter() - sent_at[number])
-                    run.units += 1
-                    run.spoken_units += event["kind"] == "speak"
-                    answered[number].set()
-                    if run.units == units:
+            nonlocal settled
+            try:
+                async for message in socket:
+                    event = json.loads(message)
+                    if event["type"] == "duplexcadence.unit":
+                        number = event["unit"]
+                        if number in sent_at:
+                            run.latencies.append(time.perf_counter() - sent_at[number])
+                        run.units += 1
+                        run.spoken_units += event["kind"] == "speak"
+                        settled += 1
+                    elif event["type"] == "error":
+                        run.errors.append(f"{event['error']['code']}: {event['error']['message']}")
+                        settled += event["error"]["code"] in SETTLING_CODES
+                    elif record and event["type"] == "response.output_audio.delta":
+                        run.audio.append(audio.pcm16_samples(event["delta"]))
+                    progress.set()
+                    if settled >= units:
                         return
-                elif event["type"] == "error":
-                    run.errors.append(f"{event['error']['code']}: {event['error']['message']}")
-                    if event["error"]["type"] == "server_error":
-                        for waiting in answered.values():
-                            waiting.set()
-                elif record and event["type"] == "response.output_audio.delta":
-                    run.audio.append(audio.pcm16_samples(event["delta"]))
+            finally:
+                progress.set()
+
+        async def answered(count: int) -> None:
+            """Until `count` units are settled or the server stopped answering."""
+            while settled < count and not receiver.done():
+                progress.clear()
+                await progress.wait()
 
         receiver = asyncio.create_task(receive())
-        start = time.perf_counter()
-        for number in range(units):
-            decision = script.event(number)
-            if decision is not None:
-                await socket.send(json.dumps(decision))
-            samples = unit_audio(seed, number, unit_samples)
-            for offset in range(0, unit_samples, chunk):
-                if paced:
-                    delay = start + number * cadence + (offset + chunk) / rate - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                piece = samples[offset : offset + chunk].tobytes()
-                await socket.send(
-                    json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(piece).decode()})
-                )
-            sent_at[number] = time.perf_counter()
-            if not paced:
-                await answered[number].wait()
+        try:
+            start = time.perf_counter()
+            for number in range(units):
+                decision = script.event(number)
+                if decision is not None:
+                    await socket.send(json.dumps(decision))
+                samples = unit_audio(seed, number, unit_samples)
+                for offset in range(0, unit_samples, chunk):
+                    if paced:
+                        delay = start + number * cadence + (offset + chunk) / rate - time.perf_counter()
+                        if delay > 0:
+                            await asyncio.sleep(delay)
+                    piece = samples[offset : offset + chunk].tobytes()
+                    await socket.send(
+                        json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(piece).decode()})
+                    )
+                sent_at[number] = time.perf_counter()
+                if not paced:
+                    await answered(number + 1)
+                if receiver.done():
+                    break
+        except BaseException:
+            receiver.cancel()  # the connection's error is the sender's to report
+            raise
         await receiver
-    return run
+        if settled < units:
+            run.errors.append(f"the server closed the conversation with {units - settled} of {units} units unsettled")
 
 
 async def run_conversations(
@@ -206,13 +255,15 @@ async def run_conversations(
     paced: bool = True,
     first_seed: int = 0,
     record: bool = False,
+    api_key: str | None = None,
 ) -> ConversationLoadReport:
     """`conversations` conversations of `units` units each, together (see the module docstring); `record` keeps
-    each conversation's audio (PCM16) in its run."""
+    each conversation's audio (PCM16) in its run; `api_key`: the server's (None: `DUPLEXCADENCE_API_KEY`'s, if
+    set)."""
     script = script or Script()
     start = time.perf_counter()
     runs = await asyncio.gather(
-        *(converse(url, first_seed + index, units, script, paced, record) for index in range(conversations))
+        *(converse(url, first_seed + index, units, script, paced, record, api_key) for index in range(conversations))
     )
     cadence = next((run.cadence_s for run in runs if run.cadence_s is not None), None)
     return ConversationLoadReport(conversations, units, paced, cadence, tuple(runs), time.perf_counter() - start)

@@ -310,8 +310,7 @@ class ConversationPool(Scheduler):
         )
 
     async def _close_on_device(self, conversation_id: int) -> None:
-        assert self.executor is not None
-        if self.executor._shutdown:
+        if self.device_stopped:
             return  # the engine is gone with the device thread
         try:
             await self.run_on_device(self._engine().close, conversation_id)

@@ -295,6 +295,8 @@ class Scheduler:
         self.metrics: PoolMetrics | None = None
         self.book: LatencyBook | None = None
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.device_stopped = False
+        """Whether `stop()` has shut the device thread down (nothing runs on the device after)."""
         self.tick_period_s = 0.0
         self.gather_s = 0.0
         self.interval_s = 0.0
@@ -385,6 +387,7 @@ class Scheduler:
         if self.executor is not None:
             await self.run_on_device(self.unload)
             self.executor.shutdown(wait=True)
+            self.device_stopped = True
         if self._froze_gc:
             gc.unfreeze()
             self._froze_gc = False

@@ -30,6 +30,16 @@ from duplexcadence.interpreter.cli.common import (
 DESCRIPTION = "Drive N concurrent sessions against a dsl serve server, T ticks each, and print the numbers."
 
 
+TAIL_DEFAULTS: dict[str, object] = {
+    "--sessions": 4,
+    "--ticks": 50,
+    "--bundle": 1,
+    "--verify": False,
+    "--verify-device": None,
+}
+"""The tail mode's options and their defaults: with --conversations, one set otherwise is refused."""
+
+
 def session_url(url: str) -> str:
     """`URL` as the session websocket's address: ws(s)://, with `/v1/session` when no path is given."""
     parts = urlsplit(url if "://" in url else f"ws://{url}")
@@ -54,15 +64,7 @@ def run_conversations(args: argparse.Namespace) -> int:
     from duplexcadence.interpreter.serve.realtime.loadgen import Script, run_conversations
 
     tail_options = [
-        option
-        for option, value, default in (
-            ("--sessions", args.sessions, 4),
-            ("--ticks", args.ticks, 50),
-            ("--bundle", args.bundle, 1),
-            ("--verify", args.verify, False),
-            ("--verify-device", args.verify_device, None),
-        )
-        if value != default
+        option for option, default in TAIL_DEFAULTS.items() if getattr(args, option[2:].replace("-", "_")) != default
     ]
     if tail_options:
         raise UsageError(
@@ -148,13 +150,15 @@ def register(commands) -> None:
         "loadgen", help="drive N concurrent sessions against a dsl serve server", description=DESCRIPTION
     )
     parser.add_argument("url", metavar="URL", help="the server (ws://127.0.0.1:8000 or its /v1/session address)")
-    parser.add_argument("--sessions", type=positive, default=4, help="concurrent sessions (4)")
-    parser.add_argument("--ticks", type=positive, default=50, help="ticks per session (50)")
+    parser.add_argument(
+        "--sessions", type=positive, default=TAIL_DEFAULTS["--sessions"], help="concurrent sessions (4)"
+    )
+    parser.add_argument("--ticks", type=positive, default=TAIL_DEFAULTS["--ticks"], help="ticks per session (50)")
     parser.add_argument("--seed", type=non_negative, default=0, help="the first session's seed; the others follow (0)")
     parser.add_argument(
         "--bundle",
         type=positive,
-        default=1,
+        default=TAIL_DEFAULTS["--bundle"],
         metavar="K",
         help="drive the sessions in bundles of K, a websocket each (/v1/bundle; default 1: a websocket a session)",
     )
@@ -167,7 +171,10 @@ def register(commands) -> None:
         help="compare every output with stock: each session alone, or its lockstep group's batched stock",
     )
     parser.add_argument(
-        "--verify-device", type=device_name, default=None, help="where stock runs for --verify (the server's device)"
+        "--verify-device",
+        type=device_name,
+        default=TAIL_DEFAULTS["--verify-device"],
+        help="where stock runs for --verify (the server's device)",
     )
     add_output_format_option(parser, help="text (default) or json: the report on standard output", old_spelling=False)
     add_json_path_option(parser)

@@ -37,7 +37,7 @@ from duplexcadence.interpreter.engine.registry import load_engine
 from duplexcadence.interpreter.serve import messages
 from duplexcadence.interpreter.serve.admission import AdmissionRefused, AdmissionRule, TickModel
 from duplexcadence.interpreter.serve.metrics import PoolMetrics
-from duplexcadence.interpreter.serve.scheduler import LOG, RESET, Client, Round, RoundOutcome, Scheduler, TickError
+from duplexcadence.interpreter.serve.scheduler import RESET, Client, Round, RoundOutcome, Scheduler, TickError
 
 GATHER_FRACTION = 0.05
 UNIT = "conversation"
@@ -315,8 +315,7 @@ class ConversationPool(Scheduler):
         try:
             await self.run_on_device(self._engine().close, conversation_id)
         except Exception as error:
-            self.unreleased += 1
-            LOG.error("closing conversation %s failed; its slot stays counted as used: %s", conversation_id, error)
+            self.keep_unreleased(f"conversation {conversation_id}", error)
 
     def _close_abandoned(self, opening: asyncio.Future) -> None:
         """An open whose caller was cancelled: the conversation it opened, if any, closed on the device."""

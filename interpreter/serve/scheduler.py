@@ -433,6 +433,17 @@ class Scheduler:
         assert self.book is not None, "start() the pool first"
         return self.book.observed_p99()
 
+    def keep_unreleased(self, client: str, error: BaseException) -> None:
+        """`client`'s close failed on the device: logged once, and counted as open for good (`unreleased`)."""
+        self.unreleased += 1
+        LOG.error(
+            "closing %s failed; its slot stays counted as used (%d so): %s: %s",
+            client,
+            self.unreleased,
+            type(error).__name__,
+            error,
+        )
+
     def admission_refusal(self, extra: int = 1) -> AdmissionRefused | None:
         """Why `extra` more clients are not admitted now (None: they are), with the numbers."""
         assert self.rule is not None, "start() the pool first"
@@ -657,13 +668,8 @@ class Scheduler:
                     item.future.set_exception(TickError(messages.INTERNAL, messages.internal(error)))
             else:
                 if error is not None:
-                    self.unreleased += 1
-                    LOG.error(
-                        "closing %s %s failed; its slot stays counted as used (%d so): %s",
-                        self.runner.unit if self.runner is not None else "client",
-                        client.id,
-                        self.unreleased,
-                        f"{type(error).__name__}: {error}",
+                    self.keep_unreleased(
+                        f"{self.runner.unit if self.runner is not None else 'client'} {client.id}", error
                     )
                 self._closed(client)
                 if not item.future.done():
